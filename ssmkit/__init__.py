@@ -1,0 +1,21 @@
+"""ssmkit: selective state-space scans on NumPy (CPU) and CuPy (GPU) arrays.
+
+The operations take NumPy arrays, computed on the CPU by Numba kernels, or
+CuPy arrays (and GPU arrays of other frameworks, zero-copy), computed on the GPU
+by CUDA kernels that CuPy compiles at first use. ``ssmkit.reference`` holds the
+float64 step-by-step versions that define what each operation computes.
+"""
+
+from . import reference
+from ._problem import SelectiveScanGrads
+from ._selective_scan import SelectiveScanPullback, selective_scan, selective_scan_vjp
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SelectiveScanGrads",
+    "SelectiveScanPullback",
+    "reference",
+    "selective_scan",
+    "selective_scan_vjp",
+]

@@ -1,0 +1,124 @@
+"""Argument handling shared by the public functions: where arrays live, dtypes, shapes.
+
+Every check raises ``TypeError`` (wrong kind of thing, wrong dtype) or
+``ValueError`` (wrong shape or value) with a message that names the function,
+the argument, what was seen and what was expected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# DLPack device types that hold CUDA memory (kDLCUDA, kDLCUDAHost, kDLCUDAManaged).
+_DLPACK_CUDA_DEVICES = (2, 3, 13)
+
+
+def _is_cupy(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def _is_foreign_gpu(x) -> bool:
+    """A GPU array of another framework (PyTorch, JAX, Numba...), taken zero-copy."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        return int(dev()[0]) in _DLPACK_CUDA_DEVICES
+    except Exception:  # an object whose __dlpack_device__ cannot answer is not a GPU array
+        return False
+
+
+def _to_cupy(x):
+    import cupy
+
+    if _is_cupy(x):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return cupy.asarray(x)
+    return cupy.from_dlpack(x)
+
+
+def array_namespace(fn: str, named: dict):
+    """Decide where a call computes and bring every array there.
+
+    Parameters
+    ----------
+    fn : str
+        Name of the public function, for messages.
+    named : dict
+        Argument name -> array or None.
+
+    Returns
+    -------
+    xp : module
+        ``numpy`` or ``cupy``.
+    arrays : dict
+        The same names, NumPy or CuPy arrays (None kept).
+    """
+    kinds = {}
+    for name, x in named.items():
+        if x is None:
+            continue
+        if _is_cupy(x) or _is_foreign_gpu(x):
+            kinds[name] = "gpu"
+        elif isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__array__") \
+                or isinstance(x, (list, tuple, int, float)):
+            kinds[name] = "cpu"
+        else:
+            raise TypeError(f"{fn}: {name} must be an array (NumPy, CuPy or a GPU array "
+                            f"with DLPack); got {type(x).__name__}")
+    gpu = [n for n, k in kinds.items() if k == "gpu"]
+    cpu = [n for n, k in kinds.items() if k == "cpu"]
+    if gpu and cpu:
+        raise TypeError(f"{fn}: arrays must all live on the CPU or all on the GPU; "
+                        f"{gpu[0]} is a GPU array ({type(named[gpu[0]]).__name__}) but "
+                        f"{cpu[0]} is a CPU array ({type(named[cpu[0]]).__name__})")
+    if gpu:
+        import cupy
+
+        out = {n: (None if x is None else _to_cupy(x)) for n, x in named.items()}
+        devices = {n: x.device.id for n, x in out.items() if x is not None}
+        first = next(iter(devices))
+        for n, dev in devices.items():
+            if dev != devices[first]:
+                raise ValueError(f"{fn}: arrays must be on one GPU; {first} is on device "
+                                 f"{devices[first]} but {n} is on device {dev}")
+        return cupy, out
+    return np, {n: (None if x is None else np.asarray(x)) for n, x in named.items()}
+
+
+def is_bfloat16(dtype) -> bool:
+    return np.dtype(dtype).name == "bfloat16"
+
+
+def is_real_float(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or is_bfloat16(dtype)
+
+
+def check_real_float(fn: str, name: str, x) -> None:
+    """Raise TypeError unless ``x`` holds real floating-point data."""
+    if not is_real_float(x.dtype):
+        what = "complex" if x.dtype.kind == "c" else str(x.dtype)
+        raise TypeError(f"{fn}: {name} must hold real floating-point data (float16, bfloat16, "
+                        f"float32 or float64); got {what} ({x.dtype})")
+
+
+def check_shape(fn: str, name: str, x, expected: tuple, labels: str) -> None:
+    """Raise ValueError unless ``x.shape == expected``; ``labels`` names the axes."""
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{fn}: {name} must have shape {labels} = {tuple(expected)}; "
+                         f"got {tuple(x.shape)}")
+
+
+def check_ndim(fn: str, name: str, x, ndims: tuple, labels: str) -> None:
+    if x.ndim not in ndims:
+        raise ValueError(f"{fn}: {name} must have shape {labels}; got {x.ndim}-d shape "
+                         f"{tuple(x.shape)}")
+
+
+def compute_dtype_for(dtype) -> np.dtype:
+    """float64 for float64 data, float32 for everything narrower."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)

@@ -1,0 +1,113 @@
+"""Test helpers: the backends to run on, random inputs, and per-dtype tolerances (in one place)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+# Relative error ||x - ref|| / ||ref|| allowed against the float64 reference, per input dtype.
+# 16-bit inputs compute in float32 but round their outputs (and input cotangents) to 16 bits.
+FORWARD_RTOL = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
+GRAD_RTOL = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def backends():
+    """pytest params: 'cpu' always, 'gpu' marked and skipped where no GPU is present."""
+    return [
+        pytest.param("cpu", id="cpu"),
+        pytest.param("gpu", id="gpu", marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]),
+    ]
+
+
+def xp_for(backend):
+    if backend == "gpu":
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_numpy(x):
+    if x is None:
+        return None
+    if type(x).__module__.split(".")[0] == "cupy":
+        x = x.get()
+    return np.asarray(x)
+
+
+def as_dtype(x, dtype_name):
+    """A float64 NumPy array rounded to ``dtype_name`` (bfloat16 through ml_dtypes)."""
+    if dtype_name == "bfloat16":
+        import ml_dtypes
+
+        return x.astype(ml_dtypes.bfloat16)
+    return x.astype(dtype_name)
+
+
+def rel_err(x, ref):
+    x = to_numpy(x).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert x.shape == ref.shape, (x.shape, ref.shape)
+    assert np.all(np.isfinite(x)), "non-finite values in the result"
+    denom = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (denom if denom > 0 else 1.0)
+
+
+def random_scan_inputs(rng, *, batch, dim, L, N, b_form="step", c_form="step", groups=1,
+                       with_D=True, with_z=True, with_bias=True, softplus=True,
+                       with_init=False):
+    """Fresh float64 inputs for a selective scan, in sane ranges (A < 0, dt > 0).
+
+    ``b_form``/``c_form``: "const" (dim, N), "step" (batch, N, L), "group" (batch, G, N, L).
+    """
+    def bc(form):
+        shape = {"const": (dim, N), "step": (batch, N, L), "group": (batch, groups, N, L)}[form]
+        return rng.standard_normal(shape)
+
+    if softplus:
+        delta = rng.standard_normal((batch, dim, L)) * 0.7 - 1.0
+    else:
+        delta = rng.uniform(0.01, 0.4, (batch, dim, L))
+    return dict(
+        u=rng.standard_normal((batch, dim, L)),
+        delta=delta,
+        A=-np.exp(rng.standard_normal((dim, N)) * 0.5),
+        B=bc(b_form),
+        C=bc(c_form),
+        D=rng.standard_normal(dim) if with_D else None,
+        z=rng.standard_normal((batch, dim, L)) if with_z else None,
+        delta_bias=rng.standard_normal(dim) * 0.1 if with_bias else None,
+        initial_state=rng.standard_normal((batch, dim, N)) if with_init else None,
+    )
+
+
+def cast_inputs(inputs, dtype_name, xp):
+    """Inputs for the fast path: u, delta, z, B, C in ``dtype_name``; parameters in float32/64.
+
+    Returns the cast inputs and the float64 values they hold (what the reference sees).
+    """
+    param = "float64" if dtype_name == "float64" else "float32"
+    cast, exact = {}, {}
+    for name, x in inputs.items():
+        if x is None:
+            cast[name] = exact[name] = None
+            continue
+        dt = dtype_name if name in ("u", "delta", "z", "B", "C") else param
+        low = as_dtype(x, dt)
+        exact[name] = low.astype(np.float64)
+        cast[name] = xp.asarray(low) if xp is not np else low
+    return cast, exact

@@ -1,0 +1,312 @@
+"""ssmkit.selective_scan and selective_scan_vjp against the float64 reference, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssmkit
+from ssmkit import reference
+from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, random_scan_inputs,
+                     rel_err, to_numpy, xp_for)
+
+FIELDS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def scan_cases(draw, max_L=80):
+    """Shapes and options of a selective scan, with a chunk size small enough to carry."""
+    L = draw(st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 31, 32, 33, 61]),
+                       st.integers(1, max_L)))
+    G = draw(st.sampled_from([1, 2, 3]))
+    dim = G * draw(st.integers(1, 3))
+    return dict(
+        batch=draw(st.integers(1, 3)), dim=dim, L=L, N=draw(st.sampled_from([1, 2, 3, 4, 5, 8, 16])),
+        b_form=draw(st.sampled_from(["const", "step", "group"])),
+        c_form=draw(st.sampled_from(["const", "step", "group"])),
+        groups=G,
+        with_D=draw(st.booleans()), with_z=draw(st.booleans()),
+        with_bias=draw(st.booleans()), softplus=draw(st.booleans()),
+        with_init=draw(st.booleans()),
+    ), draw(st.sampled_from([None, 1, 2, 3, 4, 7, 16])), draw(st.integers(0, 2**32 - 1))
+
+
+def _check_forward(backend, dtype, case, chunk, seed):
+    rng = np.random.default_rng(seed)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp_for(backend))
+    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    y, final = ssmkit.selective_scan(**inputs, **kw, chunk_size=chunk)
+    y_ref, final_ref = reference.selective_scan(**exact, **kw)
+    assert y.dtype == inputs["u"].dtype and y.shape == y_ref.shape
+    assert type(y) is type(inputs["u"])
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
+
+
+def _check_vjp(backend, dtype, case, chunk, seed):
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp)
+    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
+    (y_ref, final_ref), pullback_ref = reference.selective_scan_vjp(**exact, **kw)
+    dy64 = rng.standard_normal(y_ref.shape)
+    dfinal64 = rng.standard_normal(final_ref.shape)
+    dy = cast_inputs({"u": dy64}, dtype, xp)[0]["u"]
+    grads = pullback(dy, xp.asarray(dfinal64.astype(final.dtype)))
+    grads_ref = pullback_ref(to_numpy(dy).astype(np.float64), dfinal64)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    for name in FIELDS:
+        g, g_ref = getattr(grads, name), getattr(grads_ref, name)
+        if inputs[name] is None:
+            assert g is None and g_ref is None, name
+            continue
+        assert g.shape == inputs[name].shape and g.dtype == inputs[name].dtype, name
+        assert rel_err(g, g_ref) <= GRAD_RTOL[dtype], name
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@settings(max_examples=30, **SETTINGS)
+@given(args=scan_cases())
+def test_forward_matches_reference(backend, dtype, args):
+    _check_forward(backend, dtype, *args)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@settings(max_examples=30, **SETTINGS)
+@given(args=scan_cases())
+def test_vjp_matches_reference(backend, dtype, args):
+    _check_vjp(backend, dtype, *args)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("L", [1, 2, 17, 31, 32, 33, 127, 255, 256, 257, 263, 600])
+def test_lengths_across_default_chunks(backend, L):
+    """Lengths around the default chunk (256) and primes, every option on."""
+    case = dict(batch=2, dim=4, L=L, N=16, b_form="step", c_form="group", groups=2,
+                with_init=True)
+    _check_forward(backend, "float32", case, None, L)
+    _check_vjp(backend, "float64", case, None, L)
+
+
+@pytest.mark.parametrize("dtype", [
+    pytest.param("float16", marks=[pytest.mark.gpu]),
+    pytest.param("bfloat16", marks=[pytest.mark.gpu]),
+])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_half_precision_on_gpu(dtype, chunk):
+    pytest.importorskip("ml_dtypes")
+    from helpers import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU and CuPy")
+    for seed, (b_form, c_form) in enumerate([("step", "step"), ("group", "const"),
+                                             ("const", "group")]):
+        case = dict(batch=2, dim=6, L=77, N=16, b_form=b_form, c_form=c_form, groups=3,
+                    with_init=True)
+        _check_forward("gpu", dtype, case, chunk, seed)
+        _check_vjp("gpu", dtype, case, chunk, seed)
+
+
+def test_float16_on_cpu_computes_in_float32():
+    case = dict(batch=2, dim=3, L=40, N=4)
+    _check_forward("cpu", "float16", case, 8, 0)
+    _check_vjp("cpu", "float16", case, 8, 1)
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=20, **SETTINGS)
+@given(args=scan_cases(max_L=60), split=st.floats(0.0, 1.0))
+def test_split_with_carried_state_equals_whole(backend, args, split):
+    """Scanning a prefix, then the rest from its final state, equals one scan."""
+    case, chunk, seed = args
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
+    kw = dict(delta_softplus=case["softplus"], return_final_state=True, chunk_size=chunk)
+    y, final = ssmkit.selective_scan(**inputs, **kw)
+    k = int(round(split * case["L"]))
+
+    def part(sl, init):
+        out = dict(inputs, initial_state=init)
+        for name in ("u", "delta", "z"):
+            if out[name] is not None:
+                out[name] = out[name][..., sl]
+        for name in ("B", "C"):
+            if out[name].ndim > 2:
+                out[name] = out[name][..., sl]
+        return out
+
+    y1, h1 = ssmkit.selective_scan(**part(slice(0, k), inputs["initial_state"]), **kw)
+    y2, h2 = ssmkit.selective_scan(**part(slice(k, None), h1), **kw)
+    np.testing.assert_allclose(to_numpy(xp.concatenate([y1, y2], axis=-1)), to_numpy(y),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(to_numpy(h2), to_numpy(final), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=15, **SETTINGS)
+@given(args=scan_cases(max_L=40))
+def test_vjp_matches_finite_differences(backend, args):
+    """<pullback(dy, dh), v> equals the directional derivative of <y, dy> + <h, dh>."""
+    case, chunk, seed = args
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
+    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
+    dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+    grads = pullback(xp.asarray(dy), xp.asarray(dh))
+
+    def objective(args):
+        y, h = reference.selective_scan(**args, **kw)
+        return np.sum(y * dy) + np.sum(h * dh)
+
+    eps = 1e-6
+    for name in FIELDS:
+        if exact[name] is None:
+            continue
+        v = rng.standard_normal(exact[name].shape)
+        plus = objective(dict(exact, **{name: exact[name] + eps * v}))
+        minus = objective(dict(exact, **{name: exact[name] - eps * v}))
+        fd = (plus - minus) / (2 * eps)
+        analytic = np.sum(to_numpy(getattr(grads, name)) * v)
+        assert abs(fd - analytic) <= 1e-5 * (1 + abs(fd)), (name, fd, analytic)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_result_independent_of_chunk_size(backend):
+    rng = np.random.default_rng(7)
+    xp = xp_for(backend)
+    case = dict(batch=2, dim=4, L=101, N=8, b_form="group", c_form="step", groups=2,
+                with_init=True)
+    inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
+    dy = xp.asarray(rng.standard_normal((2, 4, 101)))
+    results = []
+    for chunk in (1, 2, 5, 32, 100, 101, 1000):
+        out, pullback = ssmkit.selective_scan_vjp(**inputs, delta_softplus=True,
+                                                  chunk_size=chunk)
+        results.append((to_numpy(out), [to_numpy(g) for g in pullback(dy)]))
+    for out, grads in results[1:]:
+        np.testing.assert_allclose(out, results[0][0], rtol=1e-11, atol=1e-12)
+        for g, g0 in zip(grads, results[0][1]):
+            if g0 is not None:
+                np.testing.assert_allclose(g, g0, rtol=1e-9, atol=1e-11)
+
+
+def _held_nbytes(obj, xp, seen):
+    """Bytes of every array reachable from ``obj`` through containers, dataclasses and the
+    pullback's attributes (each array counted once)."""
+    import dataclasses
+
+    if isinstance(obj, (np.ndarray, xp.ndarray)):
+        while obj.base is not None:  # a view holds its base's memory
+            obj = obj.base
+        if id(obj) in seen:
+            return 0
+        seen.add(id(obj))
+        return obj.nbytes
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    elif dataclasses.is_dataclass(obj) or isinstance(obj, ssmkit.SelectiveScanPullback):
+        children = vars(obj).values()
+    else:
+        return 0
+    return sum(_held_nbytes(v, xp, seen) for v in children)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("chunk", [8, 64])
+def test_vjp_keeps_inputs_plus_chunk_states_only(backend, chunk):
+    """What the pullback holds is the inputs plus batch*dim*N*ceil(L/chunk) floats."""
+    rng = np.random.default_rng(3)
+    xp = xp_for(backend)
+    batch, dim, L, N = 2, 8, 500, 16
+    case = dict(batch=batch, dim=dim, L=L, N=N, with_init=True)
+    inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float32", xp)
+    _, pullback = ssmkit.selective_scan_vjp(**inputs, delta_softplus=True, chunk_size=chunk)
+    input_bytes = sum(x.nbytes for x in inputs.values() if x is not None)
+    held = _held_nbytes(pullback, xp, set())
+    chunk_states = batch * dim * N * -(-L // chunk) * 4
+    assert held <= input_bytes + chunk_states
+    assert held >= input_bytes  # it does keep what the backward needs
+    per_step_states = batch * dim * N * L * 4
+    assert held - input_bytes < per_step_states / 4
+    ckpt = pullback.residuals["checkpoints"]
+    assert ckpt.size == batch * dim * N * -(-L // chunk)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_empty_and_degenerate_sizes(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(0)
+    for batch, dim, L in [(2, 3, 0), (0, 3, 5), (2, 0, 5)]:
+        N = 4
+        inputs = dict(u=rng.standard_normal((batch, dim, L)),
+                      delta=rng.standard_normal((batch, dim, L)),
+                      A=-np.ones((dim, N)), B=rng.standard_normal((batch, N, L)),
+                      C=rng.standard_normal((batch, 1, N, L)),
+                      initial_state=rng.standard_normal((batch, dim, N)))
+        inputs = {k: xp.asarray(v) for k, v in inputs.items()}
+        (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, return_final_state=True)
+        assert y.shape == (batch, dim, L)
+        np.testing.assert_array_equal(to_numpy(h), to_numpy(inputs["initial_state"]))
+        dh = xp.asarray(rng.standard_normal((batch, dim, N)))
+        grads = pullback(xp.zeros((batch, dim, L)), dh)
+        np.testing.assert_array_equal(to_numpy(grads.initial_state), to_numpy(dh))
+        assert grads.B.shape == (batch, N, L) and float(abs(grads.A).sum()) == 0.0
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_non_contiguous_inputs(backend):
+    rng = np.random.default_rng(11)
+    xp = xp_for(backend)
+    case = dict(batch=2, dim=4, L=37, N=5, b_form="step", c_form="const", with_init=True)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
+    strided = {}
+    for name, x in inputs.items():  # same values, non-contiguous layouts
+        big = xp.zeros(x.shape[:-1] + (2 * x.shape[-1],), dtype=x.dtype)
+        big[..., ::2] = x
+        strided[name] = big[..., ::2]
+    strided["u"] = xp.asfortranarray(inputs["u"])
+    assert not strided["delta"].flags.c_contiguous
+    y = ssmkit.selective_scan(**strided, delta_softplus=True)
+    y_ref = reference.selective_scan(**exact, delta_softplus=True)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL["float64"]
+
+
+def test_reference_vjp_matches_finite_differences():
+    """The oracle itself: its pullback against central differences of its forward."""
+    rng = np.random.default_rng(5)
+    for b_form, c_form in [("const", "step"), ("group", "const"), ("step", "group")]:
+        case = dict(batch=2, dim=4, L=9, N=3, b_form=b_form, c_form=c_form, groups=2,
+                    with_init=True)
+        args = random_scan_inputs(rng, **case)
+        (y, h), pullback = reference.selective_scan_vjp(**args, delta_softplus=True,
+                                                         return_final_state=True)
+        dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+        grads = pullback(dy, dh)
+        for name in FIELDS:
+            v = rng.standard_normal(args[name].shape)
+            f = [np.sum(yy * dy) + np.sum(hh * dh) for yy, hh in (
+                reference.selective_scan(**dict(args, **{name: args[name] + s * 1e-6 * v}),
+                                         delta_softplus=True, return_final_state=True)
+                for s in (1, -1))]
+            fd = (f[0] - f[1]) / 2e-6
+            assert abs(fd - np.sum(getattr(grads, name) * v)) <= 1e-6 * (1 + abs(fd)), name
+
+
+def test_softplus_threshold_matches_contract():
+    x = np.array([-30.0, -1.0, 0.0, 19.9, 20.0, 20.1, 50.0])
+    expected = np.where(x <= 20, np.log1p(np.exp(np.minimum(x, 20))), x)
+    np.testing.assert_array_equal(reference.softplus(x), expected)
