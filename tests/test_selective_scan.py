@@ -37,7 +37,7 @@ def scan_cases(draw, max_L=80):
 def _check_forward(backend, dtype, case, chunk, seed):
     rng = np.random.default_rng(seed)
     inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp_for(backend))
-    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
     y, final = ssmkit.selective_scan(**inputs, **kw, chunk_size=chunk)
     y_ref, final_ref = reference.selective_scan(**exact, **kw)
     assert y.dtype == inputs["u"].dtype and y.shape == y_ref.shape
@@ -50,7 +50,7 @@ def _check_vjp(backend, dtype, case, chunk, seed):
     rng = np.random.default_rng(seed)
     xp = xp_for(backend)
     inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp)
-    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
     (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
     (y_ref, final_ref), pullback_ref = reference.selective_scan_vjp(**exact, **kw)
     dy64 = rng.standard_normal(y_ref.shape)
@@ -128,7 +128,7 @@ def test_split_with_carried_state_equals_whole(backend, args, split):
     rng = np.random.default_rng(seed)
     xp = xp_for(backend)
     inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
-    kw = dict(delta_softplus=case["softplus"], return_final_state=True, chunk_size=chunk)
+    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True, chunk_size=chunk)
     y, final = ssmkit.selective_scan(**inputs, **kw)
     k = int(round(split * case["L"]))
 
@@ -158,7 +158,7 @@ def test_vjp_matches_finite_differences(backend, args):
     rng = np.random.default_rng(seed)
     xp = xp_for(backend)
     inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
-    kw = dict(delta_softplus=case["softplus"], return_final_state=True)
+    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
     (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
     dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
     grads = pullback(xp.asarray(dy), xp.asarray(dh))

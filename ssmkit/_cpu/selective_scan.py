@@ -1,0 +1,926 @@
+"""Numba kernels for the Mamba-1 selective scan on NumPy arrays.
+
+The public layer hands over a :class:`ssmkit._problem.SelectiveScanProblem`;
+this module implements the backend contract stated in ``ssmkit._problem``:
+:func:`selective_scan_forward` and :func:`selective_scan_backward`.
+
+Layout of the work
+------------------
+The scan is sequential in time and independent across the ``batch * dim``
+channels, so the SIMD lanes run over channels: a *block* is up to ``_LANES``
+consecutive channels of one batch row, holding its state as an
+``(N, lanes)`` array, and every inner loop is an elementwise loop over the
+lanes. LLVM vectorises those without reassociating anything (the kernels are
+compiled with ``fastmath=False``): the sums over ``n`` (``y_t``, ``du_t``,
+``ddelta_t``) are per-lane accumulations in the order of ``n``, exactly as
+written. Three details keep the loops vectorised:
+
+* exponentials go through :func:`_exp` and :func:`_softplus`, branch-free
+  polynomial versions (libm's are opaque calls that keep a loop scalar);
+* ``error_model="numpy"``: a float division does not test for zero (the
+  Python error model's test is a branch out of the loop);
+* the lane count is a run-time argument: with a compile-time count LLVM unrolls
+  the lane loops completely and can then no longer prove the scratch arrays
+  disjoint, leaving them scalar; as loops, the vectoriser versions them with a
+  run-time overlap check.
+
+Blocks never straddle a group of a per-step ``B`` or ``C``, so the ``B_t`` and
+``C_t`` of a block are one row each, the same on every lane.
+
+Checkpoints and the backward
+----------------------------
+``checkpoints`` is a ``(batch, dim, n_chunks, N)`` array of the compute dtype:
+``checkpoints[b, d, c]`` is the state entering step ``c * chunk_size``. The
+backward walks the chunks in reverse; for each it recomputes the chunk's
+states from its checkpoint into a ``(chunk_size + 1, N, lanes)`` buffer and
+runs the adjoint recurrence back through it (the decays ``exp(dt A)`` are
+recomputed rather than stored: half the scratch, which then stays in cache).
+
+Determinism
+-----------
+No two parallel iterations write the same element. Per-channel results
+(``du``, ``ddelta``, ``dz``, ``dinitial_state``) are written by the block of
+the channel. Sums over the batch (``dA``, ``dD``, ``ddelta_bias`` and the
+``(dim, N)`` forms of ``dB``/``dC``) are written as per-``(b, d)`` partials and
+summed over ``b`` in order afterwards. The per-step ``dB``/``dC`` sum over the
+channels of a group: a parallel *unit* owns whole groups of one batch row (all
+groups, of both ``B`` and ``C``, that its channels touch), or a fixed slice of
+their blocks adding into a private copy when that gives too few units, and
+walks its blocks in order; the lanes of a block are summed by a fixed pairwise
+tree. The order of every sum depends on the shapes only, never on the thread
+count or on timing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+__all__ = ["selective_scan_forward", "selective_scan_backward"]
+
+_LANES = 64  # channels per block (a power of two): the vector loops' trip count
+_TILE = 64  # forward steps staged at once
+_TARGET_UNITS = 32  # backward: split groups into slices until there are this many units
+
+_KERNEL_OPTIONS = dict(cache=True, fastmath=False, error_model="numpy")
+
+
+# --------------------------------------------------------------------------------------
+# Vectorisable elementary functions
+# --------------------------------------------------------------------------------------
+
+@intrinsic
+def _bits_to_float32(typingctx, bits):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if v.type.width > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif v.type.width < 32:
+            v = builder.sext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _bits_to_float64(typingctx, bits):
+    """Reinterpret a (sign-extended) 64-bit integer as a float64."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if v.type.width < 64:
+            v = builder.sext(v, ir.IntType(64))
+        return builder.bitcast(v, ir.DoubleType())
+
+    return types.float64(bits), codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (``llvm.fma``): half the work of a polynomial step.
+
+    An explicit FMA is an IEEE operation of its own, not a licence to reassociate:
+    the kernels stay ``fastmath=False``.
+    """
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return a(a, b, c), codegen
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _exp32(x):
+    # exp(x) = 2^k exp(r), r = x - k ln2 in [-ln2/2, ln2/2] (Cody-Waite: ln2 in two
+    # parts, the first exact times any k here); exp(r) by its Taylor series to r^7
+    # (next term < 2^-27 relative). 2^k is built as 2^k1 * 2^k2 so that both factors
+    # stay normal: the products then round to denormals, 0 and inf exactly where
+    # exp does. The clamp keeps k in range; beyond it the result is 0 or inf anyway.
+    xc = np.float32(-104.0) if x < np.float32(-104.0) else x
+    xc = np.float32(89.0) if xc > np.float32(89.0) else xc
+    kf = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (xc - kf * np.float32(0.693359375)) - kf * np.float32(-2.12194440e-4)
+    p = np.float32(1.0 / 5040.0)
+    p = _fma(p, r, np.float32(1.0 / 720.0))
+    p = _fma(p, r, np.float32(1.0 / 120.0))
+    p = _fma(p, r, np.float32(1.0 / 24.0))
+    p = _fma(p, r, np.float32(1.0 / 6.0))
+    p = _fma(p, r, np.float32(0.5))
+    p = _fma(p, r, np.float32(1.0))
+    p = _fma(p, r, np.float32(1.0))
+    k = np.int32(kf)
+    k1 = k >> 1
+    k2 = k - k1
+    res = (p * _bits_to_float32((k1 + 127) << 23)) * _bits_to_float32((k2 + 127) << 23)
+    return res if x == x else x  # NaN in, NaN out
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _exp64(x):
+    # As _exp32, with the fdlibm split of ln2 and the series to r^13 (next term
+    # < 2^-57 relative).
+    xc = -746.0 if x < -746.0 else x
+    xc = 710.0 if xc > 710.0 else xc
+    kf = np.floor(xc * 1.4426950408889634 + 0.5)
+    r = (xc - kf * 6.93147180369123816490e-01) - kf * 1.90821492927058770002e-10
+    p = 1.0 / 6227020800.0
+    p = _fma(p, r, 1.0 / 479001600.0)
+    p = _fma(p, r, 1.0 / 39916800.0)
+    p = _fma(p, r, 1.0 / 3628800.0)
+    p = _fma(p, r, 1.0 / 362880.0)
+    p = _fma(p, r, 1.0 / 40320.0)
+    p = _fma(p, r, 1.0 / 5040.0)
+    p = _fma(p, r, 1.0 / 720.0)
+    p = _fma(p, r, 1.0 / 120.0)
+    p = _fma(p, r, 1.0 / 24.0)
+    p = _fma(p, r, 1.0 / 6.0)
+    p = _fma(p, r, 0.5)
+    p = _fma(p, r, 1.0)
+    p = _fma(p, r, 1.0)
+    k = np.int64(kf)
+    k1 = k >> 1
+    k2 = k - k1
+    res = (p * _bits_to_float64((k1 + 1023) << 52)) * _bits_to_float64((k2 + 1023) << 52)
+    return res if x == x else x
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _softplus32(x):
+    # log(1 + e^x) = max(x, 0) + log1p(y), y = e^-|x| in (0, 1], and
+    # log1p(y) = 2 atanh(s), s = y / (2 + y) in (0, 1/3]: the odd series in s to
+    # s^15 (next term < 2^-26 relative), accurate for tiny y where log(1 + y) is not.
+    y = _exp32(-abs(x))
+    s = y / (np.float32(2.0) + y)
+    s2 = s * s
+    q = np.float32(1.0 / 15.0)
+    q = _fma(q, s2, np.float32(1.0 / 13.0))
+    q = _fma(q, s2, np.float32(1.0 / 11.0))
+    q = _fma(q, s2, np.float32(1.0 / 9.0))
+    q = _fma(q, s2, np.float32(1.0 / 7.0))
+    q = _fma(q, s2, np.float32(1.0 / 5.0))
+    q = _fma(q, s2, np.float32(1.0 / 3.0))
+    q = _fma(q, s2, np.float32(1.0))
+    pos = x if x > np.float32(0.0) else np.float32(0.0)
+    res = pos + np.float32(2.0) * s * q
+    return x if x > np.float32(20.0) else res
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _softplus64(x):
+    # As _softplus32, the series to s^31 (next term < 2^-56 relative).
+    y = _exp64(-abs(x))
+    s = y / (2.0 + y)
+    s2 = s * s
+    q = 1.0 / 31.0
+    q = _fma(q, s2, 1.0 / 29.0)
+    q = _fma(q, s2, 1.0 / 27.0)
+    q = _fma(q, s2, 1.0 / 25.0)
+    q = _fma(q, s2, 1.0 / 23.0)
+    q = _fma(q, s2, 1.0 / 21.0)
+    q = _fma(q, s2, 1.0 / 19.0)
+    q = _fma(q, s2, 1.0 / 17.0)
+    q = _fma(q, s2, 1.0 / 15.0)
+    q = _fma(q, s2, 1.0 / 13.0)
+    q = _fma(q, s2, 1.0 / 11.0)
+    q = _fma(q, s2, 1.0 / 9.0)
+    q = _fma(q, s2, 1.0 / 7.0)
+    q = _fma(q, s2, 1.0 / 5.0)
+    q = _fma(q, s2, 1.0 / 3.0)
+    q = _fma(q, s2, 1.0)
+    pos = x if x > 0.0 else 0.0
+    res = pos + 2.0 * s * q
+    return x if x > 20.0 else res
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _sigmoid32(x):
+    return np.float32(1.0) / (np.float32(1.0) + _exp32(-x))
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _sigmoid64(x):
+    return 1.0 / (1.0 + _exp64(-x))
+
+
+def _precision_generic(name, impl32, impl64):
+    """A function for kernels that runs ``impl32`` on float32 and ``impl64`` on float64.
+
+    The choice is made when the calling kernel is typed; the float32 version keeps
+    float32 arithmetic throughout. Called from Python, the function refuses.
+    """
+    def generic(x):
+        raise TypeError(f"{name} is only callable inside Numba kernels")
+
+    generic.__name__ = generic.__qualname__ = name
+
+    @overload(generic, jit_options=dict(forceinline=True, **_KERNEL_OPTIONS))
+    def _overload(x):
+        if x == types.float32:
+            return lambda x: impl32(x)
+        if x == types.float64:
+            return lambda x: impl64(x)
+        return None
+
+    return generic
+
+
+_exp = _precision_generic("_exp", _exp32, _exp64)
+_softplus = _precision_generic("_softplus", _softplus32, _softplus64)  # threshold 20
+_sigmoid = _precision_generic("_sigmoid", _sigmoid32, _sigmoid64)
+
+
+@njit(**_KERNEL_OPTIONS)
+def _elementary_check(x, y_exp, y_softplus, y_sigmoid):
+    """Apply :func:`_exp`, :func:`_softplus` and :func:`_sigmoid` (for the tests)."""
+    for i in range(x.size):
+        y_exp[i] = _exp(x[i])
+        y_softplus[i] = _softplus(x[i])
+        y_sigmoid[i] = _sigmoid(x[i])
+
+
+# --------------------------------------------------------------------------------------
+# Pieces shared by forward and backward
+# --------------------------------------------------------------------------------------
+
+@njit(**_KERNEL_OPTIONS)
+def _lane_params(d0, kk, A, B4, C4, D, bias, b_step, c_step, has_D, A_l, B_l, C_l, D_l,
+                 bias_l):
+    """Spread the per-channel parameters of lanes ``d0 .. d0 + kk - 1`` over the lanes.
+
+    ``A_l``, ``B_l``, ``C_l`` are (N, lanes); a per-step B or C leaves its ``X_l`` zero
+    (its rows come through :func:`_stage_bc` instead). Lanes at and above ``kk`` stay
+    zero, so they carry a zero state and add exact zeros to every sum over lanes.
+    """
+    N = A.shape[1]
+    A_l[:] = 0
+    B_l[:] = 0
+    C_l[:] = 0
+    D_l[:] = 0
+    bias_l[:] = 0
+    for k in range(kk):
+        d = d0 + k
+        for n in range(N):
+            A_l[n, k] = A[d, n]
+        if not b_step:
+            for n in range(N):
+                B_l[n, k] = B4[0, d, n, 0]
+        if not c_step:
+            for n in range(N):
+                C_l[n, k] = C4[0, d, n, 0]
+        if has_D:
+            D_l[k] = D[d]
+        bias_l[k] = bias[d]
+
+
+@njit(**_KERNEL_OPTIONS)
+def _stage_rows(src, b, d0, kk, t0, tt, dst):
+    """``dst[j, k] = src[b, d0 + k, t0 + j]`` for lanes ``k < kk``, 0 on the others.
+
+    Turns rows of a (batch, dim, L) array into a (steps, lanes) tile in the
+    compute dtype, so that the arithmetic on it runs along the lanes.
+    """
+    lanes = dst.shape[1]
+    for k in range(kk):
+        for j in range(tt):
+            dst[j, k] = src[b, d0 + k, t0 + j]
+    for j in range(tt):
+        for k in range(kk, lanes):
+            dst[j, k] = 0
+
+
+@njit(**_KERNEL_OPTIONS)
+def _unstage_rows(src, b, d0, kk, t0, tt, dst):
+    """``dst[b, d0 + k, t0 + j] = src[j, k]`` for lanes ``k < kk`` (inverse of _stage_rows)."""
+    for k in range(kk):
+        for j in range(tt):
+            dst[b, d0 + k, t0 + j] = src[j, k]
+
+
+@njit(**_KERNEL_OPTIONS)
+def _stage_bc(X4, b, g, t0, tt, X_s):
+    """``X_s[j, n] = X4[b, g, n, t0 + j]``: the rows of a per-step B or C for a tile."""
+    N = X_s.shape[1]
+    for n in range(N):
+        for j in range(tt):
+            X_s[j, n] = X4[b, g, n, t0 + j]
+
+
+@njit(**_KERNEL_OPTIONS)
+def _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, sg_s, with_grad):
+    """dt of a tile: ``delta + delta_bias``, through softplus when asked.
+
+    With ``with_grad`` also ``sg_s``, the derivative of that softplus (sigmoid of
+    the raw dt; 1 above the threshold of 20, where softplus is the identity).
+    """
+    _stage_rows(delta, b, d0, kk, t0, tt, dt_s)
+    lanes = dt_s.shape[1]
+    one = dt_s.dtype.type(1.0)
+    twenty = dt_s.dtype.type(20.0)
+    for j in range(tt):
+        for k in range(lanes):
+            dt_s[j, k] += bias_l[k]
+    if softplus:
+        if with_grad:
+            for j in range(tt):
+                for k in range(lanes):
+                    raw = dt_s[j, k]
+                    sg = _sigmoid(raw)
+                    sg_s[j, k] = one if raw > twenty else sg
+        for j in range(tt):
+            for k in range(lanes):
+                dt_s[j, k] = _softplus(dt_s[j, k])
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+@njit(**_KERNEL_OPTIONS)
+def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
+                   softplus, has_D, has_z, has_h0, b_step, c_step, g_b, g_c,
+                   chunk, save, y, final, ckpt):
+    """Scan channels ``d0 .. d0 + kk - 1`` of batch row ``b`` over all steps.
+
+    The state is ``h`` (N, lanes); time runs in tiles of at most ``_TILE`` steps
+    that never cross a chunk boundary, each staged into (steps, lanes) arrays.
+    """
+    N = A.shape[1]
+    L = u.shape[2]
+    cd = A.dtype
+    zero = cd.type(0.0)
+    T = min(_TILE, chunk)
+    h = np.zeros((N, lanes), cd)
+    A_l = np.empty((N, lanes), cd)
+    B_l = np.empty((N, lanes), cd)
+    C_l = np.empty((N, lanes), cd)
+    D_l = np.empty(lanes, cd)
+    bias_l = np.empty(lanes, cd)
+    dt_s = np.empty((T, lanes), cd)
+    u_s = np.empty((T, lanes), cd)
+    du_s = np.empty((T, lanes), cd)
+    y_s = np.empty((T, lanes), cd)
+    B_s = np.zeros((T, N), cd)  # stays zero for a constant B
+    C_s = np.zeros((T, N), cd)
+    acc = np.empty(lanes, cd)
+    _lane_params(d0, kk, A, B4, C4, D, bias, b_step, c_step, has_D, A_l, B_l, C_l, D_l,
+                 bias_l)
+    if has_h0:
+        for k in range(kk):
+            for n in range(N):
+                h[n, k] = h0[b, d0 + k, n]
+
+    n_chunks = (L + chunk - 1) // chunk
+    for c in range(n_chunks):
+        if save:
+            for k in range(kk):
+                for n in range(N):
+                    ckpt[b, d0 + k, c, n] = h[n, k]
+        c_end = min(L, (c + 1) * chunk)
+        for t0 in range(c * chunk, c_end, T):
+            tt = min(T, c_end - t0)
+            _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, dt_s, False)
+            _stage_rows(u, b, d0, kk, t0, tt, u_s)
+            for j in range(tt):
+                for k in range(lanes):
+                    du_s[j, k] = dt_s[j, k] * u_s[j, k]
+            if b_step:
+                _stage_bc(B4, b, g_b, t0, tt, B_s)
+            if c_step:
+                _stage_bc(C4, b, g_c, t0, tt, C_s)
+            for j in range(tt):
+                for k in range(lanes):
+                    acc[k] = zero
+                for n in range(N):
+                    # one of B_l[n] and B_s[j, n] is zero: the constant or the per-step form
+                    bs = B_s[j, n]
+                    cs = C_s[j, n]
+                    for k in range(lanes):
+                        hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
+                                  du_s[j, k] * (B_l[n, k] + bs))
+                        h[n, k] = hv
+                        acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
+                for k in range(lanes):
+                    y_s[j, k] = acc[k]
+            # y = (sum_n C h + D u) * silu(z)
+            if has_D:
+                for j in range(tt):
+                    for k in range(lanes):
+                        y_s[j, k] += D_l[k] * u_s[j, k]
+            if has_z:
+                _stage_rows(z, b, d0, kk, t0, tt, du_s)  # du_s is free again
+                for j in range(tt):
+                    for k in range(lanes):
+                        zz = du_s[j, k]
+                        y_s[j, k] *= zz * _sigmoid(zz)
+            _unstage_rows(y_s, b, d0, kk, t0, tt, y)
+    for k in range(kk):
+        for n in range(N):
+            final[b, d0 + k, n] = h[n, k]
+
+
+@njit(parallel=True, **_KERNEL_OPTIONS)
+def _forward_kernel(u, delta, A, B4, C4, D, z, bias, h0,
+                    softplus, has_D, has_z, has_h0, b_step, c_step, cpg_b, cpg_c,
+                    fine, lanes, chunk, save, y, final, ckpt):
+    """All blocks of the forward, one per parallel iteration (see :func:`_blocking`)."""
+    batch, dim, _ = u.shape
+    per_fine = (fine + lanes - 1) // lanes
+    n_blocks = (dim // fine) * per_fine
+    for it in prange(batch * n_blocks):
+        b = it // n_blocks
+        i = it - b * n_blocks
+        d0 = (i // per_fine) * fine + (i % per_fine) * lanes
+        kk = min(lanes, (i // per_fine) * fine + fine - d0)
+        _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
+                       softplus, has_D, has_z, has_h0, b_step, c_step,
+                       d0 // cpg_b, d0 // cpg_c, chunk, save, y, final, ckpt)
+
+
+# --------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------
+
+@njit(**_KERNEL_OPTIONS)
+def _sum_lanes(t):
+    """Sum each row of ``t`` (N, lanes) into ``t[:, 0]`` by a fixed pairwise tree.
+
+    ``lanes`` is a power of two; the order of the additions depends on nothing else.
+    """
+    N, lanes = t.shape
+    w = lanes // 2
+    while w > 0:
+        for n in range(N):
+            for k in range(w):
+                t[n, k] += t[n, k + w]
+        w //= 2
+
+
+@njit(**_KERNEL_OPTIONS)
+def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
+                    softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step, g_b, g_c,
+                    chunk, du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                    dB_step, dC_step, h_s, B_s, C_s, dt_s, sg_s, u_s, dy_s, z_s, y_s,
+                    du_o, dd_o):
+    """Gradients for channels ``d0 .. d0 + kk - 1`` of batch row ``b``.
+
+    Walks the chunks backwards. For each it recomputes the states from the
+    checkpoint into ``h_s`` (``h_s[j]`` is the state before step ``j`` of the
+    chunk), then runs the adjoint recurrence back through the chunk. Per-step
+    ``dB``/``dC`` are added into slot ``slot`` of ``dB_step``/``dC_step``;
+    everything else written here belongs to these channels alone. The
+    (chunk, ...) scratch arrays come from the caller, which reuses them across
+    blocks.
+    """
+    N = A.shape[1]
+    L = u.shape[2]
+    lanes = h_s.shape[2]
+    cd = A.dtype
+    zero = cd.type(0.0)
+    one = cd.type(1.0)
+    A_l = np.empty((N, lanes), cd)
+    B_l = np.empty((N, lanes), cd)
+    C_l = np.empty((N, lanes), cd)
+    D_l = np.empty(lanes, cd)
+    bias_l = np.empty(lanes, cd)
+    g = np.zeros((N, lanes), cd)  # dL/dh, carried backwards across steps and chunks
+    gA = np.zeros((N, lanes), cd)
+    gB = np.zeros((N, lanes), cd)  # running dB of a constant B
+    gC = np.zeros((N, lanes), cd)
+    tB = np.empty((N, lanes), cd)  # this step's dB, dC terms of every lane
+    tC = np.empty((N, lanes), cd)
+    gD = np.zeros(lanes, cd)
+    gbias = np.zeros(lanes, cd)
+    acc_u = np.empty(lanes, cd)
+    acc_dt = np.empty(lanes, cd)
+    dtu = np.empty(lanes, cd)
+    _lane_params(d0, kk, A, B4, C4, D, bias, b_step, c_step, has_D, A_l, B_l, C_l, D_l,
+                 bias_l)
+    B_s[:] = 0
+    C_s[:] = 0
+    if has_dfinal:
+        for k in range(kk):
+            for n in range(N):
+                g[n, k] = dfinal[b, d0 + k, n]
+
+    n_chunks = (L + chunk - 1) // chunk
+    for c in range(n_chunks - 1, -1, -1):
+        t0 = c * chunk
+        tt = min(chunk, L - t0)
+        _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, sg_s, True)
+        _stage_rows(u, b, d0, kk, t0, tt, u_s)
+        _stage_rows(dout, b, d0, kk, t0, tt, dy_s)
+        if b_step:
+            _stage_bc(B4, b, g_b, t0, tt, B_s)
+        if c_step:
+            _stage_bc(C4, b, g_c, t0, tt, C_s)
+
+        # recompute the chunk's states, and y_pre = sum_n C h where the z gate needs it
+        for k in range(lanes):
+            for n in range(N):
+                h_s[0, n, k] = ckpt[b, d0 + k, c, n] if k < kk else zero
+        for j in range(tt):
+            for k in range(lanes):
+                dtu[k] = dt_s[j, k] * u_s[j, k]
+            for n in range(N):
+                bs = B_s[j, n]
+                for k in range(lanes):
+                    a = _exp(dt_s[j, k] * A_l[n, k])
+                    h_s[j + 1, n, k] = _fma(a, h_s[j, n, k], dtu[k] * (B_l[n, k] + bs))
+            if has_z:
+                for k in range(lanes):
+                    acc_u[k] = zero
+                for n in range(N):
+                    cs = C_s[j, n]
+                    for k in range(lanes):
+                        acc_u[k] = _fma(C_l[n, k] + cs, h_s[j + 1, n, k], acc_u[k])
+                for k in range(lanes):
+                    y_s[j, k] = acc_u[k]
+
+        # through the z gate: dz from y_pre, and dy becomes the gradient of y_pre
+        if has_z:
+            if has_D:
+                for j in range(tt):
+                    for k in range(lanes):
+                        y_s[j, k] += D_l[k] * u_s[j, k]
+            _stage_rows(z, b, d0, kk, t0, tt, z_s)
+            for j in range(tt):
+                for k in range(lanes):
+                    zz = z_s[j, k]
+                    s = _sigmoid(zz)
+                    g_out = dy_s[j, k]
+                    y_s[j, k] = g_out * y_s[j, k] * s * (one + zz * (one - s))
+                    dy_s[j, k] = g_out * zz * s
+            _unstage_rows(y_s, b, d0, kk, t0, tt, dz)
+        if has_D:
+            for j in range(tt):
+                for k in range(lanes):
+                    gD[k] += dy_s[j, k] * u_s[j, k]
+
+        # the adjoint recurrence, backwards through the chunk
+        for j in range(tt - 1, -1, -1):
+            t = t0 + j
+            for k in range(lanes):
+                acc_u[k] = zero
+                acc_dt[k] = zero
+                dtu[k] = dt_s[j, k] * u_s[j, k]
+            for n in range(N):
+                bs = B_s[j, n]
+                cs = C_s[j, n]
+                for k in range(lanes):
+                    dy = dy_s[j, k]
+                    gv = _fma(C_l[n, k] + cs, dy, g[n, k])  # dL/dh_t
+                    tC[n, k] = dy * h_s[j + 1, n, k]
+                    tB[n, k] = gv * dtu[k]
+                    gb = gv * (B_l[n, k] + bs)
+                    acc_u[k] += gb
+                    a = _exp(dt_s[j, k] * A_l[n, k])  # recomputed: cheaper than a stored copy
+                    q = gv * a * h_s[j, n, k]
+                    acc_dt[k] = _fma(q, A_l[n, k], _fma(gb, u_s[j, k], acc_dt[k]))
+                    gA[n, k] = _fma(q, dt_s[j, k], gA[n, k])
+                    g[n, k] = gv * a
+            if b_step:
+                _sum_lanes(tB)
+                for n in range(N):
+                    dB_step[slot, b, g_b, n, t] += tB[n, 0]
+            else:
+                for n in range(N):
+                    for k in range(lanes):
+                        gB[n, k] += tB[n, k]
+            if c_step:
+                _sum_lanes(tC)
+                for n in range(N):
+                    dC_step[slot, b, g_c, n, t] += tC[n, 0]
+            else:
+                for n in range(N):
+                    for k in range(lanes):
+                        gC[n, k] += tC[n, k]
+            for k in range(lanes):
+                du_o[j, k] = acc_u[k] * dt_s[j, k]
+                dd_o[j, k] = acc_dt[k]
+
+        if has_D:
+            for j in range(tt):
+                for k in range(lanes):
+                    du_o[j, k] += D_l[k] * dy_s[j, k]
+        if softplus:
+            for j in range(tt):
+                for k in range(lanes):
+                    dd_o[j, k] *= sg_s[j, k]
+        for j in range(tt):
+            for k in range(lanes):
+                gbias[k] += dd_o[j, k]
+        _unstage_rows(du_o, b, d0, kk, t0, tt, du)
+        _unstage_rows(dd_o, b, d0, kk, t0, tt, ddelta)
+
+    for k in range(kk):
+        d = d0 + k
+        for n in range(N):
+            pA[b, d, n] = gA[n, k]
+        if has_h0:
+            for n in range(N):
+                dh0[b, d, n] = g[n, k]
+        if not b_step:
+            for n in range(N):
+                pB_const[b, d, n] = gB[n, k]
+        if not c_step:
+            for n in range(N):
+                pC_const[b, d, n] = gC[n, k]
+        pD[b, d] = gD[k]
+        pbias[b, d] = gbias[k]
+
+
+@njit(**_KERNEL_OPTIONS)
+def _backward_unit(b, first, last, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout,
+                   dfinal, softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
+                   cpg_b, cpg_c, fine, coarse_start, lanes, chunk,
+                   du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                   dB_step, dC_step):
+    """Blocks ``first .. last - 1`` of the coarse run at ``coarse_start``, in order.
+
+    Owns the (chunk, ...) scratch that its blocks share, allocated here, per unit.
+    """
+    N = A.shape[1]
+    cd = A.dtype
+    per_fine = (fine + lanes - 1) // lanes
+    h_s = np.empty((chunk + 1, N, lanes), cd)
+    B_s = np.empty((chunk, N), cd)
+    C_s = np.empty((chunk, N), cd)
+    dt_s = np.empty((chunk, lanes), cd)
+    sg_s = np.empty((chunk, lanes), cd)
+    u_s = np.empty((chunk, lanes), cd)
+    dy_s = np.empty((chunk, lanes), cd)
+    z_s = np.empty((chunk, lanes), cd)
+    y_s = np.empty((chunk, lanes), cd)
+    du_o = np.empty((chunk, lanes), cd)
+    dd_o = np.empty((chunk, lanes), cd)
+    for i in range(first, last):
+        fine_start = coarse_start + (i // per_fine) * fine
+        d0 = fine_start + (i % per_fine) * lanes
+        kk = min(lanes, fine_start + fine - d0)
+        _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt,
+                        dout, dfinal, softplus, has_D, has_z, has_h0, has_dfinal,
+                        b_step, c_step, d0 // cpg_b, d0 // cpg_c, chunk,
+                        du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                        dB_step, dC_step, h_s, B_s, C_s, dt_s, sg_s, u_s, dy_s,
+                        z_s, y_s, du_o, dd_o)
+
+
+@njit(parallel=True, **_KERNEL_OPTIONS)
+def _backward_kernel(u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
+                     softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
+                     cpg_b, cpg_c, fine, coarse, lanes, n_slices, chunk,
+                     du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                     dB_step, dC_step):
+    """All units of the backward, one per parallel iteration (see :func:`_blocking`).
+
+    Unit ``(b, r, s)`` takes slice ``s`` of the blocks of coarse run ``r`` of batch
+    row ``b``; slice ``s`` adds its per-step dB/dC into slot ``s``.
+    """
+    batch, dim, _ = u.shape
+    per_coarse = (coarse // fine) * ((fine + lanes - 1) // lanes)
+    n_coarse = dim // coarse
+    for it in prange(batch * n_coarse * n_slices):
+        b = it // (n_coarse * n_slices)
+        rest = it - b * (n_coarse * n_slices)
+        r = rest // n_slices
+        s = rest - r * n_slices
+        _backward_unit(b, s * per_coarse // n_slices, (s + 1) * per_coarse // n_slices, s,
+                       u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
+                       softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
+                       cpg_b, cpg_c, fine, r * coarse, lanes, chunk,
+                       du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                       dB_step, dC_step)
+
+
+@njit(parallel=True, **_KERNEL_OPTIONS)
+def _sum_leading(parts, out):
+    """``out[i] = parts[0, i] + parts[1, i] + ...``, added in that order."""
+    n_parts, size = parts.shape
+    for i in prange(size):
+        v = parts[0, i]
+        for s in range(1, n_parts):
+            v += parts[s, i]
+        out[i] = v
+
+
+# --------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------
+
+def _blocking(p):
+    """How the channels are cut into blocks, and the backward into units.
+
+    Returns ``(b_step, c_step, cpg_b, cpg_c, fine, coarse, lanes)``: whether B
+    and C are per step; channels per group of each (1 for the constant form, so
+    that ``d // cpg`` is harmless); ``fine``, the length of the channel runs that
+    lie inside one group of every per-step B/C (blocks never cross them);
+    ``coarse``, the length of the runs that hold whole groups of every per-step
+    B/C (a backward unit owns one, or a slice of one); ``lanes``, the block
+    width: ``_LANES``, or the power of two at or above ``fine`` where that is
+    smaller, so that scratch stays in proportion to the channels it serves.
+    """
+    dim = p.dim
+    G_b, G_c = p.groups(p.B), p.groups(p.C)
+    cpg_b = dim // G_b if G_b else 1
+    cpg_c = dim // G_c if G_c else 1
+    fine = math.gcd(cpg_b if G_b else dim, cpg_c if G_c else dim)
+    coarse = math.lcm(cpg_b, cpg_c) if (G_b or G_c) else dim
+    lanes = min(_LANES, 1 << (fine - 1).bit_length())
+    return bool(G_b), bool(G_c), cpg_b, cpg_c, fine, coarse, lanes
+
+
+def _slices(p, coarse, fine, lanes):
+    """Slices per coarse run, so that the backward has enough units for the cores.
+
+    With no per-step B/C nothing is shared, so every block is a unit of its own.
+    Otherwise runs are split until there are ``_TARGET_UNITS`` units; each slice
+    adds into its own copy of the per-step dB/dC, so those take at most
+    ``_TARGET_UNITS`` times the memory of B/C. Depends on the shapes only (not on
+    the thread count), and so does the order of every sum.
+    """
+    per_coarse = (coarse // fine) * -(-fine // lanes)
+    if p.B.ndim == 2 and p.C.ndim == 2:
+        return per_coarse
+    units = p.batch * (p.dim // coarse)
+    return max(1, min(per_coarse, -(-_TARGET_UNITS // units)))
+
+
+def _as_4d(X):
+    """B or C as a 4-d array: the (dim, N) form becomes (1, dim, N, 1)."""
+    return X.reshape(1, X.shape[0], X.shape[1], 1) if X.ndim == 2 else X
+
+
+def _operands(p):
+    """The problem's arrays as both kernels take them, all in the compute dtype.
+
+    io-dtype arrays of a wider compute dtype (u, delta, z; B, C where they come
+    in the io dtype) are converted here, a copy the size of each input, so the
+    kernels are compiled for one dtype per problem, not for each combination.
+    Absent optional arrays become 1-element stand-ins the kernels never read,
+    except ``delta_bias``, which becomes zeros.
+    """
+    cd = p.compute_dtype
+
+    def conv(x, ndim):
+        if x is None:
+            return np.zeros((1,) * ndim, dtype=cd)
+        return x if x.dtype == cd else x.astype(cd)
+
+    bias = p.delta_bias if p.delta_bias is not None else np.zeros(p.dim, dtype=cd)
+    return (conv(p.u, 3), conv(p.delta, 3), p.A, _as_4d(conv(p.B, 2)),
+            _as_4d(conv(p.C, 2)), conv(p.D, 1), conv(p.z, 3), bias)
+
+
+def selective_scan_forward(p, *, save_checkpoints):
+    """Run the selective scan of a NumPy problem.
+
+    Parameters
+    ----------
+    p : SelectiveScanProblem
+        With ``p.xp`` NumPy; see :mod:`ssmkit._problem` for the layout.
+    save_checkpoints : bool
+        Whether to keep the state entering each chunk, for the backward.
+
+    Returns
+    -------
+    y : ndarray, (batch, dim, L), ``p.io_dtype``
+    final_state : ndarray, (batch, dim, N), ``p.compute_dtype``
+    checkpoints : ndarray, (batch, dim, n_chunks, N), ``p.compute_dtype``, or None
+        ``checkpoints[b, d, c]`` is the state entering step ``c * p.chunk_size``.
+    """
+    batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    cd = p.compute_dtype
+    b_step, c_step, cpg_b, cpg_c, fine, _, lanes = _blocking(p)
+    y = np.empty((batch, dim, L), dtype=cd)
+    final = np.empty((batch, dim, N), dtype=cd)
+    ckpt = (np.empty((batch, dim, p.n_chunks, N), dtype=cd) if save_checkpoints
+            else np.zeros((1, 1, 1, 1), dtype=cd))
+    h0 = p.initial_state if p.initial_state is not None else np.zeros((1, 1, 1), cd)
+    _forward_kernel(*_operands(p), h0,
+                    p.delta_softplus, p.D is not None, p.z is not None,
+                    p.initial_state is not None, b_step, c_step, cpg_b, cpg_c,
+                    fine, lanes, p.chunk_size, bool(save_checkpoints), y, final, ckpt)
+    return (y.astype(p.io_dtype, copy=False), final,
+            ckpt if save_checkpoints else None)
+
+
+def selective_scan_backward(p, checkpoints, dout, dfinal_state):
+    """Gradients of a NumPy selective scan, recomputing the states chunk by chunk.
+
+    Parameters
+    ----------
+    p : SelectiveScanProblem
+        The problem the forward ran.
+    checkpoints : ndarray, (batch, dim, n_chunks, N), ``p.compute_dtype``
+        From :func:`selective_scan_forward` with ``save_checkpoints=True``
+        (recomputed here when None).
+    dout : ndarray, (batch, dim, L), ``p.io_dtype``
+        Gradient of ``y``.
+    dfinal_state : ndarray, (batch, dim, N), ``p.compute_dtype``, or None
+        Gradient of the final state.
+
+    Returns
+    -------
+    dict
+        ``u``, ``delta``, ``z`` in ``p.io_dtype`` with their shapes; ``A``
+        (dim, N), ``B``, ``C`` (the problem's forms), ``D``, ``delta_bias``
+        (dim,), ``initial_state`` (batch, dim, N) in ``p.compute_dtype``; None
+        for each array the problem does not have.
+
+    Notes
+    -----
+    With ``g`` the gradient of the state, for each step backwards::
+
+        g += C_t dy_t
+        dC_t += dy_t h_t;  dB_t += g dt_t u_t;  du_t = dt_t sum_n g B_t + D dy_t
+        ddt_t = sum_n g (A a_t h_{t-1} + B_t u_t);  dA += g a_t h_{t-1} dt_t
+        g *= a_t
+    where ``a_t = exp(dt_t A)``, ``dy`` is ``dout`` through the z gate, and
+    ``ddelta = ddt * softplus'(delta + delta_bias)`` when ``delta_softplus``.
+    """
+    batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    cd, io = p.compute_dtype, p.io_dtype
+    if checkpoints is None:
+        _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
+    b_step, c_step, cpg_b, cpg_c, fine, coarse, lanes = _blocking(p)
+    n_slices = _slices(p, coarse, fine, lanes)
+    has_z = p.z is not None
+    has_h0 = p.initial_state is not None
+
+    def empty_or_dummy(shape, present):
+        return np.empty(shape, dtype=cd) if present else np.zeros((1,) * len(shape), cd)
+
+    du = np.empty((batch, dim, L), dtype=cd)
+    ddelta = np.empty((batch, dim, L), dtype=cd)
+    dz = empty_or_dummy((batch, dim, L), has_z)
+    dh0 = empty_or_dummy((batch, dim, N), has_h0)
+    # per-(b, d) partials of the sums over the batch
+    pA = np.empty((batch, dim, N), dtype=cd)
+    pD = np.empty((batch, dim), dtype=cd)
+    pbias = np.empty((batch, dim), dtype=cd)
+    pB_const = empty_or_dummy((batch, dim, N), not b_step)
+    pC_const = empty_or_dummy((batch, dim, N), not c_step)
+    # per-step dB/dC: a zeroed copy per slice (slice s adds into [s]), summed below
+    dB_step = np.zeros((n_slices,) + p.B.shape if b_step else (1,) * 5, dtype=cd)
+    dC_step = np.zeros((n_slices,) + p.C.shape if c_step else (1,) * 5, dtype=cd)
+
+    dout = dout if dout.dtype == cd else dout.astype(cd)
+    dfinal = dfinal_state if dfinal_state is not None else np.zeros((1, 1, 1), cd)
+    _backward_kernel(*_operands(p), checkpoints, dout, dfinal,
+                     p.delta_softplus, p.D is not None, has_z, has_h0,
+                     dfinal_state is not None, b_step, c_step, cpg_b, cpg_c, fine, coarse,
+                     lanes, n_slices, p.chunk_size,
+                     du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
+                     dB_step, dC_step)
+
+    def summed(parts):
+        """Sum over the leading axis, in order."""
+        if parts.shape[0] == 1:
+            return parts[0]
+        out = np.empty(parts.shape[1:], dtype=cd)
+        _sum_leading(parts.reshape(parts.shape[0], -1), out.reshape(-1))
+        return out
+
+    return {
+        "u": du.astype(io, copy=False),
+        "delta": ddelta.astype(io, copy=False),
+        "z": dz.astype(io, copy=False) if has_z else None,
+        "A": summed(pA),
+        "B": summed(dB_step) if b_step else summed(pB_const),
+        "C": summed(dC_step) if c_step else summed(pC_const),
+        "D": summed(pD) if p.D is not None else None,
+        "delta_bias": summed(pbias) if p.delta_bias is not None else None,
+        "initial_state": dh0 if has_h0 else None,
+    }
