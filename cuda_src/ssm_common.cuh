@@ -1,0 +1,241 @@
+// ssm_common.cuh: pieces shared by ssmkit's CUDA kernels.
+//
+// Self-contained on purpose: no CUDA header is included, so NVRTC compiles the
+// sources with no include path at all (CuPy at run time, ssmkit._nvrtc_check in
+// CI). The host side (ssmkit/_gpu/compiler.py) pastes this file in place of the
+// `#include "ssm_common.cuh"` line; nvcc finds it beside the .cu file.
+#pragma once
+
+typedef long long ssm_i64;
+
+// ---------------------------------------------------------------------------
+// 16-bit storage types. Only their bits are stored; arithmetic is in float.
+// ---------------------------------------------------------------------------
+struct ssm_half { unsigned short bits; };  // IEEE binary16
+struct ssm_bf16 { unsigned short bits; };  // bfloat16 (upper half of a float)
+
+template <typename T> struct ssm_compute_of { typedef float type; };
+template <> struct ssm_compute_of<double> { typedef double type; };
+
+template <typename A, typename B> struct ssm_same { static constexpr bool value = false; };
+template <typename A> struct ssm_same<A, A> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float ssm_bits_to_float(unsigned int u) {
+    float f;
+    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));
+    return f;
+}
+
+// Widen a stored value to its compute type.
+__device__ __forceinline__ float ssm_load(const ssm_half& x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float ssm_load(const ssm_bf16& x) {
+    return ssm_bits_to_float(((unsigned int)x.bits) << 16);  // exact
+}
+__device__ __forceinline__ float ssm_load(const float& x) { return x; }
+__device__ __forceinline__ double ssm_load(const double& x) { return x; }
+
+// Narrow a compute value to its storage type (round to nearest even).
+__device__ __forceinline__ void ssm_store(ssm_half* p, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p->bits = h;
+}
+__device__ __forceinline__ void ssm_store(ssm_bf16* p, float v) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p->bits = h;
+}
+__device__ __forceinline__ void ssm_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void ssm_store(double* p, double v) { *p = v; }
+
+// ---------------------------------------------------------------------------
+// Math in the compute type. In float the decay exp(dt*A) is one hardware
+// exp2: A is pre-scaled by log2(e) once, so the hot loop computes
+// ex2(dt * A2) with A2 = A*log2(e); sums of q*A2 are scaled back by ln(2).
+// In double everything is the libm function and the scales are 1.
+// ---------------------------------------------------------------------------
+template <typename T> struct ssm_math;
+
+template <> struct ssm_math<float> {
+    static constexpr float kLog2e = 1.4426950408889634f;
+    static constexpr float kLn2 = 0.6931471805599453f;
+    // 2^x; flushes results below 2^-126 to 0 (a decay that small is 0 anyway).
+    static __device__ __forceinline__ float decay(float x) {
+        float r;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+        return r;
+    }
+    static __device__ __forceinline__ float softplus(float x) {
+        return x <= 20.0f ? log1pf(expf(x)) : x;
+    }
+    static __device__ __forceinline__ float sigmoid(float x) {
+        return 1.0f / (1.0f + expf(-x));
+    }
+    // softplus(x) and its derivative sigmoid(x), for x <= 20, from one exp.
+    static __device__ __forceinline__ void softplus_grad(float x, float& sp, float& dsp) {
+        const float e = expf(x);
+        sp = log1pf(e);
+        dsp = e / (1.0f + e);
+    }
+};
+
+template <> struct ssm_math<double> {
+    static constexpr double kLog2e = 1.0;
+    static constexpr double kLn2 = 1.0;
+    static __device__ __forceinline__ double decay(double x) { return exp(x); }
+    static __device__ __forceinline__ double softplus(double x) {
+        return x <= 20.0 ? log1p(exp(x)) : x;
+    }
+    static __device__ __forceinline__ double sigmoid(double x) {
+        return 1.0 / (1.0 + exp(-x));
+    }
+    static __device__ __forceinline__ void softplus_grad(double x, double& sp, double& dsp) {
+        const double e = exp(x);
+        sp = log1p(e);
+        dsp = e / (1.0 + e);
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Vector moves of 4 compute values between registers and 16-byte aligned
+// shared memory (one 128-bit access for float, two for double).
+// ---------------------------------------------------------------------------
+struct alignas(16) ssm_f4 { float v[4]; };
+struct alignas(16) ssm_d2 { double v[2]; };
+
+__device__ __forceinline__ void ssm_ld4(float* r, const float* p) {
+    const ssm_f4 t = *reinterpret_cast<const ssm_f4*>(p);
+    r[0] = t.v[0]; r[1] = t.v[1]; r[2] = t.v[2]; r[3] = t.v[3];
+}
+__device__ __forceinline__ void ssm_ld4(double* r, const double* p) {
+    const ssm_d2 a = reinterpret_cast<const ssm_d2*>(p)[0];
+    const ssm_d2 b = reinterpret_cast<const ssm_d2*>(p)[1];
+    r[0] = a.v[0]; r[1] = a.v[1]; r[2] = b.v[0]; r[3] = b.v[1];
+}
+__device__ __forceinline__ void ssm_st4(float* p, const float* r) {
+    ssm_f4 t;
+    t.v[0] = r[0]; t.v[1] = r[1]; t.v[2] = r[2]; t.v[3] = r[3];
+    *reinterpret_cast<ssm_f4*>(p) = t;
+}
+__device__ __forceinline__ void ssm_st4(double* p, const double* r) {
+    ssm_d2 a, b;
+    a.v[0] = r[0]; a.v[1] = r[1]; b.v[0] = r[2]; b.v[1] = r[3];
+    reinterpret_cast<ssm_d2*>(p)[0] = a;
+    reinterpret_cast<ssm_d2*>(p)[1] = b;
+}
+
+// NPT consecutive values (NPT a multiple of 4) at a 16-byte aligned address.
+template <int NPT, typename T>
+__device__ __forceinline__ void ssm_ld_row(T (&r)[NPT], const T* p) {
+    static_assert(NPT % 4 == 0, "NPT must be a multiple of 4");
+#pragma unroll
+    for (int i = 0; i < NPT / 4; ++i) ssm_ld4(&r[4 * i], p + 4 * i);
+}
+template <int NPT, typename T>
+__device__ __forceinline__ void ssm_st_row(T* p, const T (&r)[NPT]) {
+    static_assert(NPT % 4 == 0, "NPT must be a multiple of 4");
+#pragma unroll
+    for (int i = 0; i < NPT / 4; ++i) ssm_st4(p + 4 * i, &r[4 * i]);
+}
+
+// {dt, dt*u} of one (channel, step), read together by every lane of a channel.
+template <typename T> struct alignas(2 * sizeof(T)) ssm_pair { T dt, du; };
+
+// ---------------------------------------------------------------------------
+// Warp reductions. All lanes named in `mask` must call these together.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float ssm_shfl_xor(unsigned mask, float v, int m) {
+    return __shfl_xor_sync(mask, v, m);
+}
+__device__ __forceinline__ double ssm_shfl_xor(unsigned mask, double v, int m) {
+    return __shfl_xor_sync(mask, v, m);
+}
+
+// Sum over the K = 2*M lanes of an aligned group, in a fixed order (so the
+// result is the same on every run); every lane gets the sum.
+template <int M, typename T>
+__device__ __forceinline__ T ssm_group_allreduce(T v, unsigned mask) {
+    if constexpr (M >= 1) {
+        v += ssm_shfl_xor(mask, v, M);
+        return ssm_group_allreduce<M / 2>(v, mask);
+    } else {
+        return v;
+    }
+}
+
+// Length of the slice each lane keeps after ssm_reduce_scatter<LEN, M>.
+__host__ __device__ constexpr int ssm_rs_len(int len, int m) {
+    return m < 1 ? len : ssm_rs_len(len % 2 == 0 ? len / 2 : len, m / 2);
+}
+
+// Reduce-scatter over the K = 2*M lanes of an aligned group (lane index s in
+// [0, K)). Each lane holds a vector v[0..LEN); afterwards v[0..R) of lane s
+// holds the sums over all K lanes of the entries [off, off + R) of the
+// original vectors, R = ssm_rs_len(LEN, M). While the live length is even,
+// each stage halves it (send one half, keep the other): K-1 shuffles per K
+// values instead of log2(K) per value. Once it is odd the remaining stages
+// exchange everything, and lanes that differ only in those low bits hold the
+// same slice; `own` stays true on exactly one of them.
+template <int LEN, int M>
+struct ssm_reduce_scatter {
+    template <typename T, int V>
+    static __device__ __forceinline__ void run(T (&v)[V], int s, unsigned mask,
+                                               int& off, bool& own) {
+        if constexpr (M >= 1) {
+            if constexpr (LEN % 2 == 0) {
+                constexpr int H = LEN / 2;
+                const bool up = (s & M) != 0;  // this lane keeps the upper half
+#pragma unroll
+                for (int i = 0; i < H; ++i) {
+                    const T send = up ? v[i] : v[i + H];
+                    const T keep = up ? v[i + H] : v[i];
+                    v[i] = keep + ssm_shfl_xor(mask, send, M);
+                }
+                if (up) off += H;
+                ssm_reduce_scatter<H, M / 2>::run(v, s, mask, off, own);
+            } else {
+#pragma unroll
+                for (int i = 0; i < LEN; ++i) v[i] += ssm_shfl_xor(mask, v[i], M);
+                if (s & M) own = false;
+                ssm_reduce_scatter<LEN, M / 2>::run(v, s, mask, off, own);
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Small helpers.
+// ---------------------------------------------------------------------------
+__host__ __device__ constexpr int ssm_round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Dynamic shared memory given to this launch (bytes).
+__device__ __forceinline__ unsigned ssm_dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// threadIdx.x and blockIdx.x read afresh (volatile: not merged with earlier
+// reads). Offsets needed only at a kernel's end are recomputed from these
+// rather than kept live through the whole kernel, where ptxas tends to park
+// such values in local memory.
+__device__ __forceinline__ int ssm_fresh_tid() {
+    int r;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int ssm_fresh_ctaid() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));
+    return r;
+}
+
+// Lanes that exist in this thread's warp (blocks smaller than a warp have one
+// partial warp; block sizes are powers of two).
+__device__ __forceinline__ unsigned ssm_warp_mask(int nthreads) {
+    return nthreads >= 32 ? 0xffffffffu : ((1u << nthreads) - 1u);
+}

@@ -1,0 +1,597 @@
+"""GPU backend of the Mamba-1 selective scan: the host side of ``cuda_src/selective_scan.cu``.
+
+Implements the backend contract of :mod:`ssmkit._problem` for CuPy arrays::
+
+    selective_scan_forward(p, *, save_checkpoints) -> (y, final_state, checkpoints)
+    selective_scan_backward(p, checkpoints, dout, dfinal_state) -> dict
+
+Each call launches one fused kernel (forward or backward), then, in the
+backward, sums per-block partial gradients with CuPy reductions in a fixed
+order (no atomics anywhere, so results repeat bit for bit).
+
+Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
+lists every key this module can ask for and :func:`name_expression` spells a
+key as the C++ template name that CuPy (at run time) and
+:mod:`ssmkit._nvrtc_check` (in CI) hand to NVRTC. This module imports CuPy only
+inside the functions that launch kernels.
+
+Notes
+-----
+Work split (see the comments in ``selective_scan.cu``): a block owns one batch
+row and ``CH`` consecutive channels of one B group and one C group; a thread
+owns ``NPT`` states of one channel, ``NSPLIT`` consecutive lanes cover the
+``N`` states of a channel (``NPT * NSPLIT >= N``). Time goes in tiles of ``TL``
+steps staged in shared memory. The host picks ``NPT``/``NSPLIT`` from ``N``
+(:func:`state_split`) and ``CH``/``TL`` from the shapes and the device's limits
+(:func:`plan_forward`, :func:`plan_backward`).
+
+Checkpoints: the state entering chunk ``i`` (steps ``i*chunk_size ...``) of row
+``b``, channel ``d`` is ``checkpoints[i, b, d, :]``, an array of shape
+``(n_chunks, batch, dim, N)`` in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+
+from . import compiler
+
+__all__ = [
+    "selective_scan_forward",
+    "selective_scan_backward",
+    "warmup",
+    "KernelKey",
+    "kernel_keys",
+    "name_expression",
+    "state_split",
+    "plan_forward",
+    "plan_backward",
+    "MAX_N",
+]
+
+SOURCE_FILE = "selective_scan.cu"
+
+#: Largest state size N the kernels take, per compute dtype: 16 states per
+#: thread x 32 lanes in float32; in float64 at most 8 states per thread (more
+#: would spill registers in the backward), so 8 x 32.
+MAX_N = {"float32": 512, "float64": 256}
+
+# numpy dtype name -> C++ storage type, and -> compute dtype name.
+_CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
+_COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
+
+# Kernel flags (enum in selective_scan.cu).
+_HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4, 8, 16, 32, 64
+
+# Launch bounds of the kernels (selective_scan.cu): the most threads per block,
+# and the backward's minimum resident blocks of that size per SM (which caps its
+# registers: 168 per thread in float, 255 in double).
+FWD_MAX_THREADS = 256
+BWD_MAX_THREADS = 64
+_BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
+# Registers per thread of the forward kernel, roughly (ptxas reports), by
+# (compute, NPT); only used to estimate how many blocks share an SM.
+_FWD_REGS = {("float32", 4): 48, ("float32", 8): 80, ("float32", 16): 128,
+             ("float64", 4): 80, ("float64", 8): 255}
+
+# Launch-shape preferences (tunable; correctness does not depend on them).
+TUNING = {
+    "fwd_threads": 128,  # most threads per block the planner tries (CH <= this / NSPLIT)
+    "fwd_tl": 64,        # longest time tile (steps)
+    "bwd_threads": 64,
+    "bwd_tl": 32,
+    "fwd_min_tl": 16,    # time tiles are not shortened below these to fit more blocks per SM
+    "bwd_min_tl": 8,
+    "balance_slack": 1.15,  # see _choose_tiles
+}
+
+KernelKey = collections.namedtuple(
+    "KernelKey", ["kind", "io", "bc", "npt", "nsplit", "b_per_step", "c_per_step"])
+KernelKey.__doc__ = """One kernel instantiation.
+
+kind : "fwd" or "bwd"; io, bc : numpy dtype names of u/delta/z and of B/C;
+npt, nsplit : states per thread and lanes per channel; b_per_step,
+c_per_step : whether B / C are given per step (batch, G, N, L)."""
+
+
+def _dtype_name(dt) -> str:
+    dt = np.dtype(dt)
+    name = dt.name
+    if name not in _CXX:
+        raise TypeError(f"ssmkit GPU selective_scan: unsupported dtype {name!r}; "
+                        f"expected one of {sorted(_CXX)}")
+    return name
+
+
+def state_split(N: int, compute: str = "float32") -> tuple[int, int]:
+    """States per thread ``NPT`` and lanes per channel ``NSPLIT`` for state size ``N``.
+
+    ``NPT`` is 4 for N <= 16, 8 for N <= 128 (float64: up to 256) and 16 up to
+    ``MAX_N[compute]``; ``NSPLIT`` is the smallest power of two with
+    ``NPT * NSPLIT >= N`` (at most 32: the lanes of a channel share a warp).
+    """
+    limit = MAX_N[compute]
+    if N < 0 or N > limit:
+        raise NotImplementedError(
+            f"ssmkit GPU selective_scan: state size N={N} is not supported on the GPU "
+            f"in {compute} (at most {limit})")
+    npt = 4 if N <= 16 else (8 if N <= 128 or compute == "float64" else 16)
+    nsplit = 1
+    while npt * nsplit < N:
+        nsplit *= 2
+    return npt, nsplit
+
+
+def _bwd_substeps(compute: str, npt: int) -> int:
+    """TS of the backward kernel (mirrors ``ssm_bwd_substeps`` in selective_scan.cu)."""
+    budget = 8 if compute == "float64" else 16
+    return max(1, budget // npt)
+
+
+def _dtype_pairs():
+    for io in ("float16", "bfloat16", "float32", "float64"):
+        for bc in dict.fromkeys((io, _COMPUTE[io])):
+            yield io, bc
+
+
+def kernel_keys(full: bool = True) -> list:
+    """Kernel instantiations the GPU backend can ask for.
+
+    Parameters
+    ----------
+    full : bool
+        True: every one (both kernels x 6 (io, bc) dtype pairs x every
+        (NPT, NSPLIT) of :func:`state_split` x per-step/constant B and C).
+        False: a smaller set in which every template-parameter value and every
+        pair of (dtypes, split) and of (kernel, B/C form) still appears.
+
+    Returns
+    -------
+    list of KernelKey
+    """
+    splits = {ct: sorted({state_split(n, ct) for n in range(MAX_N[ct] + 1)}) for ct in MAX_N}
+    keys = []
+    for kind in ("fwd", "bwd"):
+        for io, bc in _dtype_pairs():
+            for npt, nsplit in splits[_COMPUTE[io]]:
+                for bv in (True, False):
+                    for cv in (True, False):
+                        keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
+    if full:
+        return keys
+    # Representative: per-step B and C for every (kind, dtypes, split); the
+    # other three B/C forms for every (kind, dtypes) at N=16's split and for
+    # every (kind, split) in float32.
+    n16 = state_split(16, "float32")
+    return [k for k in keys
+            if (k.b_per_step and k.c_per_step)
+            or (k.npt, k.nsplit) == n16
+            or (k.io == "float32" and k.bc == "float32")]
+
+
+def name_expression(key: KernelKey) -> str:
+    """The C++ name of the instantiation ``key``, as NVRTC gets it."""
+    ct = _COMPUTE[key.io]
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return (f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {_CXX[ct]}, {key.npt}, "
+            f"{key.nsplit}, {b(key.b_per_step)}, {b(key.c_per_step)}>")
+
+
+# ---------------------------------------------------------------------------
+# Launch planning (pure Python; mirrors the kernels' shared-memory layouts).
+# ---------------------------------------------------------------------------
+
+def _r4(x: int) -> int:
+    return (x + 3) // 4 * 4
+
+
+def _fwd_smem_bytes(ch, tl, npad, bv, cv, itemsize):
+    """Dynamic shared memory of ssm_scan_fwd (mirrors ssm_fwd_layout)."""
+    tls, bs = tl | 1, npad + 4
+    elems = _r4(2 * ch * tls) + _r4(ch * tls)
+    elems += (_r4(tl * bs) if bv else 0) + (_r4(tl * bs) if cv else 0)
+    return elems * itemsize
+
+
+def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
+    """Dynamic shared memory of ssm_scan_bwd (mirrors ssm_bwd_layout)."""
+    tls, bs = tl | 1, npad + 4
+    elems = _r4(2 * ch * tls) + 4 * _r4(ch * tls)
+    elems += (_r4(tl * bs) if bv else 0) + (_r4(tl * bs) if cv else 0)
+    elems += (tl // ts) * (ch * (npad // npt)) * npt
+    elems += (ts * ch * npad if bv else 0) + (ts * ch * npad if cv else 0)
+    elems += (_r4(npad * tls) if bv else 0) + (_r4(npad * tls) if cv else 0)
+    return elems * itemsize
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two <= cap that divides n (n >= 1)."""
+    ch = 1
+    while ch * 2 <= cap and n % (ch * 2) == 0:
+        ch *= 2
+    return ch
+
+
+def _group_size(dim, gb, gc):
+    """gcd of dim and the group sizes of per-step B and C (g == 0: constant form)."""
+    g = dim
+    for G in (gb, gc):
+        if G:
+            g = math.gcd(g, dim // G)
+    return g
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max_threads,
+                  warps_by_regs, size, lim, what):
+    """Pick channels per block CH and time tile TL for one kernel.
+
+    CH runs over the powers of two that divide the group sizes; for each, TL is
+    the longest multiple of ``step`` (<= tl_max, <= the chunk) whose shared
+    memory lets as many blocks share an SM as the grid needs and the registers
+    allow, but not shorter than ``tl_min``. Among the pairs with the fewest
+    waves of resident blocks (a block runs for the whole sequence, so a partial
+    last wave costs a full block time), and then within ``balance_slack`` of the
+    fewest warps on the busiest SM (spreading small grids over all SMs), the
+    largest CH (fewer partial sums, B/C tiles shared by more channels) and then
+    the longest TL win.
+    """
+    sm = lim["sm_count"]
+    ch_top = _pow2_divisor(_group_size(dim, gb, gc), max(1, max_threads // nsplit))
+    tl_top = tl_max if cmax > tl_max else _round_up(cmax, step)
+    tl_floor = min(tl_top, _round_up(tl_min, step))
+    cands = []
+    ch = ch_top
+    while ch >= 1:
+        warps = -(-(ch * nsplit) // 32)
+        blocks = batch * (dim // ch)
+        want = max(1, min(lim["max_blocks_per_sm"], lim["max_warps_per_sm"] // warps,
+                          warps_by_regs // warps, -(-blocks // sm)))
+        tl = tl_top
+        while tl > tl_floor and (size(ch, tl) + 1024) * want > lim["smem_per_sm"]:
+            tl -= step
+        while tl > step and size(ch, tl) > lim["smem_optin"]:
+            tl -= step
+        nbytes = size(ch, tl)
+        if nbytes <= lim["smem_optin"]:
+            occ = max(1, min(want, lim["smem_per_sm"] // (nbytes + 1024)))
+            waves = -(-blocks // (occ * sm))
+            busiest = -(-blocks // sm) * warps
+            cands.append((waves, busiest, ch, tl, nbytes, blocks))
+        ch //= 2
+    if not cands:
+        raise NotImplementedError(
+            f"ssmkit GPU selective_scan: {what} needs more shared memory per block than this "
+            f"device's {lim['smem_optin']} bytes")
+    fewest = min(c[0] for c in cands)
+    cands = [c for c in cands if c[0] == fewest]
+    least = min(c[1] for c in cands)
+    cands = [c for c in cands if c[1] <= TUNING["balance_slack"] * least]
+    _, _, ch, tl, nbytes, blocks = max(cands, key=lambda c: (c[2], c[3]))
+    return ch, tl, nbytes, blocks
+
+
+def _limits(lim):
+    """Device limits with defaults for the keys a caller may leave out."""
+    out = dict(smem_per_sm=lim.get("smem_optin", 227 * 1024) + 1024, max_warps_per_sm=64,
+               max_blocks_per_sm=32, regs_per_sm=65536)
+    out.update(lim)
+    return out
+
+
+def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
+    """Launch shape of the forward kernel.
+
+    Parameters
+    ----------
+    gb, gc : int
+        Groups of per-step B / C, 0 for the constant (dim, N) form.
+    compute : str
+        "float32" or "float64".
+    sm_count, smem_optin : int
+        The device's multiprocessor count and per-block shared-memory limit.
+    **device
+        Optional further limits: ``smem_per_sm``, ``max_warps_per_sm``,
+        ``max_blocks_per_sm``, ``regs_per_sm`` (see :func:`compiler.device_limits`).
+
+    Returns
+    -------
+    dict
+        ``npt``, ``nsplit``, ``ch`` (channels per block), ``tl`` (time tile),
+        ``threads``, ``blocks``, ``smem`` (bytes).
+    """
+    lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
+    npt, nsplit = state_split(N, compute)
+    npad = npt * nsplit
+    itemsize = 8 if compute == "float64" else 4
+    bv, cv = gb > 0, gc > 0
+    regs = _round_up(_FWD_REGS[(compute, npt)], 8)
+    ch, tl, nbytes, blocks = _choose_tiles(
+        batch=batch, dim=dim, gb=gb, gc=gc, cmax=max(1, min(chunk_size, L)), nsplit=nsplit,
+        step=nsplit, tl_max=_round_up(max(TUNING["fwd_tl"], nsplit), nsplit), tl_min=TUNING["fwd_min_tl"],
+        max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
+        warps_by_regs=lim["regs_per_sm"] // (regs * 32),
+        size=lambda c, t: _fwd_smem_bytes(c, t, npad, bv, cv, itemsize), lim=lim,
+        what=f"the forward with N={N} in {compute}")
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes)
+
+
+def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
+    """Launch shape of the backward kernel (see :func:`plan_forward`).
+
+    Returns
+    -------
+    dict
+        As :func:`plan_forward`, plus ``ts`` (sub-tile steps), ``tiles_per_chunk``
+        and ``scratch`` (elements of per-tile state storage).
+    """
+    lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
+    npt, nsplit = state_split(N, compute)
+    npad = npt * nsplit
+    itemsize = 8 if compute == "float64" else 4
+    ts = _bwd_substeps(compute, npt)
+    bv, cv = gb > 0, gc > 0
+    cmax = max(1, min(chunk_size, L))
+    ch, tl, nbytes, blocks = _choose_tiles(
+        batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=ts,
+        tl_max=_round_up(max(TUNING["bwd_tl"], ts), ts), tl_min=TUNING["bwd_min_tl"],
+        max_threads=max(nsplit, min(TUNING["bwd_threads"], BWD_MAX_THREADS)),
+        warps_by_regs=BWD_MAX_THREADS * _BWD_MIN_BLOCKS[compute] // 32,
+        size=lambda c, t: _bwd_smem_bytes(c, t, npad, npt, ts, bv, cv, itemsize), lim=lim,
+        what=f"the backward with N={N} in {compute}")
+    tpc = -(-cmax // tl)
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=ts, threads=ch * nsplit, blocks=blocks,
+                smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt)
+
+
+# ---------------------------------------------------------------------------
+# Launching.
+# ---------------------------------------------------------------------------
+
+_NULL = np.uint64(0)  # a null device pointer for absent optional arrays
+
+
+def _ptr(x):
+    return _NULL if x is None else x
+
+
+def _launch(key, plan, args):
+    import cupy  # noqa: F401  (the kernel call needs CuPy loaded)
+
+    if plan["blocks"] > 2**31 - 1:
+        raise ValueError(f"ssmkit GPU selective_scan: batch * dim / {plan['ch']} = "
+                         f"{plan['blocks']} blocks is more than one launch takes")
+    name = name_expression(key)
+    kernel = compiler.get_kernel(SOURCE_FILE, name)
+    compiler.ensure_dynamic_smem(kernel, name, plan["smem"])
+    kernel((plan["blocks"],), (plan["threads"],), args, shared_mem=plan["smem"])
+
+
+def _check_dtypes(p):
+    if int(p.chunk_size) < 1:
+        raise ValueError(f"ssmkit GPU selective_scan: chunk_size must be >= 1, got {p.chunk_size}")
+    for name, size in (("batch", p.batch), ("dim", p.dim), ("N", p.N)):
+        if size > 2**31 - 1:
+            raise ValueError(f"ssmkit GPU selective_scan: {name}={size} does not fit the kernels' "
+                             "32-bit size parameters")
+    io = _dtype_name(p.io_dtype)
+    ct = _dtype_name(p.compute_dtype)
+    bc = _dtype_name(p.bc_dtype)
+    if ct != _COMPUTE[io]:
+        raise TypeError(f"ssmkit GPU selective_scan: compute dtype {ct} does not match "
+                        f"u's dtype {io} (expected {_COMPUTE[io]})")
+    if bc not in (io, ct):
+        raise TypeError(f"ssmkit GPU selective_scan: B/C dtype {bc} must be {io} or {ct}")
+    # The kernels reinterpret raw memory: a dtype off here would read garbage.
+    for name, arr, want in (("delta", p.delta, p.io_dtype), ("z", p.z, p.io_dtype),
+                            ("C", p.C, p.bc_dtype), ("D", p.D, p.compute_dtype),
+                            ("delta_bias", p.delta_bias, p.compute_dtype),
+                            ("initial_state", p.initial_state, p.compute_dtype)):
+        if arr is not None and arr.dtype != want:
+            raise TypeError(f"ssmkit GPU selective_scan: {name} has dtype {arr.dtype}, "
+                            f"expected {np.dtype(want)}")
+    return io, bc, ct
+
+
+def _shape_args(p, plan):
+    # Kernel parameters after the arrays: int batch, dim, N; long long L; int GB,
+    # GC; long long chunk; int TL, CH (then int flags). A chunk longer than L is
+    # the same as one of length L (and then fits in 64 bits).
+    return (np.int32(p.batch), np.int32(p.dim), np.int32(p.N), np.int64(p.L),
+            np.int32(max(1, p.groups(p.B))), np.int32(max(1, p.groups(p.C))),
+            np.int64(min(p.chunk_size, max(1, p.L))), np.int32(plan["tl"]), np.int32(plan["ch"]))
+
+
+def _plan(p, which):
+    planner = plan_forward if which == "fwd" else plan_backward
+    return planner(batch=p.batch, dim=p.dim, L=p.L, N=p.N, gb=p.groups(p.B), gc=p.groups(p.C),
+                   chunk_size=p.chunk_size, compute=_dtype_name(p.compute_dtype),
+                   **compiler.device_limits())
+
+
+def selective_scan_forward(p, *, save_checkpoints):
+    """Forward selective scan on the GPU.
+
+    Parameters
+    ----------
+    p : SelectiveScanProblem
+        With ``p.xp`` = ``cupy`` (see :mod:`ssmkit._problem` for the layout).
+    save_checkpoints : bool
+        Also return the state entering each chunk of ``p.chunk_size`` steps.
+
+    Returns
+    -------
+    y : cupy.ndarray, (batch, dim, L), ``p.io_dtype``
+    final_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``
+    checkpoints : cupy.ndarray, (n_chunks, batch, dim, N), ``p.compute_dtype``, or None
+        ``checkpoints[i]`` is the state before step ``i * chunk_size``;
+        ``checkpoints[0]`` is the initial state (zeros when none was given).
+    """
+    cp = p.xp
+    io, bc, ct = _check_dtypes(p)
+    batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    y = cp.empty((batch, dim, L), dtype=p.io_dtype)
+    final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
+    ckpt = (cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype)
+            if save_checkpoints else None)
+    if batch == 0 or dim == 0 or L == 0:
+        final[...] = 0 if p.initial_state is None else p.initial_state
+        return y, final, ckpt
+
+    plan = _plan(p, "fwd")
+    bv, cv = p.groups(p.B) > 0, p.groups(p.C) > 0
+    key = KernelKey("fwd", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+    flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
+             | (_HAS_BIAS if p.delta_bias is not None else 0)
+             | (_SOFTPLUS if p.delta_softplus else 0)
+             | (_HAS_H0 if p.initial_state is not None else 0)
+             | (_SAVE_CKPT if save_checkpoints else 0))
+    args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
+            _ptr(p.initial_state), y, final, _ptr(ckpt)) + _shape_args(p, plan) + (np.int32(flags),)
+    _launch(key, plan, args)
+    return y, final, ckpt
+
+
+def selective_scan_backward(p, checkpoints, dout, dfinal_state):
+    """Pullback of :func:`selective_scan_forward` on the GPU.
+
+    Parameters
+    ----------
+    p : SelectiveScanProblem
+        The problem the forward ran on.
+    checkpoints : cupy.ndarray or None
+        What the forward returned with ``save_checkpoints=True`` (any shape
+        with ``n_chunks * batch * dim * N`` elements in that order); None:
+        recomputed here by a forward pass.
+    dout : cupy.ndarray, (batch, dim, L), ``p.io_dtype``, C-contiguous
+        Cotangent of y.
+    dfinal_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``, or None
+        Cotangent of the final state.
+
+    Returns
+    -------
+    dict
+        ``u``, ``delta``, ``z``: (batch, dim, L) in ``p.io_dtype``; ``A``:
+        (dim, N); ``B``, ``C``: the shape of ``p.B`` / ``p.C``; ``D``,
+        ``delta_bias``: (dim,); ``initial_state``: (batch, dim, N); all but the
+        first three in ``p.compute_dtype``; None where the problem's array is None.
+    """
+    cp = p.xp
+    io, bc, ct = _check_dtypes(p)
+    batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    cdt = p.compute_dtype
+    gb, gc = p.groups(p.B), p.groups(p.C)
+    du = cp.empty((batch, dim, L), dtype=p.io_dtype)
+    ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
+    dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
+
+    if batch == 0 or dim == 0 or L == 0:
+        du[...] = 0
+        ddelta[...] = 0
+        if dz is not None:
+            dz[...] = 0
+        dh0 = None
+        if p.initial_state is not None:
+            dh0 = (cp.zeros((batch, dim, N), dtype=cdt) if dfinal_state is None
+                   else dfinal_state.astype(cdt, copy=True))
+        return {
+            "u": du, "delta": ddelta, "z": dz,
+            "A": cp.zeros((dim, N), dtype=cdt),
+            "B": cp.zeros(p.B.shape, dtype=cdt), "C": cp.zeros(p.C.shape, dtype=cdt),
+            "D": None if p.D is None else cp.zeros((dim,), dtype=cdt),
+            "delta_bias": None if p.delta_bias is None else cp.zeros((dim,), dtype=cdt),
+            "initial_state": dh0,
+        }
+
+    if checkpoints is None:
+        _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
+    if checkpoints.size != p.n_chunks * batch * dim * N or checkpoints.dtype != cdt:
+        raise ValueError(f"ssmkit GPU selective_scan backward: checkpoints of shape "
+                         f"{checkpoints.shape} and dtype {checkpoints.dtype} do not come from "
+                         f"this problem's forward ({p.n_chunks} x {batch} x {dim} x {N} {cdt})")
+    checkpoints = cp.ascontiguousarray(checkpoints)
+    dout = cp.ascontiguousarray(dout, dtype=p.io_dtype)
+    if dfinal_state is not None:
+        dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
+
+    plan = _plan(p, "bwd")
+    ch = plan["ch"]
+    ntile = dim // ch
+    dA_part = cp.empty((batch, dim, N), dtype=cdt)
+    dB_part = cp.empty((batch, ntile, N, L) if gb else (batch, dim, N), dtype=cdt)
+    dC_part = cp.empty((batch, ntile, N, L) if gc else (batch, dim, N), dtype=cdt)
+    dD_part = cp.empty((batch, dim), dtype=cdt)
+    dbias_part = cp.empty((batch, dim), dtype=cdt)
+    dh0 = cp.empty((batch, dim, N), dtype=cdt) if p.initial_state is not None else None
+    scratch = cp.empty((max(1, plan["scratch"]),), dtype=cdt)
+
+    key = KernelKey("bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
+    flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
+             | (_HAS_BIAS if p.delta_bias is not None else 0)
+             | (_SOFTPLUS if p.delta_softplus else 0)
+             | (_HAS_H0 if p.initial_state is not None else 0)
+             | (_HAS_DFINAL if dfinal_state is not None else 0))
+    args = (p.u, p.delta, _ptr(p.z), dout, p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
+            checkpoints, _ptr(dfinal_state), du, ddelta, _ptr(dz),
+            dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,
+            ) + _shape_args(p, plan) + (np.int32(flags),)
+    _launch(key, plan, args)
+
+    def per_step_total(part, G):
+        # (batch, ntile, N, L) partials of per-block channel tiles -> (batch, G, N, L):
+        # the tiles of group g are g*tpg ... (g+1)*tpg - 1; summed in that order.
+        return part.reshape(batch, G, ntile // G, N, L).sum(axis=2)
+
+    return {
+        "u": du,
+        "delta": ddelta,
+        "z": dz,
+        "A": dA_part.sum(axis=0),
+        "B": per_step_total(dB_part, gb) if gb else dB_part.sum(axis=0),
+        "C": per_step_total(dC_part, gc) if gc else dC_part.sum(axis=0),
+        "D": None if p.D is None else dD_part.sum(axis=0),
+        "delta_bias": None if p.delta_bias is None else dbias_part.sum(axis=0),
+        "initial_state": dh0,
+    }
+
+
+def warmup(dtypes=("float32",), N=(16,), *, bc="io", per_step_bc=(True,), backward=True):
+    """Compile kernels ahead of their first use (on the current device).
+
+    Parameters
+    ----------
+    dtypes : sequence of dtype
+        io dtypes of u/delta/z (float16, bfloat16, float32, float64).
+    N : sequence of int
+        State sizes.
+    bc : {"io", "compute", "both"}
+        Dtype of B/C: the io dtype, the compute dtype, or both.
+    per_step_bc : sequence of bool
+        True: B and C per step (batch, G, N, L); False: both (dim, N).
+    backward : bool
+        Also compile the backward kernels.
+
+    Returns
+    -------
+    list of str
+        The name expressions compiled.
+    """
+    done = []
+    for dt in dtypes:
+        io = _dtype_name(dt)
+        bcs = {"io": [io], "compute": [_COMPUTE[io]], "both": [io, _COMPUTE[io]]}[bc]
+        for n in N:
+            npt, nsplit = state_split(int(n), _COMPUTE[io])
+            for b in dict.fromkeys(bcs):
+                for ps in per_step_bc:
+                    for kind in (("fwd", "bwd") if backward else ("fwd",)):
+                        name = name_expression(KernelKey(kind, io, b, npt, nsplit, bool(ps), bool(ps)))
+                        compiler.get_kernel(SOURCE_FILE, name)
+                        done.append(name)
+    return done

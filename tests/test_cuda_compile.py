@@ -1,0 +1,140 @@
+"""The GPU backend's CUDA kernels compile with NVRTC for sm_90, as the GPU will compile them.
+
+No GPU or CUDA driver is needed: ``ssmkit._nvrtc_check`` calls NVRTC directly with
+the run-time path's source text, options and template name expressions. Without
+an NVRTC library (``pip install nvidia-cuda-nvrtc-cu12``) these tests skip, unless
+``SSMKIT_REQUIRE_NVRTC=1``, which turns the skip into a failure (for CI).
+``SSMKIT_NVRTC_FULL=1`` compiles every instantiation instead of the representative
+set (about 400 kernels; minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from ssmkit import _nvrtc_check
+from ssmkit._gpu import compiler, selective_scan as ss
+
+FULL = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
+
+
+@pytest.fixture(scope="module")
+def nvrtc_path():
+    path = _nvrtc_check.find_nvrtc()
+    if path is None:
+        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
+            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
+                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
+        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
+    return path
+
+
+def test_source_needs_no_include_path():
+    src = compiler.kernel_source(ss.SOURCE_FILE)
+    assert not re.search(r"^\s*#\s*include", src, re.M), "CUDA sources must be self-contained"
+    assert compiler.compile_options()[0] == "-std=c++17"
+    assert f"-DSSMKIT_SRC_HASH=0x{compiler.source_hash()}" in compiler.compile_options()
+
+
+def test_kernel_keys_cover_every_template_value():
+    full, rep = ss.kernel_keys(full=True), ss.kernel_keys(full=False)
+    names = [ss.name_expression(k) for k in full]
+    assert len(set(names)) == len(names)
+    assert set(rep) <= set(full)
+    for field in ss.KernelKey._fields:
+        assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
+    # every state size the planner accepts maps to a listed (NPT, NSPLIT)
+    for ct, top in ss.MAX_N.items():
+        io = "float64" if ct == "float64" else "float32"
+        splits = {(k.npt, k.nsplit) for k in full if k.io == io}
+        assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
+
+
+def test_kernels_compile_for_sm90(nvrtc_path):
+    keys = ss.kernel_keys(full=FULL)
+    rows = _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path)
+    assert [r["key"] for r in rows] == keys
+    for r in rows:
+        assert r["lowered"].startswith("_Z"), r
+        assert "registers" in r, r
+
+
+def test_hot_kernels_keep_state_in_registers(nvrtc_path):
+    # The Mamba-1 configuration (N = 16, per-step B and C): no local memory.
+    npt, nsplit = ss.state_split(16)
+    keys = [ss.KernelKey(kind, io, bc, npt, nsplit, True, True)
+            for kind in ("fwd", "bwd")
+            for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
+    for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
+        # ptxas may park one or two values that are needed only at a kernel's
+        # start and end (offsets of the final writes) in local memory: a few
+        # bytes, touched once. More than that means state left the registers.
+        assert r["stack"] <= 16 and r["spill_stores"] <= 16, r
+
+
+@pytest.mark.parametrize("compute", ["float32", "float64"])
+def test_launch_plans_meet_kernel_preconditions(compute):
+    # The kernels trap when these fail; check the planner over awkward shapes.
+    limits = dict(sm_count=132, smem_optin=227 * 1024)
+    for N in (0, 1, 3, 4, 5, 16, 17, 33, 64, 100, 128, 129, 256):
+        for dim, gb, gc in ((1536, 1, 1), (1536, 0, 0), (96, 3, 2), (6, 3, 0), (7, 7, 1), (3, 0, 3)):
+            for batch, L, chunk in ((8, 2048, 2048), (1, 37, 7), (2, 5, 1), (1, 100, 10**9)):
+                shape = dict(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk,
+                             compute=compute, **limits)
+                for kind, plan in (("fwd", ss.plan_forward(**shape)), ("bwd", ss.plan_backward(**shape))):
+                    ch, tl = plan["ch"], plan["tl"]
+                    assert plan["threads"] == ch * plan["nsplit"]
+                    assert plan["threads"] <= (ss.FWD_MAX_THREADS if kind == "fwd" else ss.BWD_MAX_THREADS)
+                    assert ch & (ch - 1) == 0 and dim % ch == 0
+                    for G in (gb, gc):
+                        assert G == 0 or (dim // G) % ch == 0
+                    assert tl % (plan["nsplit"] if kind == "fwd" else plan["ts"]) == 0
+                    assert plan["npt"] * plan["nsplit"] >= N
+                    assert plan["smem"] <= limits["smem_optin"]
+                    assert plan["blocks"] == batch * (dim // ch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_backend_runs_on_gpu(dtype):
+    # Smoke test of the run-time path (compile through CuPy, launch, compare);
+    # the public API's GPU tests are elsewhere.
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    from ssmkit import reference
+    from ssmkit._problem import SelectiveScanProblem
+
+    rng = np.random.default_rng(0)
+    batch, dim, L, N = 2, 8, 37, 16
+    arrs = dict(u=rng.standard_normal((batch, dim, L)), delta=0.5 * rng.standard_normal((batch, dim, L)),
+                A=-np.exp(0.5 * rng.standard_normal((dim, N))), B=rng.standard_normal((batch, 2, N, L)),
+                C=rng.standard_normal((batch, 1, N, L)), D=rng.standard_normal(dim),
+                z=rng.standard_normal((batch, dim, L)), delta_bias=0.5 * rng.standard_normal(dim),
+                initial_state=rng.standard_normal((batch, dim, N)))
+    arrs = {k: v.astype(dtype) for k, v in arrs.items()}
+    p = SelectiveScanProblem(**{k: cp.asarray(v) for k, v in arrs.items()}, delta_softplus=True,
+                             chunk_size=16, xp=cp)
+    y, final, ckpt = ss.selective_scan_forward(p, save_checkpoints=True)
+    (y_ref, final_ref), pullback = reference.selective_scan_vjp(
+        **{k: v for k, v in arrs.items() if k != "initial_state"}, delta_softplus=True,
+        initial_state=arrs["initial_state"], return_final_state=True)
+    rtol = 1e-4 if dtype == "float32" else 1e-10
+    np.testing.assert_allclose(cp.asnumpy(y), y_ref, rtol=rtol, atol=rtol * np.abs(y_ref).max())
+    np.testing.assert_allclose(cp.asnumpy(final), final_ref, rtol=rtol, atol=rtol * np.abs(final_ref).max())
+    dy = rng.standard_normal((batch, dim, L)).astype(dtype)
+    dfin = rng.standard_normal((batch, dim, N)).astype(dtype)
+    grads = ss.selective_scan_backward(p, ckpt, cp.asarray(dy), cp.asarray(dfin))
+    ref_grads = pullback(dy, dfin)
+    for name in ref_grads._fields:
+        want = getattr(ref_grads, name)
+        got = cp.asnumpy(grads[name])
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
