@@ -310,3 +310,16 @@ def test_softplus_threshold_matches_contract():
     x = np.array([-30.0, -1.0, 0.0, 19.9, 20.0, 20.1, 50.0])
     expected = np.where(x <= 20, np.log1p(np.exp(np.minimum(x, 20))), x)
     np.testing.assert_array_equal(reference.softplus(x), expected)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_float32_stays_accurate_over_long_sequences(backend):
+    """float32 at L = 32768 stays within 1e-5 (relative, norm-wise) of the float64 reference."""
+    rng = np.random.default_rng(2024)
+    case = dict(batch=1, dim=4, L=32768, N=16, b_form="step", c_form="step", with_init=True)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float32", xp_for(backend))
+    y, final = ssmkit.selective_scan(**inputs, delta_softplus=True, return_final_state=True)
+    y_ref, final_ref = reference.selective_scan(**exact, delta_softplus=True,
+                                                return_final_state=True)
+    assert rel_err(y, y_ref) <= 1e-5
+    assert rel_err(final, final_ref) <= 1e-5
