@@ -52,7 +52,13 @@ def commit() -> str:
         return os.environ.get("SSMKIT_COMMIT", "unknown")
 
 
-def cuda_median_ms(fn, warmup=3, reps=20):
+def cuda_median_ms(fn, warmup=3, reps=20, calls=1):
+    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call.
+
+    With ``calls=1`` this is the latency of one call, host work included; with
+    more, the host prepares the next call while the GPU runs the last one, as in a
+    pipeline, and the figure is the device time per call.
+    """
     import cupy
 
     for _ in range(warmup):
@@ -62,10 +68,11 @@ def cuda_median_ms(fn, warmup=3, reps=20):
     for _ in range(reps):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         stop.record()
         stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
     return float(np.median(times))
 
 
@@ -146,19 +153,22 @@ def run_gpu(args):
     for dtype, batch, dim, L, N, peer_fwd, peer_fb in table:
         x = make_inputs(cupy, dtype, batch, dim, L, N)
         kw = dict(delta_softplus=True)
-        fwd_ms = cuda_median_ms(lambda: ssmkit.selective_scan(**x, **kw))
+        fwd_ms = cuda_median_ms(lambda: ssmkit.selective_scan(**x, **kw), calls=5)
+        fwd_latency_ms = cuda_median_ms(lambda: ssmkit.selective_scan(**x, **kw))
         dy = cupy.ones_like(x["u"])
 
         def fwd_bwd():
             _, pullback = ssmkit.selective_scan_vjp(**x, **kw)
             pullback(dy)
 
-        fb_ms = cuda_median_ms(fwd_bwd, reps=10)
+        fb_ms = cuda_median_ms(fwd_bwd, reps=10, calls=3)
+        fb_latency_ms = cuda_median_ms(fwd_bwd, reps=10)
         fwd_bytes, fb_bytes, fwd_floor, fb_floor = floors(dtype, batch, dim, L, N,
                                                           copy_bw * 1e12, exp_rate * 1e12)
         rows.append(dict(
             op="selective_scan", gpu=gpu, dtype=dtype, batch=batch, dim=dim, L=L, N=N,
             fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),
+            fwd_latency_ms=round(fwd_latency_ms, 4), fwd_bwd_latency_ms=round(fb_latency_ms, 4),
             copy_tbps=round(copy_bw, 3), exp2_tps=round(exp_rate, 3),
             fwd_tbps=round(fwd_bytes / (fwd_ms * 1e-3) / 1e12, 3),
             fwd_floor_ms=round(fwd_floor, 4), fwd_of_floor=round(fwd_floor / fwd_ms, 3),
@@ -176,17 +186,20 @@ def run_gpu(args):
     lines = [f"# selective_scan on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}",
              "",
              f"Copy bandwidth {copy_bw:.2f} TB/s and exp2f rate {exp_rate:.2f} T/s, measured in "
-             "the same run. Median of CUDA-event-timed calls after warm-up. Floor = max(bytes / "
+             "the same run. fwd / fwd+bwd: median CUDA-event time per call over back-to-back "
+             "calls after warm-up (5 forward, 3 forward+backward calls between two events); "
+             "latency: one call between two events, host work included. Floor = max(bytes / "
              "copy bandwidth, exponentials / exp2f rate). mamba_ssm times from peers-h200.md.",
              "",
-             "| dtype | batch | dim | L | N | fwd ms | of floor | x mamba_ssm | fwd+bwd ms | "
-             "of floor | x mamba_ssm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | batch | dim | L | N | fwd ms | latency | of floor | x mamba_ssm | "
+             "fwd+bwd ms | latency | of floor | x mamba_ssm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['N']} | "
-            f"{r['fwd_ms']:.3f} | {r['fwd_of_floor']:.2f} | "
+            f"{r['fwd_ms']:.3f} | {r['fwd_latency_ms']:.3f} | {r['fwd_of_floor']:.2f} | "
             f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.3f} | "
+            f"{r['fwd_bwd_latency_ms']:.3f} | "
             f"{r['fwd_bwd_of_floor']:.2f} | {r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
