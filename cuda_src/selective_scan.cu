@@ -29,6 +29,19 @@
 // per SM in float (at most 168 registers: 12 warps per SM, enough to keep a
 // typical Mamba-1 backward grid in one wave) and 4 in double.
 #define SSM_FWD_MAX_THREADS 256
+
+// L2 prefetch of the next tile (forward only, see its tile loop): only with 4
+// states per thread (N <= 16), where staging latency dominates; with more
+// states the scan's arithmetic hides the loads anyway and the extra address
+// registers cost spills at N = 128. The backward does not prefetch: at its
+// register cap (launch bounds) the addresses spill (24-32 bytes with NVRTC).
+// Off with -DSSM_FWD_PREFETCH=0 (ssmkit: SSMKIT_FWD_PREFETCH=0 in the environment).
+#ifndef SSM_FWD_PREFETCH
+#define SSM_FWD_PREFETCH 1
+#endif
+template <int NPT> __host__ __device__ constexpr bool ssm_use_prefetch() {
+    return SSM_FWD_PREFETCH != 0 && NPT == 4;
+}
 #define SSM_BWD_MAX_THREADS 64
 template <typename CT> struct ssm_bwd_min_blocks { static constexpr int value = sizeof(CT) == 8 ? 4 : 6; };
 
@@ -118,16 +131,39 @@ __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __re
 }
 
 // ===========================================================================
-// Forward: y, the final state and (optionally) the state entering each chunk.
+// Time segments. When batch * dim / CH blocks cannot fill the GPU, the host
+// splits time into nseg segments of seg_len steps (a multiple of the chunk,
+// so checkpoints stay per global chunk; the last segment may be shorter) and
+// block index blk = (seg' * batch + b) * (dim / CH) + tile, seg = seg0 + seg'.
+// The recurrence is linear in the state, so per (b, d, n) a segment maps its
+// entering state H to exp(A * sum_t dt_t) * H + local, local being the state
+// it reaches from 0. Forward:
+//   (1) ssm_scan_fwd_sum: local and sum dt of segments 0 .. nseg-2 (no C, y, z);
+//   (2) ssm_seg_carry: state entering each segment, sequential over segments;
+//   (3) ssm_scan_fwd: every segment from its entering state (seg_h).
+// The backward does the same in reverse time with the adjoint g, which does
+// not depend on h: ssm_scan_bwd_sum gives each segment's outgoing adjoint
+// from a zero seed, the carry runs from the last segment to the first, and
+// ssm_scan_bwd runs every segment from its seed. With nseg == 1 (seg_len >=
+// L) the summary and carry kernels are not launched and seg_h / seg_g are null.
 // ===========================================================================
-template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS)
-ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
+
+// ===========================================================================
+// Forward: y, the final state and (optionally) the state entering each chunk.
+// SUM (ssm_scan_fwd_sum): run from a zero state, write only the segment's end
+// state to seg_h[seg, b, d, :] and its sum of dt to seg_dt[seg, b, d].
+// Otherwise (ssm_scan_fwd): seg_h, if not null, holds the state entering each
+// segment (nseg, batch, dim, N); the last segment writes hfinal.
+// ===========================================================================
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV, bool SUM>
+__device__ __forceinline__ void
+ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
              const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
              const CT* __restrict__ D, const CT* __restrict__ dbias, const CT* __restrict__ h0,
              IO* __restrict__ y, CT* __restrict__ hfinal, CT* __restrict__ ckpt,
+             CT* __restrict__ seg_h, CT* __restrict__ seg_dt,
              int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
-             int TL, int CH, int flags) {
+             int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
     static_assert(ssm_same<CT, typename ssm_compute_of<IO>::type>::value, "CT must be IO's compute type");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, CT>::value, "BC must be IO or CT");
     static_assert(NPT % 4 == 0 && (NSPLIT & (NSPLIT - 1)) == 0 && NSPLIT <= 32, "bad config");
@@ -140,17 +176,23 @@ ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const int c = tid / NSPLIT;
     const int s = tid % NSPLIT;
     const int ntile = dim / CH;
-    const int b = blockIdx.x / ntile;
-    const int d0 = (blockIdx.x - b * ntile) * CH;
+    const int rows = batch * ntile;  // blocks per segment
+    const int seg = seg0 + (int)(blockIdx.x / rows);
+    const int rt = blockIdx.x - (seg - seg0) * rows;
+    const int b = rt / ntile;
+    const int d0 = (rt - b * ntile) * CH;
     const int d = d0 + c;
     const unsigned wmask = ssm_warp_mask(nthr);
+    const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
 
-    const ssm_fwd_layout lay(CH, TL, NPAD, BV, CV);
+    const ssm_fwd_layout lay(CH, TL, NPAD, BV, CV && !SUM);
     // A launch planned by rules other than these kernels' would read or write
     // out of bounds: stop it loudly instead (all conditions are block-uniform).
     if ((unsigned)lay.total * sizeof(CT) > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
         TL % NSPLIT != 0 || dim % CH != 0 || (BV && (GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0)) ||
-        (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)))
+        (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)) ||
+        seg < 0 || seg >= nseg || seg_len % chunk != 0 || t_begin >= L ||
+        (nseg > 1 && seg_h == nullptr) || (SUM && seg_dt == nullptr))
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     CT* const sm = reinterpret_cast<CT*>(ssm_smem);
@@ -178,21 +220,37 @@ ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         const int n = s * NPT + k;
         const bool ok = n < N;
         A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : CT(0);
-        h[k] = (ok && has_h0) ? h0[((ssm_i64)b * dim + d) * N + n] : CT(0);
+        // Entering state: the carried one when time is split, else h0 (or 0);
+        // the summary pass always starts from 0.
+        h[k] = CT(0);
+        if (!SUM && ok) {
+            if (nseg > 1) h[k] = seg_h[(((ssm_i64)seg * batch + b) * dim + d) * N + n];
+            else if (has_h0) h[k] = h0[((ssm_i64)b * dim + d) * N + n];
+        }
         if constexpr (!BV) Bc[k] = ok ? ssm_load(B[(ssm_i64)d * N + n]) : CT(0);
-        if constexpr (!CV) Cc[k] = ok ? ssm_load(C[(ssm_i64)d * N + n]) : CT(0);
+        if constexpr (!CV && !SUM) Cc[k] = ok ? ssm_load(C[(ssm_i64)d * N + n]) : CT(0);
     }
+    CT sdt = 0;  // SUM: sum of dt over the segment (every lane of a channel keeps it)
 
     // One pass over time in tiles of at most TL steps; a tile never crosses a
     // chunk boundary, so the state entering each chunk is in registers at the
     // start of its first tile. (Few loop-carried values: fewer registers.)
-    ssm_i64 chunk_end = 0;  // end of the current chunk
-    ssm_i64 ci = -1;        // current chunk
-    for (ssm_i64 t0 = 0; t0 < L;) {
+    // End of this block's segment, recomputed from a fresh %ctaid where it
+    // is needed rather than held in registers through the scan.
+    const auto seg_end = [&]() -> ssm_i64 {
+        const ssm_i64 e = (ssm_i64)(seg0 + ssm_fresh_ctaid() / (batch * (dim / CH)) + 1) * seg_len;
+        return e < L ? e : L;
+    };
+
+    // Segments start on chunk boundaries (seg_len % chunk == 0).
+    ssm_i64 chunk_end = t_begin;       // end of the current chunk
+    ssm_i64 ci = t_begin / chunk - 1;  // current chunk
+    for (ssm_i64 t0 = t_begin; t0 < seg_end();) {
         if (t0 == chunk_end) {  // a chunk starts here
             ++ci;
-            chunk_end = (t0 + chunk) < L ? (t0 + chunk) : L;
-            if (save_ckpt) {
+            const ssm_i64 te = seg_end();
+            chunk_end = (t0 + chunk) < te ? (t0 + chunk) : te;
+            if (!SUM && save_ckpt) {
                 CT* const dst = ckpt + ((ci * batch + b) * (ssm_i64)dim + d) * N;
 #pragma unroll
                 for (int k = 0; k < NPT; ++k) {
@@ -224,57 +282,92 @@ ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     p.dt = dt;
                     p.du = du;
                     dtu[r * TLS + t] = p;
-                    ys[r * TLS + t] = yd;
+                    if constexpr (!SUM) ys[r * TLS + t] = yd;
                 }
             }
             if constexpr (BV)
                 ssm_stage_bc(Bs, B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L + t0, L, N, NQ, BS,
                              tl, tlp, r0, rstep, col0, W);
-            if constexpr (CV)
+            if constexpr (CV && !SUM)
                 ssm_stage_bc(Cs, C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L + t0, L, N, NQ, BS,
                              tl, tlp, r0, rstep, col0, W);
             __syncthreads();
 
-            // Scan NSPLIT steps at a time: each lane gets its partial
-            // sum_n C h for those steps, then one reduce-scatter leaves lane s
-            // with the full sum of step g0 + s.
+            // While this tile is scanned, pull the next tile's inputs (and this
+            // tile's z, read by the output stage) into L2: staging them then
+            // waits on L2 instead of DRAM. All addresses lie in [t0, t_end).
+            if constexpr (ssm_use_prefetch<NPT>()) {
+                const ssm_i64 rb0 = ((ssm_i64)b * dim + d0) * L;
+                const ssm_i64 t0n = t0 + tl;
+                const ssm_i64 te = seg_end();
+                const int tln = (int)((te - t0n) < TL ? (te - t0n) : TL);  // <= 0: last tile
+                ssm_prefetch_rows(u + rb0 + t0n, L, CH, tln, tid, nthr);
+                ssm_prefetch_rows(delta + rb0 + t0n, L, CH, tln, tid, nthr);
+                if constexpr (BV)
+                    ssm_prefetch_rows(B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L + t0n, L, N, tln,
+                                      tid, nthr);
+                if constexpr (CV && !SUM)
+                    ssm_prefetch_rows(C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L + t0n, L, N, tln,
+                                      tid, nthr);
+                if (!SUM && has_z) ssm_prefetch_rows(z + rb0 + t0, L, CH, tl, tid, nthr);
+            }
+
             const ssm_pair<CT>* const drow = dtu + c * TLS;
-            for (int g0 = 0; g0 < tlp; g0 += NSPLIT) {
-                CT v[NSPLIT];
-#pragma unroll
-                for (int j = 0; j < NSPLIT; ++j) {
-                    const int t = g0 + j;
+            if constexpr (SUM) {
+                // State only: no C, no reduction, no output.
+#pragma unroll 4
+                for (int t = 0; t < tlp; ++t) {
                     const ssm_pair<CT> p = drow[t];
-                    CT bv[NPT], cv[NPT];
+                    CT bv[NPT];
                     if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
-                    if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
-                    CT acc = 0;
 #pragma unroll
                     for (int k = 0; k < NPT; ++k) {
                         const CT bk = BV ? bv[k] : Bc[k];
-                        const CT ck = CV ? cv[k] : Cc[k];
-                        const CT a = M::decay(p.dt * A2[k]);
-                        h[k] = a * h[k] + bk * p.du;
-                        acc += ck * h[k];
+                        h[k] = M::decay(p.dt * A2[k]) * h[k] + bk * p.du;
                     }
-                    v[j] = acc;
+                    sdt += p.dt;
                 }
-                int off = 0;
-                bool own = true;
-                ssm_reduce_scatter<NSPLIT, NSPLIT / 2>::run(v, s, wmask, off, own);
-                ys[c * TLS + g0 + off] += v[0];  // off == s: one writer per step
-            }
-            __syncthreads();
-
-            for (int r = r0; r < CH; r += rstep) {
-                const ssm_i64 rb = ((ssm_i64)b * dim + d0 + r) * L + t0;
-                for (int t = col0; t < tl; t += W) {
-                    CT yv = ys[r * TLS + t];
-                    if (has_z) {
-                        const CT zz = ssm_load(z[rb + t]);
-                        yv *= zz * M::sigmoid(zz);
+            } else {
+                // Scan NSPLIT steps at a time: each lane gets its partial
+                // sum_n C h for those steps, then one reduce-scatter leaves lane s
+                // with the full sum of step g0 + s.
+                for (int g0 = 0; g0 < tlp; g0 += NSPLIT) {
+                    CT v[NSPLIT];
+#pragma unroll
+                    for (int j = 0; j < NSPLIT; ++j) {
+                        const int t = g0 + j;
+                        const ssm_pair<CT> p = drow[t];
+                        CT bv[NPT], cv[NPT];
+                        if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
+                        if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
+                        CT acc = 0;
+#pragma unroll
+                        for (int k = 0; k < NPT; ++k) {
+                            const CT bk = BV ? bv[k] : Bc[k];
+                            const CT ck = CV ? cv[k] : Cc[k];
+                            const CT a = M::decay(p.dt * A2[k]);
+                            h[k] = a * h[k] + bk * p.du;
+                            acc += ck * h[k];
+                        }
+                        v[j] = acc;
                     }
-                    ssm_store(y + rb + t, yv);
+                    int off = 0;
+                    bool own = true;
+                    ssm_reduce_scatter<NSPLIT, NSPLIT / 2>::run(v, s, wmask, off, own);
+                    ys[c * TLS + g0 + off] += v[0];  // off == s: one writer per step
+                }
+                __syncthreads();
+
+                for (int r = r0; r < CH; r += rstep) {
+                    const ssm_i64 rb = ((ssm_i64)b * dim + d0 + r) * L + t0;
+                    for (int t = col0; t < tl; t += W) {
+                        CT yv = ys[r * TLS + t];
+                        if (has_z) {
+                            const CT zz = ssm_load(z[rb + t]);
+                            yv *= zz * M::sigmoid(zz);
+                        }
+                        ssm_store(y + rb + t, yv);
+                    }
                 }
             }
             t0 += tl;
@@ -282,13 +375,76 @@ ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     }
     {
         const int tid2 = ssm_fresh_tid(), blk2 = ssm_fresh_ctaid();
-        const int b2 = blk2 / ntile, s2 = tid2 % NSPLIT;
-        const int d2 = (blk2 - b2 * ntile) * CH + tid2 / NSPLIT;
-        CT* const dst = hfinal + ((ssm_i64)b2 * dim + d2) * N;
+        const int rows2 = batch * (dim / CH);
+        const int sg2 = blk2 / rows2, rt2 = blk2 - sg2 * rows2;
+        const int b2 = rt2 / (dim / CH), s2 = tid2 % NSPLIT;
+        const int d2 = (rt2 - b2 * (dim / CH)) * CH + tid2 / NSPLIT;
+        const ssm_i64 bd = (ssm_i64)b2 * dim + d2;
+        CT* dst = nullptr;
+        if constexpr (SUM) {
+            const ssm_i64 sbd = (ssm_i64)(seg0 + sg2) * batch * dim + bd;
+            dst = seg_h + sbd * N;
+            if (s2 == 0) seg_dt[sbd] = sdt;
+        } else if (seg0 + sg2 == nseg - 1) {
+            dst = hfinal + bd * N;
+        }
+        if (dst != nullptr) {
 #pragma unroll
-        for (int k = 0; k < NPT; ++k) {
-            const int n = s2 * NPT + k;
-            if (n < N) dst[n] = h[k];
+            for (int k = 0; k < NPT; ++k) {
+                const int n = s2 * NPT + k;
+                if (n < N) dst[n] = h[k];
+            }
+        }
+    }
+}
+
+#define SSM_FWD_PARAMS                                                                                \
+    const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,                 \
+        const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,                 \
+        const CT* __restrict__ D, const CT* __restrict__ dbias, const CT* __restrict__ h0,            \
+        IO* __restrict__ y, CT* __restrict__ hfinal, CT* __restrict__ ckpt, CT* __restrict__ seg_h,   \
+        CT* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk, \
+        int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
+#define SSM_FWD_ARGS                                                                                  \
+    u, delta, z, A, B, C, D, dbias, h0, y, hfinal, ckpt, seg_h, seg_dt, batch, dim, N, L, GB, GC,     \
+        chunk, TL, CH, flags, seg_len, nseg, seg0
+
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, false>(SSM_FWD_ARGS);
+}
+
+// Summary pass of a split forward (see "Time segments"); same parameters,
+// y/hfinal/ckpt/z/C/D unused.
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, true>(SSM_FWD_ARGS);
+}
+
+// Carry across segments, one thread per (b, d, n), sequential over segments:
+// seeds[first] = init (or 0); seeds[next] = exp(A sumdt[s]) seeds[s] + local[s].
+// Forward (reverse == 0): first = 0, next = s + 1; backward: first = nseg - 1,
+// next = s - 1. local, seeds: (nseg, batch, dim, N); sumdt: (nseg, batch, dim).
+template <typename CT>
+__global__ void __launch_bounds__(256)
+ssm_seg_carry(const CT* __restrict__ A, const CT* __restrict__ init, const CT* __restrict__ local,
+              const CT* __restrict__ sumdt, CT* __restrict__ seeds, int batch, int dim, int N,
+              int nseg, int reverse) {
+    typedef ssm_math<CT> M;
+    const ssm_i64 bd_n = (ssm_i64)batch * dim;
+    const ssm_i64 total = bd_n * N;
+    for (ssm_i64 i = (ssm_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (ssm_i64)gridDim.x * blockDim.x) {
+        const ssm_i64 bd = i / N;
+        const int n = (int)(i - bd * N);
+        const int d = (int)(bd % dim);
+        const CT a2 = A[(ssm_i64)d * N + n] * M::kLog2e;
+        CT H = init != nullptr ? init[i] : CT(0);
+        for (int j = 0; j < nseg; ++j) {
+            const int sg = reverse ? nseg - 1 - j : j;
+            seeds[(ssm_i64)sg * total + i] = H;
+            if (j + 1 < nseg)
+                H = M::decay(a2 * sumdt[(ssm_i64)sg * bd_n + bd]) * H + local[(ssm_i64)sg * total + i];
         }
     }
 }
@@ -310,9 +466,12 @@ ssm_scan_fwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // dA, dD, ddelta_bias and the (dim, N) forms of dB/dC are per-(b, d) partials
 // that the host sums over the batch. No atomics: the result is deterministic.
 //
-// Outputs: du_out, ddelta_out, dz_out (batch, dim, L) IO; dA_part (batch, dim,
-// N); dB_out / dC_out: (batch, dim/CH, N, L) when per step, else (batch, dim,
-// N); dD_part, dbias_part (batch, dim); dh0 (batch, dim, N) (if SSM_HAS_H0).
+// Outputs: du_out, ddelta_out, dz_out (batch, dim, L) IO; dA_part (nseg,
+// batch, dim, N); dB_out / dC_out: (batch, dim/CH, N, L) when per step (the
+// segments write disjoint steps), else (nseg, batch, dim, N); dD_part,
+// dbias_part (nseg, batch, dim); dh0 (batch, dim, N) (if SSM_HAS_H0; written
+// by segment 0). seg_g: null, or the adjoint seed of each segment (nseg,
+// batch, dim, N) from ssm_seg_carry (replaces dfinal).
 // scratch: gridDim.x * ceil(min(chunk, L) / TL) * blockDim.x * NPT elements.
 // ===========================================================================
 template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
@@ -327,7 +486,8 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
              CT* __restrict__ dD_part, CT* __restrict__ dbias_part, CT* __restrict__ dh0,
              CT* __restrict__ scratch,
              int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
-             int TL, int CH, int flags) {
+             int TL, int CH, int flags, const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg,
+             int seg0) {
     static_assert(ssm_same<CT, typename ssm_compute_of<IO>::type>::value, "CT must be IO's compute type");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, CT>::value, "BC must be IO or CT");
     static_assert(NPT % 4 == 0 && (NSPLIT & (NSPLIT - 1)) == 0 && NSPLIT <= 32, "bad config");
@@ -344,16 +504,22 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const int c = tid / NSPLIT;
     const int s = tid % NSPLIT;
     const int ntile = dim / CH;
-    const int b = blockIdx.x / ntile;
-    const int tile = blockIdx.x - b * ntile;
+    const int rows = batch * ntile;  // blocks per segment
+    const int seg = seg0 + (int)(blockIdx.x / rows);
+    const int rt = blockIdx.x - (seg - seg0) * rows;
+    const int b = rt / ntile;
+    const int tile = rt - b * ntile;
     const int d0 = tile * CH;
     const int d = d0 + c;
     const unsigned wmask = ssm_warp_mask(nthr);
+    const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
+    const ssm_i64 t_end = (L - t_begin) < seg_len ? L : t_begin + seg_len;
 
     const ssm_bwd_layout lay(CH, TL, NPAD, NPT, TS, BV, CV);
     if ((unsigned)lay.total * sizeof(CT) > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
         TL % TS != 0 || dim % CH != 0 || (BV && (GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0)) ||
-        (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)))
+        (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)) ||
+        seg < 0 || seg >= nseg || seg_len % chunk != 0 || t_begin >= L || (nseg > 1 && seg_g == nullptr))
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     CT* const sm = reinterpret_cast<CT*>(ssm_smem);
@@ -387,7 +553,11 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         const int n = s * NPT + k;
         const bool ok = n < N;
         A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : CT(0);
-        g[k] = (ok && has_dfinal) ? dfinal[((ssm_i64)b * dim + d) * N + n] : CT(0);
+        // Adjoint entering the segment from its end: the carried seed when
+        // time is split, else dfinal (or 0).
+        g[k] = !ok ? CT(0)
+             : nseg > 1 ? seg_g[(((ssm_i64)seg * batch + b) * dim + d) * N + n]
+             : has_dfinal ? dfinal[((ssm_i64)b * dim + d) * N + n] : CT(0);
         dA[k] = 0;
         dBc[k] = 0;
         dCc[k] = 0;
@@ -469,10 +639,10 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         }
     };
 
-    const ssm_i64 nchunks = (L + chunk - 1) / chunk;
-    for (ssm_i64 ci = nchunks - 1; ci >= 0; --ci) {
+    // The segment's chunks, last to first (segments start on chunk boundaries).
+    for (ssm_i64 ci = (t_end - 1) / chunk; ci >= t_begin / chunk; --ci) {
         const ssm_i64 cs0 = ci * chunk;
-        const ssm_i64 clen = (L - cs0) < chunk ? (L - cs0) : chunk;
+        const ssm_i64 clen = (t_end - cs0) < chunk ? (t_end - cs0) : chunk;
         const int ntl = (int)((clen + TL - 1) / TL);
 
         // Pass A: tile-start states of this chunk. Tiles before the last are full.
@@ -645,9 +815,13 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 
     {
         const int tid2 = ssm_fresh_tid(), blk2 = ssm_fresh_ctaid();
-        const int b2 = blk2 / ntile, s2 = tid2 % NSPLIT;
-        const int d2 = (blk2 - b2 * ntile) * CH + tid2 / NSPLIT;
-        const ssm_i64 sbase = ((ssm_i64)b2 * dim + d2) * N;
+        const int rows2 = batch * (dim / CH);
+        const int sg2 = blk2 / rows2, rt2 = blk2 - sg2 * rows2;
+        const int b2 = rt2 / (dim / CH), s2 = tid2 % NSPLIT;
+        const int d2 = (rt2 - b2 * (dim / CH)) * CH + tid2 / NSPLIT;
+        const ssm_i64 bd = (ssm_i64)b2 * dim + d2;
+        const ssm_i64 sbase = ((ssm_i64)(seg0 + sg2) * batch * dim + bd) * N;
+        const bool first = seg0 + sg2 == 0;  // g is now dL/dh0
 #pragma unroll
         for (int k = 0; k < NPT; ++k) {
             const int n = s2 * NPT + k;
@@ -655,14 +829,130 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 dA_part[sbase + n] = dA[k];
                 if constexpr (!BV) dB_out[sbase + n] = dBc[k];
                 if constexpr (!CV) dC_out[sbase + n] = dCc[k];
-                if (want_dh0) dh0[sbase + n] = g[k];
+                if (want_dh0 && first) dh0[bd * N + n] = g[k];
             }
         }
     }
     accD = ssm_group_allreduce<NSPLIT / 2>(accD, wmask);
     accBias = ssm_group_allreduce<NSPLIT / 2>(accBias, wmask);
     if (s == 0) {
-        dD_part[(ssm_i64)b * dim + d] = accD;
-        dbias_part[(ssm_i64)b * dim + d] = accBias;
+        const ssm_i64 sbd = ((ssm_i64)seg * batch + b) * dim + d;
+        dD_part[sbd] = accD;
+        dbias_part[sbd] = accBias;
     }
+}
+
+// ===========================================================================
+// Summary pass of a split backward (see "Time segments"): per segment seg0 +
+// blk / (batch * dim / CH), walk its steps last to first from a zero adjoint,
+// g <- (g + C_t dy_t) * exp(dt_t A) (dy after the z gate), and write the
+// adjoint leaving the segment's start to seg_g[seg, b, d, :] and the sum of
+// dt to seg_dt[seg, b, d]. Shared memory: ssm_fwd_layout(CH, TL, NPAD, false,
+// CV), its {dt, du} pairs holding {dt, dy}. B and u are not needed.
+// ===========================================================================
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS)
+ssm_scan_bwd_sum(const IO* __restrict__ delta, const IO* __restrict__ z, const IO* __restrict__ dout,
+                 const CT* __restrict__ A, const BC* __restrict__ C, const CT* __restrict__ dbias,
+                 CT* __restrict__ seg_g, CT* __restrict__ seg_dt,
+                 int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
+                 int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
+    static_assert(ssm_same<CT, typename ssm_compute_of<IO>::type>::value, "CT must be IO's compute type");
+    static_assert(NPT % 4 == 0 && (NSPLIT & (NSPLIT - 1)) == 0 && NSPLIT <= 32, "bad config");
+    typedef ssm_math<CT> M;
+    constexpr int NPAD = NPT * NSPLIT;
+    constexpr int NQ = NPAD / 4;
+
+    const int nthr = CH * NSPLIT;
+    const int tid = threadIdx.x;
+    const int c = tid / NSPLIT;
+    const int s = tid % NSPLIT;
+    const int ntile = dim / CH;
+    const int rows = batch * ntile;
+    const int seg = seg0 + (int)(blockIdx.x / rows);
+    const int rt = blockIdx.x - (seg - seg0) * rows;
+    const int b = rt / ntile;
+    const int d0 = (rt - b * ntile) * CH;
+    const int d = d0 + c;
+    const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
+    const ssm_i64 t_end = (L - t_begin) < seg_len ? L : t_begin + seg_len;
+
+    const ssm_fwd_layout lay(CH, TL, NPAD, false, CV);
+    if ((unsigned)lay.total * sizeof(CT) > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
+        dim % CH != 0 || (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)) ||
+        seg < 0 || seg >= nseg || t_begin >= L)
+        __trap();
+    extern __shared__ ssm_f4 ssm_smem[];
+    CT* const sm = reinterpret_cast<CT*>(ssm_smem);
+    ssm_pair<CT>* const dty = reinterpret_cast<ssm_pair<CT>*>(sm + lay.o_dtu);  // {dt, dy}
+    CT* const Cs = sm + lay.o_C;
+    const int TLS = lay.TLS, BS = lay.BS;
+
+    const bool has_z = flags & SSM_HAS_Z;
+    const bool has_bias = flags & SSM_HAS_BIAS;
+    const bool softplus = flags & SSM_SOFTPLUS;
+    const int W = nthr < 32 ? nthr : 32;
+    const int r0 = tid / W, rstep = nthr / W, col0 = tid % W;
+
+    CT A2[NPT], g[NPT], Cc[NPT];
+#pragma unroll
+    for (int k = 0; k < NPT; ++k) {
+        const int n = s * NPT + k;
+        const bool ok = n < N;
+        A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : CT(0);
+        g[k] = 0;
+        if constexpr (!CV) Cc[k] = ok ? ssm_load(C[(ssm_i64)d * N + n]) : CT(0);
+    }
+    CT sdt = 0;
+    const BC* Cg = C;
+    if constexpr (CV) Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
+
+    for (ssm_i64 t1 = t_end; t1 > t_begin;) {
+        const int tl = (int)((t1 - t_begin) < TL ? (t1 - t_begin) : TL);
+        const ssm_i64 t0 = t1 - tl;
+        __syncthreads();  // the previous tile's readers are done with smem
+        for (int r = r0; r < CH; r += rstep) {
+            const int dd = d0 + r;
+            const ssm_i64 rb = ((ssm_i64)b * dim + dd) * L + t0;
+            const CT bias = has_bias ? dbias[dd] : CT(0);
+            for (int t = col0; t < tl; t += W) {
+                CT dt = ssm_load(delta[rb + t]) + bias;
+                if (softplus) dt = M::softplus(dt);
+                CT dy = ssm_load(dout[rb + t]);
+                if (has_z) {
+                    const CT zz = ssm_load(z[rb + t]);
+                    dy *= zz * M::sigmoid(zz);
+                }
+                ssm_pair<CT> p;
+                p.dt = dt;
+                p.du = dy;
+                dty[r * TLS + t] = p;
+            }
+        }
+        if constexpr (CV) ssm_stage_bc(Cs, Cg + t0, L, N, NQ, BS, tl, tl, r0, rstep, col0, W);
+        __syncthreads();
+
+        const ssm_pair<CT>* const drow = dty + c * TLS;
+#pragma unroll 2  // (4 makes ptxas spill in bf16)
+        for (int t = tl - 1; t >= 0; --t) {
+            const ssm_pair<CT> p = drow[t];
+            CT cv[NPT];
+            if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
+#pragma unroll
+            for (int k = 0; k < NPT; ++k) {
+                const CT ck = CV ? cv[k] : Cc[k];
+                g[k] = (g[k] + ck * p.du) * M::decay(p.dt * A2[k]);
+            }
+            sdt += p.dt;
+        }
+        t1 = t0;
+    }
+
+    const ssm_i64 sbd = ((ssm_i64)seg * batch + b) * dim + d;
+#pragma unroll
+    for (int k = 0; k < NPT; ++k) {
+        const int n = s * NPT + k;
+        if (n < N) seg_g[sbd * N + n] = g[k];
+    }
+    if (s == 0) seg_dt[sbd] = sdt;
 }

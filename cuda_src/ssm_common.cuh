@@ -234,6 +234,32 @@ __device__ __forceinline__ int ssm_fresh_ctaid() {
     return r;
 }
 
+// Ask L2 to fetch the 128-byte line holding *p (a hint: no register, no wait,
+// no fault). Used to pull the next tile toward the SM while the current one is
+// scanned, so that staging it later waits on L2 rather than on DRAM.
+__device__ __forceinline__ void ssm_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
+}
+
+// Prefetch rows [0, nrows) of `len` elements each (row r at base + r * stride)
+// into L2, spread over the nthr threads of a block (thread tid). Only
+// addresses inside the rows are touched: every 128-byte stride of a row and
+// its last element (a row need not start on a line).
+template <typename T>
+__device__ __forceinline__ void ssm_prefetch_rows(const T* base, ssm_i64 stride, int nrows, int len,
+                                                  int tid, int nthr) {
+    constexpr int E = 128 / sizeof(T) > 0 ? 128 / (int)sizeof(T) : 1;  // elements per line
+    if (len <= 0) return;
+    const int per_row = (len + E - 1) / E + 1;
+#pragma unroll 1
+    for (int i = tid; i < nrows * per_row; i += nthr) {
+        const int r = i / per_row;
+        const int j = i - r * per_row;
+        const int off = j * E < len ? j * E : len - 1;
+        ssm_prefetch_l2(base + (ssm_i64)r * stride + off);
+    }
+}
+
 // Lanes that exist in this thread's warp (blocks smaller than a warp have one
 // partial warp; block sizes are powers of two).
 __device__ __forceinline__ unsigned ssm_warp_mask(int nthreads) {

@@ -50,7 +50,7 @@ def test_kernel_keys_cover_every_template_value():
     # every state size the planner accepts maps to a listed (NPT, NSPLIT)
     for ct, top in ss.MAX_N.items():
         io = "float64" if ct == "float64" else "float32"
-        splits = {(k.npt, k.nsplit) for k in full if k.io == io}
+        splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind != "carry"}
         assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
 
 
@@ -67,7 +67,7 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # The Mamba-1 configuration (N = 16, per-step B and C): no local memory.
     npt, nsplit = ss.state_split(16)
     keys = [ss.KernelKey(kind, io, bc, npt, nsplit, True, True)
-            for kind in ("fwd", "bwd")
+            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park one or two values that are needed only at a kernel's
@@ -95,7 +95,10 @@ def test_launch_plans_meet_kernel_preconditions(compute):
                     assert tl % (plan["nsplit"] if kind == "fwd" else plan["ts"]) == 0
                     assert plan["npt"] * plan["nsplit"] >= N
                     assert plan["smem"] <= limits["smem_optin"]
-                    assert plan["blocks"] == batch * (dim // ch)
+                    nseg, seg_len = plan["nseg"], plan["seg_len"]
+                    assert plan["blocks"] == batch * (dim // ch) * nseg
+                    # segments: whole chunks, all non-empty, covering [0, L)
+                    assert seg_len % min(chunk, L) == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
 
 
 @pytest.mark.gpu
@@ -138,3 +141,19 @@ def test_backend_runs_on_gpu(dtype):
         got = cp.asnumpy(grads[name])
         assert got.shape == want.shape, name
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+def test_time_split_only_when_grid_is_small():
+    limits = dict(sm_count=132, smem_optin=227 * 1024)
+    # Mamba-1 long sequence, few channels: split; the summary + carry pay off.
+    small = dict(batch=2, dim=1536, L=32768, N=16, gb=1, gc=1, chunk_size=256, compute="float32", **limits)
+    for planner in (ss.plan_forward, ss.plan_backward):
+        plan = planner(**small)
+        assert plan["nseg"] > 1 and plan["seg_len"] % 256 == 0, plan
+    # Many channels at N=128: the grid is full already.
+    full = dict(batch=8, dim=1536, L=2048, N=128, gb=1, gc=1, chunk_size=256, compute="float32", **limits)
+    for planner in (ss.plan_forward, ss.plan_backward):
+        assert planner(**full)["nseg"] == 1
+    # One chunk: nothing to split.
+    one = dict(small, chunk_size=10**9)
+    assert ss.plan_forward(**one)["nseg"] == 1

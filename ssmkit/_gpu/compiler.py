@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import threading
 from pathlib import Path
@@ -119,9 +120,15 @@ def compile_options() -> tuple:
     """NVRTC options shared by the run-time path and the CI check (no ``-arch``).
 
     CuPy picks ``-arch`` for the device at run time; :mod:`ssmkit._nvrtc_check`
-    adds ``--gpu-architecture=sm_90``.
+    adds ``--gpu-architecture=sm_90``. ``SSMKIT_FWD_PREFETCH=0`` in the
+    environment (read once) adds ``-DSSM_FWD_PREFETCH=0``, which turns off the
+    forward's L2 prefetch of the next tile (for A/B timing).
     """
-    return ("-std=c++17", f"-DSSMKIT_SRC_HASH=0x{source_hash()}")
+    opts = ("-std=c++17", f"-DSSMKIT_SRC_HASH=0x{source_hash()}")
+    if os.environ.get("SSMKIT_FWD_PREFETCH") == "0":
+        # A/B switch for the forward's L2 prefetch of the next tile (selective_scan.cu).
+        opts += ("-DSSM_FWD_PREFETCH=0",)
+    return opts
 
 
 _lock = threading.Lock()

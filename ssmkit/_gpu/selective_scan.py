@@ -7,7 +7,14 @@ Implements the backend contract of :mod:`ssmkit._problem` for CuPy arrays::
 
 Each call launches one fused kernel (forward or backward), then, in the
 backward, sums per-block partial gradients with CuPy reductions in a fixed
-order (no atomics anywhere, so results repeat bit for bit).
+order (no atomics anywhere, so results repeat bit for bit). When
+``batch * dim`` channels alone cannot fill the GPU, three kernels run instead
+of one and time is split into
+segments of whole chunks run by separate blocks: a summary kernel gives each
+segment's end state (backward: its outgoing adjoint) from zero, a small carry
+kernel chains them over the segments, and the main kernel then runs every
+segment from its entering state (see "Time segments" in ``selective_scan.cu``
+and :func:`plan_forward`).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
 lists every key this module can ask for and :func:`name_expression` spells a
@@ -23,7 +30,8 @@ owns ``NPT`` states of one channel, ``NSPLIT`` consecutive lanes cover the
 ``N`` states of a channel (``NPT * NSPLIT >= N``). Time goes in tiles of ``TL``
 steps staged in shared memory. The host picks ``NPT``/``NSPLIT`` from ``N``
 (:func:`state_split`) and ``CH``/``TL`` from the shapes and the device's limits
-(:func:`plan_forward`, :func:`plan_backward`).
+(:func:`plan_forward`, :func:`plan_backward`), and with them the number of
+time segments ``nseg`` (block index ``(seg * batch + b) * (dim / CH) + tile``).
 
 Checkpoints: the state entering chunk ``i`` (steps ``i*chunk_size ...``) of row
 ``b``, channel ``d`` is ``checkpoints[i, b, d, :]``, an array of shape
@@ -74,7 +82,7 @@ BWD_MAX_THREADS = 64
 _BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
 # Registers per thread of the forward kernel, roughly (ptxas reports), by
 # (compute, NPT); only used to estimate how many blocks share an SM.
-_FWD_REGS = {("float32", 4): 48, ("float32", 8): 80, ("float32", 16): 128,
+_FWD_REGS = {("float32", 4): 64, ("float32", 8): 80, ("float32", 16): 128,
              ("float64", 4): 80, ("float64", 8): 255}
 
 # Launch-shape preferences (tunable; correctness does not depend on them).
@@ -86,15 +94,29 @@ TUNING = {
     "fwd_min_tl": 16,    # time tiles are not shortened below these to fit more blocks per SM
     "bwd_min_tl": 8,
     "balance_slack": 1.15,  # see _choose_tiles
+    # Time segments (see _split_time): split when the grid fills less than
+    # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
+    # segments are whole chunks and at least min_seg_steps long (each costs a
+    # summary pass and a carry).
+    "seg_min_fill": 0.75,
+    "seg_waves": 2.0,
+    "min_seg_steps": 256,
+    "max_segments": 1024,
+    "force_segments": None,  # tests: an int forces this many segments (clamped as above)
 }
 
 KernelKey = collections.namedtuple(
     "KernelKey", ["kind", "io", "bc", "npt", "nsplit", "b_per_step", "c_per_step"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd" or "bwd"; io, bc : numpy dtype names of u/delta/z and of B/C;
-npt, nsplit : states per thread and lanes per channel; b_per_step,
-c_per_step : whether B / C are given per step (batch, G, N, L)."""
+kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
+or "carry" (the segment carry, templated on the compute type only: io = bc =
+the compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
+dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
+per channel; b_per_step, c_per_step : whether B / C are given per step
+(batch, G, N, L)."""
+
+_SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum")
 
 
 def _dtype_name(dt) -> str:
@@ -143,18 +165,19 @@ def kernel_keys(full: bool = True) -> list:
     Parameters
     ----------
     full : bool
-        True: every one (both kernels x 6 (io, bc) dtype pairs x every
-        (NPT, NSPLIT) of :func:`state_split` x per-step/constant B and C).
-        False: a smaller set in which every template-parameter value and every
-        pair of (dtypes, split) and of (kernel, B/C form) still appears.
+        True: every one (the four scan kernels x 6 (io, bc) dtype pairs x
+        every (NPT, NSPLIT) of :func:`state_split` x per-step/constant B and C,
+        and the carry kernel per compute dtype). False: a smaller set in which
+        every template-parameter value and every pair of (dtypes, split) and of
+        (kernel, B/C form) still appears.
 
     Returns
     -------
     list of KernelKey
     """
     splits = {ct: sorted({state_split(n, ct) for n in range(MAX_N[ct] + 1)}) for ct in MAX_N}
-    keys = []
-    for kind in ("fwd", "bwd"):
+    keys = [KernelKey("carry", ct, ct, 0, 0, False, False) for ct in MAX_N]
+    for kind in _SCAN_KINDS:
         for io, bc in _dtype_pairs():
             for npt, nsplit in splits[_COMPUTE[io]]:
                 for bv in (True, False):
@@ -167,7 +190,7 @@ def kernel_keys(full: bool = True) -> list:
     # every (kind, split) in float32.
     n16 = state_split(16, "float32")
     return [k for k in keys
-            if (k.b_per_step and k.c_per_step)
+            if k.kind == "carry" or (k.b_per_step and k.c_per_step)
             or (k.npt, k.nsplit) == n16
             or (k.io == "float32" and k.bc == "float32")]
 
@@ -175,6 +198,8 @@ def kernel_keys(full: bool = True) -> list:
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
     ct = _COMPUTE[key.io]
+    if key.kind == "carry":
+        return f"ssm_seg_carry<{_CXX[ct]}>"
     b = lambda v: "true" if v else "false"  # noqa: E731
     return (f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {_CXX[ct]}, {key.npt}, "
             f"{key.nsplit}, {b(key.b_per_step)}, {b(key.c_per_step)}>")
@@ -229,7 +254,7 @@ def _round_up(x, m):
 
 
 def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max_threads,
-                  warps_by_regs, size, lim, what):
+                  warps_by_regs, size, lim, what, nseg=1):
     """Pick channels per block CH and time tile TL for one kernel.
 
     CH runs over the powers of two that divide the group sizes; for each, TL is
@@ -240,7 +265,9 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     last wave costs a full block time), and then within ``balance_slack`` of the
     fewest warps on the busiest SM (spreading small grids over all SMs), the
     largest CH (fewer partial sums, B/C tiles shared by more channels) and then
-    the longest TL win.
+    the longest TL win. ``nseg`` time segments multiply the blocks.
+
+    Returns ``(CH, TL, smem bytes, blocks, resident blocks per SM at most)``.
     """
     sm = lim["sm_count"]
     ch_top = _pow2_divisor(_group_size(dim, gb, gc), max(1, max_threads // nsplit))
@@ -250,9 +277,10 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     ch = ch_top
     while ch >= 1:
         warps = -(-(ch * nsplit) // 32)
-        blocks = batch * (dim // ch)
-        want = max(1, min(lim["max_blocks_per_sm"], lim["max_warps_per_sm"] // warps,
-                          warps_by_regs // warps, -(-blocks // sm)))
+        blocks = batch * (dim // ch) * nseg
+        cap = max(1, min(lim["max_blocks_per_sm"], lim["max_warps_per_sm"] // warps,
+                         warps_by_regs // warps))
+        want = max(1, min(cap, -(-blocks // sm)))
         tl = tl_top
         while tl > tl_floor and (size(ch, tl) + 1024) * want > lim["smem_per_sm"]:
             tl -= step
@@ -261,9 +289,10 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
         nbytes = size(ch, tl)
         if nbytes <= lim["smem_optin"]:
             occ = max(1, min(want, lim["smem_per_sm"] // (nbytes + 1024)))
+            occ_max = max(1, min(cap, lim["smem_per_sm"] // (nbytes + 1024)))
             waves = -(-blocks // (occ * sm))
             busiest = -(-blocks // sm) * warps
-            cands.append((waves, busiest, ch, tl, nbytes, blocks))
+            cands.append((waves, busiest, ch, tl, nbytes, blocks, occ_max))
         ch //= 2
     if not cands:
         raise NotImplementedError(
@@ -273,8 +302,43 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     cands = [c for c in cands if c[0] == fewest]
     least = min(c[1] for c in cands)
     cands = [c for c in cands if c[1] <= TUNING["balance_slack"] * least]
-    _, _, ch, tl, nbytes, blocks = max(cands, key=lambda c: (c[2], c[3]))
-    return ch, tl, nbytes, blocks
+    _, _, ch, tl, nbytes, blocks, occ_max = max(cands, key=lambda c: (c[2], c[3]))
+    return ch, tl, nbytes, blocks, occ_max
+
+
+def _split_time(choose, *, L, chunk_size, sm_count):
+    """Tiles and time segments: ``(CH, TL, smem, blocks, nseg, seg_len)``.
+
+    ``choose(nseg)`` is :func:`_choose_tiles` for ``nseg`` segments. Time is
+    split only when the unsplit grid fills less than ``seg_min_fill`` of one
+    wave of resident blocks (a nearly full grid gains little, and the summary
+    pass repeats the recurrence's exponentials); then into about
+    ``seg_waves`` waves' worth of
+    blocks, in segments of whole chunks (checkpoints stay per global chunk) of
+    at least ``min_seg_steps`` steps. Two rounds, since the tiles picked for
+    the split grid change the occupancy.
+    """
+    chunk = max(1, min(chunk_size, L))
+    n_chunks = -(-L // chunk)
+    ch, tl, nbytes, blocks, occ = choose(1)
+    nseg, seg_len = 1, n_chunks * chunk
+    force = TUNING["force_segments"]
+    for _ in range(2):
+        base = blocks // nseg
+        if force is not None:
+            want = int(force)
+        elif blocks >= (TUNING["seg_min_fill"] if nseg == 1 else 1.0) * occ * sm_count:
+            break
+        else:
+            want = -(-int(TUNING["seg_waves"] * occ * sm_count) // base)
+        want = max(1, min(want, int(TUNING["max_segments"]), n_chunks))
+        per = max(-(-n_chunks // want), -(-int(TUNING["min_seg_steps"]) // chunk))
+        new = -(-n_chunks // per)
+        if new <= 1 or new == nseg:
+            break
+        nseg, seg_len = new, per * chunk
+        ch, tl, nbytes, blocks, occ = choose(nseg)
+    return ch, tl, nbytes, blocks, nseg, seg_len
 
 
 def _limits(lim):
@@ -304,7 +368,9 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
     -------
     dict
         ``npt``, ``nsplit``, ``ch`` (channels per block), ``tl`` (time tile),
-        ``threads``, ``blocks``, ``smem`` (bytes).
+        ``threads``, ``blocks`` (all segments), ``smem`` (bytes), ``nseg``
+        (time segments; 1: no split) and ``seg_len`` (steps per segment, a
+        multiple of the chunk; the last segment may be shorter).
     """
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, compute)
@@ -312,14 +378,17 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
     itemsize = 8 if compute == "float64" else 4
     bv, cv = gb > 0, gc > 0
     regs = _round_up(_FWD_REGS[(compute, npt)], 8)
-    ch, tl, nbytes, blocks = _choose_tiles(
+    choose = lambda nseg: _choose_tiles(  # noqa: E731
         batch=batch, dim=dim, gb=gb, gc=gc, cmax=max(1, min(chunk_size, L)), nsplit=nsplit,
         step=nsplit, tl_max=_round_up(max(TUNING["fwd_tl"], nsplit), nsplit), tl_min=TUNING["fwd_min_tl"],
         max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
         warps_by_regs=lim["regs_per_sm"] // (regs * 32),
         size=lambda c, t: _fwd_smem_bytes(c, t, npad, bv, cv, itemsize), lim=lim,
-        what=f"the forward with N={N} in {compute}")
-    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes)
+        what=f"the forward with N={N} in {compute}", nseg=nseg)
+    ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
+                                                         sm_count=lim["sm_count"])
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
+                nseg=nseg, seg_len=seg_len)
 
 
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
@@ -328,8 +397,9 @@ def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sm
     Returns
     -------
     dict
-        As :func:`plan_forward`, plus ``ts`` (sub-tile steps), ``tiles_per_chunk``
-        and ``scratch`` (elements of per-tile state storage).
+        As :func:`plan_forward`, plus ``ts`` (sub-tile steps), ``tiles_per_chunk``,
+        ``scratch`` (elements of per-tile state storage) and ``sum_smem`` (bytes
+        of the summary pass ``ssm_scan_bwd_sum``, which runs on the same tiles).
     """
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, compute)
@@ -338,16 +408,19 @@ def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sm
     ts = _bwd_substeps(compute, npt)
     bv, cv = gb > 0, gc > 0
     cmax = max(1, min(chunk_size, L))
-    ch, tl, nbytes, blocks = _choose_tiles(
+    choose = lambda nseg: _choose_tiles(  # noqa: E731
         batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=ts,
         tl_max=_round_up(max(TUNING["bwd_tl"], ts), ts), tl_min=TUNING["bwd_min_tl"],
         max_threads=max(nsplit, min(TUNING["bwd_threads"], BWD_MAX_THREADS)),
         warps_by_regs=BWD_MAX_THREADS * _BWD_MIN_BLOCKS[compute] // 32,
         size=lambda c, t: _bwd_smem_bytes(c, t, npad, npt, ts, bv, cv, itemsize), lim=lim,
-        what=f"the backward with N={N} in {compute}")
+        what=f"the backward with N={N} in {compute}", nseg=nseg)
+    ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
+                                                         sm_count=lim["sm_count"])
     tpc = -(-cmax // tl)
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=ts, threads=ch * nsplit, blocks=blocks,
-                smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt)
+                smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt,
+                nseg=nseg, seg_len=seg_len, sum_smem=_fwd_smem_bytes(ch, tl, npad, False, cv, itemsize))
 
 
 # ---------------------------------------------------------------------------
@@ -365,8 +438,8 @@ def _launch(key, plan, args):
     import cupy  # noqa: F401  (the kernel call needs CuPy loaded)
 
     if plan["blocks"] > 2**31 - 1:
-        raise ValueError(f"ssmkit GPU selective_scan: batch * dim / {plan['ch']} = "
-                         f"{plan['blocks']} blocks is more than one launch takes")
+        raise ValueError(f"ssmkit GPU selective_scan: {plan['blocks']} blocks "
+                         "is more than one launch takes")
     name = name_expression(key)
     kernel = compiler.get_kernel(SOURCE_FILE, name)
     compiler.ensure_dynamic_smem(kernel, name, plan["smem"])
@@ -408,6 +481,25 @@ def _shape_args(p, plan):
             np.int64(min(p.chunk_size, max(1, p.L))), np.int32(plan["tl"]), np.int32(plan["ch"]))
 
 
+def _seg_args(plan, seg0=0):
+    # The scan kernels' last parameters: long long seg_len; int nseg, seg0.
+    return (np.int64(plan["seg_len"]), np.int32(plan["nseg"]), np.int32(seg0))
+
+
+def _carry(p, plan, init, local, sumdt, reverse):
+    """Launch ssm_seg_carry: the state (adjoint) entering each segment; returns it."""
+    cp = p.xp
+    seeds = cp.empty(local.shape, dtype=p.compute_dtype)
+    total = p.batch * p.dim * p.N
+    threads = 256
+    blocks = max(1, min(-(-total // threads), 64 * compiler.device_limits()["sm_count"]))
+    key = KernelKey("carry", _dtype_name(p.compute_dtype), _dtype_name(p.compute_dtype), 0, 0, False, False)
+    args = (p.A, _ptr(init), local, sumdt, seeds, np.int32(p.batch), np.int32(p.dim), np.int32(p.N),
+            np.int32(plan["nseg"]), np.int32(1 if reverse else 0))
+    _launch(key, dict(blocks=blocks, threads=threads, smem=0), args)
+    return seeds
+
+
 def _plan(p, which):
     planner = plan_forward if which == "fwd" else plan_backward
     return planner(batch=p.batch, dim=p.dim, L=p.L, N=p.N, gb=p.groups(p.B), gc=p.groups(p.C),
@@ -446,14 +538,28 @@ def selective_scan_forward(p, *, save_checkpoints):
 
     plan = _plan(p, "fwd")
     bv, cv = p.groups(p.B) > 0, p.groups(p.C) > 0
-    key = KernelKey("fwd", io, bc, plan["npt"], plan["nsplit"], bv, cv)
     flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
              | (_HAS_BIAS if p.delta_bias is not None else 0)
              | (_SOFTPLUS if p.delta_softplus else 0)
              | (_HAS_H0 if p.initial_state is not None else 0)
              | (_SAVE_CKPT if save_checkpoints else 0))
+    seeds = None
+    nseg = plan["nseg"]
+    if nseg > 1:
+        # Summary of segments 0 .. nseg-2 (the last one's end state is not
+        # needed), then the carry: the state entering every segment.
+        local = cp.empty((nseg, batch, dim, N), dtype=p.compute_dtype)
+        sumdt = cp.empty((nseg, batch, dim), dtype=p.compute_dtype)
+        key = KernelKey("fwd_sum", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+        args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
+                _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, plan) + (
+                np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
+        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
+        seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
+    key = KernelKey("fwd", io, bc, plan["npt"], plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
-            _ptr(p.initial_state), y, final, _ptr(ckpt)) + _shape_args(p, plan) + (np.int32(flags),)
+            _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
+            np.int32(flags),) + _seg_args(plan)
     _launch(key, plan, args)
     return y, final, ckpt
 
@@ -523,24 +629,39 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     plan = _plan(p, "bwd")
     ch = plan["ch"]
     ntile = dim // ch
-    dA_part = cp.empty((batch, dim, N), dtype=cdt)
-    dB_part = cp.empty((batch, ntile, N, L) if gb else (batch, dim, N), dtype=cdt)
-    dC_part = cp.empty((batch, ntile, N, L) if gc else (batch, dim, N), dtype=cdt)
-    dD_part = cp.empty((batch, dim), dtype=cdt)
-    dbias_part = cp.empty((batch, dim), dtype=cdt)
+    nseg = plan["nseg"]
+    # Per-segment partials (segment-major), summed below in a fixed order.
+    dA_part = cp.empty((nseg * batch, dim, N), dtype=cdt)
+    dB_part = cp.empty((batch, ntile, N, L) if gb else (nseg * batch, dim, N), dtype=cdt)
+    dC_part = cp.empty((batch, ntile, N, L) if gc else (nseg * batch, dim, N), dtype=cdt)
+    dD_part = cp.empty((nseg * batch, dim), dtype=cdt)
+    dbias_part = cp.empty((nseg * batch, dim), dtype=cdt)
     dh0 = cp.empty((batch, dim, N), dtype=cdt) if p.initial_state is not None else None
     scratch = cp.empty((max(1, plan["scratch"]),), dtype=cdt)
 
-    key = KernelKey("bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
     flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
              | (_HAS_BIAS if p.delta_bias is not None else 0)
              | (_SOFTPLUS if p.delta_softplus else 0)
              | (_HAS_H0 if p.initial_state is not None else 0)
              | (_HAS_DFINAL if dfinal_state is not None else 0))
+    seeds = None
+    if nseg > 1:
+        # Summary of segments 1 .. nseg-1 in reverse time from a zero adjoint
+        # (segment 0's outgoing adjoint is dh0, which the main kernel gives),
+        # then the carry from the last segment (seeded by dfinal) to the first.
+        local = cp.empty((nseg, batch, dim, N), dtype=cdt)
+        sumdt = cp.empty((nseg, batch, dim), dtype=cdt)
+        key = KernelKey("bwd_sum", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
+        args = (p.delta, _ptr(p.z), dout, p.A, p.C, _ptr(p.delta_bias), local, sumdt,
+                ) + _shape_args(p, plan) + (np.int32(flags),) + _seg_args(plan, seg0=1)
+        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
+        seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
+
+    key = KernelKey("bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
     args = (p.u, p.delta, _ptr(p.z), dout, p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             checkpoints, _ptr(dfinal_state), du, ddelta, _ptr(dz),
             dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,
-            ) + _shape_args(p, plan) + (np.int32(flags),)
+            ) + _shape_args(p, plan) + (np.int32(flags), _ptr(seeds)) + _seg_args(plan)
     _launch(key, plan, args)
 
     def per_step_total(part, G):
