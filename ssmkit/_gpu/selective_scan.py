@@ -41,6 +41,7 @@ Checkpoints: the state entering chunk ``i`` (steps ``i*chunk_size ...``) of row
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import numpy as np
@@ -501,10 +502,20 @@ def _carry(p, plan, init, local, sumdt, reverse):
 
 
 def _plan(p, which):
+    """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel)."""
+    import cupy
+
+    return dict(_cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
+                             p.chunk_size, _dtype_name(p.compute_dtype),
+                             cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items()))))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, tuning):
+    del device, tuning  # key only: the limits are the device's, and TUNING may be changed
     planner = plan_forward if which == "fwd" else plan_backward
-    return planner(batch=p.batch, dim=p.dim, L=p.L, N=p.N, gb=p.groups(p.B), gc=p.groups(p.C),
-                   chunk_size=p.chunk_size, compute=_dtype_name(p.compute_dtype),
-                   **compiler.device_limits())
+    return planner(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
+                   compute=compute, **compiler.device_limits())
 
 
 def selective_scan_forward(p, *, save_checkpoints):
