@@ -88,10 +88,12 @@ _FWD_REGS = {("float32", 4): 64, ("float32", 8): 80, ("float32", 16): 128,
 
 # Launch-shape preferences (tunable; correctness does not depend on them).
 TUNING = {
-    "fwd_threads": 128,  # most threads per block the planner tries (CH <= this / NSPLIT)
+    # Measured on the H200 (benchmarks/results/tune_tiles_b98a48e.log): 256 threads beat 128 by
+    # ~10% at L 32768, N 64 and batch 64, and lose 3% at batch 8, L 2048; bwd_tl 64 wins 3%.
+    "fwd_threads": 256,  # most threads per block the planner tries (CH <= this / NSPLIT)
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 64,
-    "bwd_tl": 32,
+    "bwd_tl": 64,
     "fwd_min_tl": 16,    # time tiles are not shortened below these to fit more blocks per SM
     "bwd_min_tl": 8,
     "balance_slack": 1.15,  # see _choose_tiles
