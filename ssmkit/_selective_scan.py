@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import numbers
 
@@ -121,8 +122,6 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
 def _device_scope(p):
     """A context that runs GPU work on the device the arrays live on."""
     if p.xp is np:
-        import contextlib
-
         return contextlib.nullcontext()
     return p.xp.cuda.Device(p.u.device.id)
 
