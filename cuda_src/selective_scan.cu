@@ -210,7 +210,7 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const bool save_ckpt = flags & SSM_SAVE_CKPT;
 
     // Staging layout: rows of W consecutive lanes walk consecutive steps.
-    const int W = nthr < 32 ? nthr : 32;
+    const int W = ssm_stage_width(nthr, TL);
     const int r0 = tid / W, rstep = nthr / W, col0 = tid % W;
 
     // Per-thread constants and state.
@@ -544,7 +544,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const bool want_dh0 = flags & SSM_HAS_H0;
     const bool has_dfinal = flags & SSM_HAS_DFINAL;
 
-    const int W = nthr < 32 ? nthr : 32;
+    const int W = ssm_stage_width(nthr, TL);
     const int r0 = tid / W, rstep = nthr / W, col0 = tid % W;
 
     CT A2[NPT], g[NPT], dA[NPT], Bc[NPT], Cc[NPT], dBc[NPT], dCc[NPT];
@@ -891,7 +891,7 @@ ssm_scan_bwd_sum(const IO* __restrict__ delta, const IO* __restrict__ z, const I
     const bool has_z = flags & SSM_HAS_Z;
     const bool has_bias = flags & SSM_HAS_BIAS;
     const bool softplus = flags & SSM_SOFTPLUS;
-    const int W = nthr < 32 ? nthr : 32;
+    const int W = ssm_stage_width(nthr, TL);
     const int r0 = tid / W, rstep = nthr / W, col0 = tid % W;
 
     CT A2[NPT], g[NPT], Cc[NPT];

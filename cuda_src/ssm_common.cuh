@@ -265,3 +265,13 @@ __device__ __forceinline__ void ssm_prefetch_rows(const T* base, ssm_i64 stride,
 __device__ __forceinline__ unsigned ssm_warp_mask(int nthreads) {
     return nthreads >= 32 ? 0xffffffffu : ((1u << nthreads) - 1u);
 }
+
+// Lanes that walk consecutive steps when a block stages a tile (rows of W lanes, nthr / W rows
+// at once): a warp's worth, but no more than the tile's steps, so the short tiles of large N
+// keep every thread loading instead of leaving most of each warp idle. A power of two <= nthr
+// (itself a power of two), so W divides nthr.
+__device__ __forceinline__ int ssm_stage_width(int nthr, int TL) {
+    int w = 1;
+    while (w < TL && w < 32 && w < nthr) w *= 2;
+    return w;
+}
