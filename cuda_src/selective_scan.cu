@@ -765,21 +765,24 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 if constexpr (BV || CV) {
                     __syncthreads();
                     constexpr int NB = (BV ? 1 : 0) + (CV ? 1 : 0);
-                    // One state per thread, consecutive threads on consecutive states: the
-                    // reads are contiguous and the writes stride TLS (odd), so neither has
-                    // bank conflicts (4 states per thread wrote with stride 4*TLS: 4-way).
-                    for (int o = tid; o < NB * TS * NPAD; o += nthr) {
-                        const int which = o / (TS * NPAD);
-                        const int rem = o - which * (TS * NPAD);
-                        const int j = rem / NPAD;
-                        const int n = rem - j * NPAD;
-                        if (n >= N) continue;  // padding rows, never written out
+                    for (int o = tid; o < NB * TS * NQ; o += nthr) {
+                        const int which = o / (TS * NQ);
+                        const int rem = o - which * (TS * NQ);
+                        const int j = rem / NQ;
+                        const int q = rem - j * NQ;
+                        if (4 * q >= N) continue;  // padding rows, never written out
                         const bool isB = BV && which == 0;
                         const CT* const red = isB ? redB : redC;
                         CT* const acc = isB ? accB : accC;
-                        CT sum = 0;
-                        for (int cc = 0; cc < CH; ++cc) sum += red[(j * CH + cc) * NPAD + n];
-                        acc[n * TLS + j0 + j] = sum;
+                        CT sum[4] = {0, 0, 0, 0};
+                        for (int cc = 0; cc < CH; ++cc) {
+                            CT x[4];
+                            ssm_ld4(x, red + (j * CH + cc) * NPAD + 4 * q);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) sum[e] += x[e];
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[(4 * q + e) * TLS + j0 + j] = sum[e];
                     }
                     __syncthreads();
                 }
