@@ -6,7 +6,9 @@ and ``ssmkit._gpu``) only ever see this one layout, so they never re-check shape
 
 Backend contract
 ----------------
-Each backend module provides two functions::
+The public layer handles empty problems itself (batch, dim or L of 0): a backend
+only ever sees batch, dim, L and N of at least 1. Each backend module provides
+two functions::
 
     selective_scan_forward(p, *, save_checkpoints) -> (y, final_state, checkpoints)
     selective_scan_backward(p, checkpoints, dout, dfinal_state) -> dict

@@ -545,10 +545,6 @@ def selective_scan_forward(p, *, save_checkpoints):
     final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
     ckpt = (cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype)
             if save_checkpoints else None)
-    if batch == 0 or dim == 0 or L == 0:
-        final[...] = 0 if p.initial_state is None else p.initial_state
-        return y, final, ckpt
-
     plan = _plan(p, "fwd")
     bv, cv = p.groups(p.B) > 0, p.groups(p.C) > 0
     flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
@@ -609,24 +605,6 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     du = cp.empty((batch, dim, L), dtype=p.io_dtype)
     ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
     dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
-
-    if batch == 0 or dim == 0 or L == 0:
-        du[...] = 0
-        ddelta[...] = 0
-        if dz is not None:
-            dz[...] = 0
-        dh0 = None
-        if p.initial_state is not None:
-            dh0 = (cp.zeros((batch, dim, N), dtype=cdt) if dfinal_state is None
-                   else dfinal_state.astype(cdt, copy=True))
-        return {
-            "u": du, "delta": ddelta, "z": dz,
-            "A": cp.zeros((dim, N), dtype=cdt),
-            "B": cp.zeros(p.B.shape, dtype=cdt), "C": cp.zeros(p.C.shape, dtype=cdt),
-            "D": None if p.D is None else cp.zeros((dim,), dtype=cdt),
-            "delta_bias": None if p.delta_bias is None else cp.zeros((dim,), dtype=cdt),
-            "initial_state": dh0,
-        }
 
     if checkpoints is None:
         _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
