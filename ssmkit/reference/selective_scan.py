@@ -1,40 +1,13 @@
-"""Float64 reference implementations: plain loops over time, written to be read.
-
-These are the oracle that every fast path in ssmkit is tested against, and a
-teaching aid: each function states its recurrence and computes exactly that,
-one time step at a time, in float64 NumPy. They accept the same arguments as
-the public functions (NumPy arrays, or anything ``numpy.asarray`` takes) and
-return float64 NumPy arrays. They do not validate their input beyond what the
-computation itself needs.
-"""
+"""Float64 reference for the Mamba-1 selective scan."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._problem import SelectiveScanGrads
+from .._problem import SelectiveScanGrads
+from ._common import _f64, _sigmoid, silu, softplus
 
-__all__ = ["selective_scan", "selective_scan_vjp", "softplus", "silu"]
-
-
-def softplus(x):
-    """``log1p(exp(x))`` for ``x <= 20``, ``x`` above (the threshold every peer uses)."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.where(x <= 20.0, np.log1p(np.exp(np.minimum(x, 20.0))), x)
-
-
-def silu(x):
-    """``x * sigmoid(x)``."""
-    x = np.asarray(x, dtype=np.float64)
-    return x / (1.0 + np.exp(-x))
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _f64(x):
-    return None if x is None else np.asarray(x, dtype=np.float64)
+__all__ = ["selective_scan", "selective_scan_vjp"]
 
 
 def _per_step(X, batch, dim, L):

@@ -1,0 +1,14 @@
+"""Float64 reference implementations: plain loops over time, written to be read.
+
+These are the oracle that every fast path in ssmkit is tested against, and a
+teaching aid: each function states its recurrence and computes exactly that,
+one time step at a time, in float64 NumPy. They accept the same arguments as
+the public functions (NumPy arrays, or anything ``numpy.asarray`` takes) and
+return float64 NumPy arrays. They do not validate their input beyond what the
+computation itself needs.
+"""
+
+from ._common import silu, softplus
+from .selective_scan import selective_scan, selective_scan_vjp
+
+__all__ = ["selective_scan", "selective_scan_vjp", "softplus", "silu"]
