@@ -1,0 +1,250 @@
+"""Time ssmkit.causal_conv1d (forward, backward, decoding step) against the copy bandwidth.
+
+The convolution is memory-bound: its floor is its compulsory bytes over the
+device-to-device copy bandwidth measured in the same run. Bytes counted:
+
+* forward: x in, y out;
+* backward: dy and x in, dx out, plus dweight/dbias (dim * (W + 1) floats);
+* update (one token): x in, y out, the W-1 state values of each channel read and written.
+
+Each figure is a CUDA-event median over back-to-back calls after warm-up, for
+the public call (``call``: argument checks and the launch included) and for the
+kernel alone (``kernel``: the backend function on a prepared problem; for the
+backward, the kernel plus its two small partial-sum reductions). Writes
+``results/causal_conv1d_h200.json`` (a list of rows) and a markdown table beside it.
+
+Usage::
+
+    python benchmarks/bench_causal_conv1d.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ssmkit  # noqa: E402
+from ssmkit import _causal_conv1d as api  # noqa: E402
+
+# (batch, dim, L): Mamba-1's conv (d_inner 3072), Mamba-2's xBC conv (d_inner 4096 + 2 * 640).
+SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]
+DTYPES = ["float32", "bfloat16"]
+WIDTHS = [4, 8]
+
+
+def commit() -> str:
+    env = os.environ.get("SSMKIT_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                       cwd=os.path.dirname(os.path.abspath(__file__)),
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "HEAD+working tree"
+
+
+def cuda_median_ms(fn, warmup=3, reps=20, calls=5):
+    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
+    return float(np.median(times))
+
+
+def copy_tbps():
+    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
+    import cupy
+
+    n = 1 << 30
+    src = cupy.empty(n, dtype=cupy.uint8)
+    src[:] = 1
+    dst = cupy.empty_like(src)
+    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), calls=1)
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def run(args):
+    import cupy
+
+    from ssmkit._gpu import causal_conv1d as backend
+
+    dev = cupy.cuda.Device()
+    gpu = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+    copy_bw = copy_tbps()
+    print(f"{gpu}: copy {copy_bw:.2f} TB/s", flush=True)
+    rng = cupy.random.default_rng(0)
+    rows = []
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    for (batch, dim, L), dtype, W in [(s, d, w) for s in shapes for d in DTYPES for w in WIDTHS]:
+        item = 2 if dtype == "bfloat16" else 4
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            dtype = ml_dtypes.bfloat16
+        x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+        w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
+        b = rng.standard_normal(dim, dtype=cupy.float32)
+        dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+        kw = dict(activation="silu")
+        act = batch * dim * L * item
+        fwd_bytes = 2 * act
+        bwd_bytes = 3 * act + 2 * dim * (W + 1) * 4
+
+        fwd_call = cuda_median_ms(lambda: ssmkit.causal_conv1d(x, w, b, **kw))
+        p, _ = api._prepare("bench", x, w, b, "silu", None, None)
+        fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
+        _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
+        bwd_call = cuda_median_ms(lambda: pullback(dy))
+        bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
+        print(f"{np.dtype(dtype).name} {batch}x{dim}x{L} W={W}: fwd {fwd_call:.4f} ms "
+              f"(kernel {fwd_kernel:.4f}), bwd {bwd_call:.4f} ms (kernel {bwd_kernel:.4f})",
+              flush=True)
+
+        # One decoding step for the same channels: rows by index from a pool twice the batch,
+        # or without indices from the pool's first rows.
+        pool = 2 * batch
+        state = rng.standard_normal((pool, dim, W - 1), dtype=cupy.float32).astype(dtype)
+        xt = x[:, :, 0].copy()
+        idx = cupy.arange(batch, dtype=cupy.int64) * 2
+        own = state[:batch]  # without indices: one state row per batch row
+        upd_call = cuda_median_ms(lambda: ssmkit.causal_conv1d_update(xt, own, w, b, **kw))
+        upd_idx_call = cuda_median_ms(lambda: ssmkit.causal_conv1d_update(
+            xt, state, w, b, conv_state_indices=idx, **kw))
+        xt3 = xt[:, :, None]
+        upd_kernel = cuda_median_ms(lambda: backend.update(xt3, state, w, b, True, idx))
+        upd_bytes = batch * dim * (2 * item + 2 * (W - 1) * item)
+
+        def frac(nbytes, ms):
+            return round(nbytes / (ms * 1e-3) / 1e12 / copy_bw, 3)
+
+        row = dict(op="causal_conv1d", gpu=gpu, dtype=np.dtype(dtype).name, batch=batch, dim=dim, L=L, width=W,
+                   activation="silu", bias=True,
+                   fwd_ms=round(fwd_call, 4), fwd_kernel_ms=round(fwd_kernel, 4),
+                   bwd_ms=round(bwd_call, 4), bwd_kernel_ms=round(bwd_kernel, 4),
+                   update_ms=round(upd_call, 4), update_indexed_ms=round(upd_idx_call, 4),
+                   update_kernel_ms=round(upd_kernel, 4),
+                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes, update_bytes=upd_bytes,
+                   fwd_of_copy=frac(fwd_bytes, fwd_call), fwd_kernel_of_copy=frac(fwd_bytes, fwd_kernel),
+                   bwd_of_copy=frac(bwd_bytes, bwd_call), bwd_kernel_of_copy=frac(bwd_bytes, bwd_kernel),
+                   update_kernel_of_copy=frac(upd_bytes, upd_kernel),
+                   copy_tbps=round(copy_bw, 3), commit=commit(),
+                   date=datetime.date.today().isoformat())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    variants = []
+    try:
+        variants = tile_variants(copy_bw)
+    except Exception as e:  # an experiment: never lose the table above to it
+        print(f"tile variants failed: {e!r}", flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "causal_conv1d_h200" if "H200" in gpu else "causal_conv1d_gpu")
+    with open(stem + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"# causal_conv1d on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}",
+             "",
+             f"Copy bandwidth {copy_bw:.2f} TB/s (bytes read + written), measured in the same run. "
+             "Times: CUDA-event medians of 5 back-to-back calls after warm-up; 'call' is the "
+             "public function, 'kernel' the backend on a prepared problem (backward: kernel plus "
+             "the two partial-sum reductions). 'of copy' = (compulsory bytes / time) / copy "
+             "bandwidth; bytes: forward x + y, backward dy + x + dx (+ weight grads), update x + y "
+             "+ state read and written. activation silu, bias; update: one token, pool 2 x batch.",
+             "", "Command: `python3 benchmarks/bench_causal_conv1d.py`.",
+             "",
+             "| dtype | batch | dim | L | W | fwd ms | of copy | kernel of copy | bwd ms | of copy | "
+             "kernel of copy | update ms | indexed ms | kernel ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
+            f"{r['fwd_ms']:.3f} | {r['fwd_of_copy']:.2f} | {r['fwd_kernel_of_copy']:.2f} | "
+            f"{r['bwd_ms']:.3f} | {r['bwd_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} | "
+            f"{r['update_ms']:.4f} | {r['update_indexed_ms']:.4f} | {r['update_kernel_ms']:.4f} |")
+    if variants:
+        lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 2 "
+                  "vectors):", "",
+                  "| dtype | W | threads | vectors/thread | fwd ms | of copy | bwd ms | of copy |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for v in variants:
+            lines.append(f"| {v['dtype']} | {v['width']} | {v['threads']} | {v['vpt']} | "
+                         f"{v['fwd_ms']:.4f} | {v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | "
+                         f"{v['bwd_of_copy']:.2f} |")
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
+    """Time the raw kernels compiled with other tile shapes (-DCC1D_THREADS, -DCC1D_VPT)."""
+    import cupy
+    import ml_dtypes
+
+    from ssmkit._gpu import causal_conv1d as backend
+    from ssmkit._gpu import compiler
+
+    rng = cupy.random.default_rng(1)
+    src = compiler.kernel_source(backend.SOURCE_FILE)
+    out = []
+    for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+        x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+        dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+        w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
+        b = rng.standard_normal(dim, dtype=cupy.float32)
+        y, dx = cupy.empty_like(x), cupy.empty_like(x)
+        final = cupy.empty((batch, dim, W - 1), dtype=dtype)
+        act = x.size * dtype.itemsize
+        for threads, vpt in ((128, 2), (128, 1), (128, 4), (256, 1), (256, 2)):
+            tile = threads * vpt * (16 // dtype.itemsize)
+            n_tiles = -(-L // tile)
+            partial = cupy.empty((batch, dim, n_tiles, W + 1), dtype=cupy.float32)
+            opts = compiler.compile_options() + (f"-DCC1D_THREADS={threads}", f"-DCC1D_VPT={vpt}")
+            keys = {kind: backend.name_expression(backend.KernelKey(
+                kind, dtype.name, W, True, True, False)) for kind in ("fwd", "bwd")}
+            mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
+            fwd = mod.get_function(keys["fwd"])
+            bwd = mod.get_function(keys["bwd"])
+            grid = (batch * dim * n_tiles,)
+            common = (np.int32(dim), np.int64(L), np.int32(n_tiles), np.int32(1))
+            fwd_ms = cuda_median_ms(lambda: fwd(grid, (threads,), (
+                x, w, b, np.uint64(0), np.uint64(0), y, final) + common))
+            bwd_ms = cuda_median_ms(lambda: bwd(grid, (threads,), (
+                x, w, b, np.uint64(0), np.uint64(0), dy, np.uint64(0), dx, np.uint64(0),
+                partial) + common))
+            v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, threads=threads, vpt=vpt,
+                     fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                     fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
+                     bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
+            out.append(v)
+            print(json.dumps(v), flush=True)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the first shape only")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""GPU backend of the causal convolution: the host side of ``cuda_src/causal_conv1d.cu``.
+
+Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
+(``forward``, ``backward``, ``update``). One kernel per call; the backward then
+sums its per-block partials of ``dweight``/``dbias`` with CuPy reductions in a
+fixed order (no atomics: results repeat bit for bit).
+
+Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys` lists
+them and :func:`name_expression` spells one as the C++ template name that CuPy
+(at run time) and the NVRTC check of the tests compile. CuPy is imported only
+inside the launching functions.
+
+Work split (see ``causal_conv1d.cu``): a block of ``THREADS`` threads owns one
+time tile of one channel row, ``tile_steps(dtype)`` steps: two 16-byte vectors
+per thread. The grid is ``batch * dim * ceil(L / tile)`` blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+
+from . import compiler
+
+__all__ = ["forward", "backward", "update", "KernelKey", "kernel_keys",
+           "name_expression", "tile_steps", "WIDTHS", "SOURCE_FILE"]
+
+SOURCE_FILE = "causal_conv1d.cu"
+THREADS = 128  # CC1D_THREADS in the source
+VECTORS_PER_THREAD = 2  # CC1D_VPT in the source
+WIDTHS = tuple(range(1, 9))  # the template values of W
+
+_CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
+
+KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bias", "silu",
+                                                 "has_seq"])
+KernelKey.__doc__ = """One kernel instantiation.
+
+kind : "fwd", "bwd" or "update"; io : numpy dtype name of x; width : W (1..8);
+has_bias, silu, has_seq : the template flags (has_seq is False for "update")."""
+
+_NULL = np.uint64(0)
+
+
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def name_expression(key: KernelKey) -> str:
+    """The C++ template instantiation of ``key``, e.g. ``cc1d_fwd<float, 4, true, false, false>``."""
+    head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
+    if key.kind == "update":
+        return head + ">"
+    return head + f", {_b(key.has_seq)}>"
+
+
+def kernel_keys(full: bool = True) -> list:
+    """Every instantiation (``full``), or a representative set covering every template value.
+
+    The representative set: every width with float32 and the flags cycling through
+    their combinations, and every dtype at width 4 with all flags off and all on.
+    """
+    keys = []
+    for kind in ("fwd", "bwd", "update"):
+        seqs = (False,) if kind == "update" else (False, True)
+        if full:
+            for io, w, hb, si, sq in itertools.product(_CXX, WIDTHS, (False, True), (False, True),
+                                                       seqs):
+                keys.append(KernelKey(kind, io, w, hb, si, sq))
+            continue
+        combos = list(itertools.product((False, True), (False, True), seqs))
+        for w in WIDTHS:
+            hb, si, sq = combos[w % len(combos)]
+            keys.append(KernelKey(kind, "float32", w, hb, si, sq))
+        for io in _CXX:
+            for flag in (False, True):
+                key = KernelKey(kind, io, 4, flag, flag, flag and kind != "update")
+                if key not in keys:
+                    keys.append(key)
+    return keys
+
+
+def tile_steps(dtype) -> int:
+    """Time steps per block: two 16-byte vectors per thread."""
+    return THREADS * VECTORS_PER_THREAD * (16 // np.dtype(dtype).itemsize)
+
+
+def _ptr(x):
+    return _NULL if x is None else x
+
+
+def _aligned(*arrays) -> bool:
+    return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def _dtype_name(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in _CXX:
+        raise TypeError(f"ssmkit GPU causal_conv1d: unsupported dtype {name!r}; expected one of "
+                        f"{sorted(_CXX)}")
+    return name
+
+
+def _launch(key, blocks, args):
+    if blocks > 2**31 - 1:
+        raise ValueError(f"ssmkit GPU causal_conv1d: {blocks} blocks is more than one launch takes")
+    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+    kernel((int(blocks),), (THREADS,), args)
+
+
+def _grid(p):
+    io = _dtype_name(p.io_dtype)
+    if p.dim > 2**31 - 1 or p.batch > 2**31 - 1:
+        raise ValueError("ssmkit GPU causal_conv1d: batch and dim must fit 32 bits")
+    if p.width not in WIDTHS:
+        raise ValueError(f"ssmkit GPU causal_conv1d: width {p.width} is not one of {WIDTHS}")
+    tile = tile_steps(p.io_dtype)
+    n_tiles = -(-p.L // tile)
+    return io, n_tiles, p.batch * p.dim * n_tiles, 16 // np.dtype(p.io_dtype).itemsize
+
+
+def forward(p):
+    """y (batch, dim, L) and final_state (batch, dim, W-1), both ``p.io_dtype``."""
+    cp = p.xp
+    io, n_tiles, blocks, vec = _grid(p)
+    H = p.width - 1
+    y = cp.empty(p.x.shape, dtype=p.io_dtype)
+    final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
+    vec_ok = p.L % vec == 0 and _aligned(p.x, y)
+    key = KernelKey("fwd", io, p.width, p.bias is not None, p.silu, p.seq_idx is not None)
+    args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), y,
+            final if H else _NULL, np.int32(p.dim), np.int64(p.L), np.int32(n_tiles),
+            np.int32(vec_ok))
+    _launch(key, blocks, args)
+    return y, final
+
+
+def backward(p, dy, dfinal_state):
+    """Gradients dict(x, weight, bias, initial_state) (see the backend contract)."""
+    cp = p.xp
+    io, n_tiles, blocks, vec = _grid(p)
+    H, W = p.width - 1, p.width
+    cd = p.compute_dtype
+    dx = cp.empty(p.x.shape, dtype=p.io_dtype)
+    dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
+    partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
+    vec_ok = p.L % vec == 0 and _aligned(p.x, dy, dx)
+    key = KernelKey("bwd", io, W, p.bias is not None, p.silu, p.seq_idx is not None)
+    args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), dy,
+            _ptr(dfinal_state if H else None), dx, _ptr(dh0 if H else None), partial,
+            np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(vec_ok))
+    _launch(key, blocks, args)
+    sums = partial.sum(axis=(0, 2))  # one reduction kernel: a fixed order for a given shape
+    return dict(x=dx, weight=sums[:, :W].copy(),
+                bias=None if p.bias is None else sums[:, W].copy(),
+                initial_state=dh0)
+
+
+def update(x, conv_state, weight, bias, silu, rows):
+    """Decoding steps on the GPU; ``conv_state`` is updated in place.
+
+    Parameters
+    ----------
+    x : cupy.ndarray, (batch, dim, T), C-contiguous, the dtype of ``conv_state``
+    conv_state : cupy.ndarray, (pool, dim, W-1), any strides
+    weight : cupy.ndarray, (dim, W), compute dtype, C-contiguous
+    bias : cupy.ndarray, (dim,), compute dtype, or None
+    silu : bool
+    rows : cupy.ndarray of int64, (batch,), or None
+        Validated by the caller: indices < pool, no non-negative index twice.
+
+    Returns
+    -------
+    y : cupy.ndarray, (batch, dim, T), the dtype of ``x``
+    """
+    import cupy as cp
+    io = _dtype_name(x.dtype)
+    if conv_state.dtype != x.dtype:
+        raise TypeError(f"ssmkit GPU causal_conv1d_update: conv_state dtype {conv_state.dtype} "
+                        f"differs from x's {x.dtype}")
+    batch, dim, steps = x.shape
+    W = weight.shape[1]
+    if W not in WIDTHS:
+        raise ValueError(f"ssmkit GPU causal_conv1d_update: width {W} is not one of {WIDTHS}")
+    item = conv_state.dtype.itemsize
+    strides = [s // item for s in conv_state.strides]
+    y = cp.empty_like(x)
+    key = KernelKey("update", io, W, bias is not None, bool(silu), False)
+    blocks = -(-batch * dim // THREADS)
+    args = (x, conv_state, weight, _ptr(bias), _ptr(rows), y, np.int32(batch), np.int32(dim),
+            np.int64(steps), np.int64(strides[0]), np.int64(strides[1]), np.int64(strides[2]))
+    _launch(key, blocks, args)
+    return y
+

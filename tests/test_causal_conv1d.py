@@ -1,0 +1,583 @@
+"""causal_conv1d, its VJP and its decoding step against the float64 reference, on every backend.
+
+The reference itself is checked against an independent computation (numpy.convolve
+per sequence segment) and its pullback against finite differences. GPU tests carry
+the ``gpu`` marker; the NVRTC test compiles the CUDA kernels without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssmkit
+from ssmkit import _nvrtc_check, reference
+from ssmkit._gpu import causal_conv1d as gpu_conv
+from ssmkit._gpu import compiler
+from helpers import (FORWARD_RTOL, GRAD_RTOL, as_dtype, backends, gpu_available, rel_err,
+                     to_numpy, xp_for)
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GRAD_FIELDS = ("x", "weight", "bias", "initial_state")
+needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
+
+
+def make_inputs(rng, *, batch, dim, L, W, bias=True, init=False, cuts=(), seq_scale=1):
+    """Fresh float64 inputs; ``cuts``: positions where seq_idx steps up (every row)."""
+    seq = None
+    if cuts is not None and len(cuts):
+        seq = np.zeros((batch, L), dtype=np.int64)
+        for c in cuts:
+            seq[:, c:] += 1
+        seq = seq * seq_scale + (2**40 if seq_scale > 1 else 0)
+    return dict(
+        x=rng.standard_normal((batch, dim, L)),
+        weight=rng.standard_normal((dim, W)) / np.sqrt(W),
+        bias=rng.standard_normal(dim) if bias else None,
+        initial_state=rng.standard_normal((batch, dim, W - 1)) if init else None,
+        seq_idx=seq,
+    )
+
+
+def cast(inputs, dtype, xp):
+    """x in ``dtype``, the other floats in float32/float64; returns (cast, exact float64 values)."""
+    param = "float64" if dtype == "float64" else "float32"
+    out, exact = {}, {}
+    for name, a in inputs.items():
+        if a is None:
+            out[name] = exact[name] = None
+            continue
+        if name == "seq_idx":
+            out[name], exact[name] = xp.asarray(a), a
+            continue
+        low = as_dtype(a, dtype if name == "x" else param)
+        exact[name] = low.astype(np.float64)
+        out[name] = xp.asarray(low) if xp is not np else low
+    return out, exact
+
+
+def check_forward(backend, dtype, inputs, activation, seed=0):
+    xp = xp_for(backend)
+    args, exact = cast(inputs, dtype, xp)
+    y, final = ssmkit.causal_conv1d(**args, activation=activation, return_final_state=True)
+    y_ref, final_ref = reference.causal_conv1d(**exact, activation=activation,
+                                               return_final_state=True)
+    assert type(y) is type(args["x"]) and y.dtype == args["x"].dtype
+    assert final.dtype == args["x"].dtype and final.shape == final_ref.shape
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    if final_ref.size:
+        assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
+
+
+def check_vjp(backend, dtype, inputs, activation, seed=0):
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    args, exact = cast(inputs, dtype, xp)
+    (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=activation,
+                                                    return_final_state=True)
+    (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
+        **exact, activation=activation, return_final_state=True)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    dy = as_dtype(rng.standard_normal(y_ref.shape), dtype)
+    dfinal = rng.standard_normal(final_ref.shape).astype("float64" if dtype == "float64"
+                                                         else "float32")
+    grads = pullback(xp.asarray(dy), xp.asarray(dfinal))
+    grads_ref = pullback_ref(dy.astype(np.float64), dfinal.astype(np.float64))
+    for name in GRAD_FIELDS:
+        g, g_ref = getattr(grads, name), getattr(grads_ref, name)
+        if args[name] is None:
+            assert g is None and g_ref is None, name
+            continue
+        assert g.shape == args[name].shape and g.dtype == args[name].dtype, name
+        if g_ref.size:
+            assert rel_err(g, g_ref) <= GRAD_RTOL[dtype], name
+
+
+# ------------------------------------------------------------------------------------------
+# The reference against an independent computation, and its pullback against differences
+# ------------------------------------------------------------------------------------------
+
+def direct_conv(x, weight, bias, initial_state, seq_idx, activation):
+    """numpy.convolve over each sequence segment of each row (no shared code with the reference)."""
+    batch, dim, L = x.shape
+    W = weight.shape[1]
+    y = np.empty((batch, dim, L))
+    for b in range(batch):
+        seq = np.zeros(L, dtype=np.int64) if seq_idx is None else seq_idx[b]
+        starts = [0] + [t for t in range(1, L) if seq[t] != seq[t - 1]] + [L]
+        for i, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
+            for d in range(dim):
+                past = (initial_state[b, d] if initial_state is not None and i == 0
+                        else np.zeros(W - 1))
+                seg = np.concatenate([past, x[b, d, s:e]])
+                y[b, d, s:e] = np.convolve(seg, weight[d, ::-1], mode="valid")
+    if bias is not None:
+        y += bias[None, :, None]
+    return y / (1 + np.exp(-y)) if activation == "silu" else y
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("L", [1, 2, 3, 7, 40])
+def test_reference_matches_direct_convolution(W, L):
+    rng = np.random.default_rng(W * 100 + L)
+    cuts = [c for c in (1, L // 2, L - 1) if 0 < c < L]
+    for kw in (dict(bias=False), dict(bias=True, init=True, cuts=cuts)):
+        inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, **kw)
+        for act in (None, "silu"):
+            y = reference.causal_conv1d(**inputs, activation=act)
+            np.testing.assert_allclose(y, direct_conv(**inputs, activation=act), rtol=1e-12,
+                                       atol=1e-12)
+
+
+def test_reference_final_state_is_last_inputs():
+    rng = np.random.default_rng(1)
+    inputs = make_inputs(rng, batch=2, dim=3, L=2, W=5, init=True)  # L < W-1
+    _, final = reference.causal_conv1d(**inputs, return_final_state=True)
+    expected = np.concatenate([inputs["initial_state"], inputs["x"]], axis=2)[:, :, -4:]
+    np.testing.assert_array_equal(final, expected)
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_reference_vjp_matches_finite_differences(act):
+    rng = np.random.default_rng(5)
+    for L, W, cuts in ((9, 4, (3, 5)), (2, 5, ()), (6, 1, (2,))):
+        args = make_inputs(rng, batch=2, dim=3, L=L, W=W, init=True, cuts=cuts)
+        (y, h), pullback = reference.causal_conv1d_vjp(**args, activation=act,
+                                                       return_final_state=True)
+        dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+        grads = pullback(dy, dh)
+        for name in GRAD_FIELDS:
+            if args[name].size == 0:
+                continue
+            v = rng.standard_normal(args[name].shape)
+            f = [np.sum(yy * dy) + np.sum(hh * dh) for yy, hh in (
+                reference.causal_conv1d(**dict(args, **{name: args[name] + s * 1e-6 * v}),
+                                        activation=act, return_final_state=True)
+                for s in (1, -1))]
+            fd = (f[0] - f[1]) / 2e-6
+            assert abs(fd - np.sum(getattr(grads, name) * v)) <= 1e-6 * (1 + abs(fd)), name
+
+
+# ------------------------------------------------------------------------------------------
+# Backends against the reference
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_every_width(backend, W):
+    rng = np.random.default_rng(W)
+    for i, L in enumerate(sorted({1, 2, max(1, W - 1), W, 129, 151})):
+        inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, bias=i % 2 == 0, init=i % 3 != 0,
+                             cuts=(L // 3,) if L > 3 and i % 2 else ())
+        act = "silu" if i % 2 else None
+        check_forward(backend, "float32", inputs, act)
+        check_vjp(backend, "float64", inputs, act, seed=i)
+
+
+def test_wide_filters_on_cpu():
+    rng = np.random.default_rng(3)
+    for W, L in ((9, 5), (16, 40), (33, 20)):
+        inputs = make_inputs(rng, batch=2, dim=2, L=L, W=W, init=True, cuts=(L // 2,))
+        check_forward("cpu", "float64", inputs, "silu")
+        check_vjp("cpu", "float64", inputs, "silu")
+
+
+@st.composite
+def conv_cases(draw):
+    W = draw(st.integers(1, 8))
+    L = draw(st.one_of(st.sampled_from([1, 2, 3, 5, 8, 31, 33]), st.integers(1, 70)))
+    n_cuts = draw(st.integers(0, 3)) if draw(st.booleans()) else None
+    cuts = () if n_cuts is None else tuple(sorted(draw(st.lists(st.integers(0, L), min_size=n_cuts,
+                                                                max_size=n_cuts))))
+    return dict(batch=draw(st.integers(1, 3)), dim=draw(st.integers(1, 4)), L=L, W=W,
+                bias=draw(st.booleans()), init=draw(st.booleans()), cuts=cuts,
+                seq_scale=draw(st.sampled_from([1, 7]))), \
+        draw(st.sampled_from([None, "silu"])), draw(st.integers(0, 2**32 - 1))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@settings(max_examples=20, **SETTINGS)
+@given(args=conv_cases())
+def test_forward_and_vjp_match_reference(backend, dtype, args):
+    case, act, seed = args
+    inputs = make_inputs(np.random.default_rng(seed), **case)
+    check_forward(backend, dtype, inputs, act)
+    check_vjp(backend, dtype, inputs, act, seed)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lengths_and_boundaries_at_tile_edges(backend, dtype):
+    """Lengths just around the GPU tiles, with sequence boundaries on and beside tile edges."""
+    tile = gpu_conv.tile_steps(dtype)
+    rng = np.random.default_rng(tile)
+    for W, L, cuts in ((4, tile + 1, (tile - 1, tile)), (8, 2 * tile + 3, (tile, tile + 1, 2 * tile)),
+                       (3, tile - 1, (tile - 2,)), (5, tile, ()), (2, 2 * tile, (1, tile + 2))):
+        inputs = make_inputs(rng, batch=2, dim=2, L=L, W=W, init=True, cuts=cuts)
+        check_forward(backend, dtype, inputs, "silu")
+        check_vjp(backend, dtype, inputs, "silu")
+
+
+# ------------------------------------------------------------------------------------------
+# Properties: carried state, decoding steps
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=20, **SETTINGS)
+@given(W=st.integers(1, 8), L=st.integers(1, 40), split=st.integers(0, 40), act=st.booleans(),
+       init=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_split_with_carried_state_equals_whole(backend, W, L, split, act, init, seed):
+    xp = xp_for(backend)
+    split = min(split, L)
+    args = {k: (None if v is None else xp.asarray(v)) for k, v in make_inputs(
+        np.random.default_rng(seed), batch=2, dim=3, L=L, W=W, init=init).items()}
+    act = "silu" if act else None
+    y, final = ssmkit.causal_conv1d(**args, activation=act, return_final_state=True)
+    kw = dict(weight=args["weight"], bias=args["bias"], activation=act, return_final_state=True)
+    y1, mid = ssmkit.causal_conv1d(args["x"][:, :, :split], initial_state=args["initial_state"], **kw)
+    y2, final2 = ssmkit.causal_conv1d(args["x"][:, :, split:], initial_state=mid, **kw)
+    np.testing.assert_allclose(to_numpy(xp.concatenate([y1, y2], axis=2)), to_numpy(y),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(to_numpy(final2), to_numpy(final))
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=15, **SETTINGS)
+@given(W=st.integers(1, 8), L=st.integers(0, 12), T=st.integers(1, 9), act=st.booleans(),
+       chunk=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_update_steps_continue_the_convolution(backend, W, L, T, act, chunk, seed):
+    """A prefix with return_final_state, then steps (one token, or chunks of tokens) from it."""
+    xp = xp_for(backend)
+    rng = np.random.default_rng(seed)
+    args = {k: (None if v is None else xp.asarray(v)) for k, v in make_inputs(
+        rng, batch=2, dim=3, L=L + T, W=W, init=True).items()}
+    act = "silu" if act else None
+    y = ssmkit.causal_conv1d(**args, activation=act)
+    _, state = ssmkit.causal_conv1d(args["x"][:, :, :L], args["weight"], args["bias"],
+                                    activation=act, initial_state=args["initial_state"],
+                                    return_final_state=True)
+    state2 = state.copy()
+    steps = [ssmkit.causal_conv1d_update(args["x"][:, :, L + t], state, args["weight"],
+                                         args["bias"], activation=act) for t in range(T)]
+    np.testing.assert_allclose(to_numpy(xp.stack(steps, axis=2)), to_numpy(y[:, :, L:]),
+                               rtol=1e-12, atol=1e-12)
+    chunks = [ssmkit.causal_conv1d_update(args["x"][:, :, L + t:L + t + chunk], state2,
+                                          args["weight"], args["bias"], activation=act)
+              for t in range(0, T, chunk)]
+    np.testing.assert_allclose(to_numpy(xp.concatenate(chunks, axis=2)), to_numpy(y[:, :, L:]),
+                               rtol=1e-12, atol=1e-12)
+    _, final = ssmkit.causal_conv1d(**args, activation=act, return_final_state=True)
+    np.testing.assert_array_equal(to_numpy(state), to_numpy(final))
+    np.testing.assert_array_equal(to_numpy(state2), to_numpy(final))
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=10, **SETTINGS)
+@given(W=st.integers(1, 6), L=st.integers(1, 12), act=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_vjp_matches_finite_differences(backend, W, L, act, seed):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(seed)
+    host = make_inputs(rng, batch=2, dim=2, L=L, W=W, init=True, cuts=(L // 2,) if L > 2 else ())
+    args = {k: (None if v is None else xp.asarray(v)) for k, v in host.items()}
+    act = "silu" if act else None
+    (y, h), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act, return_final_state=True)
+    dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+    grads = pullback(xp.asarray(dy), xp.asarray(dh))
+    for name in GRAD_FIELDS:
+        if host[name].size == 0:
+            continue
+        v = rng.standard_normal(host[name].shape)
+        f = []
+        for s in (1, -1):
+            moved = dict(args, **{name: xp.asarray(host[name] + s * 1e-6 * v)})
+            yy, hh = ssmkit.causal_conv1d(**moved, activation=act, return_final_state=True)
+            f.append(np.sum(to_numpy(yy) * dy) + np.sum(to_numpy(hh) * dh))
+        fd = (f[0] - f[1]) / 2e-6
+        assert abs(fd - np.sum(to_numpy(getattr(grads, name)) * v)) <= 1e-6 * (1 + abs(fd)), name
+
+
+# ------------------------------------------------------------------------------------------
+# Decoding steps: state indices
+# ------------------------------------------------------------------------------------------
+
+def _update_case(rng, xp, batch=4, dim=3, W=4, pool=6, T=None):
+    shape = (batch, dim) if T is None else (batch, dim, T)
+    return (xp.asarray(rng.standard_normal(shape)), xp.asarray(rng.standard_normal((pool, dim, W - 1))),
+            xp.asarray(rng.standard_normal((dim, W))), xp.asarray(rng.standard_normal(dim)))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("T", [None, 3])
+def test_update_with_state_indices_and_padding(backend, T):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(7)
+    x, state, w, b = _update_case(rng, xp, T=T)
+    idx = np.array([5, -1, 0, 2])
+    before = to_numpy(state).copy()
+    expected_state = before.copy()
+    y_ref = reference.causal_conv1d_update(to_numpy(x), expected_state, to_numpy(w), to_numpy(b),
+                                           activation="silu", conv_state_indices=idx)
+    y = ssmkit.causal_conv1d_update(x, state, w, b, activation="silu",
+                                    conv_state_indices=xp.asarray(idx.astype(np.int32)))
+    np.testing.assert_allclose(to_numpy(y), y_ref, rtol=1e-12, atol=1e-12)
+    assert not np.any(to_numpy(y)[1])  # padding row: zeros
+    np.testing.assert_allclose(to_numpy(state), expected_state, rtol=0, atol=0)
+    untouched = [1, 3, 4]
+    np.testing.assert_array_equal(to_numpy(state)[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_update_refuses_bad_indices_and_writes_nothing(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(8)
+    x, state, w, b = _update_case(rng, xp)
+    before = to_numpy(state).copy()
+    with pytest.raises(ValueError, match=r"conv_state_indices must be < pool = 6.*got 6"):
+        ssmkit.causal_conv1d_update(x, state, w, b, conv_state_indices=xp.asarray([0, 1, 6, -1]))
+    with pytest.raises(ValueError, match=r"names conv_state row 2 twice"):
+        ssmkit.causal_conv1d_update(x, state, w, b, conv_state_indices=xp.asarray([2, -1, 2, 3]))
+    with pytest.raises(TypeError, match=r"conv_state_indices must hold integers"):
+        ssmkit.causal_conv1d_update(x, state, w, b, conv_state_indices=xp.asarray([0., 1., 2., 3.]))
+    with pytest.raises(ValueError, match=r"pool = batch = 4; got pool = 6"):
+        ssmkit.causal_conv1d_update(x, state, w, b)
+    np.testing.assert_array_equal(to_numpy(state), before)
+    # Repeated negative indices are padding, not a conflict.
+    y = ssmkit.causal_conv1d_update(x, state, w, b, conv_state_indices=xp.asarray([-1, -1, 3, -5]))
+    assert not np.any(to_numpy(y)[[0, 1, 3]])
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_update_on_strided_state(backend):
+    """conv_state as a non-contiguous view (a (pool, W-1, dim) buffer transposed) is updated in place."""
+    xp = xp_for(backend)
+    rng = np.random.default_rng(9)
+    x, _, w, b = _update_case(rng, xp, batch=3, pool=3)
+    buf = xp.asarray(rng.standard_normal((3, 3, 3)))  # (pool, W-1, dim)
+    state = buf.transpose(0, 2, 1)
+    assert not state.flags.c_contiguous
+    expected = to_numpy(state).copy()
+    y_ref = reference.causal_conv1d_update(to_numpy(x), expected, to_numpy(w), to_numpy(b))
+    y = ssmkit.causal_conv1d_update(x, state, w, b)
+    np.testing.assert_allclose(to_numpy(y), y_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(to_numpy(buf).transpose(0, 2, 1), expected)
+
+
+# ------------------------------------------------------------------------------------------
+# dtypes, degenerate sizes, errors
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=needs_gpu),
+                                   pytest.param("bfloat16", marks=needs_gpu)])
+def test_half_precision_on_gpu(dtype):
+    pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(11)
+    tile = gpu_conv.tile_steps(dtype)
+    for W, L, cuts, act in ((4, 2048, (), "silu"), (4, tile + 37, (tile,), None), (7, 77, (5,), "silu"),
+                            (1, 16, (), None)):
+        inputs = make_inputs(rng, batch=2, dim=5, L=L, W=W, init=True, cuts=cuts)
+        check_forward("gpu", dtype, inputs, act)
+        check_vjp("gpu", dtype, inputs, act)
+
+
+def test_float16_on_cpu_computes_in_float32():
+    rng = np.random.default_rng(12)
+    inputs = make_inputs(rng, batch=2, dim=3, L=30, W=4, init=True, cuts=(10,))
+    check_forward("cpu", "float16", inputs, "silu")
+    check_vjp("cpu", "float16", inputs, "silu")
+    x, state, w, b = _update_case(rng, np)
+    x, state = x.astype(np.float16), state[:4].astype(np.float16)
+    expected = state.astype(np.float64)
+    y_ref = reference.causal_conv1d_update(x, expected, w, b)
+    y = ssmkit.causal_conv1d_update(x, state, w, b)
+    assert y.dtype == np.float16 and state.dtype == np.float16
+    assert rel_err(y, y_ref) <= FORWARD_RTOL["float16"]
+    np.testing.assert_array_equal(state, expected.astype(np.float16))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_empty_and_degenerate_sizes(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(13)
+    for batch, dim, L in ((2, 3, 0), (0, 3, 5), (2, 0, 5)):
+        W = 4
+        x = xp.asarray(rng.standard_normal((batch, dim, L)))
+        w = xp.asarray(rng.standard_normal((dim, W)))
+        h0 = xp.asarray(rng.standard_normal((batch, dim, W - 1)))
+        (y, h), pullback = ssmkit.causal_conv1d_vjp(x, w, initial_state=h0, return_final_state=True)
+        assert y.shape == (batch, dim, L)
+        np.testing.assert_array_equal(to_numpy(h), to_numpy(h0))
+        dh = xp.asarray(rng.standard_normal((batch, dim, W - 1)))
+        grads = pullback(None, dh)
+        expected = to_numpy(dh) if L == 0 else np.zeros((batch, dim, W - 1))
+        if L == 0:
+            np.testing.assert_array_equal(to_numpy(grads.initial_state), expected)
+        assert grads.weight.shape == (dim, W) and grads.bias is None
+    y = ssmkit.causal_conv1d_update(xp.zeros((0, 3)), xp.zeros((0, 3, 3)), xp.ones((3, 4)))
+    assert y.shape == (0, 3)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_pullback_without_cotangents_and_determinism(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(14)
+    args = {k: (None if v is None else xp.asarray(v)) for k, v in make_inputs(
+        rng, batch=3, dim=5, L=3000, W=4, init=True, cuts=(1500,)).items()}
+    _, pullback = ssmkit.causal_conv1d_vjp(**args, activation="silu")
+    zero = pullback()
+    for name in GRAD_FIELDS:
+        assert not np.any(to_numpy(getattr(zero, name))), name
+    dy = xp.asarray(rng.standard_normal((3, 5, 3000)))
+    g1, g2 = pullback(dy), pullback(dy)
+    for name in GRAD_FIELDS:
+        np.testing.assert_array_equal(to_numpy(getattr(g1, name)), to_numpy(getattr(g2, name)))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_non_contiguous_inputs(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(17)
+    inputs = make_inputs(rng, batch=2, dim=3, L=37, W=4, init=True, cuts=(20,))
+    args = {k: (None if v is None else xp.asarray(v)) for k, v in inputs.items()}
+    strided = dict(args)
+    big = xp.zeros((2, 3, 74))
+    big[..., ::2] = args["x"]
+    strided["x"] = big[..., ::2]
+    strided["weight"] = xp.asfortranarray(args["weight"])
+    strided["initial_state"] = xp.asarray(np.asfortranarray(inputs["initial_state"]))
+    assert not strided["x"].flags.c_contiguous
+    y, h = ssmkit.causal_conv1d(**strided, activation="silu", return_final_state=True)
+    y_ref, h_ref = reference.causal_conv1d(**inputs, activation="silu", return_final_state=True)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL["float64"]
+    assert rel_err(h, h_ref) <= FORWARD_RTOL["float64"]
+
+
+def test_activation_aliases():
+    rng = np.random.default_rng(15)
+    x, w = rng.standard_normal((1, 2, 5)), rng.standard_normal((2, 3))
+    silu = ssmkit.causal_conv1d(x, w, activation="silu")
+    for alias in ("swish", True):
+        np.testing.assert_array_equal(ssmkit.causal_conv1d(x, w, activation=alias), silu)
+    np.testing.assert_array_equal(ssmkit.causal_conv1d(x, w, activation=False),
+                                  ssmkit.causal_conv1d(x, w))
+
+
+def _good(**changes):
+    rng = np.random.default_rng(0)
+    args = make_inputs(rng, batch=2, dim=3, L=6, W=4, init=True, cuts=(3,))
+    args.update(changes)
+    return args
+
+
+BAD = [
+    ("x", np.zeros((2, 3)), ValueError, r"causal_conv1d.*x must have shape \(batch, dim, L\); got 2-d"),
+    ("weight", np.zeros((4, 4)), ValueError, r"weight must have shape \(dim, W\) with dim = 3"),
+    ("weight", np.zeros((3, 0)), ValueError, r"W >= 1; got W = 0"),
+    ("weight", np.zeros(3), ValueError, r"weight must have shape \(dim, W\); got 1-d"),
+    ("bias", np.zeros(4), ValueError, r"bias must have shape \(dim,\) = \(3,\); got \(4,\)"),
+    ("initial_state", np.zeros((2, 3, 4)), ValueError,
+     r"initial_state must have shape \(batch, dim, W-1\) = \(2, 3, 3\); got \(2, 3, 4\)"),
+    ("seq_idx", np.zeros((2, 5), dtype=np.int64), ValueError, r"seq_idx must have shape \(batch, L\)"),
+    ("seq_idx", np.zeros((2, 6)), TypeError, r"seq_idx must hold integers; got float64"),
+    ("seq_idx", np.array([[0, 0, 1, 1, 2, 2], [0, 1, 1, 0, 2, 2]]), ValueError,
+     r"seq_idx must be non-decreasing along L; row 1 decreases at position 3"),
+    ("x", np.zeros((2, 3, 6), dtype=np.int32), TypeError, r"x must hold real floating-point"),
+    ("weight", np.zeros((3, 4), dtype=np.complex64), TypeError, r"weight must hold real floating"),
+    ("activation", "relu", ValueError, r"activation must be None or 'silu'.*got 'relu'"),
+    ("activation", 1.5, ValueError, r"activation must be None or 'silu'"),
+    ("return_final_state", "yes", TypeError, r"return_final_state must be a bool"),
+]
+
+
+@pytest.mark.parametrize("fn", [ssmkit.causal_conv1d, ssmkit.causal_conv1d_vjp])
+@pytest.mark.parametrize("name,value,error,message", BAD)
+def test_bad_arguments_raise_clear_errors(fn, name, value, error, message):
+    with pytest.raises(error, match=message):
+        fn(**_good(**{name: value}))
+
+
+def test_bad_pullback_and_update_arguments():
+    rng = np.random.default_rng(16)
+    _, pullback = ssmkit.causal_conv1d_vjp(**_good())
+    with pytest.raises(ValueError, match=r"dy must have shape \(batch, dim, L\) = \(2, 3, 6\)"):
+        pullback(np.zeros((2, 3, 5)))
+    with pytest.raises(ValueError, match=r"dfinal_state must have shape \(batch, dim, W-1\)"):
+        pullback(None, np.zeros((2, 3, 4)))
+    x, state, w, b = _update_case(rng, np, pool=4)
+    bad = [
+        (dict(x=x[:, :, None, None]), ValueError, r"x must have shape \(batch, dim\) or"),
+        (dict(conv_state=state[:, :, :2]), ValueError, r"conv_state must have shape \(pool, dim, W-1\)"),
+        (dict(conv_state=state.astype(np.float32)), TypeError, r"conv_state must have the dtype of x"),
+        (dict(weight=w[:2]), ValueError, r"weight must have shape \(dim, W\) with dim = 3"),
+        (dict(bias=b[:2]), ValueError, r"bias must have shape \(dim,\)"),
+        (dict(activation="gelu"), ValueError, r"causal_conv1d_update: activation must be"),
+        (dict(conv_state_indices=np.zeros((4, 1), dtype=np.int64)), ValueError,
+         r"conv_state_indices must have shape \(batch,\)"),
+        (dict(conv_state=state.tolist()), TypeError, r"conv_state must be an array updated in place"),
+    ]
+    for change, error, message in bad:
+        kw = dict(x=x, conv_state=state, weight=w, bias=b)
+        kw.update(change)
+        with pytest.raises(error, match=message):
+            ssmkit.causal_conv1d_update(**kw)
+    frozen = state.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="conv_state is read-only"):
+        ssmkit.causal_conv1d_update(x, frozen, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+def test_gpu_refuses_widths_past_its_templates_and_mixing():
+    import cupy
+
+    with pytest.raises(ValueError, match=r"GPU kernels take widths 1..8; got W = 9"):
+        ssmkit.causal_conv1d(cupy.zeros((1, 2, 5)), cupy.zeros((2, 9)))
+    with pytest.raises(TypeError, match="must all live on the CPU or all on the GPU"):
+        ssmkit.causal_conv1d(cupy.zeros((1, 2, 5)), np.zeros((2, 4)))
+
+
+# ------------------------------------------------------------------------------------------
+# The CUDA source compiles (no GPU needed)
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def nvrtc_path():
+    path = _nvrtc_check.find_nvrtc()
+    if path is None:
+        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
+            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
+                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
+        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
+    return path
+
+
+def test_kernel_keys_cover_every_template_value():
+    full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
+    names = [gpu_conv.name_expression(k) for k in full]
+    assert len(set(names)) == len(names) == 640
+    assert set(rep) <= set(full)
+    for kind in ("fwd", "bwd", "update"):
+        for field in gpu_conv.KernelKey._fields:
+            values = {getattr(k, field) for k in full if k.kind == kind}
+            assert {getattr(k, field) for k in rep if k.kind == kind} == values, (kind, field)
+
+
+def test_kernels_compile_for_sm90(nvrtc_path):
+    keys = gpu_conv.kernel_keys(full=os.environ.get("SSMKIT_NVRTC_FULL") == "1")
+    src = compiler.kernel_source(gpu_conv.SOURCE_FILE)
+    options = list(compiler.compile_options()) + ["--gpu-architecture=sm_90",
+                                                  "--ptxas-options=-v"]
+    exprs = [gpu_conv.name_expression(k) for k in keys]
+    res = _nvrtc_check.compile_program(src, exprs, options, filename=gpu_conv.SOURCE_FILE,
+                                       nvrtc=_nvrtc_check.load_nvrtc(nvrtc_path))
+    report = _nvrtc_check.parse_ptxas_report(res["log"])
+    for key, e in zip(keys, exprs):
+        r = report[res["lowered"][e]]
+        assert "registers" in r, e
+        if key.kind != "update":  # the streamed kernels keep everything in registers
+            assert r["stack"] == 0 and r["spill_stores"] == 0, (e, r)
