@@ -9,7 +9,7 @@
 // whole cost, so every global access of the tile body is a 16-byte vector (when L and the
 // pointers allow it), and the W-1 neighbours that a step needs from the steps before it
 // (forward) or after it (backward) are read from a shared-memory copy of the tile with
-// halos. Thread `tid` owns vectors v*THREADS + tid (v < CC1D_VPT) of the tile, so that each
+// halos. Thread `tid` owns vectors v*THREADS + tid (v < cc1d_shape<T>::VPT) of the tile, so that each
 // warp-wide access is one contiguous 512-byte run.
 //
 // Template parameters: T the storage type (ssm_half, ssm_bf16, float, double; arithmetic in
@@ -21,21 +21,25 @@
 // them over tiles and batch in a fixed order. No atomics.
 #include "ssm_common.cuh"
 
-// Threads per block and 16-byte vectors per thread per tile. The host
-// (ssmkit/_gpu/causal_conv1d.py) assumes these values; the benchmark overrides
-// them with -D to time other tile shapes.
+// Threads per block, and 16-byte vectors per thread per tile: 4 for 4-byte storage
+// (float32 measured 0.79 / 0.96 of copy bandwidth forward / backward with 4 against
+// 0.69 / 0.79 with 2), 2 for the others (the best bfloat16 shape measured). The host
+// (ssmkit/_gpu/causal_conv1d.py) assumes these values; the benchmark overrides them
+// with -D to time other tile shapes.
 #ifndef CC1D_THREADS
 #define CC1D_THREADS 128
-#endif
-#ifndef CC1D_VPT
-#define CC1D_VPT 2
 #endif
 
 template <typename T> struct alignas(16) cc1d_vec { T v[16 / sizeof(T)]; };
 
 template <typename T> struct cc1d_shape {
-    static constexpr int E = 16 / (int)sizeof(T);           // elements per vector
-    static constexpr int TILE = CC1D_THREADS * CC1D_VPT * E;  // steps per block
+    static constexpr int E = 16 / (int)sizeof(T);  // elements per vector
+#ifdef CC1D_VPT
+    static constexpr int VPT = CC1D_VPT;
+#else
+    static constexpr int VPT = sizeof(T) == 4 ? 4 : 2;
+#endif
+    static constexpr int TILE = CC1D_THREADS * VPT * E;  // steps per block
 };
 
 // Elements [t, t + E) of a row into compute registers; zeros past L.
@@ -132,7 +136,7 @@ __device__ __forceinline__ void cc1d_stage_x(const T* __restrict__ xrow, const C
     constexpr int E = cc1d_shape<T>::E;
     const int tid = threadIdx.x;
 #pragma unroll
-    for (int v = 0; v < CC1D_VPT; ++v) {
+    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
         CT r[E];
         cc1d_load<T, CT, E>(xrow, t0 + lt, L, vec_ok, r);
@@ -191,7 +195,7 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
     __syncthreads();
 
 #pragma unroll
-    for (int v = 0; v < CC1D_VPT; ++v) {
+    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
         CT win[E + H];
         int sw[HAS_SEQ ? E + H : 1];
@@ -270,9 +274,9 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
         xs[OFF + TILE + tid] = s < L ? (CT)ssm_load(xrow[s]) : (CT)0;
         if constexpr (HAS_SEQ) ss[OFF + TILE + tid] = s < L ? srow[s] : -1;
     }
-    CT dyr[CC1D_VPT][E];
+    CT dyr[cc1d_shape<T>::VPT][E];
 #pragma unroll
-    for (int v = 0; v < CC1D_VPT; ++v)
+    for (int v = 0; v < cc1d_shape<T>::VPT; ++v)
         cc1d_load<T, CT, E>(dyrow, t0 + (v * CC1D_THREADS + tid) * E, L, vok, dyr[v]);
     CT w[W];
 #pragma unroll
@@ -294,7 +298,7 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
         return acc;
     };
 #pragma unroll
-    for (int v = 0; v < CC1D_VPT; ++v) {
+    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
@@ -320,7 +324,7 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 #pragma unroll
     for (int k = 0; k <= W; ++k) dw[k] = 0;
 #pragma unroll
-    for (int v = 0; v < CC1D_VPT; ++v) {
+    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
         CT gw[E + H], xw[E + H];
         int sw[HAS_SEQ ? E + 2 * H : 1];  // sequence ids on [s - H, s + E + H)

@@ -11,8 +11,8 @@ them and :func:`name_expression` spells one as the C++ template name that CuPy
 inside the launching functions.
 
 Work split (see ``causal_conv1d.cu``): a block of ``THREADS`` threads owns one
-time tile of one channel row, ``tile_steps(dtype)`` steps: two 16-byte vectors
-per thread. The grid is ``batch * dim * ceil(L / tile)`` blocks.
+time tile of one channel row, ``tile_steps(dtype)`` steps: four 16-byte vectors
+per thread for 4-byte types, two for the others. The grid is ``batch * dim * ceil(L / tile)`` blocks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["forward", "backward", "update", "KernelKey", "kernel_keys",
 
 SOURCE_FILE = "causal_conv1d.cu"
 THREADS = 128  # CC1D_THREADS in the source
-VECTORS_PER_THREAD = 2  # CC1D_VPT in the source
+
 WIDTHS = tuple(range(1, 9))  # the template values of W
 
 _CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
@@ -82,9 +82,14 @@ def kernel_keys(full: bool = True) -> list:
     return keys
 
 
+def vectors_per_thread(dtype) -> int:
+    """16-byte vectors per thread per tile (``cc1d_shape<T>::VPT`` in the source)."""
+    return 4 if np.dtype(dtype).itemsize == 4 else 2
+
+
 def tile_steps(dtype) -> int:
-    """Time steps per block: two 16-byte vectors per thread."""
-    return THREADS * VECTORS_PER_THREAD * (16 // np.dtype(dtype).itemsize)
+    """Time steps per block: :func:`vectors_per_thread` 16-byte vectors per thread."""
+    return THREADS * vectors_per_thread(dtype) * (16 // np.dtype(dtype).itemsize)
 
 
 def _ptr(x):
