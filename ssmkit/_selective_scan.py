@@ -17,10 +17,37 @@ DEFAULT_CHUNK_SIZE = 256
 _ARRAY_ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 
 
-def _backend(xp):
-    """The backend module for arrays of ``xp`` (imported on first use)."""
-    name = "ssmkit._gpu.selective_scan" if xp.__name__ == "cupy" else "ssmkit._cpu.selective_scan"
-    return importlib.import_module(name)
+_BACKEND_MODULES = {"cpu": "ssmkit._cpu.selective_scan", "cuda": "ssmkit._gpu.selective_scan",
+                    "numba": "ssmkit._numba_cuda.selective_scan"}
+
+
+def _backend(xp, backend=None):
+    """The backend module for arrays of ``xp``, or the one named (imported on first use)."""
+    if backend is None:
+        backend = "cuda" if xp.__name__ == "cupy" else "cpu"
+    return importlib.import_module(_BACKEND_MODULES[backend])
+
+
+def _check_backend(fn, backend, xp):
+    """Validate ``backend``; returns (backend name or None, linear-scan algorithm or None)."""
+    if backend is None:
+        return None, None
+    if not isinstance(backend, str):
+        raise TypeError(f"{fn}: backend must be None or a str; got {type(backend).__name__}")
+    name, _, algorithm = backend.partition(":")
+    from ._linear_scan import ALGORITHMS
+
+    if name not in _BACKEND_MODULES or (algorithm and (name != "numba"
+                                                       or algorithm not in ALGORITHMS)):
+        raise ValueError(f"{fn}: unknown backend {backend!r}; expected None, 'cuda', 'cpu', "
+                         f"'numba' or 'numba:<algorithm>' with <algorithm> one of "
+                         f"{', '.join(ALGORITHMS)}")
+    where = "gpu" if xp.__name__ == "cupy" else "cpu"
+    if (name == "cpu") != (where == "cpu"):
+        raise TypeError(f"{fn}: backend {backend!r} computes on the "
+                        f"{'CPU (NumPy arrays)' if name == 'cpu' else 'GPU (CuPy arrays)'}; "
+                        f"got {'CuPy' if where == 'gpu' else 'NumPy'} arrays")
+    return name, (algorithm or "auto") if name == "numba" else None
 
 
 def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state,
@@ -126,7 +153,7 @@ def _device_scope(p):
     return p.xp.cuda.Device(p.u.device.id)
 
 
-def _forward(p, user, save_checkpoints):
+def _forward(p, user, save_checkpoints, backend=(None, None)):
     """Run the scan; y in the dtype of the user's u."""
     xp = p.xp
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
@@ -135,15 +162,18 @@ def _forward(p, user, save_checkpoints):
         final = (p.initial_state.copy() if p.initial_state is not None
                  else xp.zeros((batch, dim, N), dtype=p.compute_dtype))
         return y, final, None
-    y, final, checkpoints = _backend(xp).selective_scan_forward(
-        p, save_checkpoints=save_checkpoints)
+    name, algorithm = backend
+    extra = {} if algorithm is None else {"algorithm": algorithm}
+    y, final, checkpoints = _backend(xp, name).selective_scan_forward(
+        p, save_checkpoints=save_checkpoints, **extra)
     if y.dtype != user["u"].dtype:
         y = y.astype(user["u"].dtype)
     return y, final, checkpoints
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   *, initial_state=None, return_final_state=False, chunk_size=None):
+                   *, initial_state=None, return_final_state=False, chunk_size=None,
+                   backend=None):
     """Mamba-1's selective scan, fused: discretize, scan, contract with C, D skip, silu(z) gate.
 
     Runs on the GPU for CuPy arrays (or GPU arrays of other frameworks, taken
@@ -178,6 +208,14 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         Steps between the states the GPU kernels carry between tiles and the
         backward recomputes from (default 256). Results do not depend on it
         beyond rounding.
+    backend : str, optional
+        Which kernels compute: None (default) picks by where the arrays live,
+        the fused CUDA kernels for GPU arrays and the Numba CPU kernels for
+        NumPy arrays; ``"cuda"`` or ``"cpu"`` name those; ``"numba"`` runs the
+        forward on the GPU through the Numba CUDA linear scans (unfused, the
+        measured alternative to the fused kernel; ``"numba:<algorithm>"`` picks
+        one of :func:`ssmkit.linear_scan_algorithms`). The backend must match
+        where the arrays live (nothing is copied between host and device).
 
     Returns
     -------
@@ -206,8 +244,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     """
     p, user = _prepare("selective_scan", u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                        initial_state, chunk_size)
+    chosen = _check_backend("selective_scan", backend, p.xp)
     with _device_scope(p):
-        y, final, _ = _forward(p, user, save_checkpoints=False)
+        y, final, _ = _forward(p, user, save_checkpoints=False, backend=chosen)
     return (y, final) if return_final_state else y
 
 
@@ -273,10 +312,11 @@ class SelectiveScanPullback:
 
 def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
                        delta_softplus=False, *, initial_state=None, return_final_state=False,
-                       chunk_size=None):
+                       chunk_size=None, backend=None):
     """The selective scan and its pullback (reverse-mode gradient).
 
-    Takes the arguments of :func:`selective_scan`.
+    Takes the arguments of :func:`selective_scan`; ``backend`` may be None,
+    ``"cuda"`` or ``"cpu"`` (``"numba"`` has no backward and is refused).
 
     Returns
     -------
@@ -305,6 +345,10 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     """
     p, user = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
                        delta_softplus, initial_state, chunk_size)
+    chosen = _check_backend("selective_scan_vjp", backend, p.xp)
+    if chosen[0] == "numba":
+        raise ValueError(f"selective_scan_vjp: backend {backend!r} has no backward (the Numba "
+                         f"CUDA scans run the forward only); use backend=None or 'cuda'")
     with _device_scope(p):
         y, final, checkpoints = _forward(p, user, save_checkpoints=True)
     out = (y, final) if return_final_state else y
