@@ -9,6 +9,7 @@ float64 step-by-step versions that define what each operation computes.
 from . import reference
 from ._problem import SelectiveScanGrads
 from ._selective_scan import SelectiveScanPullback, selective_scan, selective_scan_vjp
+from ._ssd import SSDGrads, SSDPullback, ssd, ssd_vjp
 from ._linear_scan import LinearScanGrads, linear_scan, linear_scan_algorithms, linear_scan_vjp
 from ._causal_conv1d import CausalConv1dGrads, CausalConv1dPullback, causal_conv1d, causal_conv1d_update, causal_conv1d_vjp
 
@@ -20,6 +21,7 @@ __all__ = [
     "reference",
     "selective_scan",
     "selective_scan_vjp",
+    "SSDGrads", "SSDPullback", "ssd", "ssd_vjp",
     "LinearScanGrads", "linear_scan", "linear_scan_algorithms", "linear_scan_vjp",
     "CausalConv1dGrads", "CausalConv1dPullback", "causal_conv1d", "causal_conv1d_update", "causal_conv1d_vjp",
 ]

@@ -1,0 +1,217 @@
+"""Time ssmkit.ssd (forward, forward+backward) on the GPU, or the CPU backend against the reference.
+
+GPU mode (default) times the Mamba-2 SSD configuration of ../shared/docs/peers-h200.md
+(batch 4, L 4096, H 80, P 64, G 1, N 128, chunk 256, D, dt_bias, dt_softplus) in
+bfloat16 and float32, and a few more shapes: CUDA-event-timed medians after warm-up,
+the device-to-device copy bandwidth measured in the same run, each time set against
+the compulsory traffic (bytes / copy bandwidth) and mamba_ssm's Triton time where
+peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table beside it.
+
+CPU mode (``--cpu``) times the Numba backend against the float64 reference loop.
+
+Usage::
+
+    python benchmarks/bench_ssd.py [--quick] [--out DIR]
+    python benchmarks/bench_ssd.py --cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ssmkit  # noqa: E402
+
+# (dtype, batch, L, H, P, G, N, chunk, mamba_ssm fwd ms, fwd+bwd ms) from peers-h200.md
+TABLE = [
+    ("bfloat16", 4, 4096, 80, 64, 1, 128, 256, 0.694, 3.67),
+    ("float32", 4, 4096, 80, 64, 1, 128, 256, 1.18, 5.20),
+    ("bfloat16", 4, 4096, 80, 64, 1, 128, 128, None, None),
+    ("float32", 1, 4096, 8, 64, 1, 64, 256, None, None),
+]
+
+
+def commit() -> str:
+    if os.environ.get("SSMKIT_COMMIT"):  # the GPU machine's checkout may not be the base commit
+        return os.environ["SSMKIT_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                       cwd=os.path.dirname(os.path.abspath(__file__)),
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return os.environ.get("SSMKIT_COMMIT", "HEAD+working tree")
+
+
+def cuda_median_ms(fn, warmup=2, reps=10):
+    """Median CUDA-event time of one call, after warm-up."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def copy_tbps():
+    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
+    import cupy
+
+    n = 1 << 30
+    src = cupy.ones(n, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def make_inputs(xp, dtype, batch, L, H, P, G, N, seed=0):
+    """The peers' configuration: D, dt_bias, dt_softplus; no z."""
+    rng = np.random.default_rng(seed)
+
+    def rand(shape, scale=1.0, shift=0.0, dt=dtype):
+        a = xp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale + shift)
+        return a.astype(dt) if dt != "float32" else a
+
+    return dict(x=rand((batch, L, H, P)), dt=rand((batch, L, H), 0.5, -1.0, dt="float32"),
+                A=-xp.exp(rand((H,), 0.5, dt="float32")), B=rand((batch, L, G, N)),
+                C=rand((batch, L, G, N)), D=rand((H,), dt="float32"),
+                dt_bias=rand((H,), 0.1, dt="float32"))
+
+
+def compulsory_bytes(dtype, batch, L, H, P, G, N):
+    """Bytes the forward and forward+backward must move at least.
+
+    Forward: read x, B, C, dt, write y. The backward adds: read dy, x, B, C, dt;
+    write dx, dB, dC, ddt.
+    """
+    s = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
+    xs = batch * L * H * P * s
+    bc = 2 * batch * L * G * N * s
+    dt = batch * L * H * 4
+    fwd = 2 * xs + bc + dt
+    bwd = 3 * xs + 2 * bc + 2 * dt
+    return fwd, fwd + bwd
+
+
+def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
+    """Forward and forward+backward milliseconds for one configuration."""
+    x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
+    kw = dict(chunk_size=chunk, dt_softplus=True)
+    fwd_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
+    dy = cupy.ones_like(x["x"])
+
+    def fwd_bwd():
+        _, pullback = ssmkit.ssd_vjp(**x, **kw)
+        pullback(dy)
+
+    return fwd_ms, cuda_median_ms(fwd_bwd, reps=5)
+
+
+def run_gpu(args):
+    import cupy
+
+    dev = cupy.cuda.Device()
+    gpu = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+    copy_bw = copy_tbps()
+    print(f"{gpu}: copy {copy_bw:.2f} TB/s", flush=True)
+    rows = []
+    table = TABLE[:2] if args.quick else TABLE
+    for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
+        fwd_ms, fb_ms = time_row(cupy, dtype, batch, L, H, P, G, N, chunk)
+        cupy.get_default_memory_pool().free_all_blocks()
+        fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
+        rows.append(dict(
+            op="ssd", gpu=gpu, dtype=dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
+            N=N, chunk_size=chunk, fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),
+            copy_tbps=round(copy_bw, 3),
+            fwd_of_copy=round(fwd_bytes / (fwd_ms * 1e-3) / 1e12 / copy_bw, 4),
+            fwd_bwd_of_copy=round(fb_bytes / (fb_ms * 1e-3) / 1e12 / copy_bw, 4),
+            mamba_ssm_fwd_ms=peer_fwd, mamba_ssm_fwd_bwd_ms=peer_fb,
+            commit=commit(), date=datetime.date.today().isoformat()))
+        print(json.dumps(rows[-1]), flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "ssd_h200" if "H200" in gpu else "ssd_gpu")
+    with open(stem + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"# ssd on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}",
+             "",
+             f"Copy bandwidth {copy_bw:.2f} TB/s, measured in the same run. Median CUDA-event "
+             "time of one call after warm-up (host work included). 'of copy': compulsory bytes "
+             "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
+             "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster).",
+             "",
+             "| dtype | batch | L | H | P | G | N | chunk | fwd ms | of copy | x mamba_ssm | "
+             "fwd+bwd ms | of copy | x mamba_ssm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pf = f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f}" if r["mamba_ssm_fwd_ms"] else "-"
+        pb = (f"{r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if r["mamba_ssm_fwd_bwd_ms"]
+              else "-")
+        lines.append(
+            f"| {r['dtype']} | {r['batch']} | {r['L']} | {r['heads']} | {r['headdim']} | "
+            f"{r['groups']} | {r['N']} | {r['chunk_size']} | {r['fwd_ms']:.3f} | "
+            f"{r['fwd_of_copy']:.3f} | {pf} | {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | "
+            f"{pb} |")
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def run_cpu(args):
+    from ssmkit import reference
+
+    batch, L, H, P, G, N = 1, 4096, 8, 64, 1, 64
+    x = make_inputs(np, "float32", batch, L, H, P, G, N)
+    kw = dict(dt_softplus=True)
+
+    def best_of(fn, reps=3):
+        fn()  # compile / warm caches
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+        return min(out)
+
+    fwd = best_of(lambda: ssmkit.ssd(**x, **kw))
+    dy = np.ones_like(x["x"])
+
+    def fwd_bwd():
+        _, pb = ssmkit.ssd_vjp(**x, **kw)
+        pb(dy)
+
+    fb = best_of(fwd_bwd)
+    ref = best_of(lambda: reference.ssd(**x, **kw), reps=1)
+    print(f"CPU ({os.cpu_count()} cores), batch {batch}, L {L}, H {H}, P {P}, N {N}, float32: "
+          f"ssmkit.ssd {fwd * 1e3:.1f} ms, ssd_vjp + pullback {fb * 1e3:.1f} ms; "
+          f"float64 reference loop (forward) {ref * 1e3:.1f} ms")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="time the CPU backend")
+    ap.add_argument("--quick", action="store_true", help="only the peers' two rows")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "results"))
+    args = ap.parse_args()
+    run_cpu(args) if args.cpu else run_gpu(args)
+
+
+if __name__ == "__main__":
+    main()

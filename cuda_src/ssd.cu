@@ -1,0 +1,441 @@
+// ssd.cu: Mamba-2's SSD scan in chunks, forward and backward (launched by ssmkit._gpu.ssd).
+//
+// Per (batch row b, head h), with dt' the effective step (computed before these
+// kernels) and a_t = dt'_t A[h]. The steps are cut into chunks at `starts`
+// (every chunk_size steps, and at every end of a packed sequence, so that each
+// final state is a state at a chunk boundary). Inside a chunk, cum_t is the sum
+// of a over the chunk's steps up to t: a short cumulative sum in log space that
+// never grows with L, so exp(cum_t - cum_s) is a difference of two small sums.
+//
+// Forward:
+//   ssd_chunk_cumsum   cum (and, reversed, the backward's suffix sums);
+//   ssd_chunk_state    the state a chunk builds by its last step E from its own
+//                      inputs, S_c = sum_s exp(cum_E - cum_s) dt'_s x_s B_s^T;
+//   ssd_state_passing  states[c + 1] = exp(cum_E) states[c] + S_c, one thread per
+//                      state entry walking the chunks (states[0] = initial state);
+//   ssd_chunk_mm       the outputs: the chunk-local diagonal block
+//                      sum_{s<=t} exp(cum_t - cum_s) dt'_s (C_t.B_s) x_s plus the
+//                      output correction exp(cum_t) states[c] C_t, then D and gate.
+// Backward (dY the output cotangent times silu(z)):
+//   ssd_chunk_state    (adjoint form) K_c = sum_t exp(cum_t) dY_t C_t^T;
+//   ssd_adjoint_passing the adjoint of the state leaving each chunk, walking the
+//                      chunks backwards, with the final states' cotangents injected
+//                      at their boundaries; what is left at the start is
+//                      d initial_state;
+//   ssd_chunk_mm       the same chunk-local products, transposed: (G B)_s (for dx and
+//                      ddt), dB_s and dC_t, each a masked Q x Q block times a tile
+//                      plus a correction from a boundary state or adjoint.
+// The backward recomputes everything from the chunk-boundary states.
+//
+// Restarts (seq_idx): a term from step s reaches step t only when seq[s] == seq[t];
+// the entering state reaches t only when seq[t] == seq[t0 - 1] (seq[0] for the first
+// chunk, whose entering state is the initial state). exp is evaluated only where the
+// mask lets a term through (its argument is then <= 0 for A <= 0).
+//
+// Layouts (C order): per step (batch, L, X, K) with X heads or groups (head h uses
+// row h / (H / X)); dt', cum (batch, L, H); seq (batch, L) int32 or null; D (H, V) or
+// null; states (batch, n_chunks + 1, H, P, N); adjoints (batch, n_chunks, H, P, N).
+// Offsets are 64-bit.
+#include "ssm_common.cuh"
+
+#define SSD_THREADS 256
+#define SSD_MAXD 256  // largest head dimension P and state size N
+
+template <typename CT> struct ssd_tile {
+    // Rows per tile: 32 in float, 16 in double, so every tile fits 48 KiB of shared memory.
+    static constexpr int T = sizeof(CT) == 8 ? 16 : 32;
+    static constexpr int S = sizeof(CT) == 8 ? 8 : 16;  // steps per stage in ssd_chunk_state
+};
+
+template <typename CT>
+__device__ __forceinline__ CT ssd_exp(CT x) {  // exp(x), through the hardware exp2 in float
+    return ssm_math<CT>::decay(x * ssm_math<CT>::kLog2e);
+}
+
+__device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
+
+// --------------------------------------------------------------------------------------
+// Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
+// One thread per (b, chunk, h), h fastest.
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* __restrict__ starts,
+                 ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total, int reverse) {
+    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
+    if (i >= total) return;
+    const int h = (int)(i % H);
+    const ssm_i64 c = (i / H) % nc;
+    const ssm_i64 b = i / ((ssm_i64)H * nc);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    CT s = 0;
+    if (!reverse) {
+        for (ssm_i64 t = t0; t < t1; ++t) {
+            s += a[(b * L + t) * H + h];
+            out[(b * L + t) * H + h] = s;
+        }
+    } else {
+        for (ssm_i64 t = t1 - 1; t >= t0; --t) {
+            s += a[(b * L + t) * H + h];
+            out[(b * L + t) * H + h] = s;
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// A chunk's rank-Q sum of outer products, out[b, c, h] = sum_s w_s X_s (outer) Y_s (P x N):
+//   ADJ = false: X = x, Y = B, w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s (chunk state)
+//   ADJ = true:  X = dY, Y = C, w_t = [seq_t == seq_prev] exp(cum_t)        (its adjoint)
+// A block computes a 32 x 128 tile of the P x N result; thread (ty, tx) = (tid / 32,
+// tid % 32) owns rows ty + 8 i (i < 4) and columns tx + 32 m (m < 4): 16 sums fed by 8
+// shared-memory loads per step.
+// Grid: (batch * nc, H, ceil(P / 32) * ceil(N / 128)); out (batch, nc, H, P, N).
+// --------------------------------------------------------------------------------------
+template <typename TX, typename TY, typename CT, bool ADJ>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __restrict__ dte,
+                const CT* __restrict__ cum, const int* __restrict__ seq,
+                const ssm_i64* __restrict__ starts, CT* __restrict__ out,
+                ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
+    constexpr int TS = ssd_tile<CT>::T;  // steps per stage
+    constexpr int PT = 32, NTL = 128;    // the block's tile of the P x N result
+    __shared__ CT xs[TS][PT];            // w_s X_s[p]
+    __shared__ CT ys[TS][NTL];
+    __shared__ CT ws[TS];
+    const int tid = threadIdx.x, ty = tid / 32, tx = tid % 32;
+    const ssm_i64 e = blockIdx.x;  // = b * nc + c
+    const int h = blockIdx.y;
+    const int p_tiles = (P + PT - 1) / PT;
+    const int p0 = (blockIdx.z % p_tiles) * PT, n0 = (blockIdx.z / p_tiles) * NTL;
+    const ssm_i64 b = e / nc, c = e - b * nc;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+    const int g = h / (H / GY);
+    const CT cum_E = cum[(b * L + E) * H + h];
+    const int seq_ref = ADJ ? ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0)) : ssd_seq(seq, b * L + E);
+
+    CT acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) acc[i][m] = 0;
+    for (ssm_i64 s0 = t0; s0 < t1; s0 += TS) {
+        const int ns = (int)(t1 - s0 < TS ? t1 - s0 : TS);
+        __syncthreads();
+        if (tid < TS) {
+            CT w = 0;
+            if (tid < ns) {
+                const ssm_i64 s = s0 + tid;
+                const ssm_i64 i = (b * L + s) * H + h;
+                if (ssd_seq(seq, b * L + s) == seq_ref)
+                    w = ADJ ? ssd_exp<CT>(cum[i]) : ssd_exp<CT>(cum_E - cum[i]) * dte[i];
+            }
+            ws[tid] = w;
+        }
+        __syncthreads();
+        for (int i = tid; i < TS * PT; i += SSD_THREADS) {
+            const int si = i / PT, pp = i - si * PT;
+            xs[si][pp] = (si < ns && p0 + pp < P)
+                             ? ws[si] * (CT)ssm_load(X[((b * L + s0 + si) * H + h) * P + p0 + pp])
+                             : CT(0);
+        }
+        for (int i = tid; i < TS * NTL; i += SSD_THREADS) {
+            const int si = i / NTL, nn = i - si * NTL;
+            ys[si][nn] = (si < ns && n0 + nn < N)
+                             ? (CT)ssm_load(Y[((b * L + s0 + si) * GY + g) * N + n0 + nn]) : CT(0);
+        }
+        __syncthreads();
+        for (int si = 0; si < ns; ++si) {
+            CT xv[4], yv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = xs[si][ty + 8 * i];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) yv[m] = ys[si][tx + 32 * m];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int m = 0; m < 4; ++m) acc[i][m] += xv[i] * yv[m];
+        }
+    }
+    const ssm_i64 PN = (ssm_i64)P * N;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int p = p0 + ty + 8 * i;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const int n = n0 + tx + 32 * m;
+            if (p < P && n < N) out[(e * H + h) * PN + (ssm_i64)p * N + n] = acc[i][m];
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// State passing, forward: states[b, 0] = h0 (or 0), states[b, c+1] = d_c states[b, c] + S_c
+// with d_c = exp(cum_E) when no sequence starts inside chunk c, else 0.
+// Grid: (batch * H, ceil(P*N / 256)); one thread per state entry.
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cum,
+                  const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                  const CT* __restrict__ h0, CT* __restrict__ states,
+                  ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc) {
+    const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
+    if (o >= PN) return;
+    const ssm_i64 bh = blockIdx.x;
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    CT hv = h0 ? h0[bh * PN + o] : CT(0);
+    states[((b * (nc + 1)) * H + h) * PN + o] = hv;
+    for (ssm_i64 c = 0; c < nc; ++c) {
+        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+        hv = d * hv + chunk_states[((b * nc + c) * H + h) * PN + o];
+        states[((b * (nc + 1) + c + 1) * H + h) * PN + o] = hv;
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// State passing, backward. g = adjoint of the state at a boundary. Walking the chunks
+// backwards: g += dfinal of the sequence ending at the boundary (bslot >= 0);
+// dHx[c] = g (the adjoint of the state leaving chunk c); g = d_c g + K_c. At the start,
+// g is the adjoint of the initial state.
+// Grid: (batch * H, ceil(P*N / 256)). bslot: (batch, nc + 1) int32 or null.
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum,
+                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                    const int* __restrict__ bslot, const CT* __restrict__ dfinal,
+                    CT* __restrict__ dHx, CT* __restrict__ dinit,
+                    ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc) {
+    const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
+    if (o >= PN) return;
+    const ssm_i64 bh = blockIdx.x;
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    CT g = 0;
+    for (ssm_i64 c = nc - 1; c >= 0; --c) {
+        if (bslot && dfinal) {
+            const int k = bslot[b * (nc + 1) + c + 1];
+            if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
+        }
+        dHx[((b * nc + c) * H + h) * PN + o] = g;
+        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+        g = d * g + chunk_adj[((b * nc + c) * H + h) * PN + o];
+    }
+    if (bslot && dfinal) {
+        const int k = bslot[b * (nc + 1)];
+        if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
+    }
+    dinit[bh * PN + o] = g;
+}
+
+// --------------------------------------------------------------------------------------
+// The chunk-local products, one tile of TT rows r of one chunk, all V columns:
+//
+//   out[r, v] = scale_r * sum_k M[v, k] U_r[k]                         (boundary term)
+//             + sum_q w_rq (U_r . W_q) Vv_q[v]                          (diagonal block)
+//             (+ D[h, v] Vv_r[v], then * silu(z_r[v]) when D, z given)
+//
+//   UPPER = false (q <= r): w_rq = [seq_q == seq_r] exp(cum_r - cum_q) (dt'_q when DTQ),
+//           M = the state entering the chunk, scale_r = [seq_r == seq_prev] exp(cum_r);
+//   UPPER = true  (q >= r): w_rq = [seq_q == seq_r] exp(cum_q - cum_r),
+//           M = the adjoint leaving the chunk, scale_r = [seq_r == seq_E] exp(cum_E - cum_r).
+//
+// U, W: (batch, L, XU | XW, K); Vv: (batch, L, XV, V). M is a P x N matrix: (v, k) is
+// M[v * K + k], or M[k * V + v] when MT. Its chunk c is at Mm + ((b * m_chunks + c) * H + h) * K * V.
+// Instances: the forward output (U = C, W = B, Vv = x, M = states, DTQ), (G B)_s (U = B,
+// W = C, Vv = dY, M = dHx, UPPER), dB_s (U = x, W = dY, Vv = C, M = dHx^T, UPPER) and
+// dC_t (U = dY, W = x, Vv = B, M = states^T, DTQ).
+// Thread (ty, tx) = (tid / 32, tid % 32) owns rows ty + 8 i (i < TT / 8) and columns
+// tx + 32 m (m < VM, VM >= V / 32): each shared-memory value it loads feeds several sums.
+// Grid: (batch * H * nc * tiles_per_chunk).
+// --------------------------------------------------------------------------------------
+template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
+          bool DTQ, int VM>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
+             const CT* __restrict__ Mm, const CT* __restrict__ D, const TV* __restrict__ z,
+             const CT* __restrict__ dte, const CT* __restrict__ cum, const int* __restrict__ seq,
+             const ssm_i64* __restrict__ starts, TO* __restrict__ out,
+             ssm_i64 L, int H, int XU, int XW, int XV, int K, int V, ssm_i64 nc,
+             ssm_i64 m_chunks, int tiles_per_chunk) {
+    constexpr int TT = ssd_tile<CT>::T;  // rows per tile; also q per stage and k per stage
+    constexpr int TQ = TT, KT = TT;
+    constexpr int RT = TT / 8;                  // rows per thread
+    constexpr int VP = 32 * VM;                 // columns the threads cover (>= V)
+    constexpr int WPT = TT * TQ / SSD_THREADS;  // entries of the Q x Q block per thread
+    constexpr int WROWS = SSD_THREADS / TQ;     // rows of the block one pass covers
+    __shared__ CT u_sh[TT][KT + 1];
+    __shared__ CT w_sh[TQ][KT + 1];
+    __shared__ CT big[SSD_MAXD * (KT + 1)];  // phase 1: M[v][k-tile]; phase 2: Vv_q[q][v]
+    __shared__ CT blk[TT][TQ + 1];
+    __shared__ CT cum_r[TT], cum_q[TQ], dt_q[TQ];
+    __shared__ int seq_r[TT], seq_q[TQ];
+    static_assert(VP <= SSD_MAXD && TQ * VP <= SSD_MAXD * (KT + 1), "tile sizes");
+
+    const int tid = threadIdx.x, ty = tid / 32, tx = tid % 32;
+    const ssm_i64 per_head = nc * tiles_per_chunk;
+    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
+    const ssm_i64 ct = (ssm_i64)blockIdx.x - bh * per_head;
+    const ssm_i64 c = ct / tiles_per_chunk;
+    const int tile = (int)(ct - c * tiles_per_chunk);
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * TT;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < TT ? t1 - r0 : TT);
+    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    const ssm_i64 KV = (ssm_i64)K * V;
+    const ssm_i64 E = t1 - 1;
+    const int seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    const CT cum_E = cum[(b * L + E) * H + h];
+
+    if (tid < TT) {
+        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+        cum_r[tid] = cum[(b * L + r) * H + h];
+        seq_r[tid] = ssd_seq(seq, b * L + r);
+    }
+
+    CT acc[RT][VM];
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int m = 0; m < VM; ++m) acc[i][m] = 0;
+
+    // Phase 1: the boundary term.
+    const CT* M = Mm + ((b * m_chunks + c) * H + h) * KV;
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        __syncthreads();
+        for (int i = tid; i < TT * KT; i += SSD_THREADS) {
+            const int r = i / KT, kk = i - r * KT;
+            u_sh[r][kk] = (r < nr && k0 + kk < K)
+                              ? (CT)ssm_load(U[((b * L + r0 + r) * XU + hu) * K + k0 + kk]) : CT(0);
+        }
+        for (int i = tid; i < VP * KT; i += SSD_THREADS) {
+            const int v = i / KT, kk = i - v * KT;
+            CT mv = 0;
+            if (v < V && k0 + kk < K)
+                mv = MT ? M[(ssm_i64)(k0 + kk) * V + v] : M[(ssm_i64)v * K + k0 + kk];
+            big[v * (KT + 1) + kk] = mv;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < KT; ++kk) {
+            CT uv[RT], mv[VM];
+#pragma unroll
+            for (int i = 0; i < RT; ++i) uv[i] = u_sh[ty + 8 * i][kk];
+#pragma unroll
+            for (int m = 0; m < VM; ++m) mv[m] = big[(tx + 32 * m) * (KT + 1) + kk];
+#pragma unroll
+            for (int i = 0; i < RT; ++i)
+#pragma unroll
+                for (int m = 0; m < VM; ++m) acc[i][m] += uv[i] * mv[m];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+        const int r = ty + 8 * i;
+        const CT s = seq_r[r] != seq_bound ? CT(0)
+                     : UPPER ? ssd_exp<CT>(cum_E - cum_r[r]) : ssd_exp<CT>(cum_r[r]);
+#pragma unroll
+        for (int m = 0; m < VM; ++m) acc[i][m] *= s;
+    }
+
+    // Phase 2: the diagonal block, q-tiles over the rows' reach.
+    const ssm_i64 q_begin = UPPER ? r0 : t0;
+    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
+    const int qi_own = tid % TQ;  // the block column this thread computes
+    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += TQ) {
+        const int nq = (int)(q_end - q0 < TQ ? q_end - q0 : TQ);
+        __syncthreads();
+        if (tid < TQ) {
+            const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+            const ssm_i64 i = (b * L + q) * H + h;
+            cum_q[tid] = cum[i];
+            dt_q[tid] = dte[i];
+            seq_q[tid] = ssd_seq(seq, b * L + q);
+        }
+        CT wacc[WPT];
+#pragma unroll
+        for (int j = 0; j < WPT; ++j) wacc[j] = 0;
+        for (int k0 = 0; k0 < K; k0 += KT) {
+            __syncthreads();
+            for (int i = tid; i < TT * KT; i += SSD_THREADS) {
+                const int r = i / KT, kk = i - r * KT;
+                u_sh[r][kk] = (r < nr && k0 + kk < K)
+                                  ? (CT)ssm_load(U[((b * L + r0 + r) * XU + hu) * K + k0 + kk])
+                                  : CT(0);
+            }
+            for (int i = tid; i < TQ * KT; i += SSD_THREADS) {
+                const int qi = i / KT, kk = i - qi * KT;
+                w_sh[qi][kk] = (qi < nq && k0 + kk < K)
+                                   ? (CT)ssm_load(W[((b * L + q0 + qi) * XW + hw) * K + k0 + kk])
+                                   : CT(0);
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int kk = 0; kk < KT; ++kk) {
+                const CT wv = w_sh[qi_own][kk];
+#pragma unroll
+                for (int j = 0; j < WPT; ++j) wacc[j] += u_sh[tid / TQ + j * WROWS][kk] * wv;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < WPT; ++j) {
+            const int r = tid / TQ + j * WROWS, qi = qi_own;
+            const ssm_i64 rt = r0 + r, qt = q0 + qi;
+            const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
+                              seq_q[qi] == seq_r[r];
+            CT wv = 0;
+            if (live) {
+                wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) * wacc[j];
+                if (DTQ) wv *= dt_q[qi];
+            }
+            blk[r][qi] = wv;
+        }
+        for (int i = tid; i < TQ * VP; i += SSD_THREADS) {
+            const int qi = i / VP, v = i - qi * VP;
+            big[qi * VP + v] = (qi < nq && v < V)
+                                   ? (CT)ssm_load(Vv[((b * L + q0 + qi) * XV + hv) * V + v]) : CT(0);
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int qi = 0; qi < TQ; ++qi) {
+            CT bv[RT], xv[VM];
+#pragma unroll
+            for (int i = 0; i < RT; ++i) bv[i] = blk[ty + 8 * i][qi];
+#pragma unroll
+            for (int m = 0; m < VM; ++m) xv[m] = big[qi * VP + tx + 32 * m];
+#pragma unroll
+            for (int i = 0; i < RT; ++i)
+#pragma unroll
+                for (int m = 0; m < VM; ++m) acc[i][m] += bv[i] * xv[m];
+        }
+    }
+
+    // Epilogue: skip connection and gate (the forward output only).
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+        const int r = ty + 8 * i;
+#pragma unroll
+        for (int m = 0; m < VM; ++m) {
+            const int v = tx + 32 * m;
+            if (r < nr && v < V) {
+                const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
+                CT val = acc[i][m];
+                if (D) val += D[(ssm_i64)h * V + v] * (CT)ssm_load(Vv[idx]);
+                if (z) {
+                    const CT zv = (CT)ssm_load(z[idx]);
+                    val *= zv * ssm_math<CT>::sigmoid(zv);
+                }
+                ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
+            }
+        }
+    }
+}

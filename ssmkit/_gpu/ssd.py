@@ -1,0 +1,309 @@
+"""GPU launcher for Mamba-2's SSD scan: the CUDA kernels of ``cuda_src/ssd.cu``.
+
+Implements the backend contract of ``ssmkit._ssd`` (:func:`ssd_forward`,
+:func:`ssd_backward`) with the chunked algorithm, per (batch row, head):
+
+Forward
+    1. the effective step dt' (CuPy elementwise) and, per chunk, the cumulative
+       sum of ``dt' A`` (``ssd_chunk_cumsum``; log space, per chunk);
+    2. ``ssd_chunk_state``: each chunk's own contribution to the state at its end;
+    3. ``ssd_state_passing``: the state at every chunk boundary;
+    4. ``ssd_chunk_mm``: the chunk-local outputs (the masked Q x Q diagonal block
+       times X) plus the output correction from the entering state, D skip and
+       gate, in one kernel.
+    The chunks are cut every ``chunk_size`` steps and at every end of a packed
+    sequence, so each final state is a boundary state from step 3.
+
+Backward (from the boundary states the forward kept, nothing per step)
+    the outputs are recomputed without gate (``ssd_chunk_mm``), the adjoint
+    chunk sums and ``ssd_adjoint_passing`` give the adjoint leaving every chunk
+    and the initial state's gradient, and three transposed ``ssd_chunk_mm``
+    products give (G B)_s (for dx and ddt), dB and dC; ddt through the decays
+    is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
+    boundary term ``<dHx, H>``), times A.
+
+Arithmetic is float32 (float64 for float64 inputs) on CUDA cores.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._ssd import effective_dt
+from . import compiler
+
+__all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
+           "SOURCE_FILE", "DTYPE_PAIRS"]
+
+SOURCE_FILE = "ssd.cu"
+THREADS = 256
+MAX_DIM = 256  # SSD_MAXD in ssd.cu: the largest P and N
+_NULL = np.uint64(0)  # a null device pointer for absent optional arrays
+
+_CTYPE = {"float64": "double", "float32": "float", "float16": "ssm_half", "bfloat16": "ssm_bf16"}
+_COMPUTE = {"float64": "float64", "float32": "float32", "float16": "float32",
+            "bfloat16": "float32"}
+# (x, B/C) dtype pairs: B and C in the dtype of x, or in the compute dtype.
+DTYPE_PAIRS = (("float64", "float64"), ("float32", "float32"), ("float16", "float16"),
+               ("float16", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"))
+# The chunk products: (U, W, Vv, output) roles, UPPER, MT, DTQ (see ssd_chunk_mm).
+MM_KINDS = {
+    "y": (("bc", "bc", "io", "io"), False, False, True),        # forward output
+    "ycore": (("bc", "bc", "io", "ct"), False, False, True),    # recomputed, no D, no gate
+    "GB": (("bc", "bc", "ct", "ct"), True, False, False),
+    "dB": (("io", "ct", "bc", "ct"), True, True, False),
+    "dC": (("ct", "io", "bc", "ct"), False, True, True),
+}
+
+
+def chunk_starts(L: int, chunk_size: int, seq_ends=None) -> np.ndarray:
+    """Chunk boundaries: every ``chunk_size`` steps, and at every end of a packed sequence.
+
+    Returns
+    -------
+    numpy.ndarray, int64
+        ``0 = starts[0] < starts[1] < ... < starts[-1] = L``; chunk c is
+        ``starts[c] .. starts[c + 1] - 1``. A final state is then always the
+        state at a boundary, which the state passing computes anyway.
+    """
+    regular = np.minimum(np.arange(0, L + chunk_size, chunk_size, dtype=np.int64), L)
+    ends = np.asarray([] if seq_ends is None else seq_ends, dtype=np.int64)
+    return np.unique(np.concatenate([regular, ends[(ends > 0) & (ends <= L)]]))
+
+
+def _dtype_name(dt) -> str:
+    return np.dtype(dt).name
+
+
+def tile_rows(compute: str) -> int:
+    """Rows per tile of ``ssd_chunk_mm`` (ssd_tile<CT>::T): 32 in float, 16 in double."""
+    return 16 if compute == "float64" else 32
+
+
+def column_groups(V: int) -> int:
+    """VM of ``ssd_chunk_mm``: each thread owns VM columns 32 apart, VM = ceil(V / 32)
+    rounded up to a power of 2."""
+    need = -(-V // 32)
+    vm = 1
+    while vm < need:
+        vm *= 2
+    return vm
+
+
+VM_VALUES = sorted({column_groups(V) for V in range(1, MAX_DIM + 1)})
+
+
+def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
+    ct = _COMPUTE[io]
+    roles, upper, mt, dtq = MM_KINDS[kind]
+    types = [_CTYPE[{"io": io, "bc": bc, "ct": ct}[r]] for r in roles]
+    flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
+    return f"ssd_chunk_mm<{', '.join(types)}, {_CTYPE[ct]}, {flags}, {vm}>"
+
+
+def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> list:
+    """Name expressions of the kernels for one dtype pair (every VM value by default)."""
+    ct = _COMPUTE[io]
+    T, TB, CT = _CTYPE[io], _CTYPE[bc], _CTYPE[ct]
+    names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_state_passing<{CT}>", f"ssd_adjoint_passing<{CT}>",
+             f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>"]
+    for kind in mm_kinds:
+        names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
+    return names
+
+
+def _launch(name, grid, args):
+    kernel = compiler.get_kernel(SOURCE_FILE, name)
+    kernel(grid, (THREADS,), args)
+
+
+def _ptr(x):
+    return _NULL if x is None else x
+
+
+def _check(p):
+    io, ct, bc = _dtype_name(p.io_dtype), _dtype_name(p.compute_dtype), _dtype_name(p.bc_dtype)
+    if (io, bc) not in DTYPE_PAIRS or _COMPUTE[io] != ct:
+        raise TypeError(f"ssd (GPU): dtypes x {io}, B/C {bc}, compute {ct} are not a supported "
+                        f"combination")
+    # The kernels reinterpret raw memory: a dtype off here would read garbage.
+    for name, arr, want in (("z", p.z, p.io_dtype), ("C", p.C, p.bc_dtype),
+                            ("D", p.D, p.compute_dtype), ("dt", p.dt, p.compute_dtype),
+                            ("initial_state", p.initial_state, p.compute_dtype)):
+        if arr is not None and arr.dtype != want:
+            raise TypeError(f"ssd (GPU): {name} has dtype {arr.dtype}, expected {np.dtype(want)}")
+    if p.P > MAX_DIM or p.N > MAX_DIM:
+        raise ValueError(f"ssd: on the GPU the head dimension P and the state size N must be at "
+                         f"most {MAX_DIM}; got P = {p.P}, N = {p.N}")
+    if p.H > 65535:
+        raise ValueError(f"ssd: on the GPU the number of heads H must be at most 65535; got {p.H}")
+    return io, bc, ct
+
+
+class _Layout:
+    """Chunk boundaries and per-chunk values shared by the forward and the backward."""
+
+    def __init__(self, p):
+        cp = p.xp
+        self.io, self.bc, self.ct = _check(p)
+        L = p.L
+        self.Q = min(p.chunk_size, L)
+        slots = p.slot_steps  # host (k, 3): row, step, slot of every sequence end
+        starts = chunk_starts(L, self.Q, slots[:, 1] + 1 if len(slots) else None)
+        self.nc = len(starts) - 1
+        self.max_len = int(np.max(np.diff(starts)))
+        self.starts = cp.asarray(starts)
+        # bslot[b, j]: the final state that is the state at boundary j, or -1
+        bslot = np.full((p.batch, self.nc + 1), -1, dtype=np.int32)
+        for row, step, slot in slots:
+            bslot[row, np.searchsorted(starts, step + 1)] = slot
+        self.bslot_host = bslot
+        self.bslot = cp.asarray(bslot)
+        self.dte, self.factor = effective_dt(p)
+        self.cum = self.chunk_sums(p, self.dte * p.A[None, None, :], reverse=False)
+
+    def chunk_sums(self, p, a, *, reverse):
+        out = p.xp.empty_like(a)
+        total = p.batch * self.nc * p.H
+        _launch(f"ssd_chunk_cumsum<{_CTYPE[self.ct]}>", (-(-total // THREADS),),
+                (p.xp.ascontiguousarray(a), out, self.starts, np.int64(p.L), np.int32(p.H),
+                 np.int64(self.nc), np.int64(total), np.int32(1 if reverse else 0)))
+        return out
+
+    def chunk_state(self, p, X, Y, adjoint):
+        """Per chunk: sum over its steps of w_s X_s (outer) Y_s, (batch, nc, H, P, N)."""
+        cp = p.xp
+        T = _CTYPE[self.ct] if adjoint else _CTYPE[self.io]
+        name = (f"ssd_chunk_state<{T}, {_CTYPE[self.bc]}, {_CTYPE[self.ct]}, "
+                f"{'true' if adjoint else 'false'}>")
+        out = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
+        grid = (p.batch * self.nc, p.H, -(-p.P // 32) * -(-p.N // 128))
+        _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
+                             np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
+                             np.int32(p.N), np.int64(self.nc)))
+        return out
+
+    def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None):
+        """One chunk product (see ssd_chunk_mm); writes ``out`` (batch, L, H, V)."""
+        V = Vv.shape[3]
+        K = U.shape[3]
+        name = mm_name(kind, self.io, self.bc, column_groups(V))
+        tiles = -(-self.max_len // tile_rows(self.ct))
+        m_chunks = M.shape[1]
+        _launch(name, (p.batch * p.H * self.nc * tiles,),
+                (U, W, Vv, M, _ptr(D), _ptr(z), self.dte, self.cum, _ptr(p.seq_idx), self.starts,
+                 out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),
+                 np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
+                 np.int64(m_chunks), np.int32(tiles)))
+        return out
+
+    def passing(self, p, chunk_states):
+        states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+        PN = p.P * p.N
+        _launch(f"ssd_state_passing<{_CTYPE[self.ct]}>", (p.batch * p.H, -(-PN // THREADS)),
+                (chunk_states, self.cum, _ptr(p.seq_idx), self.starts, _ptr(p.initial_state),
+                 states, np.int64(p.L), np.int32(p.H), np.int64(PN), np.int64(self.nc)))
+        return states
+
+
+def ssd_forward(p, *, save_checkpoints):
+    """Forward SSD on the GPU. See the backend contract in ``ssmkit._ssd``.
+
+    ``checkpoints`` (with ``save_checkpoints``) is the (batch, n_chunks + 1, H, P, N)
+    array of boundary states.
+    """
+    cp = p.xp
+    lay = _Layout(p)
+    states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
+    y = cp.empty(p.x.shape, dtype=p.io_dtype)
+    lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)
+    final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
+    rows, cols = np.nonzero(lay.bslot_host >= 0)
+    if rows.size:
+        final[cp.asarray(lay.bslot_host[rows, cols])] = states[cp.asarray(rows), cp.asarray(cols)]
+    return y, final, (states if save_checkpoints else None)
+
+
+def ssd_backward(p, checkpoints, dy, dfinal):
+    """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
+    cp = p.xp
+    lay = _Layout(p)
+    states = checkpoints
+    batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
+    cd = p.compute_dtype
+    ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
+    dyc = dy.astype(cd)
+    xc = p.x.astype(cd)
+    dz = None
+    if p.z is not None:
+        zc = p.z.astype(cd)
+        y_pre = ycore + (p.D[None, None] * xc if p.D is not None else 0)
+        sg = 1 / (1 + cp.exp(-zc))
+        dz = (dyc * y_pre * sg * (1 + zc * (1 - sg))).astype(p.io_dtype)
+        dY = dyc * zc * sg
+    else:
+        dY = dyc
+    dY = cp.ascontiguousarray(dY, dtype=cd)
+
+    # The adjoint leaving every chunk, and the initial state's.
+    K = lay.chunk_state(p, dY, p.C, adjoint=True)
+    dHx = cp.empty((batch, lay.nc, H, P, N), dtype=cd)
+    dinit = cp.empty((batch, H, P, N), dtype=cd)
+    PN = P * N
+    _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, -(-PN // THREADS)),
+            (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
+             np.int64(L), np.int32(H), np.int64(PN), np.int64(lay.nc)))
+
+    GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
+    dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
+    dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+    dte = lay.dte
+    dBh *= dte[..., None]
+
+    xGB = (xc * GB).sum(axis=-1)
+    dcum = (dY * ycore).sum(axis=-1) - dte * xGB
+    # boundary term <dHx_c, H_{c+1}> at each chunk's last step
+    ends = lay.starts[1:] - 1
+    dcum[:, ends, :] += (dHx * states[:, 1:]).sum(axis=(3, 4))
+    sdcum = lay.chunk_sums(p, dcum, reverse=True)
+    ddt = (xGB + p.A[None, None, :] * sdcum) * lay.factor
+    dx = dte[..., None] * GB
+    if p.D is not None:
+        dx += p.D[None, None] * dY
+    GBg, GCg = p.B.shape[2], p.C.shape[2]
+    return dict(
+        x=dx.astype(p.io_dtype),
+        dt=ddt,
+        A=(dte * sdcum).sum(axis=(0, 1)),
+        B=dBh.reshape(batch, L, GBg, H // GBg, N).sum(axis=3),
+        C=dCh.reshape(batch, L, GCg, H // GCg, N).sum(axis=3),
+        D=None if p.D is None else (dY * xc).sum(axis=(0, 1)),
+        z=dz,
+        dt_bias=None if p.dt_bias is None else ddt.sum(axis=(0, 1)),
+        initial_state=None if p.initial_state is None else dinit,
+    )
+
+
+def _compile(names):
+    for name in names:
+        compiler.get_kernel(SOURCE_FILE, name)
+    return len(names)
+
+
+def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
+    """Compile every kernel instantiation for the given (x, B/C) dtype pairs ahead of use.
+
+    The compiles run in parallel worker processes, which leave the binaries in
+    CuPy's on-disk kernel cache; later first calls in any process load them from
+    there instead of compiling. Returns the number of instantiations.
+    """
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    names = list(dict.fromkeys(n for io, bc in pairs for n in kernel_names(io, bc)))
+    processes = processes or os.cpu_count() or 1
+    batches = [names[i::processes] for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+        return sum(pool.map(_compile, [b for b in batches if b]))

@@ -1,0 +1,522 @@
+"""ssmkit.ssd / ssd_vjp (Mamba-2 SSD) against the float64 step-by-step reference.
+
+Every backend (the CPU always, the GPU where present) is compared with
+``ssmkit.reference.ssd`` on fresh random inputs: odd lengths, length 1, chunk
+sizes from 1 to past L (so the chunk carries run), groups, D per head and per
+channel, z, dt_limit, initial states, seq_idx boundaries at and between chunk
+edges, packed sequences (cu_seqlens). The reference's own gradient is checked
+against finite differences; properties (split + carried state, restarts equal
+separate runs, chunk size independence, agreement with selective_scan) are
+checked directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssmkit
+from ssmkit import reference as ref
+
+from helpers import FORWARD_RTOL, GRAD_RTOL, as_dtype, backends, rel_err, to_numpy, xp_for
+
+FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
+SEQ_FIELDS = ("x", "dt", "B", "C", "z")  # the per-step arrays, in the dtype under test
+
+
+def make_inputs(rng, *, batch, L, H, P, G, N, D_form="head", with_z=True, with_bias=True,
+                with_init=False, seq_cuts=None):
+    """Fresh float64 inputs in sane ranges (A < 0, moderate dt).
+
+    ``seq_cuts``: positions where seq_idx steps up (the same in every row) or None.
+    """
+    D = {None: None, "head": rng.standard_normal(H),
+         "channel": rng.standard_normal((H, P))}[D_form]
+    seq_idx = None
+    if seq_cuts is not None:
+        seq_idx = np.zeros((batch, L), dtype=np.int64)
+        for c in seq_cuts:
+            seq_idx[:, c:] += 1
+        seq_idx += np.arange(batch)[:, None] * 3  # rows need not start at 0
+    return dict(
+        x=rng.standard_normal((batch, L, H, P)),
+        dt=rng.standard_normal((batch, L, H)) * 0.7 - 1.0,
+        A=-np.exp(rng.standard_normal(H) * 0.5),
+        B=rng.standard_normal((batch, L, G, N)),
+        C=rng.standard_normal((batch, L, G, N)),
+        D=D,
+        z=rng.standard_normal((batch, L, H, P)) if with_z else None,
+        dt_bias=rng.standard_normal(H) * 0.1 if with_bias else None,
+        initial_state=rng.standard_normal((batch, H, P, N)) if with_init else None,
+        seq_idx=seq_idx,
+    )
+
+
+def cast(inputs, dtype_name, xp):
+    """Per-step arrays in ``dtype_name``, parameters in float32/64; and the float64 values held."""
+    param = "float64" if dtype_name == "float64" else "float32"
+    out, exact = {}, {}
+    for name, v in inputs.items():
+        if v is None or name == "seq_idx":
+            out[name] = None if v is None else xp.asarray(v)
+            exact[name] = v
+            continue
+        low = as_dtype(v, dtype_name if name in SEQ_FIELDS else param)
+        exact[name] = low.astype(np.float64)
+        out[name] = xp.asarray(low) if xp is not np else low
+    return out, exact
+
+
+def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=None):
+    """The fast path's output, final states and gradients against the reference.
+
+    ``bc_dtype``: B and C in this dtype instead of the dtype of x.
+    """
+    xp = xp_for(backend)
+    arrays, exact = cast(inputs, dtype_name, xp)
+    if bc_dtype is not None:
+        for name in ("B", "C"):
+            low = as_dtype(inputs[name], bc_dtype)
+            exact[name] = low.astype(np.float64)
+            arrays[name] = xp.asarray(low) if xp is not np else low
+    fast_opts = dict(opts)
+    if opts.get("cu_seqlens") is not None:
+        fast_opts["cu_seqlens"] = xp.asarray(opts["cu_seqlens"])
+    (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **fast_opts, return_final_state=True)
+    y_plain = ssmkit.ssd(**arrays, **fast_opts)
+    (y_r, fin_r), pullback_r = ref.ssd_vjp(**exact, **opts, return_final_state=True)
+    assert y.dtype == arrays["x"].dtype
+    assert np.array_equal(to_numpy(y_plain).astype(np.float64), to_numpy(y).astype(np.float64))
+    ftol = FORWARD_RTOL[dtype_name] * 4  # the softplus/clip chain adds a few roundings
+    assert rel_err(y, y_r) < ftol
+    assert rel_err(fin, fin_r) < ftol
+    dy = rng.standard_normal(y_r.shape)
+    dfin = rng.standard_normal(fin_r.shape)
+    dy_c = as_dtype(dy, dtype_name).astype(np.float64)
+    cot = xp.asarray(as_dtype(dy, dtype_name))
+    dfin_c = xp.asarray(dfin.astype("float64" if dtype_name == "float64" else "float32"))
+    g = pullback(cot, dfin_c)
+    g_r = pullback_r(dy_c, dfin.astype("float64" if dtype_name == "float64" else "float32"))
+    for name in FIELDS:
+        a, r = getattr(g, name), getattr(g_r, name)
+        if r is None:
+            assert a is None, name
+            continue
+        a_np = to_numpy(a)
+        assert a_np.shape == np.shape(inputs[name]), name
+        assert a.dtype == arrays[name].dtype, name
+        assert rel_err(a, r) < GRAD_RTOL[dtype_name] * 4, name
+
+
+# --------------------------------------------------------------------------------------
+# The reference itself
+# --------------------------------------------------------------------------------------
+
+def _loss(inputs, opts, dy, dfin):
+    y, fin = ref.ssd(**inputs, **opts, return_final_state=True)
+    return float((dy * y).sum() + (dfin * fin).sum())
+
+
+@pytest.mark.parametrize("case", ["seq_idx", "cu_seqlens", "clip"])
+def test_reference_vjp_matches_finite_differences(case):
+    rng = np.random.default_rng(1)
+    opts = dict(dt_softplus=True)
+    if case == "cu_seqlens":
+        inputs = make_inputs(rng, batch=1, L=9, H=4, P=2, G=2, N=3, D_form="channel",
+                             with_init=True)
+        opts["cu_seqlens"] = np.array([0, 0, 4, 4, 9])
+    else:
+        inputs = make_inputs(rng, batch=2, L=9, H=4, P=2, G=2, N=3, D_form="head",
+                             with_init=True, seq_cuts=[3, 7] if case == "seq_idx" else None)
+        if case == "clip":
+            opts["dt_limit"] = (0.2, 0.45)
+    (y, fin), pullback = ref.ssd_vjp(**inputs, **opts, return_final_state=True)
+    dy, dfin = rng.standard_normal(y.shape), rng.standard_normal(fin.shape)
+    g = pullback(dy, dfin)
+    eps = 1e-6
+    for name in FIELDS:
+        v = rng.standard_normal(np.shape(inputs[name]))
+        plus = dict(inputs, **{name: inputs[name] + eps * v})
+        minus = dict(inputs, **{name: inputs[name] - eps * v})
+        fd = (_loss(plus, opts, dy, dfin) - _loss(minus, opts, dy, dfin)) / (2 * eps)
+        an = float((getattr(g, name) * v).sum())
+        assert abs(fd - an) <= 1e-6 * max(1.0, abs(fd)), (name, fd, an)
+
+
+def test_reference_equals_selective_scan_reference():
+    rng = np.random.default_rng(2)
+    inputs = make_inputs(rng, batch=2, L=11, H=4, P=3, G=2, N=5, D_form="channel",
+                         with_init=True)
+    y, fin = ref.ssd(**inputs, dt_softplus=True, return_final_state=True)
+    ys, fins = ref.selective_scan(**as_selective_scan(inputs), delta_softplus=True,
+                                  return_final_state=True)
+    H, P = inputs["x"].shape[2:]
+    assert np.allclose(y, ys.reshape(2, H, P, 11).transpose(0, 3, 1, 2), rtol=1e-12, atol=1e-12)
+    assert np.allclose(fin, fins.reshape(fin.shape), rtol=1e-12, atol=1e-12)
+
+
+def as_selective_scan(inputs, xp=np):
+    """The same problem as a Mamba-1 selective scan: dim = H*P, A and dt repeated."""
+    x = inputs["x"]
+    batch, L, H, P = x.shape
+    N = inputs["B"].shape[3]
+    D = inputs["D"]
+    if D is not None and D.ndim == 1:
+        D = xp.repeat(D, P)
+    init = inputs["initial_state"]
+    return dict(
+        u=x.transpose(0, 2, 3, 1).reshape(batch, H * P, L),
+        delta=xp.repeat(inputs["dt"].transpose(0, 2, 1), P, axis=1),
+        A=xp.repeat(inputs["A"][:, None], P * N).reshape(H * P, N),
+        B=inputs["B"].transpose(0, 2, 3, 1),
+        C=inputs["C"].transpose(0, 2, 3, 1),
+        D=None if D is None else D.reshape(H * P),
+        z=(None if inputs["z"] is None
+           else inputs["z"].transpose(0, 2, 3, 1).reshape(batch, H * P, L)),
+        delta_bias=None if inputs["dt_bias"] is None else xp.repeat(inputs["dt_bias"], P),
+        initial_state=None if init is None else init.reshape(batch, H * P, N),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Fast paths against the reference
+# --------------------------------------------------------------------------------------
+
+@st.composite
+def problems(draw):
+    batch = draw(st.integers(1, 2))
+    L = draw(st.sampled_from([1, 2, 3, 7, 16, 17, 31, 40]))
+    chunk = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 64]))
+    G = draw(st.sampled_from([1, 2]))
+    H = G * draw(st.integers(1, 2))
+    P = draw(st.integers(1, 5))
+    N = draw(st.integers(1, 6))
+    cuts = None
+    if draw(st.booleans()) and L > 1:
+        # boundaries at chunk edges and between them
+        edge = [c for c in range(chunk, L, chunk)]
+        pick = draw(st.lists(st.integers(1, L - 1), max_size=3))
+        cuts = sorted(set(pick + edge[:1]))
+    kw = dict(batch=batch, L=L, H=H, P=P, G=G, N=N,
+              D_form=draw(st.sampled_from([None, "head", "channel"])),
+              with_z=draw(st.booleans()), with_bias=draw(st.booleans()),
+              with_init=draw(st.booleans()), seq_cuts=cuts)
+    opts = dict(chunk_size=chunk, dt_softplus=draw(st.booleans()))
+    if draw(st.booleans()):
+        opts["dt_limit"] = (0.1, 0.6)
+    return kw, opts, draw(st.integers(0, 2**32 - 1))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_matches_reference(backend, dtype_name, problem):
+    kw, opts, seed = problem
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, **kw)
+    if not opts["dt_softplus"]:
+        inputs["dt"] = rng.uniform(0.01, 0.5, inputs["dt"].shape)
+    check_against_reference(backend, dtype_name, inputs, opts, rng)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("cu", [[0, 5, 5, 12, 29], [0, 0, 29], [0, 16, 29], [0, 29, 29]])
+def test_cu_seqlens_matches_reference(backend, dtype_name, cu):
+    rng = np.random.default_rng(len(cu) * 7 + cu[1])
+    inputs = make_inputs(rng, batch=1, L=29, H=4, P=3, G=2, N=4, D_form="channel",
+                         with_init=True)
+    opts = dict(chunk_size=8, dt_softplus=True, cu_seqlens=np.array(cu))
+    check_against_reference(backend, dtype_name, inputs, opts, rng)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_cu_seqlens_equals_separate_runs(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(5)
+    cu = [0, 6, 6, 19, 40]
+    inputs = make_inputs(rng, batch=1, L=40, H=2, P=3, G=1, N=4, with_init=True)
+    arrays, _ = cast(inputs, "float64", xp)
+    y, fin = ssmkit.ssd(**arrays, chunk_size=8, dt_softplus=True, cu_seqlens=xp.asarray(cu),
+                        return_final_state=True)
+    for i in range(len(cu) - 1):
+        lo, hi = cu[i], cu[i + 1]
+        part = {n: (v[:, lo:hi] if n in SEQ_FIELDS and v is not None else v)
+                for n, v in arrays.items()}
+        if lo > 0:
+            part["initial_state"] = None
+        yi, fi = ssmkit.ssd(**part, chunk_size=8, dt_softplus=True, return_final_state=True)
+        assert rel_err(y[:, lo:hi], to_numpy(yi)) < 1e-12 if hi > lo else True
+        assert rel_err(fin[i:i + 1], to_numpy(fi)) < 1e-12
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_seq_idx_equals_separate_runs_and_split_carries_state(backend):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(6)
+    L, cut = 37, 16
+    inputs = make_inputs(rng, batch=2, L=L, H=2, P=3, G=2, N=4, with_init=True,
+                         seq_cuts=[cut])
+    arrays, _ = cast(inputs, "float64", xp)
+    y = ssmkit.ssd(**arrays, chunk_size=8)
+    first = {n: (v[:, :cut] if n in SEQ_FIELDS and v is not None else v)
+             for n, v in arrays.items() if n != "seq_idx"}
+    second = {n: (v[:, cut:] if n in SEQ_FIELDS and v is not None else v)
+              for n, v in arrays.items() if n != "seq_idx"}
+    y1, f1 = ssmkit.ssd(**first, chunk_size=8, return_final_state=True)
+    second["initial_state"] = None
+    y2 = ssmkit.ssd(**second, chunk_size=8)
+    assert rel_err(y, np.concatenate([to_numpy(y1), to_numpy(y2)], axis=1)) < 1e-12
+    # without the restart, the second half continues from the first half's final state
+    y_all = ssmkit.ssd(**first | {"x": arrays["x"], "dt": arrays["dt"], "B": arrays["B"],
+                                  "C": arrays["C"], "z": arrays["z"]}, chunk_size=8)
+    second["initial_state"] = f1
+    y2c = ssmkit.ssd(**second, chunk_size=8)
+    assert rel_err(y2c, to_numpy(y_all)[:, cut:]) < 1e-12
+
+
+@settings(deadline=None, max_examples=15)
+@given(cut=st.integers(1, 39), chunk=st.sampled_from([1, 3, 8, 16, 64]),
+       seed=st.integers(0, 2**32 - 1))
+def test_split_with_carried_state_equals_one_scan(cut, chunk, seed):
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, batch=2, L=40, H=2, P=3, G=1, N=4, with_init=True)
+    inputs.pop("seq_idx")
+    y, fin = ssmkit.ssd(**inputs, chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    head = {n: (v[:, :cut] if n in SEQ_FIELDS and v is not None else v) for n, v in inputs.items()}
+    tail = {n: (v[:, cut:] if n in SEQ_FIELDS and v is not None else v) for n, v in inputs.items()}
+    y1, f1 = ssmkit.ssd(**head, chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    y2, f2 = ssmkit.ssd(**dict(tail, initial_state=f1), chunk_size=chunk, dt_softplus=True,
+                        return_final_state=True)
+    assert rel_err(np.concatenate([y1, y2], axis=1), y) < 1e-12
+    assert rel_err(f2, fin) < 1e-12
+
+
+@settings(deadline=None, max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1), chunk=st.sampled_from([1, 4, 64]),
+       clip=st.booleans())
+def test_vjp_matches_finite_differences(seed, chunk, clip):
+    # the fast path's own gradient (float64, CPU) against central differences
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, batch=2, L=11, H=2, P=2, G=1, N=3, D_form="channel",
+                         with_init=True, seq_cuts=[5])
+    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    if clip:
+        opts["dt_limit"] = (0.15, 0.5)
+    (y, fin), pb = ssmkit.ssd_vjp(**inputs, **opts)
+    dy, dfin = rng.standard_normal(y.shape), rng.standard_normal(fin.shape)
+    g = pb(dy, dfin)
+    eps = 1e-6
+    for name in FIELDS:
+        v = rng.standard_normal(np.shape(inputs[name]))
+        losses = []
+        for sign in (1, -1):
+            yy, ff = ssmkit.ssd(**dict(inputs, **{name: inputs[name] + sign * eps * v}), **opts)
+            losses.append(float((dy * yy).sum() + (dfin * ff).sum()))
+        fd = (losses[0] - losses[1]) / (2 * eps)
+        an = float((getattr(g, name) * v).sum())
+        assert abs(fd - an) <= 1e-6 * max(1.0, abs(fd)), (name, fd, an)
+
+
+def test_seq_idx_labels_any_integers():
+    # only where seq_idx changes matters: huge, negative or unsigned labels restart alike
+    rng = np.random.default_rng(15)
+    inputs = make_inputs(rng, batch=1, L=9, H=2, P=2, G=1, N=3, with_init=True)
+    labels = np.array([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
+    y0 = ssmkit.ssd(**dict(inputs, seq_idx=labels), chunk_size=4)
+    for other in (np.array([[-7, -7, -7, 2**40, 2**40, 2**40 + 1, 2**40 + 1, 2**40 + 1,
+                             2**40 + 1]]), labels.astype(np.uint8) + 250):
+        y = ssmkit.ssd(**dict(inputs, seq_idx=other), chunk_size=4)
+        assert np.array_equal(y, y0)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_independent_of_chunk_size(backend, dtype_name):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(7)
+    inputs = make_inputs(rng, batch=2, L=70, H=4, P=4, G=2, N=8, D_form="channel",
+                         with_init=True, seq_cuts=[16, 33])
+    arrays, _ = cast(inputs, dtype_name, xp)
+    dy = xp.asarray(as_dtype(rng.standard_normal(inputs["x"].shape), dtype_name))
+    results = []
+    for chunk in (1, 5, 16, 64, 256):
+        (y, fin), pb = ssmkit.ssd_vjp(**arrays, chunk_size=chunk, dt_softplus=True,
+                                      return_final_state=True)
+        results.append((y, fin) + tuple(pb(dy)))
+    # outputs and final states, then gradients (rounding differs between chunkings on the GPU)
+    tols = [1e-12, 1e-12] + [1e-10] * 9 if dtype_name == "float64" else [2e-5, 2e-5] + [1e-4] * 9
+    for other in results[1:]:
+        for a, b, tol in zip(results[0], other, tols):
+            assert rel_err(b, to_numpy(a).astype(np.float64)) < tol
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_equals_selective_scan(backend, dtype_name):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(8)
+    inputs = make_inputs(rng, batch=2, L=45, H=4, P=3, G=2, N=5, D_form="head", with_init=True)
+    arrays, _ = cast(inputs, dtype_name, xp)
+    arrays.pop("seq_idx")
+    y, fin = ssmkit.ssd(**arrays, chunk_size=16, dt_softplus=True, return_final_state=True)
+    ss_args = as_selective_scan(arrays, xp)
+    ys, fins = ssmkit.selective_scan(**ss_args, delta_softplus=True, return_final_state=True)
+    # Gradients: against the fast selective scan on the GPU; on the CPU against its
+    # reference, which spares compiling the CPU selective-scan backward here.
+    vjp = ssmkit.selective_scan_vjp if backend == "gpu" else ref.selective_scan_vjp
+    _, pbs = vjp(**ss_args, delta_softplus=True, return_final_state=True)
+    batch, L, H, P = inputs["x"].shape
+    tol = 1e-11 if dtype_name == "float64" else 2e-5
+    assert rel_err(y, to_numpy(ys).reshape(batch, H, P, L).transpose(0, 3, 1, 2)) < tol
+    assert rel_err(fin, to_numpy(fins).reshape(fin.shape)) < tol
+    _, pb = ssmkit.ssd_vjp(**arrays, chunk_size=16, dt_softplus=True, return_final_state=True)
+    dy = xp.asarray(as_dtype(rng.standard_normal(y.shape), dtype_name))
+    g, gs = pb(dy), pbs(dy.transpose(0, 2, 3, 1).reshape(batch, H * P, L))
+    N = inputs["B"].shape[3]
+    gtol = 1e-10 if dtype_name == "float64" else 1e-4
+    assert rel_err(g.x, to_numpy(gs.u).reshape(batch, H, P, L).transpose(0, 3, 1, 2)) < gtol
+    ddt_ss = to_numpy(gs.delta).reshape(batch, H, P, L).sum(2).transpose(0, 2, 1)
+    assert rel_err(g.dt, ddt_ss) < gtol
+    assert rel_err(g.A, to_numpy(gs.A).reshape(H, P * N).sum(1)) < gtol
+    assert rel_err(g.B, to_numpy(gs.B).transpose(0, 3, 1, 2)) < gtol
+    assert rel_err(g.C, to_numpy(gs.C).transpose(0, 3, 1, 2)) < gtol
+    assert rel_err(g.D, to_numpy(gs.D).reshape(H, P).sum(1)) < gtol
+    assert rel_err(g.dt_bias, to_numpy(gs.delta_bias).reshape(H, P).sum(1)) < gtol
+    assert rel_err(g.initial_state, to_numpy(gs.initial_state).reshape(fin.shape)) < gtol
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("P, N, H, G, L, chunk", [
+    (64, 128, 2, 1, 300, 128), (100, 33, 2, 2, 77, 32), (256, 256, 1, 1, 70, 64),
+    (1, 1, 3, 3, 45, 16), (17, 40, 4, 2, 129, 256)])
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_large_heads_and_states(backend, P, N, H, G, L, chunk, dtype_name):
+    # Head and state sizes that take several tiles of the GPU kernels' shapes.
+    if backend == "cpu" and (P, N) != (64, 128):
+        pytest.skip("the CPU loops have no tiles: one large case is enough")
+    rng = np.random.default_rng(P * 1000 + N)
+    inputs = make_inputs(rng, batch=1, L=L, H=H, P=P, G=G, N=N, D_form="channel",
+                         with_init=True, seq_cuts=[L // 3, L // 3 + 1])
+    check_against_reference(backend, dtype_name, inputs,
+                            dict(chunk_size=chunk, dt_softplus=True), rng)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name, bc_dtype", [
+    ("float16", None), ("bfloat16", None), ("float16", "float32"), ("bfloat16", "float32")])
+def test_16_bit_inputs(backend, dtype_name, bc_dtype):
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(14)
+    inputs = make_inputs(rng, batch=2, L=90, H=4, P=16, G=2, N=32, D_form="head",
+                         with_init=True, seq_cuts=[40])
+    if backend == "cpu":  # computed in float32 there, cast back
+        xp = np
+        arrays, exact = cast(inputs, dtype_name, xp)
+        y = ssmkit.ssd(**arrays, chunk_size=32, dt_softplus=True)
+        assert y.dtype == arrays["x"].dtype
+        assert rel_err(y, ref.ssd(**exact, dt_softplus=True)) < FORWARD_RTOL[dtype_name]
+        return
+    check_against_reference(backend, dtype_name, inputs, dict(chunk_size=32, dt_softplus=True),
+                            rng, bc_dtype=bc_dtype)
+
+
+def test_huge_chunk_size_is_one_chunk():
+    rng = np.random.default_rng(16)
+    inputs = make_inputs(rng, batch=1, L=30, H=2, P=2, G=1, N=3, with_init=True)
+    (y, fin), pb = ssmkit.ssd_vjp(**inputs, chunk_size=10**12, return_final_state=True)
+    (y1, fin1), pb1 = ssmkit.ssd_vjp(**inputs, chunk_size=30, return_final_state=True)
+    assert np.array_equal(y, y1) and np.array_equal(fin, fin1)
+    dy = rng.standard_normal(y.shape)
+    for a, b in zip(pb(dy), pb1(dy)):
+        assert np.array_equal(a, b)
+
+
+def test_pullback_keeps_only_chunk_states():
+    rng = np.random.default_rng(10)
+    inputs = make_inputs(rng, batch=2, L=50, H=2, P=3, G=1, N=4)
+    _, pb = ssmkit.ssd_vjp(**inputs, chunk_size=16)
+    ck = pb.residuals["checkpoints"]
+    assert ck.size == 2 * 2 * 3 * 4 * math.ceil(50 / 16)
+
+
+def test_empty_lengths():
+    rng = np.random.default_rng(11)
+    inputs = make_inputs(rng, batch=2, L=0, H=2, P=3, G=1, N=4, with_init=True)
+    (y, fin), pb = ssmkit.ssd_vjp(**inputs, return_final_state=True)
+    assert y.shape == (2, 0, 2, 3) and np.array_equal(fin, inputs["initial_state"])
+    dfin = rng.standard_normal(fin.shape)
+    g = pb(None, dfin)
+    assert np.array_equal(g.initial_state, dfin) and g.x.shape == (2, 0, 2, 3)
+
+
+# --------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------
+
+def _good():
+    rng = np.random.default_rng(12)
+    return make_inputs(rng, batch=1, L=10, H=4, P=2, G=2, N=3)
+
+
+@pytest.mark.parametrize("change, opts, err, words", [
+    (dict(x=np.zeros((1, 10, 4))), {}, ValueError, "x must have shape"),
+    (dict(dt=np.zeros((1, 10, 3))), {}, ValueError, "dt must have shape"),
+    (dict(A=np.zeros((4, 1))), {}, ValueError, "A must have shape"),
+    (dict(B=np.zeros((1, 10, 3, 3))), {}, ValueError, "does not divide"),
+    (dict(C=np.zeros((1, 9, 2, 3))), {}, ValueError, "C must have shape"),
+    (dict(C=np.zeros((1, 10, 2, 4))), {}, ValueError, "state size"),
+    (dict(D=np.zeros((4, 3))), {}, ValueError, "D must have shape"),
+    (dict(z=np.zeros((1, 10, 4, 3))), {}, ValueError, "z must have shape"),
+    (dict(dt_bias=np.zeros(3)), {}, ValueError, "dt_bias must have shape"),
+    (dict(initial_state=np.zeros((1, 4, 2, 2))), {}, ValueError, "initial_state"),
+    (dict(x=np.zeros((1, 10, 4, 2), dtype=np.int32)), {}, TypeError, "x must hold real"),
+    (dict(B=np.zeros((1, 10, 2, 3), dtype=np.complex64)), {}, TypeError, "B must hold real"),
+    ({}, dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
+    ({}, dict(chunk_size=2.0), TypeError, "chunk_size must be an int"),
+    ({}, dict(dt_softplus=1), TypeError, "dt_softplus must be a bool"),
+    ({}, dict(dt_limit=(1.0, 0.5)), ValueError, "dt_limit"),
+    ({}, dict(dt_limit=3.0), TypeError, "dt_limit"),
+    ({}, dict(seq_idx=np.array([[0, 0, 1, 1, 0, 2, 2, 2, 2, 2]])), ValueError,
+     "seq_idx must be non-decreasing"),
+    ({}, dict(seq_idx=np.zeros((1, 9), dtype=int)), ValueError, "seq_idx must have shape"),
+    ({}, dict(seq_idx=np.zeros((1, 10))), TypeError, "seq_idx must hold integers"),
+    ({}, dict(cu_seqlens=np.array([0, 4, 9])), ValueError, "end at L = 10"),
+    ({}, dict(cu_seqlens=np.array([1, 4, 10])), ValueError, "start at 0"),
+    ({}, dict(cu_seqlens=np.array([0, 6, 4, 10])), ValueError, "non-decreasing"),
+    ({}, dict(cu_seqlens=np.array([[0, 10]])), ValueError, "cu_seqlens must have shape"),
+    ({}, dict(cu_seqlens=np.array([0, 4, 10]),
+              seq_idx=np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1]])), ValueError,
+     "seq_idx must change exactly"),
+    (dict(x=None), {}, TypeError, "x is required"),
+])
+def test_bad_input_names_the_argument(change, opts, err, words):
+    inputs = _good()
+    inputs.update(change)
+    inputs.update(opts)
+    for fn, name in ((ssmkit.ssd, "ssd"), (ssmkit.ssd_vjp, "ssd_vjp")):
+        with pytest.raises(err) as info:
+            fn(**inputs)
+        assert name + ":" in str(info.value) and words in str(info.value), str(info.value)
+
+
+def test_cu_seqlens_needs_batch_one():
+    rng = np.random.default_rng(13)
+    inputs = make_inputs(rng, batch=2, L=10, H=2, P=2, G=1, N=3)
+    with pytest.raises(ValueError, match="batch 1"):
+        ssmkit.ssd(**inputs, cu_seqlens=np.array([0, 10]))
+
+
+def test_pullback_checks_cotangents():
+    inputs = _good()
+    _, pb = ssmkit.ssd_vjp(**inputs, return_final_state=True)
+    with pytest.raises(ValueError, match="dy must have shape"):
+        pb(np.zeros((1, 10, 4, 3)))
+    with pytest.raises(ValueError, match="dfinal_state must have shape"):
+        pb(None, np.zeros((2, 4, 2, 3)))

@@ -1,0 +1,94 @@
+"""cuda_src/ssd.cu compiles with NVRTC for sm_90, exactly as the GPU backend compiles it.
+
+No GPU or driver needed. Without an NVRTC library these tests skip, unless
+``SSMKIT_REQUIRE_NVRTC=1`` (then they fail). The default set covers every
+template value (each dtype pair, each chunk-product kind, each column-group
+count); ``SSMKIT_NVRTC_FULL=1`` compiles every instantiation (a few minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ssmkit import _nvrtc_check
+from ssmkit._gpu import compiler, ssd
+
+FULL = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
+
+
+@pytest.fixture(scope="module")
+def nvrtc_path():
+    path = _nvrtc_check.find_nvrtc()
+    if path is None:
+        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
+            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
+                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
+        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
+    return path
+
+
+def representative_names():
+    """Every template value at least once: each dtype pair's forward output and chunk state,
+    every product kind and every column-group count VM, the passing kernels."""
+    names = []
+    for io, bc in ssd.DTYPE_PAIRS:
+        names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64)))
+        names.append(ssd.kernel_names(io, bc, mm_kinds=())[3])  # forward chunk state
+    for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
+        names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V)))
+    for vm in ssd.VM_VALUES:
+        names.append(ssd.mm_name("y", "float32", "float32", vm))
+        names.append(ssd.mm_name("dB", "float64", "float64", vm))
+    for io in ("float32", "float64"):
+        names += [n for n in ssd.kernel_names(io, io, mm_kinds=()) if "false>" not in n]
+    return list(dict.fromkeys(names))
+
+
+def all_names():
+    names = []
+    for io, bc in ssd.DTYPE_PAIRS:
+        names += ssd.kernel_names(io, bc)
+    return list(dict.fromkeys(names))
+
+
+def test_source_needs_no_include_path():
+    src = compiler.kernel_source(ssd.SOURCE_FILE)
+    assert not re.search(r"^\s*#\s*include", src, re.M)
+
+
+def test_representative_set_covers_every_template_value():
+    def args(name):
+        return [a.strip() for a in name[name.index("<") + 1:-1].split(",")]
+
+    rep, full = representative_names(), all_names()
+    assert set(rep) <= set(full)
+    for kernel in {n.split("<")[0] for n in full}:
+        full_args = [args(n) for n in full if n.startswith(kernel + "<")]
+        rep_args = [args(n) for n in rep if n.startswith(kernel + "<")]
+        for i in range(len(full_args[0])):
+            assert {a[i] for a in rep_args} == {a[i] for a in full_args}, (kernel, i)
+
+
+def test_kernels_compile_for_sm90(nvrtc_path):
+    names = all_names() if FULL else representative_names()
+    src = compiler.kernel_source(ssd.SOURCE_FILE)
+    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
+                                                  "--ptxas-options=-v"]
+    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
+    batches = [names[i:i + 8] for i in range(0, len(names), 8)]
+
+    def run(batch):
+        return _nvrtc_check.compile_program(src, batch, options, filename=ssd.SOURCE_FILE, nvrtc=nv)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(run, batches))
+    for batch, res in zip(batches, results):
+        report = _nvrtc_check.parse_ptxas_report(res["log"])
+        for name in batch:
+            mangled = res["lowered"][name]
+            assert mangled.startswith("_Z"), name
+            assert "registers" in report.get(mangled, {}), name
