@@ -9,11 +9,17 @@ computation itself needs.
 """
 
 from ._common import silu, softplus
+from .causal_conv1d import causal_conv1d, causal_conv1d_update, causal_conv1d_vjp
+from .linear_scan import linear_scan, linear_scan_vjp
 from .selective_scan import selective_scan, selective_scan_vjp
 from .ssd import ssd, ssd_vjp
-from .linear_scan import linear_scan, linear_scan_vjp
-from .causal_conv1d import causal_conv1d, causal_conv1d_update, causal_conv1d_vjp
+from .state_update import state_update
 
-__all__ = ["selective_scan", "selective_scan_vjp", "causal_conv1d", "causal_conv1d_vjp",
-           "causal_conv1d_update", "linear_scan", "linear_scan_vjp", "ssd", "ssd_vjp",
-           "softplus", "silu"]
+__all__ = [
+    "causal_conv1d", "causal_conv1d_update", "causal_conv1d_vjp",
+    "linear_scan", "linear_scan_vjp",
+    "selective_scan", "selective_scan_vjp",
+    "ssd", "ssd_vjp",
+    "state_update",
+    "softplus", "silu",
+]

@@ -1,0 +1,280 @@
+"""Time ssmkit.state_update (one decoding step) and set each time against the copy bandwidth.
+
+The step is memory-bound: its floor is the compulsory bytes (the state read and
+written, plus x, dt, B, C, y) over the device-to-device copy bandwidth measured
+in the same run. For each configuration it reports:
+
+* ``kernel_ms``: the kernel alone, replayed back to back with the launch
+  arguments prepared once (what the GPU spends per step);
+* ``ms``: the public call back to back (validation, dispatch and launch on the
+  host overlap the previous call's kernel, as in a decoding loop);
+* ``latency_ms``: one public call between two events, host work included.
+
+Before timing, the result of the public call is compared with a CuPy float32
+evaluation of the same step (relative error printed and stored). With
+``--sweep`` it also times the kernel under other block shapes (TUNING) and
+keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
+markdown table beside it.
+
+Usage::
+
+    python benchmarks/bench_state_update.py [--sweep] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ssmkit  # noqa: E402
+from ssmkit import _state_update  # noqa: E402
+from ssmkit._gpu import state_update as gsu  # noqa: E402
+
+# (layout, state dtype, io dtype, batch, heads, headdim, N, mamba_ssm ms) -- peers-h200.md
+# gives mamba_ssm's Triton selective_state_update for the Mamba-2 rows by state dtype.
+CONFIGS = [
+    (2, "float32", "float32", 64, 80, 64, 128, 0.102),
+    (2, "float32", "bfloat16", 64, 80, 64, 128, None),
+    (2, "bfloat16", "bfloat16", 64, 80, 64, 128, 0.141),
+    (1, "float32", "float32", 64, 1, 3072, 16, None),
+    (1, "float32", "bfloat16", 64, 1, 3072, 16, None),
+    (1, "bfloat16", "bfloat16", 64, 1, 3072, 16, None),
+]
+
+SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 32, 64)]
+
+
+def commit() -> str:
+    """$SSMKIT_COMMIT, else git's HEAD, marked "+working tree" when files differ from it."""
+    env = os.environ.get("SSMKIT_COMMIT")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain"], cwd=here, text=True,
+                                        stderr=subprocess.DEVNULL).strip()
+        return head + ("+working tree" if dirty else "")
+    except Exception:
+        return "HEAD+working tree"
+
+
+def cuda_median_ms(fn, warmup=5, reps=30, calls=1):
+    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
+    return float(np.median(times))
+
+
+def copy_tbps():
+    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
+    import cupy
+
+    n = 1 << 30
+    src = cupy.ones(n, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
+    """Mamba-2: per-head A, dt, D, dt_bias broadcast over P (and N) with zero strides, as
+    users pass them; Mamba-1: full per-channel arrays, B/C (batch, N). No z (the peers' setup)."""
+    rng = np.random.default_rng(seed)
+
+    def rand(shape, scale=1.0, shift=0.0, dtype="float32"):
+        a = cp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale + shift)
+        return a if dtype == "float32" else a.astype(dtype)
+
+    if layout == 2:
+        state = rand((batch, H, P, N), dtype=st)
+        dt_h = rand((batch, H), 0.5, -1.0, io)
+        return dict(state=state, x=rand((batch, H, P), dtype=io),
+                    dt=cp.broadcast_to(dt_h[:, :, None], (batch, H, P)),
+                    A=cp.broadcast_to(-cp.exp(rand((H,), 0.5))[:, None, None], (H, P, N)),
+                    B=rand((batch, 1, N), dtype=io), C=rand((batch, 1, N), dtype=io),
+                    D=cp.broadcast_to(rand((H,))[:, None], (H, P)),
+                    dt_bias=cp.broadcast_to(rand((H,), 0.1)[:, None], (H, P)))
+    dim = P
+    return dict(state=rand((batch, dim, N), dtype=st), x=rand((batch, dim), dtype=io),
+                dt=rand((batch, dim), 0.5, -1.0, io), A=-cp.exp(rand((dim, N), 0.5)),
+                B=rand((batch, N), dtype=io), C=rand((batch, N), dtype=io), D=rand((dim,)),
+                dt_bias=rand((dim,), 0.1))
+
+
+def compulsory_bytes(layout, st, io, batch, H, P, N):
+    s = np.dtype(st).itemsize if st != "bfloat16" else 2
+    i = np.dtype(io).itemsize if io != "bfloat16" else 2
+    state = 2 * batch * H * P * N * s          # read + written
+    xy = 2 * batch * H * P * i                 # x in, y out
+    dt = batch * H * i if layout == 2 else batch * H * P * i  # per head (broadcast) or per channel
+    bc = 2 * batch * N * i                     # one group
+    return state + xy + dt + bc
+
+
+def f32_step(cp, a):
+    """The step in CuPy float32 (a check of the kernel at full size): (y, new state)."""
+    f = {k: v.astype(cp.float32) for k, v in a.items()}
+    d = f["dt"] + f["dt_bias"]
+    d = cp.where(d <= 20, cp.log1p(cp.exp(cp.minimum(d, 20))), d)
+    if f["state"].ndim == 4:
+        Bv, Cv = f["B"][:, 0][:, None, None, :], f["C"][:, 0][:, None, None, :]
+    else:
+        Bv, Cv = f["B"][:, None, :], f["C"][:, None, :]
+    s = f["state"] * cp.exp(d[..., None] * f["A"]) + (d * f["x"])[..., None] * Bv
+    y = (s * Cv).sum(-1) + f["D"] * f["x"]
+    return y, s
+
+
+def rel(a, b):
+    a, b = a.astype("float32"), b.astype("float32")
+    import cupy as cp
+
+    return float(cp.linalg.norm(a - b) / cp.linalg.norm(b))
+
+
+def time_config(cp, layout, st, io, batch, H, P, N):
+    a = make_inputs(cp, layout, st, io, batch, H, P, N)
+    state0 = a["state"].copy()
+    y_want, s_want = f32_step(cp, a)
+    args = {k: v for k, v in a.items() if k != "state"}
+    y = ssmkit.state_update(a["state"], **args, dt_softplus=True)
+    err_y, err_s = rel(y, y_want), rel(a["state"], s_want)
+    a["state"][...] = state0
+
+    # The kernel alone: arguments prepared once, launches replayed.
+    p, _ = _state_update._prepare(a["state"], args["x"], args["dt"], args["A"], args["B"],
+                                  args["C"], args["D"], None, args["dt_bias"], True, None)
+    kernel, launches, block, finish = gsu.launch_args(p)
+    (grid, kargs), = launches
+    kernel_ms = cuda_median_ms(lambda: kernel(grid, block, kargs), calls=20)
+    ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args, dt_softplus=True),
+                        calls=20)
+    latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
+                                                            dt_softplus=True))
+    plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
+                           amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL)
+    return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,
+                plan=plan)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--sweep", action="store_true", help="also time other block shapes")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the host side of the public call (cProfile, Mamba-2 float32)")
+    args = parser.parse_args()
+    import cupy as cp
+
+    gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    bw = copy_tbps()
+    print(f"{gpu}: copy {bw:.2f} TB/s", flush=True)
+    rows = []
+    base = dict(gsu.TUNING)
+    for layout, st, io, batch, H, P, N, peer in CONFIGS:
+        variants = [dict()] + (SWEEP if args.sweep else [])
+        for var in variants:
+            gsu.TUNING.clear()
+            gsu.TUNING.update(base, **var)
+            r = time_config(cp, layout, st, io, batch, H, P, N)
+            nbytes = compulsory_bytes(layout, st, io, batch, H, P, N)
+            shape = (dict(heads=H, headdim=P) if layout == 2 else dict(dim=P))
+            row = dict(op="state_update", layout=f"mamba{layout}", gpu=gpu, dtype=io,
+                       state_dtype=st, batch=batch, **shape, N=N, groups=1,
+                       D=True, dt_bias=True, dt_softplus=True, z=False,
+                       variant="default" if not var else
+                       f"threads={var['threads']},bytes_per_thread={var['bytes_per_thread']}",
+                       threads=r["plan"]["threads"], ppt=r["plan"]["ppt"], tn=r["plan"]["tn"],
+                       rows_per_block=r["plan"]["rows_per_block"],
+                       kernel_ms=round(r["kernel_ms"], 5), ms=round(r["ms"], 5),
+                       latency_ms=round(r["latency_ms"], 5), bytes=nbytes,
+                       kernel_tbps=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12, 3),
+                       kernel_of_copy=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12 / bw, 3),
+                       of_copy=round(nbytes / (r["ms"] * 1e-3) / 1e12 / bw, 3),
+                       copy_tbps=round(bw, 3), mamba_ssm_ms=peer,
+                       rel_err_y=float(f"{r['err_y']:.2e}"),
+                       rel_err_state=float(f"{r['err_state']:.2e}"),
+                       commit=commit(), date=datetime.date.today().isoformat())
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    gsu.TUNING.clear()
+    gsu.TUNING.update(base)
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "state_update_h200" if "H200" in gpu else "state_update_gpu")
+    with open(stem + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"# state_update on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}", "",
+             f"Copy bandwidth {bw:.2f} TB/s (device-to-device, read + write), measured in the same "
+             "run. Bytes: state read + written, x, dt (per head in Mamba-2), B, C, y. kernel: the "
+             "kernel alone, 20 launches between two events, median of 30; call: the public "
+             "function back to back (host work overlapping the kernels); latency: one public call "
+             "between two events. D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias "
+             "as zero-stride views. mamba_ssm: its Triton selective_state_update, peers-h200.md.",
+             "",
+             "| layout | state | x | batch | H x P or dim | N | variant | kernel ms | of copy | "
+             "call ms | of copy | latency ms | mamba_ssm ms | rel err y |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = f"{r['heads']} x {r['headdim']}" if "heads" in r else str(r["dim"])
+        lines.append(f"| {r['layout']} | {r['state_dtype']} | {r['dtype']} | {r['batch']} "
+                     f"| {shape} | {r['N']} | {r['variant']} | {r['kernel_ms']:.4f} "
+                     f"| {r['kernel_of_copy']:.2f} "
+                     f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} | "
+                     f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} |")
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if args.profile:
+        profile_host(cp, args.out)
+
+
+def profile_host(cp, out):
+    """Where the host time of one public call goes (Mamba-2, float32, the first config)."""
+    import cProfile
+    import io
+    import pstats
+
+    layout, st, io_dtype, batch, H, P, N, _ = CONFIGS[0]
+    a = make_inputs(cp, layout, st, io_dtype, batch, H, P, N)
+    args = {k: v for k, v in a.items() if k != "state"}
+    for _ in range(5):
+        ssmkit.state_update(a["state"], **args, dt_softplus=True)
+    cp.cuda.Device().synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        ssmkit.state_update(a["state"], **args, dt_softplus=True)
+    prof.disable()
+    cp.cuda.Device().synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    with open(os.path.join(out, "state_update_host_profile.txt"), "w") as f:
+        f.write("cProfile of 200 public calls (Mamba-2 float32, batch 64, H 80, P 64, N 128)\n")
+        f.write(text.getvalue())
+    print(text.getvalue()[:3000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+// state_update.cu: the recurrent step of a selective SSM (decoding), one or T tokens.
+//
+// For every row b, channel (h, p) and token t:
+//     dt' = softplus?(dt + dt_bias)
+//     s[n] = exp(dt' A[h, p, n]) s[n] + dt' x B[g, n]
+//     y    = sum_n C[g, n] s[n] + D x, then y silu(z)
+// with the state s read once, kept in registers across the T tokens, and
+// written once. The step is bound by memory (the state, read and written), so
+// the kernel is built to move the state at full bandwidth with few
+// instructions per byte:
+//
+// * Work split. A block owns one row b, one head h (whose channels all use one
+//   group of B and C: the host reads Mamba-1 as G heads of dim / G channels)
+//   and rows_per_block consecutive channels, which it walks in passes. TN
+//   lanes (a power of two <= 32) cover the N states of a channel: lane ln
+//   holds, for each of CH chunks, V consecutive states at n = (c * TN + ln) *
+//   V, V * sizeof(state) = 16 bytes, so each access is one 16-byte vector and
+//   the TN lanes of a chunk read a contiguous run. In a pass a thread holds PPT
+//   channels, p = q0 + i * TP + pr (TP = threads / TN), so a warp's accesses
+//   at each i are contiguous too.
+// * Order of the loads: each pass issues its PPT * CH state vectors first,
+//   then the channels' x, z, D (dt, dt_bias, A as needed), then (first pass)
+//   B, C and the head's dt; nothing waits on a load before all are issued.
+//   B, C and the per-head dt' and decay stay in registers for every pass.
+// * AMODE says how A varies (see the enum): per head (Mamba-2's parameters
+//   broadcast with zero strides: one softplus and one exp per head and
+//   token), per channel (one exp per channel), or per state.
+// * y = sum over the TN lanes of a channel: a butterfly of shuffles. Lane i
+//   of a channel then finishes row i (D, the gate, the store), so the PPT rows
+//   cost one evaluation of the gate, not PPT.
+// * Every array is read through its own element strides (64-bit), so
+//   zero-stride broadcasts are read as they are and the state is updated
+//   where it lives.
+// * Options that cost a uniform branch outside the per-state work (D, z,
+//   dt_bias, softplus, the index of each row) are run-time arguments: fewer
+//   instantiations, which compile faster at first use.
+//
+// Template parameters: ST, IT storage types of the state and of x/dt/z/B/C/y
+// (float, double, ssm_half, ssm_bf16); CH chunks of V states per lane (1, 2,
+// 4, 8); PPT channels per thread and pass (1, 2, 4); AMODE; kVec: the state,
+// B, C (and A when read per state) are contiguous along N with 16-byte aligned
+// rows and V divides N, so every access is a whole vector with no per-element
+// addressing (else the general form: any strides, partial vectors). Arithmetic
+// in ssm_compute_of<ST> (double for a double state, float otherwise); A, D and
+// dt_bias arrive in that type.
+
+#include "ssm_common.cuh"
+
+// 16 bytes as four 32-bit words: one vector access.
+struct alignas(16) su_vec16 { unsigned int w[4]; };
+
+__device__ __forceinline__ unsigned int su_float_bits(float f) {
+    unsigned int u;
+    asm("mov.b32 %0, %1;" : "=r"(u) : "f"(f));
+    return u;
+}
+__device__ __forceinline__ double su_bits_to_double(unsigned int lo, unsigned int hi) {
+    double d;
+    asm("mov.b64 %0, {%1, %2};" : "=d"(d) : "r"(lo), "r"(hi));
+    return d;
+}
+__device__ __forceinline__ void su_double_bits(double d, unsigned int& lo, unsigned int& hi) {
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "d"(d));
+}
+
+// Unpack / pack the V = 16 / sizeof(ST) values of one vector, in the compute type CT.
+template <typename ST> struct su_vec;
+
+template <> struct su_vec<float> {
+    static constexpr int V = 4;
+    template <typename CT>
+    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r[i] = ssm_bits_to_float(v.w[i]);
+    }
+    template <typename CT>
+    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v.w[i] = su_float_bits((float)r[i]);
+    }
+};
+
+template <> struct su_vec<double> {
+    static constexpr int V = 2;
+    template <typename CT>
+    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+        r[0] = su_bits_to_double(v.w[0], v.w[1]);
+        r[1] = su_bits_to_double(v.w[2], v.w[3]);
+    }
+    template <typename CT>
+    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+        su_double_bits((double)r[0], v.w[0], v.w[1]);
+        su_double_bits((double)r[1], v.w[2], v.w[3]);
+    }
+};
+
+// The two 16-bit types: 8 values, two per word, the lower address in the low half.
+template <typename H16> struct su_vec16bit {
+    static constexpr int V = 8;
+    template <typename CT>
+    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            H16 h;
+            h.bits = (unsigned short)((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu);
+            r[i] = ssm_load(h);
+        }
+    }
+    template <typename CT>
+    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            H16 lo, hi;
+            ssm_store(&lo, (float)r[2 * i]);
+            ssm_store(&hi, (float)r[2 * i + 1]);
+            v.w[i] = (unsigned int)lo.bits | ((unsigned int)hi.bits << 16);
+        }
+    }
+};
+template <> struct su_vec<ssm_half> : su_vec16bit<ssm_half> {};
+template <> struct su_vec<ssm_bf16> : su_vec16bit<ssm_bf16> {};
+
+// A stored value widened to the compute type (ssm_load returns float for 16-bit types).
+template <typename CT, typename T>
+__device__ __forceinline__ CT su_ld(const T* p) {
+    return (CT)ssm_load(*p);
+}
+
+// V consecutive values of type T at an address aligned to min(16, V * sizeof(T)) bytes,
+// read with vector loads, widened to CT.
+template <typename T, int V> struct su_pack {
+    static constexpr int kBytes = (int)sizeof(T) * V;
+    struct alignas(kBytes >= 16 ? 16 : kBytes) type { T v[V]; };
+};
+template <typename CT, int V, typename T>
+__device__ __forceinline__ void su_load_vec(const T* p, CT* out) {
+    const typename su_pack<T, V>::type t = *reinterpret_cast<const typename su_pack<T, V>::type*>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = (CT)ssm_load(t.v[k]);
+}
+
+// How A (and dt) vary, a template parameter:
+//   SU_A_FULL: A[h, p, n] per state: one exp per state;
+//   SU_A_ROW:  A constant along N: one exp per channel;
+//   SU_A_HEAD: A, dt and dt_bias constant along P and A along N (Mamba-2's per-head
+//              parameters broadcast with zero strides): dt', the softplus and the
+//              decay once per head and token.
+enum { SU_A_FULL = 0, SU_A_ROW = 1, SU_A_HEAD = 2 };
+
+// Registers per thread are capped at 128 (two blocks of 256 threads per SM at least): the
+// step is bound by memory and needs many loads in flight per SM. Wide states (double,
+// several chunks per lane) may take all 255 instead of spilling.
+template <typename ST, int CH, int PPT> struct su_min_blocks {
+    static constexpr int value = (sizeof(ST) == 8 || CH * PPT > 4) ? 1 : 2;
+};
+
+template <typename ST, typename IT, int CH, int PPT, int AMODE, bool kVec>
+__global__ void __launch_bounds__(256, (su_min_blocks<ST, CH, PPT>::value)) ssm_state_update(
+    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
+    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
+    const typename ssm_compute_of<ST>::type* __restrict__ A,
+    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
+    const typename ssm_compute_of<ST>::type* __restrict__ D,
+    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
+    IT* __restrict__ y,
+    // element strides: state (slot, h, p, n); x, dt, z, y (b, t, h, p); A (h, p, n);
+    // B, C (b, t, g, n); D, dt_bias (h, p)
+    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
+    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
+    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
+    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
+    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
+    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
+    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
+    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
+    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
+    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
+    int softplus) {
+    typedef typename ssm_compute_of<ST>::type CT;
+    typedef ssm_math<CT> M;
+    constexpr int V = su_vec<ST>::V;
+
+    const int tn = 1 << log2_tn;
+    const int ln = threadIdx.x & (tn - 1);  // lane within the channel's TN lanes
+    const int pr = threadIdx.x >> log2_tn;  // channel slot within a pass
+    const int tp = blockDim.x >> log2_tn;   // channels per pass (of each of the PPT rows)
+    const int h = blockIdx.y;
+    const int b = b0 + blockIdx.z;
+    const int g = h / heads_per_group;
+    const int p_begin = blockIdx.x * rows_per_block;
+    const int p_end = min(P, p_begin + rows_per_block);
+
+    // Bases of this block's rows (64-bit); channel and state offsets are added below.
+    const IT* const xb = x + b * xs0 + h * xs2;
+    const IT* const db = dt + b * ds0 + h * ds2;
+    const IT* const zb = z + b * zs0 + h * zs2;
+    IT* const yb = y + b * ys0 + h * ys2;
+    const IT* const bb = Bm + b * bs0 + (ssm_i64)g * bs2;
+    const IT* const cb = Cm + b * cs0 + (ssm_i64)g * cs2;
+    const CT* const ab = A + h * as0;
+
+    const ssm_i64 slot = rows != nullptr ? rows[b] : (ssm_i64)b;
+    if (slot < 0) {  // padding: y = 0, no state touched (the whole block)
+        for (int p = p_begin + (int)threadIdx.x; p < p_end; p += blockDim.x)
+            for (int t = 0; t < T; ++t) ssm_store(yb + t * ys1 + p * ys3, (CT)0);
+        return;
+    }
+    ST* const sb = state + slot * ss0 + h * ss1;
+
+    {
+        // B and C of token t for this lane's states (zeros past N).
+        CT bv[CH][V], cv[CH][V];
+        auto load_bc = [&](int t) {
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                const int n0 = (c * tn + ln) * V;
+                if constexpr (kVec) {  // lanes past N (TN * V > N) hold zeros
+                    if (n0 < N) {
+                        su_load_vec<CT, V>(bb + t * bs1 + n0, bv[c]);
+                        su_load_vec<CT, V>(cb + t * cs1 + n0, cv[c]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < V; ++k) bv[c][k] = cv[c][k] = CT(0);
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < V; ++k) {
+                        const bool in = n0 + k < N;
+                        bv[c][k] = in ? su_ld<CT>(bb + t * bs1 + (ssm_i64)(n0 + k) * bs3) : CT(0);
+                        cv[c][k] = in ? su_ld<CT>(cb + t * cs1 + (ssm_i64)(n0 + k) * cs3) : CT(0);
+                    }
+                }
+            }
+        };
+        // SU_A_HEAD: dt + dt_bias of the token whose B, C are loaded; dt' and the decay are
+        // computed from it at first use, after the state loads are on their way.
+        CT d_raw_head = CT(0), d_head = CT(0), decay_head = CT(1);
+        bool head_ready = false;
+        int bc_token = -1;  // the token whose B and C are in registers (none yet)
+
+        for (int q0 = p_begin; q0 < p_end; q0 += tp * PPT) {
+            // ---- this pass's channels: the state (all vector loads together), then the
+            // per-channel inputs; nothing waits on a load before all of them are issued ----
+            CT s[PPT][CH][V];
+            CT xv[PPT], zv[PPT], dsk[PPT], dv[PPT], bias[PPT], arow[PPT];
+            CT af[AMODE == SU_A_FULL ? PPT : 1][AMODE == SU_A_FULL ? CH : 1][AMODE == SU_A_FULL ? V : 1];
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int pc = min(q0 + i * tp + pr, p_end - 1);  // past the end: a live row, unstored
+                const ST* srow = sb + (ssm_i64)pc * ss2;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int n0 = (c * tn + ln) * V;
+                    if constexpr (kVec) {
+                        if (n0 < N) {
+                            const su_vec16 v = *reinterpret_cast<const su_vec16*>(srow + n0);
+                            su_vec<ST>::unpack(v, s[i][c]);
+                        } else {
+#pragma unroll
+                            for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
+                        }
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < V; ++k)
+                            s[i][c][k] = n0 + k < N ? su_ld<CT>(srow + (ssm_i64)(n0 + k) * ss3) : CT(0);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int pc = min(q0 + i * tp + pr, p_end - 1);
+                xv[i] = su_ld<CT>(xb + pc * xs3);
+                zv[i] = z != nullptr ? su_ld<CT>(zb + pc * zs3) : CT(0);
+                dsk[i] = D != nullptr ? D[h * Ds0 + pc * Ds1] : CT(0);
+                if constexpr (AMODE != SU_A_HEAD) {
+                    dv[i] = su_ld<CT>(db + pc * ds3);
+                    bias[i] = dt_bias != nullptr ? dt_bias[h * bias0 + pc * bias1] : CT(0);
+                }
+                if constexpr (AMODE == SU_A_ROW) arow[i] = ab[pc * as1] * M::kLog2e;
+                if constexpr (AMODE == SU_A_FULL) {  // A of every state (read with B and C's layout rule)
+                    const CT* ar = ab + pc * as1;
+#pragma unroll
+                    for (int c = 0; c < CH; ++c) {
+                        const int n0 = (c * tn + ln) * V;
+                        if constexpr (kVec) {
+                            if (n0 < N) {
+                                su_load_vec<CT, V>(ar + n0, af[i][c]);
+                            } else {
+#pragma unroll
+                                for (int k = 0; k < V; ++k) af[i][c][k] = CT(0);
+                            }
+                        } else {
+#pragma unroll
+                            for (int k = 0; k < V; ++k)
+                                af[i][c][k] = n0 + k < N ? ar[(ssm_i64)(n0 + k) * as2] : CT(0);
+                        }
+                    }
+                }
+            }
+
+            for (int t = 0; t < T; ++t) {
+                if (bc_token != t) {  // the first pass, or several tokens
+                    load_bc(t);
+                    if constexpr (AMODE == SU_A_HEAD) {
+                        d_raw_head = su_ld<CT>(db + t * ds1);
+                        if (dt_bias != nullptr) d_raw_head += dt_bias[h * bias0];
+                        head_ready = false;
+                    }
+                    bc_token = t;
+                }
+                if constexpr (AMODE == SU_A_HEAD) {
+                    if (!head_ready) {
+                        d_head = softplus ? M::softplus(d_raw_head) : d_raw_head;
+                        decay_head = M::decay(d_head * ab[0] * M::kLog2e);
+                        head_ready = true;
+                    }
+                }
+                CT acc[PPT];
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+                    CT d, decay = CT(1);
+                    if constexpr (AMODE == SU_A_HEAD) {
+                        d = d_head;
+                        decay = decay_head;
+                    } else {
+                        d = dv[i] + bias[i];
+                        if (softplus) d = M::softplus(d);
+                        if constexpr (AMODE == SU_A_ROW) decay = M::decay(d * arow[i]);
+                    }
+                    const CT dx = d * xv[i];
+                    CT sum = CT(0);
+#pragma unroll
+                    for (int c = 0; c < CH; ++c) {
+#pragma unroll
+                        for (int k = 0; k < V; ++k) {
+                            CT a = decay;
+                            if constexpr (AMODE == SU_A_FULL) a = M::decay(d * af[i][c][k] * M::kLog2e);
+                            s[i][c][k] = s[i][c][k] * a + dx * bv[c][k];
+                            sum += s[i][c][k] * cv[c][k];
+                        }
+                    }
+                    acc[i] = sum;
+                }
+                // Sum over the TN lanes of each channel (all 32 lanes of the warp take part).
+                for (int m = tn >> 1; m >= 1; m >>= 1) {
+#pragma unroll
+                    for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+                }
+                // Every lane now holds the PPT sums. Finishing a row (D, the gate, the store) is
+                // the same work for one lane as for the warp, so with TN >= PPT lane i of the
+                // channel finishes row i, all rows in one go; else lane 0 finishes them in turn.
+                auto finish = [&](int i, CT sum, CT xo, CT zo, CT dk) {
+                    const int p = q0 + i * tp + pr;
+                    if (p < p_end) {
+                        CT out = sum + dk * xo;
+                        if (z != nullptr) out *= zo * M::sigmoid(zo);
+                        ssm_store(yb + t * ys1 + p * ys3, out);
+                    }
+                };
+                if (tn >= PPT) {
+                    CT sum = acc[0], xo = xv[0], zo = zv[0], dk = dsk[0];
+#pragma unroll
+                    for (int i = 1; i < PPT; ++i)
+                        if (ln == i) { sum = acc[i]; xo = xv[i]; zo = zv[i]; dk = dsk[i]; }
+                    if (ln < PPT) finish(ln, sum, xo, zo, dk);
+                } else if (ln == 0) {
+#pragma unroll
+                    for (int i = 0; i < PPT; ++i) finish(i, acc[i], xv[i], zv[i], dsk[i]);
+                }
+                if (t + 1 < T) {  // the next token's per-channel inputs
+#pragma unroll
+                    for (int i = 0; i < PPT; ++i) {
+                        const int pc = min(q0 + i * tp + pr, p_end - 1);
+                        xv[i] = su_ld<CT>(xb + (t + 1) * xs1 + pc * xs3);
+                        zv[i] = z != nullptr ? su_ld<CT>(zb + (t + 1) * zs1 + pc * zs3) : CT(0);
+                        if constexpr (AMODE != SU_A_HEAD) dv[i] = su_ld<CT>(db + (t + 1) * ds1 + pc * ds3);
+                    }
+                }
+            }
+
+            // ---- write this pass's state back ----
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int p = q0 + i * tp + pr;
+                if (p >= p_end) continue;
+                ST* srow = sb + (ssm_i64)p * ss2;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int n0 = (c * tn + ln) * V;
+                    if (n0 >= N) continue;
+                    if constexpr (kVec) {
+                        su_vec16 v;
+                        su_vec<ST>::pack(v, s[i][c]);
+                        *reinterpret_cast<su_vec16*>(srow + n0) = v;
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < V; ++k)
+                            if (n0 + k < N) ssm_store(srow + (ssm_i64)(n0 + k) * ss3, s[i][c][k]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+"""GPU backend of ``ssmkit.state_update``: the host side of ``cuda_src/state_update.cu``.
+
+:func:`state_update` takes the public layer's
+:class:`ssmkit._state_update.StateUpdateProblem` (the user's arrays and the
+stride maps that read them in the Mamba-2 layout with a token axis) and
+launches one kernel that reads every array through its own strides: the
+state is updated where it lives, zero-stride broadcasts stay zero-stride, and
+no argument is copied in the usual case.
+
+Dtypes handed to the kernel: the state as it is (ST); x, dt, z, B, C and y in
+one type IT, which is their common dtype, or the compute dtype when they
+differ (the odd ones are cast, keeping zero strides zero); A, D, dt_bias in
+the compute dtype (float64 for a float64 state, else float32).
+
+Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
+lists them and :func:`name_expression` spells them for NVRTC (at run time
+through CuPy, in CI through ``tests/test_state_update.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import numpy as np
+
+from . import compiler
+
+__all__ = ["state_update", "launch_args", "KernelKey", "kernel_keys", "name_expression",
+           "plan_launch", "MAX_N"]
+
+SOURCE_FILE = "state_update.cu"
+
+_CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
+_VEC = {"float16": 8, "bfloat16": 8, "float32": 4, "float64": 2}  # states per 16-byte vector
+_CHUNKS = (1, 2, 4, 8)
+_PPT = (1, 2, 4)
+
+#: Largest N per state dtype: 32 lanes x 8 chunks x one 16-byte vector each.
+MAX_N = {name: 32 * _CHUNKS[-1] * v for name, v in _VEC.items()}
+
+#: Launch preferences (correctness does not depend on them).
+TUNING = {
+    "threads": 128,           # threads per block (a multiple of 32, at most 256)
+    "bytes_per_thread": 64,   # state bytes per thread and pass: channels per thread (4, 2, 1)
+    "blocks_per_sm": 8,       # split a head's channels over blocks until the grid has this many
+}
+
+#: How A (and dt) vary (``AMODE`` in state_update.cu): per state, per channel (A constant
+#: along N), per head (A, dt, dt_bias constant along P too: Mamba-2's broadcast parameters).
+A_FULL, A_ROW, A_HEAD = 0, 1, 2
+
+KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec"])
+KernelKey.__doc__ = """One kernel instantiation.
+
+state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
+one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
+(1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
+(contiguous, aligned rows, V divides N) or the general form."""
+
+_AMODES = (A_FULL, A_ROW, A_HEAD)
+
+_NULL = np.uint64(0)
+
+
+def name_expression(key: KernelKey) -> str:
+    """The C++ name of the instantiation ``key``, as NVRTC gets it."""
+    return (f"ssm_state_update<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
+            f"{key.amode}, {'true' if key.vec else 'false'}>")
+
+
+def kernel_keys(full: bool = True) -> list:
+    """Kernel instantiations this backend can ask for.
+
+    Parameters
+    ----------
+    full : bool
+        True: every one (4 state dtypes x 4 io dtypes x 4 chunk counts x 3
+        channels per thread x 3 A modes x 2 access forms: 1152). False: a representative set in
+        which every value of every template parameter appears, every dtype on
+        both sides of a mixed (state, io) pair, and every A mode with both a
+        16-byte-per-lane state and the wider ones.
+    """
+    names = list(_CXX)
+    keys = [KernelKey(s, i, ch, ppt, a, v) for s in names for i in names for ch in _CHUNKS
+            for ppt in _PPT for a in _AMODES for v in (True, False)]
+    if full:
+        return keys
+    rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
+    rep += [KernelKey("float32", "bfloat16", 1, 4, A_HEAD, True),
+            KernelKey("bfloat16", "float32", 1, 2, A_ROW, False),
+            KernelKey("float64", "float16", 2, 2, A_FULL, True),
+            KernelKey("float16", "float64", 1, 1, A_ROW, False)]
+    rep += [KernelKey("float32", "float32", 2, 1, A_FULL, False),
+            KernelKey("float32", "float32", 4, 2, A_ROW, True),
+            KernelKey("float32", "float32", 8, 1, A_FULL, False),
+            KernelKey("float32", "float32", 1, 4, A_FULL, True)]
+    return list(dict.fromkeys(rep))
+
+
+def chunks_for(N: int, state: str) -> tuple[int, int]:
+    """(TN lanes per channel, CH chunks per lane) for N states of dtype ``state``."""
+    vecs = -(-N // _VEC[state])
+    tn = 1
+    while tn < vecs and tn < 32:
+        tn *= 2
+    need = -(-vecs // tn)
+    for ch in _CHUNKS:
+        if ch >= need:
+            return tn, ch
+    raise ValueError(f"ssmkit.state_update (GPU): N = {N} states per channel is more than the "
+                     f"kernel holds for a {state} state (at most {MAX_N[state]})")
+
+
+def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
+                sm_count: int = 132, tuning: dict | None = None) -> dict:
+    """Block shape and grid for one launch.
+
+    A block owns one row and head and ``rows_per_block`` consecutive channels,
+    which it walks in passes of ``threads // tn * ppt`` channels (each thread:
+    ``ppt`` channels of ``tn`` lanes).
+
+    Returns
+    -------
+    dict
+        ``tn`` lanes per channel, ``ch`` chunks per lane, ``ppt`` channels per
+        thread and pass, ``threads`` per block, ``rows_per_block``, ``npb``
+        blocks per head, ``blocks`` in all (``batch * H * npb``).
+    """
+    tuning = TUNING if tuning is None else tuning
+    tn, ch = chunks_for(N, state)
+    threads = int(tuning["threads"])
+    ppt = 4
+    while ppt > 1 and ppt * ch * 16 > tuning["bytes_per_thread"]:
+        ppt //= 2
+    while amode == A_FULL and ppt > 1 and ppt * ch * _VEC[state] > 16:
+        ppt //= 2  # A per state doubles the registers a channel takes
+    target = tuning["blocks_per_sm"] * sm_count
+    tp = threads // tn
+    passes = -(-P // (tp * ppt))  # one block per head: all its channels
+    while passes > 1 and batch * H * -(-P // (tp * ppt * passes)) < target:
+        passes = -(-passes // 2)
+    while ppt > 1 and batch * H * -(-P // (tp * ppt * passes)) < target // 4:
+        ppt //= 2  # a small problem: more, thinner blocks
+    rows_per_block = tp * ppt * passes
+    npb = -(-P // rows_per_block)
+    return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows_per_block,
+                npb=npb, blocks=batch * H * npb)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr):
+    del tuning_repr  # key only: TUNING may be changed
+    return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count)
+
+
+def _dtype_name(dt) -> str:
+    name = np.dtype(dt).name
+    if name not in _CXX:
+        raise TypeError(f"ssmkit.state_update (GPU): unsupported dtype {name!r}; expected one "
+                        f"of {sorted(_CXX)}")
+    return name
+
+
+def _cast_keep_broadcast(xp, a, dtype):
+    """``a`` in ``dtype``; axes of stride 0 stay stride 0 (only one slice is cast)."""
+    if a is None or a.dtype == dtype:
+        return a
+    index = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
+                  for st, n in zip(a.strides, a.shape))
+    return xp.broadcast_to(a[index].astype(dtype), a.shape)
+
+
+def _vector_ok(a, shape, strides) -> bool:
+    """The kernel may move the state 16 bytes at a time: aligned rows, unit N-stride.
+
+    ``shape``/``strides``: the canonical (S, H, P, N) shape and element strides.
+    """
+    if shape[3] > 1 and strides[3] != 1:
+        return False
+    if a.data.ptr % 16:
+        return False
+    return all(n <= 1 or (s * a.itemsize) % 16 == 0 for s, n in zip(strides[:3], shape[:3]))
+
+
+_MAX_GRID_Z = 65535
+
+
+def _bc_vector_ok(use, strides, V, N, names) -> bool:
+    """B, C (and A when read per state) may be read V values at a time: unit N-stride,
+    aligned rows."""
+    for name in names:
+        a, st = use[name], strides[name]
+        align = min(16, V * a.itemsize)
+        if N > 1 and st[-1] != 1:
+            return False
+        if a.data.ptr % align or any((v * a.itemsize) % align for v in st[:-1]):
+            return False
+    return True
+
+
+def launch_args(p):
+    """Everything one launch of problem ``p`` needs, without launching.
+
+    Returns
+    -------
+    kernel : the compiled kernel
+    launches : list of (grid, args)
+        ``kernel(grid, block, args)`` for each (one, unless batch > 65535).
+    block : tuple
+    finish : callable
+        Run after the kernel: casts the output into the user's dtype when the
+        kernel wrote it in another (mixed input dtypes); else a no-op.
+    """
+    import cupy as cp
+
+    arrays = p.arrays
+    state = arrays["state"]
+    st = _dtype_name(state.dtype)
+    cd = p.compute_dtype
+    # x, dt, z, B, C, y in one dtype: theirs when they agree, else the compute dtype.
+    act_names = ("x", "dt", "z", "B", "C")
+    io_dtype = arrays["x"].dtype
+    if any(arrays[n] is not None and arrays[n].dtype != io_dtype for n in act_names):
+        io_dtype = cd
+    io = _dtype_name(io_dtype)
+    use = {n: _cast_keep_broadcast(cp, arrays[n], io_dtype) for n in act_names}
+    use.update({n: _cast_keep_broadcast(cp, arrays[n], cd) for n in ("A", "D", "dt_bias")})
+
+    use["state"] = state  # in place (the public layer refused strides of partial elements)
+    y_user = arrays["y"]
+    staged_y = y_user.dtype != io_dtype
+    use["y"] = cp.empty(y_user.shape, dtype=io_dtype) if staged_y else y_user
+    strides = {n: p.strides(n, use[n]) for n in use}
+
+    N = p.N
+    sA, sD, sB = strides["A"], strides["dt"], strides["dt_bias"]
+    if (N == 1 or sA[2] == 0) and (p.P == 1 or (sA[1] == 0 and sD[3] == 0 and sB[1] == 0)):
+        amode = A_HEAD
+    elif N == 1 or sA[2] == 0:
+        amode = A_ROW
+    else:
+        amode = A_FULL
+    sms = compiler.device_limits()["sm_count"]
+    plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, sms, repr(TUNING))
+    if p.H > 65535:
+        raise ValueError(f"ssmkit.state_update (GPU): H = {p.H} heads is more than one launch "
+                         "takes (65535)")
+    V = _VEC[st]
+    per_state = ("B", "C", "A") if amode == A_FULL else ("B", "C")
+    vec = (N % V == 0 and _vector_ok(use["state"], p.shape("state"), strides["state"])
+           and _bc_vector_ok(use, strides, V, N, per_state))
+    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec)
+    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+    rows = None if p.rows is None else cp.asarray(p.rows, dtype=np.int64)
+
+    def ptr(name):
+        a = use[name]
+        return _NULL if a is None else a
+
+    ints = [v for n in ("state", "x", "dt", "z", "y") for v in strides[n]]
+    ints += strides["A"] + strides["B"] + strides["C"] + strides["D"] + strides["dt_bias"]
+    head = ((ptr("state"), _NULL if rows is None else rows, ptr("x"), ptr("dt"), ptr("z"),
+             ptr("A"), ptr("B"), ptr("C"), ptr("D"), ptr("dt_bias"), ptr("y"))
+            + tuple(np.int64(v) for v in ints))
+    tail = (np.int32(p.T), np.int32(p.P), np.int32(N), np.int32(p.H // p.G),
+            np.int32(plan["tn"].bit_length() - 1), np.int32(plan["rows_per_block"]),
+            np.int32(1 if p.dt_softplus else 0))
+    # The grid's z axis holds at most 65535 rows: larger batches take several launches.
+    launches = [((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)), head + (np.int32(b0),) + tail)
+                for b0 in range(0, p.batch, _MAX_GRID_Z)]
+
+    def finish():
+        if staged_y:
+            y_user[...] = use["y"]
+
+    return kernel, launches, (plan["threads"],), finish
+
+
+def state_update(p) -> None:
+    """Run the steps of problem ``p`` (CuPy arrays): update the state, fill the output."""
+    for name, size in (("batch", p.batch), ("T", p.T), ("H", p.H), ("P", p.P), ("N", p.N)):
+        if size > 2**31 - 1:
+            raise ValueError(f"ssmkit.state_update (GPU): {name} = {size} does not fit the "
+                             "kernel's 32-bit size parameters")
+    kernel, launches, block, finish = launch_args(p)
+    for grid, args in launches:
+        kernel(grid, block, args)
+    finish()
+
+
+def warmup(state_dtypes=("float32",), io_dtypes=("float32",), N=(128,), amodes=_AMODES):
+    """Compile the kernels for these dtypes and state sizes ahead of their first use."""
+    for st in state_dtypes:
+        for io in io_dtypes:
+            for n in N:
+                _, ch = chunks_for(n, np.dtype(st).name)
+                for ppt in _PPT:
+                    for a in amodes:
+                        compiler.get_kernel(SOURCE_FILE, name_expression(
+                            KernelKey(np.dtype(st).name, np.dtype(io).name, ch, ppt, a,
+                                      n % _VEC[np.dtype(st).name] == 0)))

@@ -1,0 +1,664 @@
+"""ssmkit.state_update (the recurrent step) against the float64 reference, on every backend.
+
+Also: the NVRTC compile check of cuda_src/state_update.cu (no GPU needed) and
+its launch planner.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssmkit
+from ssmkit import _nvrtc_check, reference
+from ssmkit._gpu import compiler
+from ssmkit._gpu import state_update as gsu
+from helpers import FORWARD_RTOL, as_dtype, backends, gpu_available, rel_err, to_numpy, xp_for
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.function_scoped_fixture])
+FULL_NVRTC = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
+
+
+# --------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------
+
+def make_case(rng, *, layout, batch, H, P, N, G, T=None, pool=None, with_D=True, with_z=True,
+              with_bias=True, softplus=True, bcast=False):
+    """Fresh float64 inputs in the user's shapes, as ``{name: (base, shape)}``.
+
+    ``base`` is the array to convert; when ``shape`` is not None the argument is
+    ``broadcast_to(base, shape)`` (a zero-stride view, as Mamba-2 users pass A,
+    dt, D and dt_bias). Mamba-1 (``layout=1``) uses ``dim = H * P`` channels.
+    """
+    pool = batch if pool is None else pool
+    tok = () if T is None else (T,)
+    if layout == 2:
+        chan, state_shape = (H, P), (pool, H, P, N)
+        act = (batch,) + tok + (H, P)
+        bc = (batch,) + tok + (G, N)
+        if bcast:  # per head, broadcast over P (and N)
+            dt = (rng.standard_normal((batch,) + tok + (H, 1)) * 0.5 - 1.0, act)
+            A = (-np.exp(rng.standard_normal((H, 1, 1)) * 0.5), (H, P, N))
+            D = (rng.standard_normal((H, 1)), chan)
+            bias = (rng.standard_normal((H, 1)) * 0.1, chan)
+        else:
+            dt = (rng.standard_normal(act) * 0.5 - 1.0, None)
+            A = (-np.exp(rng.standard_normal((H, P, N)) * 0.5), None)
+            D = (rng.standard_normal(chan), None)
+            bias = (rng.standard_normal(chan) * 0.1, None)
+    else:
+        dim = H * P
+        state_shape = (pool, dim, N)
+        act = (batch, dim) + tok
+        bc = (batch,) + ((G,) if G > 1 else ()) + (N,) + tok
+        dt = (rng.standard_normal(act) * 0.5 - 1.0, None)
+        A = (-np.exp(rng.standard_normal((dim, N)) * 0.5), None)
+        D = (rng.standard_normal(dim), None)
+        bias = (rng.standard_normal(dim) * 0.1, None)
+    if not softplus:  # positive step sizes without the softplus
+        dt = (np.abs(dt[0]) * 0.2 + 0.01, dt[1])
+    return dict(
+        state=(rng.standard_normal(state_shape), None),
+        x=(rng.standard_normal(act), None),
+        dt=dt, A=A,
+        B=(rng.standard_normal(bc), None),
+        C=(rng.standard_normal(bc), None),
+        D=D if with_D else None,
+        z=(rng.standard_normal(act), None) if with_z else None,
+        dt_bias=bias if with_bias else None,
+    )
+
+
+def convert(case, xp, *, state_dtype, io_dtype, param_dtype=None):
+    """Arrays for the call (xp, the dtypes asked for) and the float64 values they hold."""
+    param_dtype = param_dtype or ("float64" if io_dtype == "float64" else "float32")
+    args, exact = {}, {}
+    for name, item in case.items():
+        if item is None:
+            args[name] = exact[name] = None
+            continue
+        base, shape = item
+        dtype = (state_dtype if name == "state" else
+                 param_dtype if name in ("A", "D", "dt_bias") else io_dtype)
+        low = as_dtype(base, dtype)
+        held = low.astype(np.float64)
+        arr = low if xp is np else xp.asarray(low)
+        if shape is not None:
+            arr, held = xp.broadcast_to(arr, shape), np.broadcast_to(held, shape)
+        args[name], exact[name] = arr, held
+    if xp is np:  # the state must be a writeable array of its own
+        args["state"] = np.array(args["state"])
+    return args, exact
+
+
+def state_rtol(state_dtype, io_dtype):
+    return max(FORWARD_RTOL[state_dtype], FORWARD_RTOL[io_dtype])
+
+
+# --------------------------------------------------------------------------------------
+# Against the reference
+# --------------------------------------------------------------------------------------
+
+@st.composite
+def step_cases(draw):
+    layout = draw(st.sampled_from([1, 2]))
+    H = draw(st.integers(1, 4))
+    P = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    channels = H if layout == 2 else H * P
+    G = draw(st.sampled_from([g for g in (1, 2, 3, 4) if channels % g == 0]))
+    return dict(
+        layout=layout, batch=draw(st.integers(1, 3)), H=H, P=P,
+        N=draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 16, 17, 33])), G=G,
+        T=draw(st.sampled_from([None, None, 1, 2, 5])),
+        with_D=draw(st.booleans()), with_z=draw(st.booleans()),
+        with_bias=draw(st.booleans()), softplus=draw(st.booleans()),
+        bcast=layout == 2 and draw(st.booleans()),
+    ), draw(st.booleans()), draw(st.integers(0, 2**32 - 1))
+
+
+def _check_against_reference(backend, case_kw, use_indices, seed, state_dtype, io_dtype):
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    batch = case_kw["batch"]
+    pool = batch + 3 if use_indices else None
+    case = make_case(rng, pool=pool, **case_kw)
+    args, exact = convert(case, xp, state_dtype=state_dtype, io_dtype=io_dtype)
+    kw = {}
+    if use_indices:
+        rows = rng.permutation(pool)[:batch]
+        rows[rng.random(batch) < 0.3] = -1  # some padding rows
+        kw["state_batch_indices"] = xp.asarray(rows)
+    softplus = case_kw.get("softplus", True)
+    state = args.pop("state")
+    before = to_numpy(state).copy()
+    y = ssmkit.state_update(state, **args, dt_softplus=softplus, **kw)
+    rows = to_numpy(kw["state_batch_indices"]) if use_indices else None
+    y_ref, state_ref = reference.state_update(**exact, dt_softplus=softplus,
+                                              state_batch_indices=rows)
+    assert type(y).__module__.split(".")[0] == xp.__name__
+    assert y.shape == y_ref.shape and y.dtype == args["x"].dtype
+    tol = state_rtol(state_dtype, io_dtype)
+    assert rel_err(y, y_ref) <= tol
+    assert rel_err(state, state_ref) <= tol
+    if use_indices:  # rows no index names are untouched, bit for bit
+        untouched = np.setdiff1d(np.arange(pool), rows[rows >= 0])
+        assert np.array_equal(to_numpy(state)[untouched].view(np.uint8),
+                              before[untouched].view(np.uint8))
+        assert np.all(to_numpy(y)[rows < 0].astype(np.float64) == 0)
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=40, **SETTINGS)
+@given(args=step_cases())
+def test_against_reference_float64(backend, args):
+    case_kw, use_indices, seed = args
+    _check_against_reference(backend, case_kw, use_indices, seed, "float64", "float64")
+
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=25, **SETTINGS)
+@given(args=step_cases(), dtypes=st.sampled_from([("float32", "float32"), ("float32", "bfloat16"),
+                                                   ("float32", "float16"), ("bfloat16", "bfloat16"),
+                                                   ("float16", "float32"), ("float64", "float32")]))
+def test_against_reference_low_precision(backend, args, dtypes):
+    case_kw, use_indices, seed = args
+    _check_against_reference(backend, case_kw, use_indices, seed, *dtypes)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("layout", [1, 2])
+@pytest.mark.parametrize("N", [16, 128])
+def test_model_shapes(backend, layout, N):
+    # Sizes of real models (several lanes per channel, full vectors), float32 state, bf16 input.
+    H, P = (4, 64) if layout == 2 else (1, 96)
+    _check_against_reference(backend, dict(layout=layout, batch=2, H=H, P=P, N=N, G=1,
+                                           bcast=layout == 2), True, 7, "float32", "bfloat16")
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("layout", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tokens_equal_single_steps(backend, layout, dtype):
+    rng = np.random.default_rng(3)
+    xp = xp_for(backend)
+    T = 4
+    case = make_case(rng, layout=layout, batch=2, H=2, P=3, N=5, G=2, T=T, bcast=layout == 2)
+    args, _ = convert(case, xp, state_dtype=dtype, io_dtype=dtype)
+    state = args.pop("state")
+    s1 = state.copy()
+    y_all = ssmkit.state_update(s1, **args, dt_softplus=True)
+    s2 = state.copy()
+    ys = []
+    for t in range(T):
+        def tok(a, name):
+            if a is None or name in ("A", "D", "dt_bias"):
+                return a
+            return a[:, t] if layout == 2 else a[..., t]
+        ys.append(ssmkit.state_update(s2, **{k: tok(v, k) for k, v in args.items()},
+                                      dt_softplus=True))
+    y_steps = xp.stack(ys, axis=1 if layout == 2 else -1)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert rel_err(y_all, to_numpy(y_steps)) <= tol
+    assert rel_err(s1, to_numpy(s2)) <= tol
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_broadcast_views_equal_full_arrays(backend):
+    # Mamba-2 users pass A, dt, D, dt_bias as zero-stride views; same numbers as materialised.
+    rng = np.random.default_rng(11)
+    xp = xp_for(backend)
+    case = make_case(rng, layout=2, batch=3, H=4, P=8, N=16, G=2, bcast=True)
+    args, _ = convert(case, xp, state_dtype="float32", io_dtype="float32")
+    assert args["A"].strides[1:] == (0, 0) and args["dt"].strides[-1] == 0
+    full = {k: (None if v is None else xp.ascontiguousarray(v)) for k, v in args.items()}
+    s1, s2 = args["state"].copy(), args["state"].copy()
+    y1 = ssmkit.state_update(s1, **{k: v for k, v in args.items() if k != "state"},
+                             dt_softplus=True)
+    y2 = ssmkit.state_update(s2, **{k: v for k, v in full.items() if k != "state"},
+                             dt_softplus=True)
+    assert rel_err(y1, to_numpy(y2)) <= 1e-6
+    assert rel_err(s1, to_numpy(s2)) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("layout", [1, 2])
+def test_mixed_input_dtypes(backend, layout):
+    # x in bfloat16, dt and z in float32, B and C in float16, a bfloat16 A broadcast per head:
+    # computed in float32 (the state's), y in x's dtype.
+    rng = np.random.default_rng(21)
+    xp = xp_for(backend)
+    case = make_case(rng, layout=layout, batch=2, H=2, P=8, N=16, G=2, bcast=layout == 2)
+    args, exact = convert(case, xp, state_dtype="float32", io_dtype="float32")
+    for name, dtype in (("x", "bfloat16"), ("B", "float16"), ("C", "float16"), ("A", "bfloat16")):
+        base, shape = case[name]
+        low = as_dtype(base, dtype)
+        exact[name] = low.astype(np.float64) if shape is None else np.broadcast_to(
+            low.astype(np.float64), shape)
+        arr = low if xp is np else xp.asarray(low)
+        args[name] = arr if shape is None else xp.broadcast_to(arr, shape)
+    state = args.pop("state")
+    y = ssmkit.state_update(state, **args, dt_softplus=True)
+    y_ref, state_ref = reference.state_update(exact.pop("state"), **exact, dt_softplus=True)
+    assert y.dtype == args["x"].dtype
+    assert rel_err(y, y_ref) <= FORWARD_RTOL["bfloat16"]
+    assert rel_err(state, state_ref) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_non_contiguous_state_updated_in_place(backend):
+    rng = np.random.default_rng(5)
+    xp = xp_for(backend)
+    case = make_case(rng, layout=2, batch=2, H=3, P=4, N=6, G=1)
+    args, exact = convert(case, xp, state_dtype="float64", io_dtype="float64")
+    # The state lives inside a bigger buffer: every other row of the pool, N transposed away.
+    big = xp.zeros((4, 3, 6, 4), dtype=np.float64)
+    state = big[::2].transpose(0, 1, 3, 2)
+    state[...] = args.pop("state")
+    y = ssmkit.state_update(state, **args, dt_softplus=True)
+    y_ref, state_ref = reference.state_update(exact.pop("state"), **exact, dt_softplus=True)
+    assert rel_err(y, y_ref) <= 1e-12
+    assert rel_err(big[::2].transpose(0, 1, 3, 2), state_ref) <= 1e-12
+    assert not to_numpy(big[1::2]).any()  # the rows between were not written
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("layout", [1, 2])
+def test_empty_sizes(backend, layout):
+    xp = xp_for(backend)
+    rng = np.random.default_rng(0)
+    for batch, T in ((0, None), (2, 0)):
+        case = make_case(rng, layout=layout, batch=batch, H=2, P=2, N=3, G=1, T=T)
+        args, _ = convert(case, xp, state_dtype="float32", io_dtype="float32")
+        state = args.pop("state")
+        before = to_numpy(state).copy()
+        y = ssmkit.state_update(state, **args)
+        assert y.shape == args["x"].shape
+        assert np.array_equal(to_numpy(state), before)
+
+
+# --------------------------------------------------------------------------------------
+# Steps continue a scan
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backends())
+@settings(max_examples=12, **SETTINGS)
+@given(L=st.integers(2, 40), split=st.floats(0.0, 1.0), G=st.sampled_from([0, 1, 2]),
+       opts=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
+       multi=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_steps_continue_selective_scan(backend, L, split, G, opts, multi, seed):
+    with_D, with_z, with_bias, softplus = opts
+    rng = np.random.default_rng(seed)
+    xp = xp_for(backend)
+    batch, dim, N = 2, 4, 5
+    k = min(L - 1, max(0, int(split * L)))
+    u = rng.standard_normal((batch, dim, L))
+    delta = rng.standard_normal((batch, dim, L)) * 0.5 - (1.0 if softplus else -1.5)
+    if not softplus:
+        delta = np.abs(delta) * 0.1 + 0.01
+    A = -np.exp(rng.standard_normal((dim, N)) * 0.5)
+    bshape = (batch, N, L) if G == 0 else (batch, G, N, L)
+    B, C = rng.standard_normal(bshape), rng.standard_normal(bshape)
+    D = rng.standard_normal(dim) if with_D else None
+    z = rng.standard_normal((batch, dim, L)) if with_z else None
+    bias = rng.standard_normal(dim) * 0.1 if with_bias else None
+    g = {n: (None if a is None else xp.asarray(a)) for n, a in
+         dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=bias).items()}
+    y_whole = ssmkit.selective_scan(**g, delta_softplus=softplus)
+
+    def part(a, sl):
+        return None if a is None else a[..., sl]
+
+    pre = {n: (part(a, slice(0, k)) if n in ("u", "delta", "z", "B", "C") else a)
+           for n, a in g.items()}
+    _, state = ssmkit.selective_scan(**pre, delta_softplus=softplus, return_final_state=True)
+    kw = dict(A=g["A"], D=g["D"], dt_bias=g["delta_bias"], dt_softplus=softplus)
+    if multi:
+        sl = slice(k, L)
+        y_rest = ssmkit.state_update(state, part(g["u"], sl), part(g["delta"], sl),
+                                     B=part(g["B"], sl), C=part(g["C"], sl),
+                                     z=part(g["z"], sl), **kw)
+    else:
+        ys = [ssmkit.state_update(state, g["u"][..., t], g["delta"][..., t], B=g["B"][..., t],
+                                  C=g["C"][..., t], z=part(g["z"], t), **kw)
+              for t in range(k, L)]
+        y_rest = xp.stack(ys, axis=-1)
+    assert rel_err(y_rest, to_numpy(y_whole)[..., k:]) <= 1e-12
+
+
+def mamba2_scan_f64(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                    initial_state=None):
+    """Mamba-2's recurrence in ssd's layout, written out independently for these tests.
+
+    x, z: (batch, L, H, P); dt: (batch, L, H); A, dt_bias: (H,); D: (H,);
+    B, C: (batch, L, G, N). Returns y and the final state (batch, H, P, N).
+    """
+    batch, L, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    h = np.zeros((batch, H, P, N)) if initial_state is None else initial_state.copy()
+    y = np.zeros((batch, L, H, P))
+    for t in range(L):
+        for hd in range(H):
+            g = hd // (H // G)
+            d = dt[:, t, hd] + (0.0 if dt_bias is None else dt_bias[hd])
+            if dt_softplus:
+                d = np.where(d <= 20, np.log1p(np.exp(np.minimum(d, 20))), d)
+            decay = np.exp(d * A[hd])[:, None, None]
+            inject = (d[:, None] * x[:, t, hd])[:, :, None] * B[:, t, g, None, :]
+            h[:, hd] = decay * h[:, hd] + inject
+            out = np.einsum("bpn,bn->bp", h[:, hd], C[:, t, g])
+            if D is not None:
+                out = out + D[hd] * x[:, t, hd]
+            if z is not None:
+                out = out * z[:, t, hd] / (1 + np.exp(-z[:, t, hd]))
+            y[:, t, hd] = out
+    return y, h
+
+
+def _mamba2_sequence(rng, batch, L, H, P, G, N):
+    return dict(x=rng.standard_normal((batch, L, H, P)),
+                dt=rng.standard_normal((batch, L, H)) * 0.5 - 1.0,
+                A=-np.exp(rng.standard_normal(H) * 0.5),
+                B=rng.standard_normal((batch, L, G, N)), C=rng.standard_normal((batch, L, G, N)),
+                D=rng.standard_normal(H), z=rng.standard_normal((batch, L, H, P)),
+                dt_bias=rng.standard_normal(H) * 0.1)
+
+
+def _mamba2_step_args(xp, seq, sl, P, N):
+    """state_update's Mamba-2 arguments for steps ``sl`` of ``seq``, broadcast as users do."""
+    H = seq["A"].shape[0]
+    dt = xp.asarray(seq["dt"][:, sl])
+    return dict(x=xp.asarray(seq["x"][:, sl]), dt=xp.broadcast_to(dt[..., None], dt.shape + (P,)),
+                A=xp.broadcast_to(xp.asarray(seq["A"])[:, None, None], (H, P, N)),
+                B=xp.asarray(seq["B"][:, sl]), C=xp.asarray(seq["C"][:, sl]),
+                D=xp.broadcast_to(xp.asarray(seq["D"])[:, None], (H, P)),
+                z=xp.asarray(seq["z"][:, sl]),
+                dt_bias=xp.broadcast_to(xp.asarray(seq["dt_bias"])[:, None], (H, P)))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("L,k", [(1, 0), (6, 0), (9, 4), (12, 11)])
+def test_mamba2_steps_continue_sequential_scan(backend, L, k):
+    rng = np.random.default_rng(L * 100 + k)
+    xp = xp_for(backend)
+    batch, H, P, G, N = 2, 4, 3, 2, 8
+    seq = _mamba2_sequence(rng, batch, L, H, P, G, N)
+    y_ref, final_ref = mamba2_scan_f64(**seq, dt_softplus=True)
+    state = xp.zeros((batch, H, P, N))
+    y_pre = (ssmkit.state_update(state, **_mamba2_step_args(xp, seq, slice(0, k), P, N),
+                                 dt_softplus=True) if k else xp.zeros((batch, 0, H, P)))
+    ys = [ssmkit.state_update(state, **{n: (a[:, 0] if n in ("x", "dt", "z", "B", "C") else a)
+                                        for n, a in _mamba2_step_args(xp, seq, slice(t, t + 1),
+                                                                      P, N).items()},
+                              dt_softplus=True) for t in range(k, L)]
+    y = np.concatenate([to_numpy(y_pre), np.stack([to_numpy(v) for v in ys], axis=1)], axis=1)
+    assert rel_err(y, y_ref) <= 1e-12
+    assert rel_err(state, final_ref) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_steps_continue_ssd(backend):
+    if not hasattr(ssmkit, "ssd"):
+        pytest.skip("ssmkit.ssd is not in this checkout")
+    rng = np.random.default_rng(2)
+    xp = xp_for(backend)
+    batch, L, k, H, P, G, N = 2, 11, 6, 4, 3, 2, 8
+    seq = _mamba2_sequence(rng, batch, L, H, P, G, N)
+    g = {n: xp.asarray(a) for n, a in seq.items()}
+    y_whole = ssmkit.ssd(g["x"], g["dt"], g["A"], g["B"], g["C"], chunk_size=4, D=g["D"],
+                         z=g["z"], dt_bias=g["dt_bias"], dt_softplus=True)
+    _, state = ssmkit.ssd(g["x"][:, :k], g["dt"][:, :k], g["A"], g["B"][:, :k], g["C"][:, :k],
+                          chunk_size=4, D=g["D"], z=g["z"][:, :k], dt_bias=g["dt_bias"],
+                          dt_softplus=True, return_final_state=True)
+    y_rest = ssmkit.state_update(state, **_mamba2_step_args(xp, seq, slice(k, L), P, N),
+                                 dt_softplus=True)
+    assert rel_err(y_rest, to_numpy(y_whole)[:, k:]) <= 1e-10
+
+
+# --------------------------------------------------------------------------------------
+# state_batch_indices and refusals: the state is untouched, bit for bit
+# --------------------------------------------------------------------------------------
+
+def _small_call(xp, layout=2, pool=None, state_dtype="float32"):
+    rng = np.random.default_rng(0)
+    case = make_case(rng, layout=layout, batch=3, H=2, P=2, N=4, G=1, pool=pool)
+    args, _ = convert(case, xp, state_dtype=state_dtype, io_dtype="float32")
+    return args.pop("state"), args
+
+
+def _refused(state, exc, match, **kwargs):
+    before = to_numpy(state).copy()
+    with pytest.raises(exc, match=match):
+        ssmkit.state_update(state, **kwargs)
+    assert np.array_equal(to_numpy(state).view(np.uint8), before.view(np.uint8))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_batch_indices_refusals_leave_state_untouched(backend):
+    xp = xp_for(backend)
+    state, args = _small_call(xp, pool=5)
+    _refused(state, ValueError, r"out of range.*pool of 5",
+             state_batch_indices=xp.asarray([0, 5, 1]), **args)
+    _refused(state, ValueError, r"holds 2 2 times.*race",
+             state_batch_indices=xp.asarray([2, -1, 2]), **args)
+    _refused(state, TypeError, r"state_batch_indices must hold integers",
+             state_batch_indices=xp.asarray([0.0, 1.0, 2.0]), **args)
+    _refused(state, ValueError, r"state_batch_indices must have shape \(batch,\)",
+             state_batch_indices=xp.asarray([0, 1]), **args)
+    _refused(state, ValueError, r"state has 5 rows but x has batch 3", **args)
+    # Repeated padding is fine: only non-negative indices race.
+    ssmkit.state_update(state, state_batch_indices=xp.asarray([-1, 4, -1]), **args)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_bad_arguments_leave_state_untouched(backend):
+    xp = xp_for(backend)
+    state, args = _small_call(xp)
+    bad = [
+        (dict(x=args["x"][:, :1]), ValueError, r"x must have shape \(batch, H, P\) with \(H, P\)"),
+        (dict(x=args["x"][0]), ValueError, r"x must have shape \(batch, H, P\) \(one token\)"),
+        (dict(dt=args["dt"][:, :, :1]), ValueError, r"dt must have shape"),
+        (dict(z=args["z"][:2]), ValueError, r"z must have shape"),
+        (dict(A=args["A"][:, :, :2]), ValueError, r"A must have shape \(H, P, N\)"),
+        (dict(B=xp.zeros((3, 3, 4), np.float32)), ValueError, r"B has G = 3 groups"),
+        (dict(B=args["B"][:, :, :3]), ValueError, r"B must have shape"),
+        (dict(C=args["C"][:2]), ValueError, r"C must have shape"),
+        (dict(D=args["D"][:1]), ValueError, r"D must have shape \(H, P\)"),
+        (dict(dt_bias=args["dt_bias"][:, :1]), ValueError, r"dt_bias must have shape"),
+        (dict(x=args["x"].astype(np.int32)), TypeError, r"x must hold real floating-point"),
+        (dict(A=args["A"].astype(np.complex64)), TypeError, r"A is complex"),
+        (dict(dt_softplus=1), TypeError, r"dt_softplus must be a bool"),
+        (dict(B=None), TypeError, r"B is required"),
+    ]
+    for change, exc, match in bad:
+        _refused(state, exc, match, **{**args, **change})
+    _refused(state[:, :, :, :0], ValueError, r"N >= 1", **args)
+    with pytest.raises(ValueError, match=r"state must have shape \(batch, H, P, N\)"):
+        ssmkit.state_update(state[0, 0], **args)
+    with pytest.raises(TypeError, match=r"arrays must all live on the CPU or all on the GPU"
+                       if xp is not np else "state is updated in place"):
+        ssmkit.state_update(to_numpy(state).tolist() if xp is np else to_numpy(state), **args)
+
+
+def test_state_with_partial_element_strides_refused():
+    state, args = _small_call(np)
+    # N-stride of 6 bytes for 4-byte floats: a view NumPy allows, whose elements overlap.
+    raw = np.zeros(4 * state.nbytes, dtype=np.uint8)
+    odd = np.ndarray(state.shape, dtype=state.dtype, buffer=raw,
+                     strides=state.strides[:3] + (6,))
+    with pytest.raises(ValueError, match="not whole elements"):
+        ssmkit.state_update(odd, **args)
+
+
+def test_read_only_state_refused():
+    state, args = _small_call(np)
+    state.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ssmkit.state_update(state, **args)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_mamba1_shapes_refused(backend):
+    xp = xp_for(backend)
+    state, args = _small_call(xp, layout=1)
+    # dim = 4 channels, N = 4; B given per step without groups: (batch, N)
+    for change, match in ((dict(x=args["x"][:, :3]),
+                           r"x must have shape \(batch, dim\) with dim = 4"),
+                          (dict(A=args["A"][:3]), r"A must have shape \(dim, N\)"),
+                          (dict(B=xp.zeros((3, 3, 4), np.float32)), r"B has G = 3 groups"),
+                          (dict(C=xp.zeros((3, 5), np.float32)), r"C must have shape"),
+                          (dict(D=xp.zeros(3, np.float32)), r"D must have shape \(dim,\)")):
+        _refused(state, ValueError, match, **{**args, **change})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+def test_gpu_refuses_too_large_N():
+    import cupy as cp
+
+    N = gsu.MAX_N["float32"] + 1
+    state = cp.zeros((1, 1, 1, N), cp.float32)
+    x = cp.zeros((1, 1, 1), cp.float32)
+    _refused(state, ValueError, r"more than the kernel holds", x=x, dt=x,
+             A=cp.zeros((1, 1, N), cp.float32), B=cp.zeros((1, 1, N), cp.float32),
+             C=cp.zeros((1, 1, N), cp.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+def test_gpu_matches_cpu_bfloat16_state():
+    # One 16-bit state on both backends: the same float32 arithmetic, the same rounding.
+    rng = np.random.default_rng(9)
+    import cupy as cp
+
+    case = make_case(rng, layout=2, batch=4, H=3, P=16, N=64, G=1, bcast=True)
+    a_cpu, _ = convert(case, np, state_dtype="bfloat16", io_dtype="bfloat16")
+    a_gpu, _ = convert(case, cp, state_dtype="bfloat16", io_dtype="bfloat16")
+    s_cpu, s_gpu = a_cpu.pop("state"), a_gpu.pop("state")
+    y_cpu = ssmkit.state_update(s_cpu, **a_cpu, dt_softplus=True)
+    y_gpu = ssmkit.state_update(s_gpu, **a_gpu, dt_softplus=True)
+    assert rel_err(y_gpu, y_cpu.astype(np.float64)) <= 1e-2
+    assert rel_err(s_gpu, s_cpu.astype(np.float64)) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("threads,states", [(128, 64), (256, 64), (128, 16), (64, 32)])
+def test_gpu_launch_shapes(monkeypatch, threads, states):
+    # Small test problems plan one channel per thread; force the other block shapes too
+    # (several channels per thread, blocks that end inside P, several chunks per lane).
+    monkeypatch.setitem(gsu.TUNING, "threads", threads)
+    monkeypatch.setitem(gsu.TUNING, "bytes_per_thread", states)
+    monkeypatch.setitem(gsu.TUNING, "min_blocks_per_sm", 0)
+    cases = [(dict(layout=2, H=2, P=20, N=128, G=2, bcast=True), "float32", "bfloat16"),
+             (dict(layout=2, H=3, P=9, N=16, G=1, T=3), "float32", "float32"),
+             (dict(layout=1, H=1, P=70, N=16, G=2), "bfloat16", "bfloat16"),
+             (dict(layout=2, H=2, P=5, N=300, G=1, T=2), "float32", "float32"),
+             (dict(layout=2, H=2, P=6, N=40, G=2, bcast=True), "float64", "float64"),
+             (dict(layout=1, H=1, P=33, N=24, G=1, T=2), "float16", "float32")]
+    for i, (case_kw, st_dtype, io_dtype) in enumerate(cases):
+        _check_against_reference("gpu", dict(case_kw, batch=3), i % 2 == 0, 100 + i,
+                                 st_dtype, io_dtype)
+
+
+# --------------------------------------------------------------------------------------
+# The CUDA source: compiles with NVRTC (no GPU needed); the launch planner
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def nvrtc_path():
+    path = _nvrtc_check.find_nvrtc()
+    if path is None:
+        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
+            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
+                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
+        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
+    return path
+
+
+def _compile(keys, nvrtc_path, per_program=4):
+    """ptxas's report per key; programs of a few kernels each, compiled on parallel threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
+    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
+                                                  "--ptxas-options=-v"]
+    source = compiler.kernel_source(gsu.SOURCE_FILE)
+
+    def run(batch):
+        exprs = [gsu.name_expression(k) for k in batch]
+        res = _nvrtc_check.compile_program(source, exprs, options, filename=gsu.SOURCE_FILE,
+                                           nvrtc=nv)
+        report = _nvrtc_check.parse_ptxas_report(res["log"])
+        return {k: report[res["lowered"][e]] for k, e in zip(batch, exprs)}
+
+    batches = [keys[i:i + per_program] for i in range(0, len(keys), per_program)]
+    out = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for part in pool.map(run, batches):
+            out.update(part)
+    return out
+
+
+def test_kernel_keys_cover_every_template_value():
+    full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152
+    assert set(rep) <= set(full)
+    for field in gsu.KernelKey._fields:
+        assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
+    mixed = [(k.state, k.io) for k in rep if k.state != k.io]
+    assert {s for s, _ in mixed} == {i for _, i in mixed} == set(gsu.MAX_N)
+
+
+def test_kernels_compile_for_sm90(nvrtc_path):
+    keys = gsu.kernel_keys(full=FULL_NVRTC)
+    report = _compile(keys, nvrtc_path)
+    for k in keys:
+        assert "registers" in report[k], k
+
+
+def test_hot_kernels_keep_state_in_registers(nvrtc_path):
+    # The benchmark shapes (Mamba-2 N = 128 with per-head A; Mamba-1 N = 16): no local memory.
+    keys = []
+    for state, io, N, amode in (("float32", "float32", 128, gsu.A_HEAD),
+                                ("float32", "bfloat16", 128, gsu.A_HEAD),
+                                ("bfloat16", "bfloat16", 128, gsu.A_HEAD),
+                                ("float32", "float32", 128, gsu.A_FULL),
+                                ("float32", "float32", 16, gsu.A_FULL),
+                                ("bfloat16", "bfloat16", 16, gsu.A_FULL)):
+        plan = gsu.plan_launch(batch=64, H=80 if N == 128 else 1, P=64 if N == 128 else 3072,
+                               N=N, state=state, amode=amode)
+        keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True))
+    for k, r in _compile(keys, nvrtc_path).items():
+        assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
+
+
+@pytest.mark.parametrize("state", ["float16", "bfloat16", "float32", "float64"])
+def test_launch_plans(state):
+    V = {"float16": 8, "bfloat16": 8, "float32": 4, "float64": 2}[state]
+    for N in (1, 2, 3, 4, 7, 8, 15, 16, 17, 64, 100, 128, 129, 256, gsu.MAX_N[state]):
+        for (batch, H, P), amode in zip(((64, 80, 64), (1, 1, 1), (3, 5, 7), (64, 1, 3072),
+                                         (1, 24, 64)), (2, 0, 1, 0, 2)):
+            plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode)
+            tn, ch, ppt, threads = plan["tn"], plan["ch"], plan["ppt"], plan["threads"]
+            assert tn & (tn - 1) == 0 and tn <= 32 and threads % 32 == 0 and threads % tn == 0
+            assert ch in (1, 2, 4, 8) and ppt in (1, 2, 4)
+            assert tn * ch * V >= N  # every state has a lane
+            rpb = plan["rows_per_block"]
+            assert rpb % ((threads // tn) * ppt) == 0  # whole passes
+            assert rpb * plan["npb"] >= P > rpb * (plan["npb"] - 1)  # blocks cover P, none empty
+            assert plan["blocks"] == batch * H * plan["npb"]
+    with pytest.raises(ValueError, match="more than the kernel holds"):
+        gsu.plan_launch(batch=1, H=1, P=1, N=gsu.MAX_N[state] + 1, state=state)
+
+
+def test_source_needs_no_include_path():
+    import re
+
+    src = compiler.kernel_source(gsu.SOURCE_FILE)
+    assert not re.search(r"^\s*#\s*include", src, re.M)
