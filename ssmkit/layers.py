@@ -81,6 +81,18 @@ def _compute_dtype(x):
     return np.float64 if x.dtype == np.float64 else np.float32
 
 
+def _state_dict_reader(weights, prefix, fn):
+    """``get(name, required=True)``: ``weights[prefix + name]``; None or a KeyError when absent."""
+    def get(name, required=True):
+        key = prefix + name
+        if key in weights:
+            return weights[key]
+        if required:
+            raise KeyError(f"{fn}: missing {key!r}")
+        return None
+    return get
+
+
 def _check_hidden(fn, hidden, d_model, step):
     want = "(batch, d_model)" if step else "(batch, L, d_model)"
     ndim = 2 if step else 3
@@ -167,14 +179,7 @@ class Mamba1Params:
         prefix : str
             Prepended to every name (``"layers.0.mixer."``).
         """
-        def get(name, required=True):
-            key = prefix + name
-            if key not in weights:
-                if required:
-                    raise KeyError(f"Mamba1Params.from_state_dict: missing {key!r}")
-                return None
-            return weights[key]
-
+        get = _state_dict_reader(weights, prefix, "Mamba1Params.from_state_dict")
         conv = get("conv1d.weight")
         return cls(
             in_proj_weight=get("in_proj.weight"),
@@ -462,14 +467,7 @@ class Mamba2Params:
         The configuration the weights do not determine (``headdim``, ``ngroups``,
         ``dt_limit``, ``norm_eps``) is passed as in the PyTorch constructor.
         """
-        def get(name, required=True):
-            key = prefix + name
-            if key not in weights:
-                if required:
-                    raise KeyError(f"Mamba2Params.from_state_dict: missing {key!r}")
-                return None
-            return weights[key]
-
+        get = _state_dict_reader(weights, prefix, "Mamba2Params.from_state_dict")
         conv = get("conv1d.weight")
         params = cls(
             in_proj_weight=get("in_proj.weight"),
