@@ -8,7 +8,12 @@ in the same run. For each configuration it reports:
   arguments prepared once (what the GPU spends per step);
 * ``ms``: the public call back to back (validation, dispatch and launch on the
   host overlap the previous call's kernel, as in a decoding loop);
-* ``latency_ms``: one public call between two events, host work included.
+* ``latency_ms``: one public call between two events, host work included;
+* ``host_us``: the host side of one public call (checks, planning, launch
+  arguments), the kernel replaced by a no-op: wall-clock median over
+  batches of repeated calls (the repeated call replays a cached plan);
+* ``launch_us``: CuPy's own time to launch the kernel with prepared
+  arguments (wall clock, median), the rest of the host side.
 
 Before timing, the result of the public call is compared with a CuPy float32
 evaluation of the same step (relative error printed and stored). With
@@ -49,6 +54,8 @@ CONFIGS = [
 ]
 
 SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 32, 64)]
+# The plan before values_per_thread existed: 16-bit states took 4 channels per thread.
+SWEEP += [dict(threads=128, bytes_per_thread=64, values_per_thread=32)]
 
 
 def commit() -> str:
@@ -168,14 +175,60 @@ def time_config(cp, layout, st, io, batch, H, P, N):
     kernel, launches, block, finish = gsu.launch_args(p)
     (grid, kargs), = launches
     kernel_ms = cuda_median_ms(lambda: kernel(grid, block, kargs), calls=20)
+    launch_us = launch_us_per_call(lambda: kernel(grid, block, kargs))
     ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args, dt_softplus=True),
                         calls=20)
     latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
                                                             dt_softplus=True))
     plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
                            amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL)
+    host_us = host_us_per_call(lambda: ssmkit.state_update(a["state"], **args,
+                                                           dt_softplus=True))
     return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,
-                plan=plan)
+                plan=plan, host_us=host_us, launch_us=launch_us)
+
+
+def launch_us_per_call(launch, calls=100, reps=11):
+    """Wall-clock microseconds CuPy takes to launch the kernel with prepared arguments
+    (54 of them): the part of the host time that only fewer arguments would cut."""
+    import time
+
+    import cupy
+
+    times = []
+    for _ in range(reps):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            launch()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    cupy.cuda.Device().synchronize()
+    return float(np.median(times))
+
+
+def host_us_per_call(call, calls=200, reps=15):
+    """Wall-clock microseconds of the host side of ``call``, every kernel a no-op (median
+    over ``reps`` batches of ``calls``; known calls replay their plans)."""
+    import time
+
+    from ssmkit._gpu import compiler
+
+    real = compiler.get_kernel
+    compiler.get_kernel = lambda filename, name: (lambda grid, block, args: None)
+    _state_update._KNOWN_CALLS.clear()  # plans made from here on hold the no-op kernel
+    try:
+        for _ in range(20):
+            call()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times.append((time.perf_counter() - t0) / calls * 1e6)
+    finally:
+        compiler.get_kernel = real
+        _state_update._KNOWN_CALLS.clear()
+    return float(np.median(times))
 
 
 def main():
@@ -204,11 +257,13 @@ def main():
                        state_dtype=st, batch=batch, **shape, N=N, groups=1,
                        D=True, dt_bias=True, dt_softplus=True, z=False,
                        variant="default" if not var else
-                       f"threads={var['threads']},bytes_per_thread={var['bytes_per_thread']}",
+                       ",".join(f"{k}={v}" for k, v in var.items()),
                        threads=r["plan"]["threads"], ppt=r["plan"]["ppt"], tn=r["plan"]["tn"],
                        rows_per_block=r["plan"]["rows_per_block"],
                        kernel_ms=round(r["kernel_ms"], 5), ms=round(r["ms"], 5),
-                       latency_ms=round(r["latency_ms"], 5), bytes=nbytes,
+                       latency_ms=round(r["latency_ms"], 5), host_us=round(r["host_us"], 2),
+                       launch_us=round(r["launch_us"], 2),
+                       bytes=nbytes,
                        kernel_tbps=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12, 3),
                        kernel_of_copy=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12 / bw, 3),
                        of_copy=round(nbytes / (r["ms"] * 1e-3) / 1e12 / bw, 3),
@@ -230,18 +285,21 @@ def main():
              "run. Bytes: state read + written, x, dt (per head in Mamba-2), B, C, y. kernel: the "
              "kernel alone, 20 launches between two events, median of 30; call: the public "
              "function back to back (host work overlapping the kernels); latency: one public call "
-             "between two events. D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias "
-             "as zero-stride views. mamba_ssm: its Triton selective_state_update, peers-h200.md.",
+             "between two events; host us: the host side of one public call, kernel a no-op "
+             "(wall clock, median); launch us: CuPy launching the kernel, arguments prepared. "
+             "D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias as zero-stride "
+             "views. mamba_ssm: its Triton selective_state_update, peers-h200.md.",
              "",
              "| layout | state | x | batch | H x P or dim | N | variant | kernel ms | of copy | "
-             "call ms | of copy | latency ms | mamba_ssm ms | rel err y |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "call ms | of copy | latency ms | host us | launch us | mamba_ssm ms | rel err y |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r['heads']} x {r['headdim']}" if "heads" in r else str(r["dim"])
         lines.append(f"| {r['layout']} | {r['state_dtype']} | {r['dtype']} | {r['batch']} "
                      f"| {shape} | {r['N']} | {r['variant']} | {r['kernel_ms']:.4f} "
                      f"| {r['kernel_of_copy']:.2f} "
-                     f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} | "
+                     f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} "
+                     f"| {r['host_us']:.1f} | {r['launch_us']:.1f} | "
                      f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -149,13 +149,19 @@ enum { SU_A_FULL = 0, SU_A_ROW = 1, SU_A_HEAD = 2 };
 
 // Registers per thread are capped at 128 (two blocks of 256 threads per SM at least): the
 // step is bound by memory and needs many loads in flight per SM. Wide states (double,
-// several chunks per lane) may take all 255 instead of spilling.
-template <typename ST, int CH, int PPT> struct su_min_blocks {
-    static constexpr int value = (sizeof(ST) == 8 || CH * PPT > 4) ? 1 : 2;
+// several chunks per lane) may take all 255 instead of spilling. A 16-bit state with one
+// chunk and at most two channels per thread (the planner's default for N <= 256) and A
+// not per state fits in 80 (three blocks of 256): more warps per SM to hide the memory
+// latency. Two chunks, or A per state, spill under that cap (ptxas -v, sm_90).
+template <typename ST, int CH, int PPT, int AMODE> struct su_min_blocks {
+    static constexpr int value =
+        (sizeof(ST) == 8 || CH * PPT > 4) ? 1
+        : (sizeof(ST) == 2 && CH == 1 && PPT <= 2 && AMODE != SU_A_FULL) ? 3 : 2;
 };
 
 template <typename ST, typename IT, int CH, int PPT, int AMODE, bool kVec>
-__global__ void __launch_bounds__(256, (su_min_blocks<ST, CH, PPT>::value)) ssm_state_update(
+__global__ void __launch_bounds__(256, (su_min_blocks<ST, CH, PPT, AMODE>::value))
+ssm_state_update(
     ST* __restrict__ state, const ssm_i64* __restrict__ rows,
     const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
     const typename ssm_compute_of<ST>::type* __restrict__ A,

@@ -1,13 +1,19 @@
 """The recurrent step (decoding with a carried state): the public function.
 
 It validates every argument, describes the call in one canonical layout and dispatches.
+A GPU call whose arrays agree in shapes, strides, dtypes, alignment and device with an
+earlier accepted call (decoding: one call per layer and token) skips the checks and the
+planning it passed then and replays the backend's launch plan; only the indices' values
+are checked again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -388,13 +394,24 @@ def state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
 
     On the GPU, N is at most 1024 for a float32 state (512 for float64, 2048
     for 16-bit states) and H at most 65535; larger values raise ValueError
-    before anything is written.
+    before anything is written. Repeated calls with CuPy arrays of the same
+    shapes, strides, dtypes and device (as in decoding) reuse the checks and
+    the launch plan of the first: the host work of such a call is a few
+    microseconds.
 
     Arithmetic is float32, or float64 for a float64 state. With T tokens the
     state stays in float32 (float64) between the steps and is rounded to its
     dtype once, at the end; T one-token calls on a 16-bit state round it after
     every step. On the CPU, 16-bit arrays are computed in float32.
     """
+    operands = (state, x, dt, A, B, C, D, z, dt_bias)
+    key = _call_key(operands, dt_softplus, state_batch_indices)
+    if key is not None:
+        known = _KNOWN_CALLS.get(key)
+        if known is not None:
+            y = _run_known(known, operands, state_batch_indices)
+            if y is not None:
+                return y
     p, y = _prepare(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)
     if p.batch * p.T * p.H * p.P == 0:  # no channel or no token: nothing to update
         y[...] = 0
@@ -402,5 +419,86 @@ def state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
     scope = (contextlib.nullcontext() if p.xp is np
              else p.xp.cuda.Device(p.arrays["state"].device.id))
     with scope:
-        _backend(p.xp).state_update(p)
+        plan = _backend(p.xp).state_update(p)
+    # Known only when the kernel read the user's own arrays (not contiguous copies of
+    # arrays with strides of partial elements, which a replay would not make).
+    if key is not None and plan is not None and all(
+            p.arrays[n] is a for n, a in zip(_OPERANDS, operands)):
+        if len(_KNOWN_CALLS) >= _KNOWN_CALLS_MAX:
+            _KNOWN_CALLS.clear()
+        _KNOWN_CALLS[key] = _KnownCall(plan, p.batch, key[0][0][4])
     return y
+
+
+# ------------------------------------------------------------------------------------------
+# Repeated GPU calls (decoding: one call per layer and token, the same shapes every time).
+# Everything _prepare checks and the launch plan depend only on what _call_key holds, so a
+# call whose key was accepted before skips them; what depends on values (the indices) is
+# still checked on every call, before anything is launched.
+# ------------------------------------------------------------------------------------------
+
+_KNOWN_CALLS: dict = {}
+_OPERANDS = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+_KNOWN_CALLS_MAX = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _KnownCall:
+    plan: Any     # the backend's launch plan (ssmkit._gpu.state_update.LaunchPlan)
+    batch: int
+    device: int
+
+
+def _call_key(operands, dt_softplus, indices):
+    """What a GPU call's checks and launch depend on, or None (not a plain CuPy call).
+
+    Per array: shape, byte strides, dtype, the address modulo 16 (vector access) and the
+    device; None for an absent one. The indices' shape, dtype and device (their values are
+    checked per call), and dt_softplus.
+    """
+    cp = sys.modules.get("cupy")
+    if cp is None or type(dt_softplus) is not bool:
+        return None
+    ndarray = cp.ndarray
+    parts = []
+    for a in operands:
+        if a is None:
+            parts.append(None)
+        elif type(a) is ndarray:
+            parts.append((a.shape, a.strides, a.dtype, a.data.ptr & 15, a.device.id))
+        else:
+            return None
+    if parts[0] is None:
+        return None
+    if indices is None:
+        index_part = None
+    elif type(indices) is ndarray:
+        index_part = (indices.shape, indices.dtype, indices.device.id)
+    else:
+        return None
+    return (tuple(parts), dt_softplus, index_part)
+
+
+def _run_known(known, operands, indices):
+    """Replay a known call's launch plan; None when it cannot be (the tuning changed, or a
+    cast copy is aligned otherwise): nothing was launched, the caller plans afresh."""
+    backend = _backend_gpu()
+    if not backend.plan_is_current(known.plan):
+        return None
+    cp = sys.modules["cupy"]
+    state, x = operands[0], operands[1]
+    rows = None if indices is None else _check_rows(cp, indices, known.batch, state.shape[0])
+    arrays = dict(zip(_OPERANDS, operands))
+    if cp.cuda.runtime.getDevice() == known.device:
+        arrays["y"] = cp.empty(x.shape, dtype=x.dtype)
+        done = backend.run_plan(known.plan, arrays, rows)
+    else:
+        with cp.cuda.Device(known.device):
+            arrays["y"] = cp.empty(x.shape, dtype=x.dtype)
+            done = backend.run_plan(known.plan, arrays, rows)
+    return arrays["y"] if done else None
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_gpu():
+    return importlib.import_module("ssmkit._gpu.state_update")

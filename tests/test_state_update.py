@@ -636,6 +636,9 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
         keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
+        if k.state == "bfloat16" and k.amode == gsu.A_HEAD:
+            # two channels per thread under the 80-register bound: 7 blocks of 128 per SM
+            assert k.ppt == 2 and r["registers"] <= 80, (k, r)
 
 
 @pytest.mark.parametrize("state", ["float16", "bfloat16", "float32", "float64"])
@@ -662,3 +665,267 @@ def test_source_needs_no_include_path():
 
     src = compiler.kernel_source(gsu.SOURCE_FILE)
     assert not re.search(r"^\s*#\s*include", src, re.M)
+
+
+# --------------------------------------------------------------------------------------
+# Repeated GPU calls replay a cached launch plan: checked on the CPU with NumPy arrays that
+# the host code takes for CuPy arrays and a kernel that records its launches
+# --------------------------------------------------------------------------------------
+
+class _FakeGpuArray(np.ndarray):
+    """A NumPy array dressed as a CuPy array: ``data.ptr``, ``device.id``, ``get()``."""
+
+    def __array_finalize__(self, obj):
+        self.pointer = _Namespace(ptr=self.__array_interface__["data"][0])
+        self.gpu = getattr(obj, "gpu", None) or _Namespace(id=0)
+
+    @property
+    def data(self):
+        return self.pointer
+
+    @property
+    def device(self):
+        return self.gpu
+
+    def get(self):
+        return np.array(self)
+
+
+_FakeGpuArray.__module__ = "cupy._core.core"  # what ssmkit._arrays recognises as CuPy
+
+
+class _Namespace:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _fake_cupy():
+    """A stand-in ``cupy`` module for the host path (arrays in host memory, no launches)."""
+    import contextlib
+    import types
+
+    cp = types.ModuleType("cupy")
+    fake = _FakeGpuArray
+    cp.ndarray = fake
+    cp.empty = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(fake)  # repeatable
+    cp.asarray = lambda a, dtype=None: np.asarray(a, dtype).view(fake)
+    cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(fake)
+    cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape, subok=True)
+    current = [0]
+    cp.cuda = _Namespace(Device=lambda i: contextlib.nullcontext(),
+                         runtime=_Namespace(getDevice=lambda: current[0]))
+    return cp
+
+
+class _RecordingKernel:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __call__(self, grid, block, args):
+        self.log.append((self.name, grid, block, args))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """(fake cupy module, launch log): the GPU host path runs, kernels only record."""
+    import sys
+
+    from ssmkit import _state_update
+
+    cp = _fake_cupy()
+    log = []
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(compiler, "get_kernel", lambda f, name: _RecordingKernel(name, log))
+    monkeypatch.setattr(compiler, "device_limits", lambda: {"sm_count": 132})
+    monkeypatch.setattr(_state_update, "_KNOWN_CALLS", {})
+    return cp, log
+
+
+def _describe_launch(record, operands):
+    """A launch with arrays described by position among ``operands`` (user arrays) or by
+    shape, strides, dtype and values (arrays made per call: y, casts, row indices)."""
+    name, grid, block, args = record
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            same = [i for i, op in enumerate(operands) if op is a]
+            out.append(("operand", same[0]) if same else
+                        ("made", a.shape, a.strides, a.dtype.str, a.data.ptr & 15,
+                         np.array(a).tobytes() if a.size < 4096 else None))
+        else:
+            out.append((type(a).__name__, a.item() if hasattr(a, "item") else a))
+    return name, grid, block, tuple(out)
+
+
+def _call_twice(fake_gpu, args, kw, monkeypatch):
+    """Launches of a first call (checked and planned) and of a second one (replayed)."""
+    from ssmkit import _state_update
+
+    cp, log = fake_gpu
+    operands = [args[n] for n in ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")]
+    del log[:]
+    y1 = ssmkit.state_update(**args, **kw)
+    first = [_describe_launch(r, operands) for r in log]
+    del log[:]
+    prepared = []
+    real_prepare = _state_update._prepare
+    monkeypatch.setattr(_state_update, "_prepare",
+                        lambda *a: prepared.append(1) or real_prepare(*a))
+    y2 = ssmkit.state_update(**args, **kw)
+    monkeypatch.setattr(_state_update, "_prepare", real_prepare)
+    second = [_describe_launch(r, operands) for r in log]
+    assert type(y1) is type(y2) is cp.ndarray and y1.shape == y2.shape and y1.dtype == y2.dtype
+    return first, second, bool(prepared)
+
+
+_FAKE_CASES = [
+    (dict(layout=2, batch=3, H=2, P=8, N=16, G=1, bcast=True), "float32", "float32", {}),
+    (dict(layout=2, batch=3, H=2, P=8, N=16, G=2, T=3), "bfloat16", "bfloat16", {}),
+    (dict(layout=1, batch=2, H=1, P=12, N=8, G=1), "float32", "bfloat16", {}),
+    (dict(layout=1, batch=2, H=1, P=12, N=8, G=3, T=2, with_z=False), "float64", "float64", {}),
+    (dict(layout=2, batch=3, H=2, P=4, N=5, G=1, with_D=False, with_bias=False,
+          softplus=False), "float16", "float32", {}),
+    (dict(layout=2, batch=3, H=2, P=4, N=16, G=1, pool=6), "float32", "float32",
+     dict(state_batch_indices=[4, -1, 0])),
+]
+
+
+@pytest.mark.parametrize("case_kw,st_dtype,io_dtype,extra", _FAKE_CASES)
+def test_repeated_call_replays_the_same_launch(fake_gpu, monkeypatch, case_kw, st_dtype,
+                                               io_dtype, extra):
+    cp, _ = fake_gpu
+    case = make_case(np.random.default_rng(5), **case_kw)
+    args, _ = convert(case, cp, state_dtype=st_dtype, io_dtype=io_dtype)
+    kw = dict(dt_softplus=case_kw.get("softplus", True))
+    if "state_batch_indices" in extra:
+        kw["state_batch_indices"] = cp.asarray(extra["state_batch_indices"])
+    first, second, prepared = _call_twice(fake_gpu, args, kw, monkeypatch)
+    assert first and second == first
+    assert not prepared  # the second call skipped the checks it had passed already
+
+
+def _base_call(cp):
+    case = make_case(np.random.default_rng(3), layout=2, batch=3, H=2, P=8, N=16, G=1,
+                     bcast=True)
+    args, _ = convert(case, cp, state_dtype="float32", io_dtype="float32")
+    return args, dict(dt_softplus=True)
+
+
+def test_call_key_covers_what_changes_the_launch(fake_gpu, monkeypatch):
+    from ssmkit import _state_update
+
+    cp, log = fake_gpu
+    args, kw = _base_call(cp)
+    ssmkit.state_update(**args, **kw)  # the base call is known from here on
+
+    def wide(a):  # the same values, other strides
+        w = cp.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+        w[..., ::2] = a
+        return w[..., ::2]
+
+    def misaligned(a):  # the same values at an address 4 bytes past a 16-byte boundary
+        raw = cp.empty(a.size + 4, a.dtype)
+        v = raw[1:1 + a.size].reshape(a.shape)
+        v[...] = a
+        return v
+
+    def on_device(i):
+        out = {}
+        for n, a in args.items():
+            b = None if a is None else cp.asarray(np.array(a))
+            if b is not None:
+                b.gpu = _Namespace(id=i)
+            out[n] = b
+        return out
+
+    variants = [
+        ("shape", dict(args, x=args["x"][:2], dt=args["dt"][:2], z=args["z"][:2],
+                       B=args["B"][:2], C=args["C"][:2], state=args["state"][:2]), kw),
+        ("strides of x", dict(args, x=wide(args["x"])), kw),
+        ("strides of state", dict(args, state=wide(args["state"])), kw),
+        ("dtype of x", dict(args, x=args["x"].astype(np.float64)), kw),
+        ("dtype of state", dict(args, state=args["state"].astype(np.float64)), kw),
+        ("dtype of A", dict(args, A=args["A"].astype(np.float64)), kw),
+        ("alignment of B", dict(args, B=misaligned(args["B"])), kw),
+        ("no z", dict(args, z=None), kw),
+        ("no D", dict(args, D=None), kw),
+        ("dt_softplus", args, dict(dt_softplus=False)),
+        ("indices", args, dict(kw, state_batch_indices=cp.asarray([2, 0, 1]))),
+        ("device", on_device(1), kw),
+    ]
+    keys = {_state_update._call_key([args[n] for n in _state_update._OPERANDS],
+                                    kw["dt_softplus"], None)}
+    for what, v_args, v_kw in variants:
+        key = _state_update._call_key([v_args[n] for n in _state_update._OPERANDS],
+                                      v_kw["dt_softplus"], v_kw.get("state_batch_indices"))
+        assert key is not None and key not in keys, what
+        keys.add(key)
+        # Replayed after every other known call: the launch of a fresh, fully checked call.
+        first, second, prepared = _call_twice(fake_gpu, v_args, v_kw, monkeypatch)
+        _state_update._KNOWN_CALLS.clear()
+        fresh, _, _ = _call_twice(fake_gpu, v_args, v_kw, monkeypatch)
+        assert first == second == fresh and not prepared, what
+        ssmkit.state_update(**args, **kw)
+    # The plan also depends on the launch preferences: a change makes known calls stale.
+    ssmkit.state_update(**args, **kw)
+    monkeypatch.setitem(gsu.TUNING, "threads", 256)
+    first, second, _ = _call_twice(fake_gpu, args, kw, monkeypatch)
+    assert first == second and first[0][2] == (256,)
+
+
+def test_repeated_call_still_checks_indices(fake_gpu):
+    cp, log = fake_gpu
+    args, kw = _base_call(cp)
+    state = cp.asarray(np.random.default_rng(1).standard_normal((5, 2, 8, 16)), np.float32)
+    args = dict(args, state=state)
+    ssmkit.state_update(**args, **kw, state_batch_indices=cp.asarray([4, 0, 1]))
+    before = np.array(state)
+    del log[:]
+    for bad, match in (([0, 5, 1], "out of range"), ([2, -1, 2], "race")):
+        with pytest.raises(ValueError, match=match):
+            ssmkit.state_update(**args, **kw, state_batch_indices=cp.asarray(bad))
+    assert not log and np.array_equal(np.array(state), before)
+
+
+def test_other_arrays_are_not_cached(fake_gpu):
+    from ssmkit import _state_update
+
+    cp, _ = fake_gpu
+    args, kw = _base_call(cp)
+    ops = [args[n] for n in _state_update._OPERANDS]
+    assert _state_update._call_key(ops, True, None) is not None
+    assert _state_update._call_key(ops, np.True_, None) is None  # checked in full every time
+    assert _state_update._call_key([np.array(ops[0])] + ops[1:], True, None) is None
+    assert _state_update._call_key(ops, True, [0, 1, 2]) is None
+
+
+def test_replay_checks_the_alignment_of_cast_copies(fake_gpu, monkeypatch):
+    from ssmkit import _state_update
+
+    cp, log = fake_gpu
+    case = make_case(np.random.default_rng(2), layout=2, batch=3, H=2, P=8, N=16, G=1)
+    args, _ = convert(case, cp, state_dtype="float32", io_dtype="bfloat16")
+    args["x"] = args["x"].astype(np.float32)  # mixed inputs: dt, z, B, C are cast
+    ssmkit.state_update(**args, dt_softplus=True)
+    (known,) = _state_update._KNOWN_CALLS.values()
+    assert {n for n, *_ in known.plan.casts} >= {"B", "C"} and known.plan.key.vec
+    real = gsu._cast_keep_broadcast
+
+    def misaligned(xp, a, dtype):  # an allocator that hands out addresses 4 bytes off
+        c = real(xp, a, dtype)
+        if c is None or not c.flags.c_contiguous:
+            return c
+        raw = cp.empty(c.size + 4, c.dtype)
+        out = raw[1:1 + c.size].reshape(c.shape)
+        out[...] = c
+        return out
+
+    monkeypatch.setattr(gsu, "_cast_keep_broadcast", misaligned)
+    del log[:]
+    prepared = []
+    real_prepare = _state_update._prepare
+    monkeypatch.setattr(_state_update, "_prepare",
+                        lambda *a: prepared.append(1) or real_prepare(*a))
+    ssmkit.state_update(**args, dt_softplus=True)
+    assert prepared and len(log) == 1  # planned afresh, launched once
+    assert log[0][0].endswith("false>")  # the general form for unaligned B and C

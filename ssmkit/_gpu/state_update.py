@@ -12,6 +12,12 @@ one type IT, which is their common dtype, or the compute dtype when they
 differ (the odd ones are cast, keeping zero strides zero); A, D, dt_bias in
 the compute dtype (float64 for a float64 state, else float32).
 
+Each call is described by a :class:`LaunchPlan` (kernel, block, grids and
+every scalar argument, packed once) that depends only on shapes, strides,
+dtypes, alignment, flags, the device and :data:`TUNING`: :func:`state_update`
+returns it and :func:`run_plan` replays it for later calls that agree (the
+public layer keys them).
+
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
 lists them and :func:`name_expression` spells them for NVRTC (at run time
 through CuPy, in CI through ``tests/test_state_update.py``).
@@ -20,14 +26,16 @@ through CuPy, in CI through ``tests/test_state_update.py``).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
 from . import compiler
 
-__all__ = ["state_update", "launch_args", "KernelKey", "kernel_keys", "name_expression",
-           "plan_launch", "MAX_N"]
+__all__ = ["state_update", "launch_args", "run_plan", "plan_problem", "plan_is_current",
+           "LaunchPlan", "KernelKey", "kernel_keys", "name_expression", "plan_launch", "MAX_N"]
 
 SOURCE_FILE = "state_update.cu"
 
@@ -43,6 +51,8 @@ MAX_N = {name: 32 * _CHUNKS[-1] * v for name, v in _VEC.items()}
 TUNING = {
     "threads": 128,           # threads per block (a multiple of 32, at most 256)
     "bytes_per_thread": 64,   # state bytes per thread and pass: channels per thread (4, 2, 1)
+    "values_per_thread": 16,  # and at most this many states: 16-bit states take 2 channels
+                              # (32 values need 126 registers, 16 fit in 80: more warps per SM)
     "blocks_per_sm": 8,       # split a head's channels over blocks until the grid has this many
 }
 
@@ -133,6 +143,8 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     ppt = 4
     while ppt > 1 and ppt * ch * 16 > tuning["bytes_per_thread"]:
         ppt //= 2
+    while ppt > 1 and ppt * ch * _VEC[state] > tuning["values_per_thread"]:
+        ppt //= 2  # registers: each state value in flight takes one
     while amode == A_FULL and ppt > 1 and ppt * ch * _VEC[state] > 16:
         ppt //= 2  # A per state doubles the registers a channel takes
     target = tuning["blocks_per_sm"] * sm_count
@@ -199,39 +211,57 @@ def _bc_vector_ok(use, strides, V, N, names) -> bool:
     return True
 
 
-def launch_args(p):
-    """Everything one launch of problem ``p`` needs, without launching.
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything about one call that depends only on shapes, strides, dtypes, alignment,
+    flags, the device and :data:`TUNING`, built once and replayed for calls that agree.
 
-    Returns
-    -------
-    kernel : the compiled kernel
-    launches : list of (grid, args)
-        ``kernel(grid, block, args)`` for each (one, unless batch > 65535).
+    Attributes
+    ----------
+    kernel : the compiled kernel (per device)
+    key : KernelKey
     block : tuple
-    finish : callable
-        Run after the kernel: casts the output into the user's dtype when the
-        kernel wrote it in another (mixed input dtypes); else a no-op.
+    launches : tuple of (grid, scalars)
+        One per launch (several when batch > 65535): the grid and every
+        argument after the eleven pointers (strides, first row, sizes, flags),
+        packed once.
+    casts : tuple of (name, dtype, address modulo 16)
+        Arguments cast before each launch (mixed input dtypes; A, D, dt_bias
+        not in the compute dtype). The cast copies have strides that depend
+        only on the argument's shape and strides, so ``launches`` stays valid;
+        their alignment, which the vector form relies on, is checked per call.
+    io_dtype : numpy dtype
+        x, dt, z, B, C and y as the kernel reads and writes them.
+    staged_y : bool
+        The kernel writes y in ``io_dtype``, copied into the user's dtype after.
+    tuning : dict
+        :data:`TUNING` when planned (a plan made under other preferences is stale).
     """
-    import cupy as cp
 
-    arrays = p.arrays
-    state = arrays["state"]
-    st = _dtype_name(state.dtype)
-    cd = p.compute_dtype
-    # x, dt, z, B, C, y in one dtype: theirs when they agree, else the compute dtype.
-    act_names = ("x", "dt", "z", "B", "C")
-    io_dtype = arrays["x"].dtype
-    if any(arrays[n] is not None and arrays[n].dtype != io_dtype for n in act_names):
-        io_dtype = cd
-    io = _dtype_name(io_dtype)
-    use = {n: _cast_keep_broadcast(cp, arrays[n], io_dtype) for n in act_names}
-    use.update({n: _cast_keep_broadcast(cp, arrays[n], cd) for n in ("A", "D", "dt_bias")})
+    kernel: Any
+    key: KernelKey
+    block: tuple
+    launches: tuple
+    casts: tuple
+    io_dtype: Any
+    staged_y: bool
+    tuning: dict
 
-    use["state"] = state  # in place (the public layer refused strides of partial elements)
-    y_user = arrays["y"]
-    staged_y = y_user.dtype != io_dtype
-    use["y"] = cp.empty(y_user.shape, dtype=io_dtype) if staged_y else y_user
-    strides = {n: p.strides(n, use[n]) for n in use}
+
+def _apply_casts(xp, arrays, casts):
+    """The arguments as the kernel reads them: ``arrays`` with ``casts`` applied (a new dict)."""
+    use = dict(arrays)
+    for name, dtype, *_ in casts:
+        use[name] = _cast_keep_broadcast(xp, use[name], dtype)
+    return use
+
+
+def plan_problem(p, use) -> LaunchPlan:
+    """The launch plan of problem ``p``; ``use``: its arrays as the kernel reads them
+    (from :func:`_apply_casts`, with ``"y"`` the array the kernel writes)."""
+    st = _dtype_name(use["state"].dtype)
+    io = _dtype_name(use["x"].dtype)
+    strides = {n: p.strides(n, use[n]) for n in use if n in p.maps}
 
     N = p.N
     sA, sD, sB = strides["A"], strides["dt"], strides["dt_bias"]
@@ -252,41 +282,136 @@ def launch_args(p):
            and _bc_vector_ok(use, strides, V, N, per_state))
     key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
-    rows = None if p.rows is None else cp.asarray(p.rows, dtype=np.int64)
-
-    def ptr(name):
-        a = use[name]
-        return _NULL if a is None else a
 
     ints = [v for n in ("state", "x", "dt", "z", "y") for v in strides[n]]
     ints += strides["A"] + strides["B"] + strides["C"] + strides["D"] + strides["dt_bias"]
-    head = ((ptr("state"), _NULL if rows is None else rows, ptr("x"), ptr("dt"), ptr("z"),
-             ptr("A"), ptr("B"), ptr("C"), ptr("D"), ptr("dt_bias"), ptr("y"))
-            + tuple(np.int64(v) for v in ints))
+    head = tuple(np.int64(v) for v in ints)
     tail = (np.int32(p.T), np.int32(p.P), np.int32(N), np.int32(p.H // p.G),
             np.int32(plan["tn"].bit_length() - 1), np.int32(plan["rows_per_block"]),
             np.int32(1 if p.dt_softplus else 0))
     # The grid's z axis holds at most 65535 rows: larger batches take several launches.
-    launches = [((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)), head + (np.int32(b0),) + tail)
-                for b0 in range(0, p.batch, _MAX_GRID_Z)]
+    launches = tuple(((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)),
+                      head + (np.int32(b0),) + tail)
+                     for b0 in range(0, p.batch, _MAX_GRID_Z))
+    casts = tuple((n, use[n].dtype, use[n].data.ptr & 15)
+                  for n in ("x", "dt", "z", "B", "C", "A", "D", "dt_bias")
+                  if p.arrays[n] is not None and p.arrays[n].dtype != use[n].dtype)
+    return LaunchPlan(kernel=kernel, key=key, block=(plan["threads"],), launches=launches,
+                      casts=casts, io_dtype=use["x"].dtype,
+                      staged_y=p.arrays["y"].dtype != use["x"].dtype, tuning=dict(TUNING))
+
+
+def plan_is_current(plan: LaunchPlan) -> bool:
+    """False when :data:`TUNING` changed since ``plan`` was made."""
+    return plan.tuning == TUNING
+
+
+def _kernel_arrays(xp, p):
+    """``p``'s arrays as the kernel reads them: x, dt, z, B, C (and y) in one dtype (theirs
+    when they agree, else the compute dtype); A, D, dt_bias in the compute dtype."""
+    arrays = p.arrays
+    cd = p.compute_dtype
+    act_names = ("x", "dt", "z", "B", "C")
+    io_dtype = arrays["x"].dtype
+    if any(arrays[n] is not None and arrays[n].dtype != io_dtype for n in act_names):
+        io_dtype = cd
+    casts = [(n, io_dtype) for n in act_names] + [(n, cd) for n in ("A", "D", "dt_bias")]
+    use = _apply_casts(xp, arrays, casts)
+    y_user = arrays["y"]
+    if y_user.dtype != io_dtype:
+        use["y"] = xp.empty(y_user.shape, dtype=io_dtype)
+    return use
+
+
+def run_plan(plan: LaunchPlan, arrays: dict, rows) -> bool:
+    """Launch ``plan`` on ``arrays`` (name -> the user's array or None, ``"y"`` the output)
+    with ``rows`` (validated int64 host indices, or None). The current device must be the
+    arrays' device. Returns False, having launched nothing, when a cast copy is not aligned
+    as the plan's was (an allocator unlike CuPy's pool): then plan the call afresh."""
+    import cupy as cp
+
+    use = _apply_casts(cp, arrays, plan.casts) if plan.casts or plan.staged_y else arrays
+    for name, _, align in plan.casts:
+        if use[name].data.ptr & 15 != align:
+            return False
+    y_user = arrays["y"]
+    if plan.staged_y:
+        use["y"] = cp.empty(y_user.shape, dtype=plan.io_dtype)
+    _launch(plan, use, rows)
+    if plan.staged_y:
+        y_user[...] = use["y"]
+    return True
+
+
+def _launch(plan, use, rows):
+    import cupy as cp
+
+    g = use.get
+    pointers = (use["state"], _NULL if rows is None else cp.asarray(rows, dtype=np.int64),
+                use["x"], use["dt"], g("z") if g("z") is not None else _NULL, use["A"],
+                use["B"], use["C"], g("D") if g("D") is not None else _NULL,
+                g("dt_bias") if g("dt_bias") is not None else _NULL, use["y"])
+    kernel, block = plan.kernel, plan.block
+    for grid, scalars in plan.launches:
+        kernel(grid, block, pointers + scalars)
+
+
+def launch_args(p):
+    """Everything one launch of problem ``p`` needs, without launching.
+
+    Returns
+    -------
+    kernel : the compiled kernel
+    launches : list of (grid, args)
+        ``kernel(grid, block, args)`` for each (one, unless batch > 65535).
+    block : tuple
+    finish : callable
+        Run after the kernel: casts the output into the user's dtype when the
+        kernel wrote it in another (mixed input dtypes); else a no-op.
+    """
+    import cupy as cp
+
+    use = _kernel_arrays(cp, p)
+    plan = plan_problem(p, use)
+    recorder = _Recorder()
+    _launch(dataclasses.replace(plan, kernel=recorder), use, p.rows)
 
     def finish():
-        if staged_y:
-            y_user[...] = use["y"]
+        if plan.staged_y:
+            p.arrays["y"][...] = use["y"]
 
-    return kernel, launches, (plan["threads"],), finish
+    calls = [(grid, args) for grid, _, args in recorder.calls]
+    return plan.kernel, calls, plan.block, finish
 
 
-def state_update(p) -> None:
-    """Run the steps of problem ``p`` (CuPy arrays): update the state, fill the output."""
+class _Recorder:
+    """A stand-in kernel that keeps its launches."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args):
+        self.calls.append((grid, block, args))
+
+
+def state_update(p) -> LaunchPlan:
+    """Run the steps of problem ``p`` (CuPy arrays): update the state, fill the output.
+
+    Returns the :class:`LaunchPlan`, which :func:`run_plan` replays for later calls
+    with the same shapes, strides, dtypes, alignment, flags and device.
+    """
+    import cupy as cp
+
     for name, size in (("batch", p.batch), ("T", p.T), ("H", p.H), ("P", p.P), ("N", p.N)):
         if size > 2**31 - 1:
             raise ValueError(f"ssmkit.state_update (GPU): {name} = {size} does not fit the "
                              "kernel's 32-bit size parameters")
-    kernel, launches, block, finish = launch_args(p)
-    for grid, args in launches:
-        kernel(grid, block, args)
-    finish()
+    use = _kernel_arrays(cp, p)
+    plan = plan_problem(p, use)
+    _launch(plan, use, p.rows)
+    if plan.staged_y:
+        p.arrays["y"][...] = use["y"]
+    return plan
 
 
 def warmup(state_dtypes=("float32",), io_dtypes=("float32",), N=(128,), amodes=_AMODES):
