@@ -5,8 +5,11 @@ complex64) and each algorithm: the CUDA-event-timed median after warm-up of one
 ``linear_scan`` call, its effective bandwidth (compulsory traffic: a and b read,
 h written, 3 arrays) and that as a fraction of the device-to-device copy
 bandwidth measured in the same run. ``"auto"`` is timed too, and the algorithm
-it picks is recorded. Writes ``results/linear_scan_<gpu>.json`` (a list of rows)
-and a markdown table beside it.
+it picks is recorded. Every row records its layout: ``blocked`` (16-byte vector
+loads and stores; what these aligned inputs get) or ``staged`` (element loads
+through shared memory, what unaligned or odd-length rows get); each algorithm
+is also timed ``staged`` where it suits the shape, for comparison. Writes
+``results/linear_scan_<gpu>.json`` (a list of rows) and a markdown table beside it.
 
 Usage::
 
@@ -86,13 +89,14 @@ def write(rows_out, name, copy, out):
              "back-to-back calls (CUDA events) after 2 warm-ups; latency: one call alone, "
              "host launch path included (median of 5).",
              "",
-             "| dtype | rows | L | algorithm | ms | latency ms | TB/s | of copy |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| dtype | rows | L | algorithm | layout | ms | latency ms | TB/s | of copy |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows_out:
         if r["op"] != "linear_scan":
             continue
         alg = r["algorithm"] + (f" ({r['picks']})" if r["algorithm"] == "auto" else "")
-        lines.append(f"| {r['dtype']} | {r['rows']} | {r['L']} | {alg} | {r['ms']:.3f} | "
+        lines.append(f"| {r['dtype']} | {r['rows']} | {r['L']} | {alg} | {r['layout']} | "
+                     f"{r['ms']:.3f} | "
                      f"{r['latency_ms']:.3f} | "
                      f"{r['tbps']:.2f} | {r['fraction_of_copy']:.0%} |")
     lines += ["", "selective_scan forward (float32, batch 8, dim 1536, L 2048, N 16, D, z, "
@@ -126,18 +130,26 @@ def main():
             a = cupy.random.uniform(0.5, 0.999, (rows, L), dtype=cupy.float32).astype(dtype)
             b = cupy.random.standard_normal((rows, L), dtype=cupy.float32).astype(dtype)
             nbytes = 3 * a.nbytes
+            h0 = cupy.zeros(rows, dtype)
+            runs = []
             for alg in ALGORITHMS:
                 if alg == "sequential" and rows < 1024:
                     continue  # one thread per row: a handful of threads, seconds per call
                 if alg in ("kogge_stone", "blelloch") and rows < sms:
                     continue  # one block per row: a few blocks walking millions of steps
-                latency = cuda_median_ms(lambda: ssmkit.linear_scan(a, b, algorithm=alg),
-                                         reps=5)
-                ms = cuda_median_ms(lambda: ssmkit.linear_scan(a, b, algorithm=alg), calls=5)
+                runs.append((alg, "blocked" if gpu._blocked_ok(b, L) else "staged",
+                             lambda alg=alg: ssmkit.linear_scan(a, b, algorithm=alg)))
+                short = L <= 256  # block-per-tile algorithms on short rows: not worth timing twice
+                if alg != "auto" and (alg == "sequential") == short:
+                    runs.append((alg, "staged", lambda alg=alg: gpu.linear_scan_rows(
+                        a, b, h0, False, alg, blocked=False)))
+            for alg, layout, call in runs:
+                latency = cuda_median_ms(call, reps=5)
+                ms = cuda_median_ms(call, calls=5)
                 tbps = nbytes / (ms * 1e-3) / 1e12
                 row = dict(op="linear_scan", gpu=name, dtype=dtype, rows=rows, L=L,
-                           algorithm=alg, picks=(gpu.choose_algorithm(rows, L, sms)
-                                                 if alg == "auto" else alg),
+                           algorithm=alg, picks=(gpu.choose_algorithm(rows, L, sms, a.itemsize)
+                                                 if alg == "auto" else alg), layout=layout,
                            ms=round(ms, 4), latency_ms=round(latency, 4), tbps=round(tbps, 3),
                            fraction_of_copy=round(tbps / copy, 3), copy_tbps=round(copy, 3),
                            commit=commit(), date=datetime.date.today().isoformat())

@@ -223,11 +223,19 @@ _NOTES = """
         ``"lookback"`` when there are too few rows to fill the GPU one block
         per row (rows < 4 x SM count) and rows are long (L > 4096);
         ``"sequential"`` for rows of L <= 256 with at least 8192 rows;
-        ``"kogge_stone"`` otherwise. benchmarks/LINEAR_SCAN.md has the
+        otherwise ``"lookback"`` for float32 and ``"kogge_stone"`` for the
+        8- and 16-byte dtypes. benchmarks/LINEAR_SCAN.md has the
         measurements behind this choice.
 
     Rows are read along ``L`` in place (a broadcast ``a`` is not materialised
     when the reshape allows a view); data strided along ``L`` is copied once.
+    When ``a`` and ``b`` run along ``L`` with unit stride, their rows start
+    16-byte aligned and ``L`` is a multiple of 16 bytes' worth of steps (4 in
+    float32, 2 in float64 and complex64, any in complex128), every kernel
+    moves data as 16-byte vectors: the tile kernels keep each thread's
+    consecutive steps in registers (no shared-memory staging), the
+    sequential kernel stages its rounds through vectors. Other inputs take
+    element-wise loads staged through shared memory; the results agree.
 """
 
 

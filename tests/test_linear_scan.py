@@ -252,6 +252,58 @@ def test_gpu_plans_match_reference(algorithm, itemsize):
             assert rel(h, hr) <= 1e-12, (algorithm, L, rev)
 
 
+@pytest.mark.parametrize("algorithm", PLAN_ALGORITHMS)
+@pytest.mark.parametrize("itemsize", [4, 8, 16])
+def test_gpu_blocked_plans_match_reference(algorithm, itemsize):
+    """The kernels' 16-byte vector layout (tile kernels: a thread's steps in registers;
+    sequential: vector-staged rounds): L a multiple of the vector width, around the tile."""
+    rng = np.random.default_rng(14)
+    dtype = "complex128" if itemsize == 16 else "float64"
+    T, V = scan_plan.tile_len(itemsize), scan_plan.vector_width(itemsize)
+    S = scan_plan.seq_steps(itemsize)
+    lens = (V, 8 * V, T - V, T, T + V, 2 * T + 3 * V)
+    if algorithm == "sequential":  # rounds of S steps; more rows than one block
+        lens = (V, S - V, S, S + V, 3 * S + 5 * V)
+    for L in lens:
+        rows = 2 if algorithm != "sequential" else scan_plan.SEQ_ROWS + 3
+        a, b = rand_a(rng, (rows, L), dtype), rand(rng, (rows, L), dtype)
+        h0 = rand(rng, (rows,), dtype)
+        for rev in (False, True):
+            if algorithm == "lookback":
+                n = rows * -(-L // T)
+                h = scan_plan.lookback(a, b, h0, rev, order=rng.permutation(list(range(n)) * 2),
+                                       itemsize=itemsize, blocked=True)
+            else:
+                h = scan_plan.run(algorithm, a, b, h0, rev, chunk_tiles=1, itemsize=itemsize,
+                                  blocked=True)
+            hr = reference.linear_scan(a, b, initial_state=h0, reverse=rev)
+            assert rel(h, hr) <= 1e-12, (algorithm, L, rev)
+
+
+@pytest.mark.parametrize("itemsize", [4, 8, 16])
+@pytest.mark.parametrize("rev", [False, True])
+def test_plan_blocked_vectors_are_aligned_and_cover_each_column_once(itemsize, rev):
+    T, V = scan_plan.tile_len(itemsize), scan_plan.vector_width(itemsize)
+    L = 3 * T - 5 * V  # a partial last tile
+    seen = np.zeros(L, int)
+    for start in range(0, L, T):
+        end = min(L, start + T)
+        col, p, j = scan_plan.vector_columns(start, rev, L, itemsize)
+        inside = p < end
+        assert np.all(col[inside] % V == 0)  # 16-byte aligned when a row starts aligned
+        # the vector's items are the thread's consecutive steps, in scan order
+        steps = p[:, :, None] + np.arange(V)
+        cols = col[:, :, None] + np.arange(V)
+        item_of_col = j[None, :, :]
+        tid = np.arange(scan_plan.THREADS)[:, None, None]
+        assert np.array_equal(np.broadcast_to(start + tid * scan_plan.items(itemsize)
+                                              + item_of_col, cols.shape)[inside],
+                              (L - 1 - cols if rev else cols)[inside])
+        assert np.all(steps[inside] < end)
+        np.add.at(seen, cols[inside].ravel(), 1)
+    assert np.all(seen == 1)
+
+
 def test_plan_lookback_walks_many_windows():
     """Rows of 70 tiles: look-back windows of 32 compose flag-1 pairs, then meet a flag 2."""
     rng = np.random.default_rng(12)

@@ -62,17 +62,70 @@ def test_chunked_carries_across_many_chunks(dtype):
                 <= RTOL[dtype]
 
 
+TILE_ALGORITHMS = ("kogge_stone", "blelloch", "chunked", "lookback")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", TILE_ALGORITHMS)
+def test_blocked_and_staged_layouts_match_reference(algorithm, dtype):
+    """Both tile layouts on lengths that allow 16-byte vectors, around the tile; rows
+    strided inside a wider buffer (a 16-byte multiple), so the row stride is used."""
+    import cupy
+    from ssmkit._numba_cuda import linear_scan as gpu
+
+    rng = np.random.default_rng(11)
+    isz = np.dtype(dtype).itemsize
+    T, V = scan_plan.tile_len(isz), scan_plan.vector_width(isz)
+    for L in (V, 8 * V, T - V, T, T + V, 3 * T + 5 * V):
+        a, b = rand_a(rng, (3, L), dtype), rand(rng, (3, L), dtype)
+        h0 = rand(rng, (3,), dtype)
+        wide_a = cupy.zeros((3, L + 4 * V), dtype)
+        wide_b = cupy.zeros((3, L + 4 * V), dtype)
+        wide_a[:, :L], wide_b[:, :L] = cupy.asarray(a), cupy.asarray(b)
+        for rev in (False, True):
+            hr, fr = reference.linear_scan(a, b, initial_state=h0, reverse=rev,
+                                           return_final_state=True)
+            for blocked in (True, False):
+                h, f = gpu.linear_scan_rows(wide_a[:, :L], wide_b[:, :L], cupy.asarray(h0), rev,
+                                            algorithm, chunk_tiles=1, blocked=blocked)
+                assert rel(h.get(), hr) <= RTOL[dtype], (L, rev, blocked)
+                assert rel(f.get(), fr) <= RTOL[dtype], (L, rev, blocked)
+
+
+def test_blocked_layout_only_where_rows_are_aligned():
+    """A view starting one element in is not 16-byte aligned: the staged layout runs."""
+    import cupy
+    from ssmkit._numba_cuda import linear_scan as gpu
+
+    rng = np.random.default_rng(12)
+    L = 4 * scan_plan.tile_len(4)
+    x = cupy.asarray(rand(rng, (2, L + 1), "float32"))
+    assert gpu._blocked_ok(x[:, :L], L) is False  # row stride L + 1 floats
+    y = cupy.asarray(rand(rng, (2, L + 4), "float32"))
+    assert gpu._blocked_ok(y[:, :L], L) and not gpu._blocked_ok(y[:, 1:L + 1], L)
+    a = cupy.asarray(rand_a(rng, (2, L + 4), "float32"))
+    for algorithm in TILE_ALGORITHMS:
+        h, _ = gpu.linear_scan_rows(a[:, 1:L + 1], y[:, 1:L + 1], cupy.zeros(2, "float32"),
+                                    False, algorithm)
+        hr = reference.linear_scan(a[:, 1:L + 1].get(), y[:, 1:L + 1].get())
+        assert rel(h.get(), hr) <= 2e-5, algorithm
+    with pytest.raises(ValueError, match="blocked layout needs"):
+        gpu.linear_scan_rows(a[:, 1:L + 1], y[:, 1:L + 1], cupy.zeros(2, "float32"), False,
+                             "lookback", blocked=True)
+
+
 @pytest.mark.parametrize("algorithm", ["lookback", "chunked", "kogge_stone"])
 def test_long_sequences(algorithm):
     """Hundreds of tiles per row: look-back chains and chunk carries really run."""
     import cupy
 
     rng = np.random.default_rng(2)
-    L = 100_003
-    a, b = rand_a(rng, (2, L), "float64"), rand(rng, (2, L), "float64")
-    for rev in (False, True):
-        h = ssmkit.linear_scan(cupy.asarray(a), cupy.asarray(b), reverse=rev, algorithm=algorithm)
-        assert rel(h.get(), reference.linear_scan(a, b, reverse=rev)) <= 1e-11
+    for L in (100_003, 100_002):  # staged, then blocked (an even length of float64)
+        a, b = rand_a(rng, (2, L), "float64"), rand(rng, (2, L), "float64")
+        for rev in (False, True):
+            h = ssmkit.linear_scan(cupy.asarray(a), cupy.asarray(b), reverse=rev,
+                                   algorithm=algorithm)
+            assert rel(h.get(), reference.linear_scan(a, b, reverse=rev)) <= 1e-11
 
 
 def test_many_short_rows_sequential():

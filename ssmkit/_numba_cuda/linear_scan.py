@@ -12,24 +12,114 @@ A pair ``(A, B)`` stands for the map ``h -> A h + B``; a thread first composes
 ``ITEMS`` consecutive steps, so shuffles and shared-memory traffic are paid
 once per ``ITEMS`` steps. Complex values are shuffled as two real halves.
 
-Kernels are built per (dtype, block scan) on first use, compiled by Numba on
-first launch, and launched on CuPy's current stream. Nothing here runs at
-``import ssmkit``.
+Two data layouts. *Blocked* (rows unit-stride and 16-byte aligned, ``L`` a
+multiple of the vector width): global memory is read and written as 16-byte
+vectors (``load_vec``/``store_vec``, one ``ld/st.global.v4.f32`` or
+``.v2.f64``); the tile kernels load a thread's ITEMS consecutive steps straight
+into registers (NVEC = 4 vectors per array), with no shared-memory staging, and
+the sequential kernel stages its rounds through vectors. *Staged* (any other
+input): element loads, coalesced across the block, transposed through shared
+memory. Both compose the same steps in the same order.
+
+Kernels are built per (dtype, block scan, layout) on first use, compiled by
+Numba on first launch, and launched on CuPy's current stream. Nothing here runs
+at ``import ssmkit``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import types as pytypes
 
 import numpy as np
 from numba import cuda, types
 
-from .scan_plan import CHUNK_TILES, SEQ_ROWS, THREADS, WARP, WARPS, items, seq_steps, tile_len
+from .scan_plan import (CHUNK_TILES, SEQ_ROWS, THREADS, VECTOR_BYTES, WARP, WARPS, items,
+                        seq_steps, tile_len, vector_width)
 
 __all__ = ["linear_scan_rows", "choose_algorithm"]
 
 _FULL_MASK = 0xFFFFFFFF
+_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def _real_parts(dtype):
+    """(real Numba type, reals per 16-byte vector) of an array's element type."""
+    real = dtype.underlying_float if isinstance(dtype, types.Complex) else dtype
+    return real, VECTOR_BYTES // (real.bitwidth // 8)
+
+
+if _SIMULATOR:  # the simulator runs kernels as Python: the same values, element by element
+    @cuda.jit(device=True)
+    def load_vec(arr, row, col):
+        """The 16 bytes from ``arr[row, col]`` on, as a tuple of reals."""
+        n = VECTOR_BYTES // arr.dtype.itemsize
+        if arr.dtype.kind == "c":
+            return tuple(p for i in range(n) for p in (arr[row, col + i].real,
+                                                       arr[row, col + i].imag))
+        return tuple(arr[row, col + i] for i in range(n))
+
+    @cuda.jit(device=True)
+    def store_vec(arr, row, col, reals):
+        n = VECTOR_BYTES // arr.dtype.itemsize
+        for i in range(n):
+            if arr.dtype.kind == "c":
+                arr[row, col + i] = complex(reals[2 * i], reals[2 * i + 1])
+            else:
+                arr[row, col + i] = reals[i]
+else:
+    from llvmlite import ir
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    def _vector_pointer(context, builder, aryty, ary_val, row, row_ty, col, col_ty):
+        """Global-space pointer to the 16-byte vector that starts at ``arr[row, col]``."""
+        ary = context.make_array(aryty)(context, builder, ary_val)
+        inds = [context.cast(builder, row, row_ty, types.intp),
+                context.cast(builder, col, col_ty, types.intp)]
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
+                                        shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides),
+                                        layout=aryty.layout, inds=inds)
+        real, n = _real_parts(aryty.dtype)
+        vec = ir.VectorType(context.get_value_type(real), n)
+        return builder.addrspacecast(builder.bitcast(ptr, vec.as_pointer()),
+                                     ir.PointerType(vec, 1)), n
+
+    @intrinsic
+    def load_vec(typingctx, arr, row, col):
+        """The 16 bytes from ``arr[row, col]`` on (16-byte aligned), one ``ld.global.v*``."""
+        real, n = _real_parts(arr.dtype)
+        rt = types.UniTuple(real, n)
+
+        def codegen(context, builder, sig, args):
+            ptr, n = _vector_pointer(context, builder, sig.args[0], args[0], args[1],
+                                     sig.args[1], args[2], sig.args[2])
+            v = builder.load(ptr, align=VECTOR_BYTES)
+            parts = [builder.extract_element(v, ir.Constant(ir.IntType(32), i))
+                     for i in range(n)]
+            return context.make_tuple(builder, rt, parts)
+
+        return rt(arr, row, col), codegen
+
+    @intrinsic
+    def store_vec(typingctx, arr, row, col, reals):
+        """Store the reals as the 16 bytes from ``arr[row, col]`` on, one ``st.global.v*``."""
+        real, n = _real_parts(arr.dtype)
+        if not (isinstance(reals, types.UniTuple) and reals.count == n and reals.dtype == real):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr, n = _vector_pointer(context, builder, sig.args[0], args[0], args[1],
+                                     sig.args[1], args[2], sig.args[2])
+            v = ir.Constant(ptr.type.pointee, ir.Undefined)
+            for i, x in enumerate(cgutils.unpack_tuple(builder, args[3], n)):
+                v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), i))
+            builder.store(v, ptr, align=VECTOR_BYTES)
+            return context.get_dummy_value()
+
+        return types.void(arr, row, col, reals), codegen
 
 
 def _numba_type(dtype):
@@ -38,8 +128,14 @@ def _numba_type(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(dtype_name, block_scan_name):
-    """The kernels for one compute dtype, with the block scan ``block_scan_name``."""
+def _kernels(dtype_name, block_scan_name, blocked=False):
+    """The kernels for one compute dtype, with the block scan ``block_scan_name``.
+
+    ``blocked``: the tile kernels load and store each thread's ITEMS consecutive
+    steps directly, as 16-byte vectors, and keep them in registers (no shared
+    memory staging); only for unit-stride, 16-byte aligned rows whose length is
+    a multiple of the vector width (see :func:`_blocked_ok`).
+    """
     vt = _numba_type(dtype_name)
     is_complex = np.dtype(dtype_name).kind == "c"
     rt = types.float64 if dtype_name in ("float64", "complex128") else types.float32
@@ -51,6 +147,10 @@ def _kernels(dtype_name, block_scan_name):
     TILE = tile_len(itemsize)
     pad_every = 128 // itemsize
     stage_len = TILE + TILE // pad_every  # a tile in shared memory, padded (scan_plan.pad)
+    VEC = vector_width(itemsize)  # steps per 16-byte vector
+    NVEC = ITEMS // VEC  # vectors per thread and array (4 for every dtype)
+    if blocked:
+        stage_len = 1  # tiles live in registers
 
     # ---------------------------------------------------------------- elements
     if is_complex:
@@ -183,18 +283,33 @@ def _kernels(dtype_name, block_scan_name):
     # ---------------------------------------------------------------- tile steps
     @cuda.jit(device=True, inline=True)
     def stage(a, b, row, start, end, L, rev, sA, sB):
-        """Coalesced loads of one tile into shared memory (identity past ``end``)."""
+        """Coalesced loads of one tile into shared memory (identity past ``end``).
+
+        All of a thread's loads are issued before any is stored, so each thread
+        has 2 ITEMS loads in flight; only a partial last tile tests each position.
+        """
         tid = cuda.threadIdx.x
+        va = cuda.local.array(ITEMS, vt)
+        vb = cuda.local.array(ITEMS, vt)
+        if start + TILE <= end:
+            for k in range(ITEMS):
+                c = column(start + k * THREADS + tid, L, rev)
+                va[k] = a[row, c]
+                vb[k] = b[row, c]
+        else:
+            for k in range(ITEMS):
+                t = start + k * THREADS + tid
+                if t < end:
+                    c = column(t, L, rev)
+                    va[k] = a[row, c]
+                    vb[k] = b[row, c]
+                else:
+                    va[k] = one
+                    vb[k] = zero
         for k in range(ITEMS):
             p = k * THREADS + tid
-            t = start + p
-            if t < end:
-                c = column(t, L, rev)
-                sA[pad(p)] = a[row, c]
-                sB[pad(p)] = b[row, c]
-            else:
-                sA[pad(p)] = one
-                sB[pad(p)] = zero
+            sA[pad(p)] = va[k]
+            sB[pad(p)] = vb[k]
         cuda.syncthreads()
 
     @cuda.jit(device=True, inline=True)
@@ -225,6 +340,130 @@ def _kernels(dtype_name, block_scan_name):
                 out[row, column(t, L, rev)] = sB[pad(p)]
         cuda.syncthreads()
 
+    # ---------------------------------------------------------------- blocked tiles
+    # Thread tid owns tile positions tid ITEMS + j (j < ITEMS), loaded as NVEC
+    # vectors of VEC steps; vector v holds steps p = tid ITEMS + v VEC + i. A
+    # forward scan reads them from column start + p (vector at column
+    # start + tid ITEMS + v VEC); a reverse scan from column L - 1 - (start + p),
+    # so the vector starts at column L - (start + tid ITEMS + v VEC) - VEC and its
+    # element i is step v VEC + VEC - 1 - i. All indices below are constants
+    # after unrolling, so the items stay in registers.
+    if is_complex and VEC == 2:  # complex64: (re0, im0, re1, im1)
+        @cuda.jit(device=True, inline=True)
+        def unpack(x, v, r, rev):
+            if rev:
+                x[2 * v + 1] = vt(complex(r[0], r[1]))
+                x[2 * v] = vt(complex(r[2], r[3]))
+            else:
+                x[2 * v] = vt(complex(r[0], r[1]))
+                x[2 * v + 1] = vt(complex(r[2], r[3]))
+
+        @cuda.jit(device=True, inline=True)
+        def pack(x, v, rev):
+            if rev:
+                return (x[2 * v + 1].real, x[2 * v + 1].imag, x[2 * v].real, x[2 * v].imag)
+            return (x[2 * v].real, x[2 * v].imag, x[2 * v + 1].real, x[2 * v + 1].imag)
+    elif is_complex:  # complex128: one value per vector
+        @cuda.jit(device=True, inline=True)
+        def unpack(x, v, r, rev):
+            x[v] = vt(complex(r[0], r[1]))
+
+        @cuda.jit(device=True, inline=True)
+        def pack(x, v, rev):
+            return (x[v].real, x[v].imag)
+    elif VEC == 4:  # float32
+        @cuda.jit(device=True, inline=True)
+        def unpack(x, v, r, rev):
+            if rev:
+                x[4 * v + 3] = r[0]
+                x[4 * v + 2] = r[1]
+                x[4 * v + 1] = r[2]
+                x[4 * v] = r[3]
+            else:
+                x[4 * v] = r[0]
+                x[4 * v + 1] = r[1]
+                x[4 * v + 2] = r[2]
+                x[4 * v + 3] = r[3]
+
+        @cuda.jit(device=True, inline=True)
+        def pack(x, v, rev):
+            if rev:
+                return (x[4 * v + 3], x[4 * v + 2], x[4 * v + 1], x[4 * v])
+            return (x[4 * v], x[4 * v + 1], x[4 * v + 2], x[4 * v + 3])
+    else:  # float64
+        @cuda.jit(device=True, inline=True)
+        def unpack(x, v, r, rev):
+            if rev:
+                x[2 * v + 1] = r[0]
+                x[2 * v] = r[1]
+            else:
+                x[2 * v] = r[0]
+                x[2 * v + 1] = r[1]
+
+        @cuda.jit(device=True, inline=True)
+        def pack(x, v, rev):
+            if rev:
+                return (x[2 * v + 1], x[2 * v])
+            return (x[2 * v], x[2 * v + 1])
+
+    @cuda.jit(device=True, inline=True)
+    def vector_column(p, L, rev):
+        """First column of the vector holding steps p .. p + VEC - 1 (p a multiple of VEC)."""
+        return L - p - VEC if rev else p
+
+    @cuda.jit(device=True, inline=True)
+    def load_blocked(a, b, row, start, end, L, rev, xa, xb):
+        """This thread's ITEMS steps of the tile into xa, xb (identity past ``end``)."""
+        p0 = start + cuda.threadIdx.x * ITEMS
+        for v in range(NVEC):
+            p = p0 + v * VEC
+            if p < end:  # end is a multiple of VEC: a vector is wholly in or out
+                c = vector_column(p, L, rev)
+                unpack(xa, v, load_vec(a, row, c), rev)
+                unpack(xb, v, load_vec(b, row, c), rev)
+            else:
+                for i in range(VEC):
+                    xa[v * VEC + i] = one
+                    xb[v * VEC + i] = zero
+
+    @cuda.jit(device=True, inline=True)
+    def store_blocked(out, row, start, end, L, rev, h, xa, xb):
+        """Run this thread's ITEMS steps from ``h`` and store them, vector by vector."""
+        for j in range(ITEMS):
+            h = xa[j] * h + xb[j]
+            xb[j] = h
+        p0 = start + cuda.threadIdx.x * ITEMS
+        for v in range(NVEC):
+            p = p0 + v * VEC
+            if p < end:
+                store_vec(out, row, vector_column(p, L, rev), pack(xb, v, rev))
+
+    # ---------------------------------------------------------------- either layout
+    if blocked:
+        @cuda.jit(device=True, inline=True)
+        def tile_pair(a, b, row, start, end, L, rev, sA, sB, xa, xb):
+            """This thread's composed pair of its ITEMS steps of the tile."""
+            load_blocked(a, b, row, start, end, L, rev, xa, xb)
+            A = one
+            B = zero
+            for j in range(ITEMS):
+                B = xa[j] * B + xb[j]
+                A = xa[j] * A
+            return A, B
+
+        @cuda.jit(device=True, inline=True)
+        def tile_store(out, row, start, end, L, rev, h, sA, sB, xa, xb):
+            store_blocked(out, row, start, end, L, rev, h, xa, xb)
+    else:
+        @cuda.jit(device=True, inline=True)
+        def tile_pair(a, b, row, start, end, L, rev, sA, sB, xa, xb):
+            stage(a, b, row, start, end, L, rev, sA, sB)
+            return thread_pair(sA, sB)
+
+        @cuda.jit(device=True, inline=True)
+        def tile_store(out, row, start, end, L, rev, h, sA, sB, xa, xb):
+            rescan_store(out, row, start, end, L, rev, h, sA, sB)
+
     # ---------------------------------------------------------------- kernels
     @cuda.jit
     def segment_scan(a, b, h_in, out, seg_len, rev):
@@ -238,15 +477,16 @@ def _kernels(dtype_name, block_scan_name):
         block = np.int64(cuda.blockIdx.x)
         row = block // n_segs
         seg = block - row * n_segs
+        xa = cuda.local.array(ITEMS, vt)
+        xb = cuda.local.array(ITEMS, vt)
         h = h_in[row, seg]
         start = seg * seg_len
         end = min(L, start + seg_len)
         while start < end:
             tile_end = min(end, start + TILE)
-            stage(a, b, row, start, tile_end, L, rev, sA, sB)
-            A, B = thread_pair(sA, sB)
+            A, B = tile_pair(a, b, row, start, tile_end, L, rev, sA, sB, xa, xb)
             eA, eB, tA, tB = block_scan(A, B, wA, wB)
-            rescan_store(out, row, start, tile_end, L, rev, eA * h + eB, sA, sB)
+            tile_store(out, row, start, tile_end, L, rev, eA * h + eB, sA, sB, xa, xb)
             h = tA * h + tB
             start += TILE
 
@@ -264,12 +504,13 @@ def _kernels(dtype_name, block_scan_name):
         c = block - row * n_chunks
         start = c * chunk
         end = min(L, start + chunk)
+        xa = cuda.local.array(ITEMS, vt)
+        xb = cuda.local.array(ITEMS, vt)
         runA = one
         runB = zero
         while start < end:
             tile_end = min(end, start + TILE)
-            stage(a, b, row, start, tile_end, L, rev, sA, sB)
-            A, B = thread_pair(sA, sB)
+            A, B = tile_pair(a, b, row, start, tile_end, L, rev, sA, sB, xa, xb)
             eA, eB, tA, tB = block_scan(A, B, wA, wB)
             runB = tA * runB + tB
             runA = tA * runA
@@ -341,8 +582,9 @@ def _kernels(dtype_name, block_scan_name):
         tile = vid - row * tiles
         start = tile * TILE
         end = min(L, start + TILE)
-        stage(a, b, row, start, end, L, rev, sA, sB)
-        A, B = thread_pair(sA, sB)
+        xa = cuda.local.array(ITEMS, vt)
+        xb = cuda.local.array(ITEMS, vt)
+        A, B = tile_pair(a, b, row, start, end, L, rev, sA, sB, xa, xb)
         eA, eB, tA, tB = block_scan(A, B, wA, wB)
         if tid < WARP:
             if tile == 0:
@@ -394,10 +636,10 @@ def _kernels(dtype_name, block_scan_name):
                         accA = accA * WA
                     top -= WARP
         cuda.syncthreads()
-        rescan_store(out, row, start, end, L, rev, eA * sh_h[0] + eB, sA, sB)
+        tile_store(out, row, start, end, L, rev, eA * sh_h[0] + eB, sA, sB, xa, xb)
 
     @cuda.jit
-    def sequential(a, b, h0, out, rev):
+    def sequential_staged(a, b, h0, out, rev):
         """One thread per row; ``seq_s`` steps of SEQ_ROWS rows staged per round."""
         sA = cuda.shared.array(seq_shape, vt)
         sB = cuda.shared.array(seq_shape, vt)
@@ -408,17 +650,25 @@ def _kernels(dtype_name, block_scan_name):
         h = h0[r0 + tid] if r0 + tid < rows else zero
         t0 = 0
         while t0 < L:
-            for k in range(seq_s):
+            va = cuda.local.array(seq_s, vt)
+            vb = cuda.local.array(seq_s, vt)
+            for k in range(seq_s):  # every load issued before any store (loads in flight)
                 idx = k * SEQ_ROWS + tid
                 r = idx // seq_s
                 t = idx - r * seq_s
                 if r0 + r < rows and t0 + t < L:
                     c = column(t0 + t, L, rev)
-                    sA[r, t] = a[r0 + r, c]
-                    sB[r, t] = b[r0 + r, c]
+                    va[k] = a[r0 + r, c]
+                    vb[k] = b[r0 + r, c]
                 else:
-                    sA[r, t] = one
-                    sB[r, t] = zero
+                    va[k] = one
+                    vb[k] = zero
+            for k in range(seq_s):
+                idx = k * SEQ_ROWS + tid
+                r = idx // seq_s
+                t = idx - r * seq_s
+                sA[r, t] = va[k]
+                sB[r, t] = vb[k]
             cuda.syncthreads()
             for t in range(seq_s):
                 h = sA[tid, t] * h + sB[tid, t]
@@ -433,18 +683,85 @@ def _kernels(dtype_name, block_scan_name):
             cuda.syncthreads()
             t0 += seq_s
 
+    SEQ_VECS = seq_s // VEC  # 16-byte vectors per row and round (8 for every dtype)
+
+    @cuda.jit
+    def sequential_blocked(a, b, h0, out, rev):
+        """As ``sequential_staged``, its rounds read and written as 16-byte vectors.
+
+        Thread tid handles vectors idx = k SEQ_ROWS + tid: row r = idx // SEQ_VECS,
+        vector q = idx % SEQ_VECS, steps t0 + q VEC + (0 .. VEC-1) of that row,
+        kept in va[k VEC + j] and staged to sA[r, q VEC + j].
+        """
+        sA = cuda.shared.array(seq_shape, vt)
+        sB = cuda.shared.array(seq_shape, vt)
+        rows = b.shape[0]
+        L = b.shape[1]
+        tid = cuda.threadIdx.x
+        r0 = np.int64(cuda.blockIdx.x) * SEQ_ROWS
+        h = h0[r0 + tid] if r0 + tid < rows else zero
+        va = cuda.local.array(seq_s, vt)
+        vb = cuda.local.array(seq_s, vt)
+        t0 = 0
+        while t0 < L:
+            for k in range(SEQ_VECS):  # every load issued before any store (loads in flight)
+                idx = k * SEQ_ROWS + tid
+                r = idx // SEQ_VECS
+                p = t0 + (idx - r * SEQ_VECS) * VEC
+                if r0 + r < rows and p < L:  # L is a multiple of VEC: whole vectors
+                    c = vector_column(p, L, rev)
+                    unpack(va, k, load_vec(a, r0 + r, c), rev)
+                    unpack(vb, k, load_vec(b, r0 + r, c), rev)
+                else:
+                    for j in range(VEC):
+                        va[k * VEC + j] = one
+                        vb[k * VEC + j] = zero
+            for k in range(SEQ_VECS):
+                idx = k * SEQ_ROWS + tid
+                r = idx // SEQ_VECS
+                q = idx - r * SEQ_VECS
+                for j in range(VEC):
+                    sA[r, q * VEC + j] = va[k * VEC + j]
+                    sB[r, q * VEC + j] = vb[k * VEC + j]
+            cuda.syncthreads()
+            for t in range(seq_s):
+                h = sA[tid, t] * h + sB[tid, t]
+                sB[tid, t] = h
+            cuda.syncthreads()
+            for k in range(SEQ_VECS):
+                idx = k * SEQ_ROWS + tid
+                r = idx // SEQ_VECS
+                q = idx - r * SEQ_VECS
+                p = t0 + q * VEC
+                if r0 + r < rows and p < L:
+                    for j in range(VEC):
+                        vb[k * VEC + j] = sB[r, q * VEC + j]
+                    store_vec(out, r0 + r, vector_column(p, L, rev), pack(vb, k, rev))
+            cuda.syncthreads()
+            t0 += seq_s
+
+    sequential = sequential_blocked if blocked else sequential_staged
+
     return pytypes.SimpleNamespace(segment_scan=segment_scan, chunk_totals=chunk_totals,
                                    chunk_carries=chunk_carries, lookback=lookback,
                                    sequential=sequential, parts=parts, real_dtype=rt)
 
 
-def choose_algorithm(rows, L, sm_count):
-    """What ``algorithm="auto"`` runs for ``rows`` rows of ``L`` steps (see linear_scan's Notes)."""
+def choose_algorithm(rows, L, sm_count, itemsize=8):
+    """What ``algorithm="auto"`` runs for ``rows`` rows of ``L`` steps (see linear_scan's Notes).
+
+    Few long rows need the work split along L: look-back (one pass, where the
+    chunked scan reads twice). Many short rows: one thread per row. Between,
+    one block per row (kogge_stone) needs no inter-block traffic, while
+    look-back's many small blocks overlap loads, scans and stores; measured
+    (benchmarks/LINEAR_SCAN.md) look-back wins for 4-byte float32 and
+    kogge_stone for 8-byte complex64.
+    """
     if rows < 4 * sm_count and L > 4096:
         return "lookback"
     if L <= 256 and rows >= 8192:
         return "sequential"
-    return "kogge_stone"
+    return "lookback" if itemsize == 4 else "kogge_stone"
 
 
 @functools.lru_cache(maxsize=None)
@@ -468,7 +785,19 @@ def _unit_stride(cupy, x, allow_zero=False):
     return cupy.ascontiguousarray(x)
 
 
-def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES):
+def _blocked_ok(x, L):
+    """Whether every row of ``x`` (rows, L) reads as whole, aligned 16-byte vectors.
+
+    Needs unit stride along L (not a broadcast ``a``), L a multiple of the
+    vector width, and the first element and the row stride 16-byte aligned.
+    """
+    rows, width = x.shape[0], VECTOR_BYTES // x.itemsize
+    return (L % width == 0 and x.strides[1] == x.itemsize
+            and (rows <= 1 or x.strides[0] % VECTOR_BYTES == 0)
+            and x.data.ptr % VECTOR_BYTES == 0)
+
+
+def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES, blocked=None):
     """Scan each row of ``b`` with coefficients ``a`` on the GPU.
 
     Parameters
@@ -486,6 +815,11 @@ def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES):
     chunk_tiles : int
         Tiles per chunk of the ``"chunked"`` scan (small values force many
         chunk carries in tests).
+    blocked : bool or None
+        Tile kernels in the blocked layout (16-byte vector loads and stores,
+        a thread's steps in registers). None: whenever ``a``, ``b`` and the
+        output allow it (:func:`_blocked_ok`); False forces the shared-memory
+        staged layout (tests compare both).
 
     Returns
     -------
@@ -498,11 +832,18 @@ def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES):
     rows, L = b.shape
     cd = b.dtype
     if algorithm == "auto":
-        algorithm = choose_algorithm(rows, L, _sm_count(b.device.id))
+        algorithm = choose_algorithm(rows, L, _sm_count(b.device.id), cd.itemsize)
     a = _unit_stride(cupy, a, allow_zero=True)
     b = _unit_stride(cupy, b)
     h0 = cupy.ascontiguousarray(h0)
     out = cupy.empty((rows, L), cd)
+    can_block = _blocked_ok(a, L) and _blocked_ok(b, L) and _blocked_ok(out, L)
+    if blocked is None:
+        blocked = can_block
+    elif blocked and not can_block:
+        raise ValueError("linear_scan: blocked layout needs unit-stride, 16-byte aligned rows "
+                         f"and L a multiple of {VECTOR_BYTES // cd.itemsize}")
+    blocked = bool(blocked)
     stream = _numba_stream(cupy.cuda.get_current_stream().ptr)
 
     def dev(x):  # zero-copy view; ordering is by the shared stream, so no sync
@@ -511,13 +852,13 @@ def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES):
     rev = bool(reverse)
     A, B, O = dev(a), dev(b), dev(out)
     if algorithm == "sequential":
-        k = _kernels(cd.name, "kogge_stone")
+        k = _kernels(cd.name, "kogge_stone", blocked)
         k.sequential[(rows + SEQ_ROWS - 1) // SEQ_ROWS, SEQ_ROWS, stream](A, B, dev(h0), O, rev)
     elif algorithm in ("kogge_stone", "blelloch"):
-        k = _kernels(cd.name, algorithm)
+        k = _kernels(cd.name, algorithm, blocked)
         k.segment_scan[rows, THREADS, stream](A, B, dev(h0.reshape(rows, 1)), O, np.int64(L), rev)
     elif algorithm == "chunked":
-        k = _kernels(cd.name, "kogge_stone")
+        k = _kernels(cd.name, "kogge_stone", blocked)
         chunk = int(chunk_tiles) * tile_len(cd.itemsize)
         n_chunks = -(-L // chunk)
         aggA = cupy.empty((rows, n_chunks), cd)
@@ -530,7 +871,7 @@ def linear_scan_rows(a, b, h0, reverse, algorithm, *, chunk_tiles=CHUNK_TILES):
         k.segment_scan[rows * n_chunks, THREADS, stream](A, B, dev(carries), O,
                                                          np.int64(chunk), rev)
     elif algorithm == "lookback":
-        k = _kernels(cd.name, "kogge_stone")
+        k = _kernels(cd.name, "kogge_stone", blocked)
         n = rows * (-(-L // tile_len(cd.itemsize)))
         flags = cupy.zeros(n, cupy.int32)
         store = cupy.empty((n, 3 * k.parts), k.real_dtype.name if hasattr(k.real_dtype, "name")

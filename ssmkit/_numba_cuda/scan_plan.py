@@ -9,7 +9,10 @@ up-sweep and down-sweep, the same chunk carries and look-back walk. A warp, a
 block or a grid of threads is a NumPy array over its threads, so the whole
 schedule runs on the CPU, where the tests check it against the float64
 reference (warp shuffles do not run in Numba's CUDA simulator). The GPU tests
-then check the kernels themselves.
+then check the kernels themselves. The kernels' blocked layout (16-byte vectors:
+each tile thread's consecutive steps loaded straight into registers; vector-staged
+rounds in the sequential scan) is mirrored too (``blocked=True``), with the same
+vector columns and the same element order in reverse scans.
 
 No Numba and no CuPy here: this module is the kernels' plan, importable anywhere.
 
@@ -27,6 +30,7 @@ WARPS = THREADS // WARP
 TILE_BYTES = 16384  # one tile of a (or b) in shared memory: 6 blocks' worth fit an SM
 SEQ_ROWS = 128  # rows (one per thread) per block of the sequential scan
 CHUNK_TILES = 8  # tiles per chunk of the three-phase scan
+VECTOR_BYTES = 16  # one vector load or store of the blocked tile layout
 
 
 def items(itemsize):
@@ -46,6 +50,11 @@ def pad(p, itemsize):
     every shared-memory wavefront (32 lanes of 4 bytes, 16 of 8, 8 of 16).
     """
     return p + p // (128 // itemsize)
+
+
+def vector_width(itemsize):
+    """Steps per 16-byte vector: 4 (4-byte), 2 (8-byte), 1 (16-byte values)."""
+    return VECTOR_BYTES // itemsize
 
 
 def seq_steps(itemsize):
@@ -170,8 +179,72 @@ def thread_pairs(sA, sB, isz):
     return A, B
 
 
-def scan_tile(a_row, b_row, out_row, start, end, h, rev, block_scan, isz):
+def vector_columns(start, rev, L, isz):
+    """Blocked layout: the first column of vector ``v`` of thread ``tid`` (THREADS, NVEC),
+    its first step ``p``, and the item ``j`` each of its VEC elements holds (NVEC, VEC).
+
+    Vector v of thread tid holds steps p = start + tid ITEMS + v VEC + (0 .. VEC-1);
+    forward they are columns p .. p + VEC - 1; reversed, columns L - p - VEC ..
+    L - 1 - p, so element i is step VEC - 1 - i of the vector.
+    """
+    n_items, vec = items(isz), vector_width(isz)
+    nvec = n_items // vec
+    p = start + np.arange(THREADS)[:, None] * n_items + np.arange(nvec)[None, :] * vec
+    col = L - p - vec if rev else p
+    i = np.arange(vec)
+    j = np.arange(nvec)[:, None] * vec + ((vec - 1 - i) if rev else i)[None, :]
+    return col, p, j
+
+
+def load_blocked(a_row, b_row, start, end, rev, isz):
+    """Blocked layout: each thread's ITEMS steps (THREADS, ITEMS), read as whole vectors
+    (``end`` and L are multiples of VEC); past ``end`` the identity (1, 0)."""
+    L = b_row.shape[0]
+    vec = vector_width(isz)
+    assert L % vec == 0 and start % vec == 0 and end % vec == 0
+    col, p, j = vector_columns(start, rev, L, isz)
+    xa = np.ones((THREADS, items(isz)), b_row.dtype)
+    xb = np.zeros((THREADS, items(isz)), b_row.dtype)
+    for tid in range(THREADS):
+        for v in range(col.shape[1]):
+            if p[tid, v] < end:
+                c = col[tid, v]
+                xa[tid, j[v]] = a_row[c:c + vec]
+                xb[tid, j[v]] = b_row[c:c + vec]
+    return xa, xb
+
+
+def store_blocked(out_row, start, end, rev, xb, isz):
+    L = out_row.shape[0]
+    vec = vector_width(isz)
+    col, p, j = vector_columns(start, rev, L, isz)
+    for tid in range(THREADS):
+        for v in range(col.shape[1]):
+            if p[tid, v] < end:
+                c = col[tid, v]
+                out_row[c:c + vec] = xb[tid, j[v]]
+
+
+def blocked_pairs(xa, xb):
+    """Each thread composes its items in order (the kernel's loop over j)."""
+    A = np.ones(THREADS, xa.dtype)
+    B = np.zeros(THREADS, xb.dtype)
+    for j in range(xa.shape[1]):
+        A, B = compose((A, B), (xa[:, j], xb[:, j]))
+    return A, B
+
+
+def scan_tile(a_row, b_row, out_row, start, end, h, rev, block_scan, isz, blocked=False):
     """One tile of the tile scans from the incoming state ``h``; returns the outgoing one."""
+    if blocked:
+        xa, xb = load_blocked(a_row, b_row, start, end, rev, isz)
+        (eA, eB), (tA, tB) = BLOCK_SCANS[block_scan](*blocked_pairs(xa, xb))
+        hh = eA * h + eB
+        for j in range(xa.shape[1]):
+            hh = xa[:, j] * hh + xb[:, j]
+            xb[:, j] = hh
+        store_blocked(out_row, start, end, rev, xb, isz)
+        return tA * h + tB
     L = b_row.shape[0]
     sA, sB = stage_tile(a_row, b_row, start, end, rev, isz)
     A, B = thread_pairs(sA, sB, isz)
@@ -192,9 +265,11 @@ def scan_tile(a_row, b_row, out_row, start, end, h, rev, block_scan, isz):
     return tA * h + tB
 
 
-def tile_total(a_row, b_row, start, end, rev, block_scan, isz):
-    sA, sB = stage_tile(a_row, b_row, start, end, rev, isz)
-    A, B = thread_pairs(sA, sB, isz)
+def tile_total(a_row, b_row, start, end, rev, block_scan, isz, blocked=False):
+    if blocked:
+        A, B = blocked_pairs(*load_blocked(a_row, b_row, start, end, rev, isz))
+    else:
+        A, B = thread_pairs(*stage_tile(a_row, b_row, start, end, rev, isz), isz)
     return BLOCK_SCANS[block_scan](A, B)[1]
 
 
@@ -203,7 +278,7 @@ def _isz(b, itemsize):
     return itemsize or b.dtype.itemsize
 
 
-def segment_scan(a, b, h_in, seg_len, rev, block_scan, itemsize=None):
+def segment_scan(a, b, h_in, seg_len, rev, block_scan, itemsize=None, blocked=False):
     """The tile-walk kernel: block (row, seg) scans steps [seg seg_len, (seg+1) seg_len)
     tile by tile from ``h_in[row, seg]``, carrying the state across tiles."""
     isz = _isz(b, itemsize)
@@ -217,12 +292,12 @@ def segment_scan(a, b, h_in, seg_len, rev, block_scan, itemsize=None):
         start, end = seg * seg_len, min(L, (seg + 1) * seg_len)
         while start < end:
             h = scan_tile(a[row], b[row], out[row], start, min(end, start + tile), h, rev,
-                          block_scan, isz)
+                          block_scan, isz, blocked)
             start += tile
     return out
 
 
-def chunk_totals(a, b, chunk, rev, block_scan, itemsize=None):
+def chunk_totals(a, b, chunk, rev, block_scan, itemsize=None, blocked=False):
     """Phase 1: each block reduces one chunk of one row, tile by tile, to one pair."""
     isz = _isz(b, itemsize)
     tile = tile_len(isz)
@@ -236,7 +311,7 @@ def chunk_totals(a, b, chunk, rev, block_scan, itemsize=None):
             run = (b.dtype.type(1), b.dtype.type(0))
             while start < end:
                 run = compose(run, tile_total(a[row], b[row], start, min(end, start + tile),
-                                              rev, block_scan, isz))
+                                              rev, block_scan, isz, blocked))
                 start += tile
             aggA[row, c], aggB[row, c] = run
     return aggA, aggB
@@ -252,11 +327,13 @@ def chunk_carries(aggA, aggB, h0):
     return carries
 
 
-def chunked(a, b, h0, rev, block_scan="kogge_stone", chunk_tiles=CHUNK_TILES, itemsize=None):
+def chunked(a, b, h0, rev, block_scan="kogge_stone", chunk_tiles=CHUNK_TILES, itemsize=None,
+            blocked=False):
     """Three-phase scan: chunk totals, carries between chunks, rescan of every chunk."""
     chunk = chunk_tiles * tile_len(_isz(b, itemsize))
-    aggA, aggB = chunk_totals(a, b, chunk, rev, block_scan, itemsize)
-    return segment_scan(a, b, chunk_carries(aggA, aggB, h0), chunk, rev, block_scan, itemsize)
+    aggA, aggB = chunk_totals(a, b, chunk, rev, block_scan, itemsize, blocked)
+    return segment_scan(a, b, chunk_carries(aggA, aggB, h0), chunk, rev, block_scan, itemsize,
+                        blocked)
 
 
 def warp_reduce_older_first(A, B):
@@ -278,7 +355,8 @@ def warp_reduce_older_first(A, B):
     return A[0], B[0]
 
 
-def lookback(a, b, h0, rev, block_scan="kogge_stone", order=None, itemsize=None):
+def lookback(a, b, h0, rev, block_scan="kogge_stone", order=None, itemsize=None,
+             blocked=False):
     """Single pass with decoupled look-back, its events in the order ``order``.
 
     Block ``vid`` (row, tile), in launch order, has two events: *publish*
@@ -317,7 +395,7 @@ def lookback(a, b, h0, rev, block_scan="kogge_stone", order=None, itemsize=None)
         if flags[vid]:
             return
         row, tile, start, end = span(vid)
-        tA, tB = tile_total(a[row], b[row], start, end, rev, block_scan, isz)
+        tA, tB = tile_total(a[row], b[row], start, end, rev, block_scan, isz, blocked)
         aggA[vid], aggB[vid] = tA, tB
         if tile == 0:
             h_in[vid] = h0[row]
@@ -355,7 +433,7 @@ def lookback(a, b, h0, rev, block_scan="kogge_stone", order=None, itemsize=None)
                 top -= WARP
             incl[vid] = aggA[vid] * h_in[vid] + aggB[vid]
             flags[vid] = 2
-        scan_tile(a[row], b[row], out[row], start, end, h_in[vid], rev, block_scan, isz)
+        scan_tile(a[row], b[row], out[row], start, end, h_in[vid], rev, block_scan, isz, blocked)
 
     seen = np.zeros(n, np.int8)
     for vid in (list(range(n)) * 2 if order is None else order):
@@ -370,12 +448,22 @@ def lookback(a, b, h0, rev, block_scan="kogge_stone", order=None, itemsize=None)
     return out
 
 
-def sequential(a, b, h0, rev, itemsize=None):
+def sequential(a, b, h0, rev, itemsize=None, blocked=False):
     """One thread per row; steps staged ``seq_steps`` at a time, each thread loading
-    positions ``k SEQ_ROWS + tid`` of the (rows x steps) stage."""
+    positions ``k SEQ_ROWS + tid`` of the (rows x steps) stage.
+
+    ``blocked``: the stage is read and written as 16-byte vectors instead, thread
+    tid taking vectors ``idx = k SEQ_ROWS + tid``: row ``idx // (S / VEC)``,
+    vector ``idx % (S / VEC)`` of the round (L a multiple of VEC).
+    """
     rows, L = b.shape
-    S = seq_steps(_isz(b, itemsize))
+    isz = _isz(b, itemsize)
+    S = seq_steps(isz)
+    V = vector_width(isz) if blocked else 1
+    per_row = S // V  # loads (vectors or elements) per row and round
     out = np.empty_like(b)
+    lane = np.arange(V)
+    j = (V - 1 - lane) if (blocked and rev) else lane  # step within the vector of element i
     for block in range(-(-rows // SEQ_ROWS)):
         r0 = block * SEQ_ROWS
         h = np.zeros(SEQ_ROWS, b.dtype)
@@ -384,37 +472,45 @@ def sequential(a, b, h0, rev, itemsize=None):
         for t0 in range(0, L, S):
             sA = np.ones((SEQ_ROWS, S + 1), b.dtype)
             sB = np.zeros((SEQ_ROWS, S + 1), b.dtype)
-            for k in range(S):
+            for k in range(per_row):
                 idx = k * SEQ_ROWS + np.arange(SEQ_ROWS)
-                r, t = idx // S, idx % S
-                ok = (r0 + r < rows) & (t0 + t < L)
-                col = np.where(rev, L - 1 - (t0 + t), t0 + t)
-                sA[r[ok], t[ok]] = a[r0 + r[ok], col[ok]]
-                sB[r[ok], t[ok]] = b[r0 + r[ok], col[ok]]
+                r, q = idx // per_row, idx % per_row
+                p = t0 + q * V  # first step of the vector (of the element, unblocked)
+                ok = (r0 + r < rows) & (p < L)
+                col = (L - p - V if rev else p) if blocked else np.where(rev, L - 1 - p, p)
+                for i in range(V):  # element i of the vector: column col + i, step p + j[i]
+                    sA[r[ok], q[ok] * V + j[i]] = a[r0 + r[ok], col[ok] + i]
+                    sB[r[ok], q[ok] * V + j[i]] = b[r0 + r[ok], col[ok] + i]
             for t in range(S):
                 h = sA[:, t] * h + sB[:, t]
                 sB[:, t] = h
-            for k in range(S):
+            for k in range(per_row):
                 idx = k * SEQ_ROWS + np.arange(SEQ_ROWS)
-                r, t = idx // S, idx % S
-                ok = (r0 + r < rows) & (t0 + t < L)
-                col = np.where(rev, L - 1 - (t0 + t), t0 + t)
-                out[r0 + r[ok], col[ok]] = sB[r[ok], t[ok]]
+                r, q = idx // per_row, idx % per_row
+                p = t0 + q * V
+                ok = (r0 + r < rows) & (p < L)
+                col = (L - p - V if rev else p) if blocked else np.where(rev, L - 1 - p, p)
+                for i in range(V):
+                    out[r0 + r[ok], col[ok] + i] = sB[r[ok], q[ok] * V + j[i]]
     return out
 
 
-def run(algorithm, a, b, h0, rev, chunk_tiles=CHUNK_TILES, itemsize=None):
+def run(algorithm, a, b, h0, rev, chunk_tiles=CHUNK_TILES, itemsize=None, blocked=False):
     """The plan of ``algorithm`` on (rows, L) arrays: returns h (rows, L).
 
     ``itemsize`` picks the tile geometry of the kernel to mirror (default: that
     of ``b``'s dtype), so float64 data can follow a float32 kernel's plan.
+    ``blocked`` follows the kernels' 16-byte vector layout (L a multiple of
+    ``vector_width(itemsize)``): the tile kernels keep each thread's steps in
+    registers, the sequential kernel stages its rounds through vectors.
     """
     if algorithm == "sequential":
-        return sequential(a, b, h0, rev, itemsize)
+        return sequential(a, b, h0, rev, itemsize, blocked)
     if algorithm in ("kogge_stone", "blelloch"):
-        return segment_scan(a, b, h0[:, None], b.shape[1], rev, algorithm, itemsize)
+        return segment_scan(a, b, h0[:, None], b.shape[1], rev, algorithm, itemsize, blocked)
     if algorithm == "chunked":
-        return chunked(a, b, h0, rev, chunk_tiles=chunk_tiles, itemsize=itemsize)
+        return chunked(a, b, h0, rev, chunk_tiles=chunk_tiles, itemsize=itemsize,
+                       blocked=blocked)
     if algorithm == "lookback":
-        return lookback(a, b, h0, rev, itemsize=itemsize)
+        return lookback(a, b, h0, rev, itemsize=itemsize, blocked=blocked)
     raise ValueError(algorithm)
