@@ -6,6 +6,9 @@ bfloat16 and float32, and a few more shapes: CUDA-event-timed medians after warm
 the device-to-device copy bandwidth measured in the same run, each time set against
 the compulsory traffic (bytes / copy bandwidth) and mamba_ssm's Triton time where
 peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table beside it.
+16-bit rows run the forward on the tensor-core kernels (cuda_src/ssd_mma.cu) and also time it
+with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the peer bfloat16 row's forward is
+split into its stages (effective dt + chunk sums, chunk states, state passing, outputs).
 
 CPU mode (``--cpu``) times the Numba backend against the float64 reference loop.
 
@@ -35,6 +38,7 @@ TABLE = [
     ("bfloat16", 4, 4096, 80, 64, 1, 128, 256, 0.694, 3.67),
     ("float32", 4, 4096, 80, 64, 1, 128, 256, 1.18, 5.20),
     ("bfloat16", 4, 4096, 80, 64, 1, 128, 128, None, None),
+    ("float16", 4, 4096, 80, 64, 1, 128, 256, None, None),
     ("float32", 1, 4096, 8, 64, 1, 64, 256, None, None),
 ]
 
@@ -119,7 +123,42 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
         _, pullback = ssmkit.ssd_vjp(**x, **kw)
         pullback(dy)
 
-    return fwd_ms, cuda_median_ms(fwd_bwd, reps=5)
+    fb_ms = cuda_median_ms(fwd_bwd, reps=5)
+    fwd_old_ms = None
+    if dtype in ("float16", "bfloat16"):  # the same forward on the CUDA-core kernels
+        before = os.environ.get("SSMKIT_SSD_MMA")
+        os.environ["SSMKIT_SSD_MMA"] = "0"
+        try:
+            fwd_old_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
+        finally:
+            if before is None:
+                del os.environ["SSMKIT_SSD_MMA"]
+            else:
+                os.environ["SSMKIT_SSD_MMA"] = before
+    return fwd_ms, fb_ms, fwd_old_ms
+
+
+def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
+    """Milliseconds of each stage of the tensor-core forward (16-bit dtypes)."""
+    import math
+
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
+    p, _, _ = _ssd._prepare("ssd", x["x"], x["dt"], x["A"], x["B"], x["C"], chunk, x["D"], None,
+                            x["dt_bias"], True, (0.0, math.inf), None, None, None)
+    assert gpu_ssd.uses_mma(p)
+    lay = gpu_ssd._Layout(p)
+    chunk_states = lay.chunk_state_mma(p)
+    states = lay.passing(p, chunk_states)
+    y = cupy.empty(p.x.shape, dtype=p.io_dtype)
+    return {
+        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p)),
+        "ssd_mma_chunk_state": cuda_median_ms(lambda: lay.chunk_state_mma(p)),
+        "ssd_state_passing": cuda_median_ms(lambda: lay.passing(p, chunk_states)),
+        "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, states, y)),
+    }
 
 
 def run_gpu(args):
@@ -132,18 +171,24 @@ def run_gpu(args):
     rows = []
     table = TABLE[:2] if args.quick else TABLE
     for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
-        fwd_ms, fb_ms = time_row(cupy, dtype, batch, L, H, P, G, N, chunk)
+        fwd_ms, fb_ms, fwd_old_ms = time_row(cupy, dtype, batch, L, H, P, G, N, chunk)
         cupy.get_default_memory_pool().free_all_blocks()
         fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
         rows.append(dict(
             op="ssd", gpu=gpu, dtype=dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
             N=N, chunk_size=chunk, fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),
+            fwd_path=("tensor cores" if dtype in ("float16", "bfloat16")
+                      and os.environ.get("SSMKIT_SSD_MMA", "1") != "0" else "CUDA cores"),
+            fwd_cuda_cores_ms=None if fwd_old_ms is None else round(fwd_old_ms, 4),
             copy_tbps=round(copy_bw, 3),
             fwd_of_copy=round(fwd_bytes / (fwd_ms * 1e-3) / 1e12 / copy_bw, 4),
             fwd_bwd_of_copy=round(fb_bytes / (fb_ms * 1e-3) / 1e12 / copy_bw, 4),
             mamba_ssm_fwd_ms=peer_fwd, mamba_ssm_fwd_bwd_ms=peer_fb,
             commit=commit(), date=datetime.date.today().isoformat()))
         print(json.dumps(rows[-1]), flush=True)
+    stages = forward_stages(cupy, *TABLE[0][:8])
+    cupy.get_default_memory_pool().free_all_blocks()
+    print(json.dumps({"forward stages ms": stages}), flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "ssd_h200" if "H200" in gpu else "ssd_gpu")
@@ -154,11 +199,13 @@ def run_gpu(args):
              f"Copy bandwidth {copy_bw:.2f} TB/s, measured in the same run. Median CUDA-event "
              "time of one call after warm-up (host work included). 'of copy': compulsory bytes "
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
-             "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster).",
+             "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "
+             "16-bit forwards run on tensor cores (cuda_src/ssd_mma.cu); 'fwd ms, CUDA "
+             "cores': the same call with SSMKIT_SSD_MMA=0.",
              "",
              "| dtype | batch | L | H | P | G | N | chunk | fwd ms | of copy | x mamba_ssm | "
-             "fwd+bwd ms | of copy | x mamba_ssm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pf = f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f}" if r["mamba_ssm_fwd_ms"] else "-"
         pb = (f"{r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if r["mamba_ssm_fwd_bwd_ms"]
@@ -166,8 +213,11 @@ def run_gpu(args):
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['L']} | {r['heads']} | {r['headdim']} | "
             f"{r['groups']} | {r['N']} | {r['chunk_size']} | {r['fwd_ms']:.3f} | "
-            f"{r['fwd_of_copy']:.3f} | {pf} | {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | "
-            f"{pb} |")
+            f"{r['fwd_of_copy']:.3f} | {pf} | "
+            f"{'-' if r['fwd_cuda_cores_ms'] is None else format(r['fwd_cuda_cores_ms'], '.3f')} | "
+            f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | {pb} |")
+    lines += ["", "Forward stages of the first row (tensor-core path), ms: " +
+              ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + "."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,4 +1,5 @@
-"""cuda_src/ssd.cu compiles with NVRTC for sm_90, exactly as the GPU backend compiles it.
+"""cuda_src/ssd.cu and ssd_mma.cu compile with NVRTC for sm_90, exactly as the GPU backend
+compiles them (ssd_mma.cu: every instantiation, and without register spills).
 
 No GPU or driver needed. Without an NVRTC library these tests skip, unless
 ``SSMKIT_REQUIRE_NVRTC=1`` (then they fail). The default set covers every
@@ -92,3 +93,35 @@ def test_kernels_compile_for_sm90(nvrtc_path):
             mangled = res["lowered"][name]
             assert mangled.startswith("_Z"), name
             assert "registers" in report.get(mangled, {}), name
+
+
+# --------------------------------------------------------------------------------------
+# cuda_src/ssd_mma.cu: the tensor-core forward kernels (16-bit x, B, C)
+# --------------------------------------------------------------------------------------
+
+def mma_names():
+    """Every instantiation: each 16-bit dtype, each state tile width NW, each column width PW."""
+    return [n for io in ("float16", "bfloat16") for n in ssd.mma_kernel_names(io)]
+
+
+def test_mma_source_needs_no_include_path():
+    src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
+    assert not re.search(r"^\s*#\s*include", src, re.M)
+
+
+def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
+    names = mma_names()
+    assert len(names) == 2 * (2 + len(ssd.MMA_WIDTHS))
+    src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
+    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
+                                                  "--ptxas-options=-v"]
+    res = _nvrtc_check.compile_program(src, names, options, filename=ssd.MMA_SOURCE_FILE,
+                                       nvrtc=_nvrtc_check.load_nvrtc(nvrtc_path))
+    report = _nvrtc_check.parse_ptxas_report(res["log"])
+    for name in names:
+        mangled = res["lowered"][name]
+        assert mangled.startswith("_Z"), name
+        entry = report.get(mangled, {})
+        assert "registers" in entry and "spill_stores" in entry, name
+        # Spilled accumulators would go through local memory in the inner loop.
+        assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (name, entry)

@@ -13,6 +13,10 @@ Forward
        gate, in one kernel.
     The chunks are cut every ``chunk_size`` steps and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
+    For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 and 4
+    run on tensor cores instead (``cuda_src/ssd_mma.cu``: ``ssd_mma_chunk_state``,
+    ``ssd_mma_chunk_out``; every option supported). ``SSMKIT_SSD_MMA=0`` in the
+    environment selects the CUDA-core kernels for every call (to compare the two).
 
 Backward (from the boundary states the forward kept, nothing per step)
     the outputs are recomputed without gate (``ssd_chunk_mm``), the adjoint
@@ -22,10 +26,13 @@ Backward (from the boundary states the forward kept, nothing per step)
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
-Arithmetic is float32 (float64 for float64 inputs) on CUDA cores.
+Arithmetic is float32 (float64 for float64 inputs) on CUDA cores, except the
+tensor-core forward products (16-bit operands, float32 sums).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -33,10 +40,14 @@ from .._ssd import effective_dt
 from . import compiler
 
 __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
-           "SOURCE_FILE", "DTYPE_PAIRS"]
+           "SOURCE_FILE", "DTYPE_PAIRS", "MMA_SOURCE_FILE", "mma_kernel_names", "uses_mma"]
 
 SOURCE_FILE = "ssd.cu"
 THREADS = 256
+MMA_SOURCE_FILE = "ssd_mma.cu"
+MMA_THREADS = 128  # SSD_MMA_THREADS
+MMA_ROWS = 64      # SSD_MMA_ROWS: steps per tile of ssd_mma_chunk_out
+MMA_WIDTHS = (32, 64, 128)  # PW of ssd_mma_chunk_out: P rounded up to one of these
 MAX_DIM = 256  # SSD_MAXD in ssd.cu: the largest P and N
 _NULL = np.uint64(0)  # a null device pointer for absent optional arrays
 
@@ -112,9 +123,40 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     return names
 
 
-def _launch(name, grid, args):
-    kernel = compiler.get_kernel(SOURCE_FILE, name)
-    kernel(grid, (THREADS,), args)
+def mma_width(P: int) -> int:
+    """PW of ``ssd_mma_chunk_out``: the smallest of MMA_WIDTHS that holds P columns."""
+    return next(w for w in MMA_WIDTHS if w >= P)
+
+
+def mma_out_name(io: str, P: int) -> str:
+    """The ``ssd_mma_chunk_out`` instance for head dimension P: PW = mma_width(P) and the N
+    slice KW = 128 (64 for PW = 128, to stay within 48 KiB of shared memory)."""
+    pw = mma_width(P)
+    return f"ssd_mma_chunk_out<{_CTYPE[io]}, {pw}, {128 if pw <= 64 else 64}>"
+
+
+def mma_state_width(N: int) -> int:
+    """NW of ``ssd_mma_chunk_state``: the N columns of a block (64 or 128)."""
+    return 64 if N <= 64 else 128
+
+
+def mma_kernel_names(io: str) -> list:
+    """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
+    return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}>" for nw in (64, 128)]
+            + [mma_out_name(io, pw) for pw in MMA_WIDTHS])
+
+
+def uses_mma(p) -> bool:
+    """Whether the forward of problem ``p`` runs on the tensor-core kernels: 16-bit x with B
+    and C in the same dtype, P <= 128, and ``SSMKIT_SSD_MMA`` not set to ``0``."""
+    io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)
+    return (io in ("float16", "bfloat16") and bc == io and p.P <= MMA_WIDTHS[-1]
+            and os.environ.get("SSMKIT_SSD_MMA", "1") != "0")
+
+
+def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS):
+    kernel = compiler.get_kernel(source, name)
+    kernel(grid, (threads,), args)
 
 
 def _ptr(x):
@@ -197,6 +239,28 @@ class _Layout:
                  np.int64(m_chunks), np.int32(tiles)))
         return out
 
+    def chunk_state_mma(self, p):
+        """The forward chunk states on tensor cores, (batch, nc, H, P, N) float32."""
+        out = p.xp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
+        nw = mma_state_width(p.N)
+        grid = (p.batch * self.nc, p.H, -(-p.P // 64) * -(-p.N // nw))
+        _launch(f"ssd_mma_chunk_state<{_CTYPE[self.io]}, {nw}>", grid,
+                (p.x, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out, np.int64(p.L),
+                 np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]), np.int32(p.N),
+                 np.int64(self.nc)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return out
+
+    def out_mma(self, p, states, out):
+        """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P)."""
+        tiles = -(-self.max_len // MMA_ROWS)
+        _launch(mma_out_name(self.io, p.P),
+                (p.batch * p.H * self.nc * tiles,),
+                (p.C, p.B, p.x, states, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
+                 _ptr(p.seq_idx), self.starts, out, np.int64(p.L), np.int32(p.H), np.int32(p.P),
+                 np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(p.N),
+                 np.int64(self.nc), np.int32(tiles)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return out
+
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         PN = p.P * p.N
@@ -214,9 +278,13 @@ def ssd_forward(p, *, save_checkpoints):
     """
     cp = p.xp
     lay = _Layout(p)
-    states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
-    lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)
+    if uses_mma(p):
+        states = lay.passing(p, lay.chunk_state_mma(p))
+        lay.out_mma(p, states, y)
+    else:
+        states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
+        lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)
     final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
     rows, cols = np.nonzero(lay.bslot_host >= 0)
     if rows.size:
@@ -285,8 +353,8 @@ def ssd_backward(p, checkpoints, dy, dfinal):
 
 
 def _compile(names):
-    for name in names:
-        compiler.get_kernel(SOURCE_FILE, name)
+    for source, name in names:
+        compiler.get_kernel(source, name)
     return len(names)
 
 
@@ -299,9 +367,11 @@ def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
     """
     import concurrent.futures
     import multiprocessing
-    import os
 
-    names = list(dict.fromkeys(n for io, bc in pairs for n in kernel_names(io, bc)))
+    names = [(SOURCE_FILE, n) for io, bc in pairs for n in kernel_names(io, bc)]
+    names += [(MMA_SOURCE_FILE, n) for io, bc in pairs if io == bc and io in ("float16", "bfloat16")
+              for n in mma_kernel_names(io)]
+    names = list(dict.fromkeys(names))
     processes = processes or os.cpu_count() or 1
     batches = [names[i::processes] for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")

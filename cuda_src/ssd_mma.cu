@@ -1,0 +1,479 @@
+// ssd_mma.cu: the matrix-heavy forward kernels of Mamba-2's SSD scan on tensor cores, for
+// 16-bit x, B, C (float16 or bfloat16; products accumulate in float32). Launched by
+// ssmkit._gpu.ssd in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu; the
+// chunk sums (ssd_chunk_cumsum) and the state passing (ssd_state_passing) stay in ssd.cu.
+// Notation, chunks, restarts (seq) and layouts are those of ssd.cu. Checked on the host
+// by compiling this text with the PTX replaced by an emulation of the fragment layouts.
+//
+//   ssd_mma_chunk_state  S_c = sum_s w_s x_s B_s^T (P x N, float32 out),
+//                        w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s;
+//   ssd_mma_chunk_out    y_t = [seq_t == seq_prev] exp(cum_t) states[c] C_t
+//                            + sum_{s<=t, seq_s == seq_t} exp(cum_t - cum_s) dt'_s (C_t.B_s) x_s
+//                        then + D x_t and * silu(z_t).
+//
+// Every product is mma.sync.m16n8k16 (row.col, 16-bit inputs, float32 accumulators) on
+// fragments read from shared memory as pairs of 16-bit values. Values that are not
+// inputs enter the products rounded to the input's 16-bit type: w_s x_s (chunk state),
+// the masked block exp(..) dt'_s (C_t.B_s) and the entering state (as mamba_ssm does).
+//
+// Fragments (PTX ISA, mma.m16n8k16 .f16/.bf16; g = lane / 4, t = lane % 4):
+//   A (16 x 16, row-major): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
+//                           a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
+//   B (16 x 8, "col"):      b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
+//   C/D (16 x 8, float):    d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1].
+// The low 16 bits of a register hold the lower column (row for B). So every operand is
+// kept in shared memory with its K index contiguous: A as [m][k], B as [n][k]. A D
+// fragment pair of 16 x 8 tiles is, once rounded to 16 bits, exactly an A fragment of
+// the next product (the masked block goes from one mma to the next in registers).
+#include "ssm_common.cuh"
+
+#define SSD_MMA_THREADS 128  // 4 warps
+#define SSD_MMA_ROWS 64      // rows (steps) of a tile, 16 per warp; also steps per stage
+#define SSD_MMA_LD 72        // shared row stride (16-bit values) of 64-wide K tiles
+// Row strides are K + 8 values (K a multiple of 64): the 8 rows g = lane / 4 of a fragment
+// read then fall 4 banks apart, and the 4 lanes t of a row on the next banks.
+
+template <typename T> struct ssd_mma_type;
+template <> struct ssd_mma_type<ssm_bf16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct ssd_mma_type<ssm_half> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// A float rounded to T (round to nearest even), as its bits.
+template <typename T>
+__device__ __forceinline__ unsigned short ssd_mma_bits(float v) {
+    T r;
+    ssm_store(&r, v);
+    return r.bits;
+}
+template <typename T>
+__device__ __forceinline__ unsigned ssd_mma_pack(float lo, float hi) {
+    return (unsigned)ssd_mma_bits<T>(lo) | ((unsigned)ssd_mma_bits<T>(hi) << 16);
+}
+
+// Two 16-bit values at an even index of a shared row, as one register.
+__device__ __forceinline__ unsigned ssd_mma_pair(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+
+__device__ __forceinline__ float ssd_mma_exp(float x) {  // exp(x) through the hardware exp2
+    return ssm_math<float>::decay(x * ssm_math<float>::kLog2e);
+}
+
+__device__ __forceinline__ int ssd_mma_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
+
+struct alignas(16) ssd_mma_u4 { unsigned v[4]; };  // 8 16-bit values, one 128-bit access
+
+// 8 consecutive 16-bit values of a row as bits (times *scale, rounded, when given), zero
+// past `left`. vec: they start 16-byte aligned (one 128-bit load).
+template <typename T>
+__device__ __forceinline__ void ssd_mma_load8_16(unsigned short (&u)[8], const T* p, int left,
+                                                 bool vec, const float* scale) {
+    if (vec && left >= 8) {
+        const ssd_mma_u4 w = *reinterpret_cast<const ssd_mma_u4*>(p);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u[2 * k] = (unsigned short)(w.v[k] & 0xffffu);
+            u[2 * k + 1] = (unsigned short)(w.v[k] >> 16);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) u[k] = k < left ? p[k].bits : (unsigned short)0;
+    }
+    if (scale) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            T v;
+            v.bits = u[k];
+            u[k] = ssd_mma_bits<T>(*scale * ssm_load(v));
+        }
+    }
+}
+
+// Stage a ROWS x COLS slice of a row-major matrix into a shared 16-bit tile, rounded to T:
+// row r (< nrows, else zeros) starts at base + r * stride and has ncols values (zeros
+// past them). TRANS = false: dst[r * LD + c]; TRANS = true: dst[c * LD + r] (the K index
+// of the next product is r). row_scale[r] multiplies row r when given.
+template <typename T, int ROWS, int COLS, bool TRANS, int LD>
+__device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base, ssm_i64 stride,
+                                              int nrows, int ncols, bool vec,
+                                              const float* row_scale, int tid) {
+    constexpr int G8 = COLS / 8;
+    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
+        const int r = i / G8, c = (i - r * G8) * 8;
+        unsigned short u[8];
+        if (r < nrows) {
+            const int left = ncols - c;
+            ssd_mma_load8_16(u, base + r * stride + c, left, vec,
+                             row_scale ? row_scale + r : nullptr);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) u[k] = 0;
+        }
+        if (TRANS) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) dst[(c + k) * LD + r] = u[k];
+        } else {
+            ssd_mma_u4 w;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
+            *reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;
+        }
+    }
+}
+
+// 8 consecutive floats of a state row, rounded to T, as bits (zero past `left`).
+template <typename T>
+__device__ __forceinline__ void ssd_mma_load8_f(unsigned short (&u)[8], const float* p, int left,
+                                                bool vec) {
+    float f[8];
+    if (vec && left >= 8) {
+        const ssm_f4 a = reinterpret_cast<const ssm_f4*>(p)[0];
+        const ssm_f4 b = reinterpret_cast<const ssm_f4*>(p)[1];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            f[k] = a.v[k];
+            f[k + 4] = b.v[k];
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) f[k] = k < left ? p[k] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) u[k] = ssd_mma_bits<T>(f[k]);
+}
+
+// ssd_mma_stage (TRANS = false) for float rows.
+template <typename T, int ROWS, int COLS, int LD>
+__device__ __forceinline__ void ssd_mma_stage_f(unsigned short* dst, const float* base,
+                                                ssm_i64 stride, int nrows, int ncols, bool vec,
+                                                int tid) {
+    constexpr int G8 = COLS / 8;
+    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
+        const int r = i / G8, c = (i - r * G8) * 8;
+        unsigned short u[8];
+        if (r < nrows) {
+            ssd_mma_load8_f<T>(u, base + r * stride + c, ncols - c, vec);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) u[k] = 0;
+        }
+        ssd_mma_u4 w;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
+        *reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;
+    }
+}
+
+// Whether every staged row of 16-bit x, B, C and float states starts 16-byte aligned.
+__device__ __forceinline__ bool ssd_mma_vec(int P, int N, const void* a, const void* b,
+                                            const void* c, const void* d) {
+    const unsigned long long bits = (unsigned long long)a | (unsigned long long)b |
+                                    (unsigned long long)c | (unsigned long long)d;
+    return ((P | N) & 7) == 0 && (bits & 15) == 0;
+}
+
+// A fragment of rows m0 + g, m0 + g + 8, columns k0 + 2t .. of a [m][k] shared tile.
+template <int LD>
+__device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned short* tile,
+                                               int m0, int k0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned short* r0 = tile + (m0 + g) * LD + k0 + 2 * t;
+    const unsigned short* r8 = r0 + 8 * LD;
+    a[0] = ssd_mma_pair(r0);
+    a[1] = ssd_mma_pair(r8);
+    a[2] = ssd_mma_pair(r0 + 8);
+    a[3] = ssd_mma_pair(r8 + 8);
+}
+
+// --------------------------------------------------------------------------------------
+// Chunk states on tensor cores. A block computes a 64 (p) x NW (n) tile of S_c; warp w
+// its rows 16w .. 16w + 15 (NW / 8 D tiles of 16 x 8, NW / 2 floats per thread). Per stage
+// of 64 steps: xw[p][s] = w_s x_s[p] and bt[n][s] = B_s[n] in shared memory (K = s
+// contiguous). NW = 128 reads x once for N <= 128; NW = 64 serves N <= 64.
+// Grid: (batch * nc, H, ceil(P / 64) * ceil(N / NW)); out (batch, nc, H, P, N) float.
+// --------------------------------------------------------------------------------------
+template <typename T, int NW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS)
+ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
+                    const float* __restrict__ dte, const float* __restrict__ cum,
+                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                    float* __restrict__ out, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
+    alignas(16) __shared__ unsigned short xw[SSD_MMA_ROWS * SSD_MMA_LD];
+    static_assert(NW % 64 == 0 && NW <= 128, "NW: 64 or 128");
+    constexpr int NT = NW / 8;  // D tiles of 16 x 8 per warp
+    alignas(16) __shared__ unsigned short bt[NW * SSD_MMA_LD];
+    __shared__ float ws[SSD_MMA_ROWS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ssm_i64 e = blockIdx.x;  // = b * nc + c
+    const int h = blockIdx.y;
+    const int p_tiles = (P + 63) / 64;
+    const int p0 = (blockIdx.z % p_tiles) * 64, n0 = (blockIdx.z / p_tiles) * NW;
+    const ssm_i64 b = e / nc, c = e - b * nc;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+    const int gB = h / (H / G);
+    const float cum_E = cum[(b * L + E) * H + h];
+    const int seq_E = ssd_mma_seq(seq, b * L + E);
+    const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+    for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
+        const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
+        __syncthreads();  // the previous stage's reads are done
+        if (tid < SSD_MMA_ROWS) {
+            float w = 0.0f;
+            if (tid < ns) {
+                const ssm_i64 s = s0 + tid, i = (b * L + s) * H + h;
+                if (ssd_mma_seq(seq, b * L + s) == seq_E) w = ssd_mma_exp(cum_E - cum[i]) * dte[i];
+            }
+            ws[tid] = w;
+        }
+        __syncthreads();
+        // Consecutive threads read consecutive 8-value groups of a step: coalesced reads.
+        ssd_mma_stage<T, SSD_MMA_ROWS, 64, true, SSD_MMA_LD>(
+            xw, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws, tid);
+        ssd_mma_stage<T, SSD_MMA_ROWS, NW, true, SSD_MMA_LD>(
+            bt, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, nullptr,
+            tid);
+        __syncthreads();
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
+            if (k0 < ns) {  // uniform over the block
+                unsigned a[4];
+                ssd_mma_load_a<SSD_MMA_LD>(a, xw, 16 * warp, k0, lane);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned short* q = bt + (8 * j + g) * SSD_MMA_LD + k0 + 2 * t;
+                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                }
+            }
+        }
+    }
+    const int g = lane >> 2, t = lane & 3;
+    float* o = out + (e * H + h) * ((ssm_i64)P * N);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int p = p0 + 16 * warp + g + (i >= 2 ? 8 : 0);
+            const int n = n0 + 8 * j + 2 * t + (i & 1);
+            if (p < P && n < N) o[(ssm_i64)p * N + n] = acc[j][i];
+        }
+}
+
+// --------------------------------------------------------------------------------------
+// Outputs on tensor cores. A block computes 64 rows (steps) of one chunk, all P <= PW
+// columns; warp w rows 16w .. 16w + 15 with PW / 8 D tiles (PW / 2 floats per thread).
+// N is staged in slices of KW columns; when N <= KW the block's C rows are staged once
+// and stay in shared memory for every product.
+//   1. y = C states[c]^T (K = N; cs = C rows, ms = state rows p), each row then scaled
+//      by [seq_t == seq_prev] exp(cum_t);
+//   2. per tile of 64 steps s up to the rows' last: G = C B^T (K = N, ms = B rows s, 8 D
+//      tiles per warp), masked and weighted in registers, rounded to T; y += G x (K = s,
+//      x staged transposed as xt[p][s]);
+//   3. + D x, * silu(z), store.
+// Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
+// --------------------------------------------------------------------------------------
+// 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
+template <typename T, int PW, int KW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
+ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* __restrict__ X,
+                  const float* __restrict__ states, const float* __restrict__ D,
+                  const T* __restrict__ z, const float* __restrict__ dte,
+                  const float* __restrict__ cum, const int* __restrict__ seq,
+                  const ssm_i64* __restrict__ starts, T* __restrict__ out, ssm_i64 L, int H,
+                  int P, int GB, int GC, int N, ssm_i64 nc, int tiles_per_chunk) {
+    static_assert(PW % 16 == 0 && PW <= 128, "PW: a multiple of 16, at most 128");
+    static_assert(KW % 64 == 0, "KW: a multiple of 64");
+    constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
+    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int MS_ROWS = PW > SSD_MMA_ROWS ? PW : SSD_MMA_ROWS;
+    alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
+    alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // state[p][n] | B[s][n]
+    alignas(16) __shared__ unsigned short xt[PW * LDS];            // x[s][p] as [p][s]
+    __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
+    __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 per_head = nc * tiles_per_chunk;
+    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - bh * per_head;
+    const ssm_i64 c = ctile / tiles_per_chunk;
+    const int tile = (int)(ctile - c * tiles_per_chunk);
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const int gb = h / (H / GB), gc = h / (H / GC);
+    const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    const bool vec = ssd_mma_vec(P, N, Cm, Bm, X, states);
+    const bool c_resident = N <= KW;  // one slice: cs is staged once, in step 1
+    if (tid < SSD_MMA_ROWS) {
+        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+        cum_r[tid] = cum[(b * L + r) * H + h];
+        seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+    // Stage C[r0 .. r0 + 63][n0 .. n0 + KW - 1] into cs (zero outside).
+    auto stage_c = [&](int n0) {
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
+            tid);
+    };
+
+    // 1. The entering state's contribution.
+    const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
+    for (int n0 = 0; n0 < N; n0 += KW) {
+        __syncthreads();
+        stage_c(n0);
+        ssd_mma_stage_f<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
+        __syncthreads();
+#pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
+        for (int k0 = 0; k0 < KW; k0 += 16) {
+            if (n0 + k0 < N) {  // uniform; the rest of the slice is zeros
+                unsigned a[4];
+                ssd_mma_load_a<LDK>(a, cs, 16 * warp, k0, lane);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned short* q = ms + (8 * j + g) * LDK + k0 + 2 * t;
+                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                }
+            }
+        }
+    }
+    {
+        const int ra = 16 * warp + g, rb = ra + 8;
+        const float sa = seq_r[ra] == seq_prev ? ssd_mma_exp(cum_r[ra]) : 0.0f;
+        const float sb = seq_r[rb] == seq_prev ? ssd_mma_exp(cum_r[rb]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc[j][0] *= sa;
+            acc[j][1] *= sa;
+            acc[j][2] *= sb;
+            acc[j][3] *= sb;
+        }
+    }
+
+    // 2. The diagonal block, one tile of 64 steps s at a time.
+    const ssm_i64 q_end = r0 + nr;
+    for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
+        const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+        float gacc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
+        for (int n0 = 0; n0 < N; n0 += KW) {
+            __syncthreads();  // the previous reads of ms (and of xt, cum_q, ...) are done
+            if (n0 == 0) {
+                if (tid < SSD_MMA_ROWS) {
+                    const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                    const ssm_i64 i = (b * L + q) * H + h;
+                    cum_q[tid] = cum[i];
+                    dt_q[tid] = dte[i];
+                    seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                }
+                ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS>(
+                    xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
+            }
+            if (!c_resident) stage_c(n0);
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                ms, Bm + ((b * L + q0) * GB + gb) * N + n0, (ssm_i64)GB * N, nq, N - n0, vec,
+                nullptr, tid);
+            __syncthreads();
+#pragma unroll 2
+            for (int k0 = 0; k0 < KW; k0 += 16) {
+                if (n0 + k0 < N) {
+                    unsigned a[4];
+                    ssd_mma_load_a<LDK>(a, cs, 16 * warp, k0, lane);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const unsigned short* q = ms + (8 * j + g) * LDK + k0 + 2 * t;
+                        ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                    }
+                }
+            }
+        }
+        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
+        const int ra = 16 * warp + g, rb = ra + 8;
+        const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+        unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int s = 8 * j + 2 * t + (i & 1);
+                const int r = i >= 2 ? rb : ra;
+                const ssm_i64 rt = i >= 2 ? rtb : rta;
+                const bool live = s < nq && r < nr && q0 + s <= rt && seq_q[s] == seq_r[r];
+                v[i] = live ? ssd_mma_exp(cum_r[r] - cum_q[s]) * dt_q[s] * gacc[j][i] : 0.0f;
+            }
+            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
+            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
+        }
+        // afr[ks] = {tile 2ks rows g, tile 2ks rows g+8, tile 2ks+1 rows g, rows g+8} is
+        // the A fragment a0..a3 of K = s in 16 ks .. 16 ks + 15.
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
+            // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) only.
+            if (q0 == r0 && ks > warp) break;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const unsigned short* q = xt + (8 * j + g) * LDS + 16 * ks + 2 * t;
+                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            }
+        }
+    }
+
+    // 3. Skip connection, gate, store.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * warp + g + (i >= 2 ? 8 : 0);
+            const int p = 8 * j + 2 * t + (i & 1);
+            if (r < nr && p < P) {
+                const ssm_i64 idx = ((b * L + r0 + r) * H + h) * P + p;
+                float val = acc[j][i];
+                if (D) val += D[(ssm_i64)h * P + p] * ssm_load(X[idx]);
+                if (z) {
+                    const float zv = ssm_load(z[idx]);
+                    val *= zv * ssm_math<float>::sigmoid(zv);
+                }
+                ssm_store(out + idx, val);
+            }
+        }
+}
