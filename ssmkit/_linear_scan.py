@@ -223,8 +223,7 @@ _NOTES = """
         ``"lookback"`` when there are too few rows to fill the GPU one block
         per row (rows < 4 x SM count) and rows are long (L > 4096);
         ``"sequential"`` for rows of L <= 256 with at least 8192 rows;
-        otherwise ``"lookback"`` for float32 and ``"kogge_stone"`` for the
-        8- and 16-byte dtypes. benchmarks/LINEAR_SCAN.md has the
+        otherwise ``"kogge_stone"``. benchmarks/LINEAR_SCAN.md has the
         measurements behind this choice.
 
     Rows are read along ``L`` in place (a broadcast ``a`` is not materialised
