@@ -20,60 +20,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import timing  # noqa: E402
+from timing import commit, copy_tbps  # noqa: E402
 import ssmkit  # noqa: E402
+
+cuda_median_ms = functools.partial(timing.cuda_median_ms, warmup=2, reps=7)  # this script's repetitions
 
 # (rows, L): few long rows, a middle case, many short rows; 2^26 or 2^28 elements
 SHAPES = [(4, 1 << 24), (64, 1 << 22), (16384, 16384), (1 << 20, 64), (1 << 22, 64)]
 DTYPES = ("float32", "complex64")
 ALGORITHMS = ("sequential", "kogge_stone", "blelloch", "chunked", "lookback", "auto")
-
-
-def commit() -> str:
-    """SSMKIT_COMMIT when set (the GPU machine's copy has no reliable git state)."""
-    return os.environ.get("SSMKIT_COMMIT", "HEAD+working tree")
-
-
-def cuda_median_ms(fn, warmup=2, reps=7, calls=1):
-    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call.
-
-    With ``calls > 1`` the host prepares the next call while the GPU runs the
-    last one (as in a pipeline), so the figure is the device time per call
-    whenever that exceeds the host's time per call (Numba's launch path costs
-    some hundreds of microseconds of host time per call).
-    """
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
-    return float(np.median(times))
-
-
-def copy_tbps():
-    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
-    import cupy
-
-    n = 1 << 30
-    src = cupy.ones(n, dtype=cupy.uint8)
-    dst = cupy.empty_like(src)
-    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def write(rows_out, name, copy, out):

@@ -22,13 +22,13 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from timing import commit, copy_tbps, cuda_median_ms  # noqa: E402,F401  (tune_selective_scan imports them from here)
 import ssmkit  # noqa: E402
 
 # (dtype, batch, dim, L, N, mamba_ssm fwd ms, mamba_ssm fwd+bwd ms) from peers-h200.md
@@ -41,51 +41,6 @@ TABLE = [
     ("float32", 8, 1536, 2048, 128, 6.19, 21.19),
     ("float32", 64, 1536, 256, 16, 0.691, 3.28),
 ]
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       cwd=os.path.dirname(os.path.abspath(__file__)),
-                                       text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return os.environ.get("SSMKIT_COMMIT", "unknown")
-
-
-def cuda_median_ms(fn, warmup=3, reps=20, calls=1):
-    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call.
-
-    With ``calls=1`` this is the latency of one call, host work included; with
-    more, the host prepares the next call while the GPU runs the last one, as in a
-    pipeline, and the figure is the device time per call.
-    """
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
-    return float(np.median(times))
-
-
-def copy_tbps():
-    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
-    import cupy
-
-    n = 1 << 30  # 1 GiB each way
-    src = cupy.empty(n, dtype=cupy.uint8)
-    src[:] = 1
-    dst = cupy.empty_like(src)
-    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 _EXP_KERNEL = r"""

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import timing  # noqa: E402
+from timing import commit, copy_tbps  # noqa: E402
 import ssmkit  # noqa: E402
+
+cuda_median_ms = functools.partial(timing.cuda_median_ms, warmup=2, reps=10)  # this script's repetitions
 
 # (dtype, batch, L, H, P, G, N, chunk, mamba_ssm fwd ms, fwd+bwd ms) from peers-h200.md
 TABLE = [
@@ -41,46 +45,6 @@ TABLE = [
     ("float16", 4, 4096, 80, 64, 1, 128, 256, None, None),
     ("float32", 1, 4096, 8, 64, 1, 64, 256, None, None),
 ]
-
-
-def commit() -> str:
-    if os.environ.get("SSMKIT_COMMIT"):  # the GPU machine's checkout may not be the base commit
-        return os.environ["SSMKIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       cwd=os.path.dirname(os.path.abspath(__file__)),
-                                       text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return os.environ.get("SSMKIT_COMMIT", "HEAD+working tree")
-
-
-def cuda_median_ms(fn, warmup=2, reps=10):
-    """Median CUDA-event time of one call, after warm-up."""
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
-
-
-def copy_tbps():
-    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
-    import cupy
-
-    n = 1 << 30
-    src = cupy.ones(n, dtype=cupy.uint8)
-    dst = cupy.empty_like(src)
-    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def make_inputs(xp, dtype, batch, L, H, P, G, N, seed=0):

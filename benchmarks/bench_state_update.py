@@ -30,17 +30,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import timing  # noqa: E402
+from timing import commit, copy_tbps  # noqa: E402
 import ssmkit  # noqa: E402
 from ssmkit import _state_update  # noqa: E402
 from ssmkit._gpu import state_update as gsu  # noqa: E402
+
+cuda_median_ms = functools.partial(timing.cuda_median_ms, warmup=5, reps=30)  # this script's repetitions
 
 # (layout, state dtype, io dtype, batch, heads, headdim, N, mamba_ssm ms) -- peers-h200.md
 # gives mamba_ssm's Triton selective_state_update for the Mamba-2 rows by state dtype.
@@ -56,52 +60,6 @@ CONFIGS = [
 SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 32, 64)]
 # The plan before values_per_thread existed: 16-bit states took 4 channels per thread.
 SWEEP += [dict(threads=128, bytes_per_thread=64, values_per_thread=32)]
-
-
-def commit() -> str:
-    """$SSMKIT_COMMIT, else git's HEAD, marked "+working tree" when files differ from it."""
-    env = os.environ.get("SSMKIT_COMMIT")
-    if env:
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=here,
-                                       text=True, stderr=subprocess.DEVNULL).strip()
-        dirty = subprocess.check_output(["git", "status", "--porcelain"], cwd=here, text=True,
-                                        stderr=subprocess.DEVNULL).strip()
-        return head + ("+working tree" if dirty else "")
-    except Exception:
-        return "HEAD+working tree"
-
-
-def cuda_median_ms(fn, warmup=5, reps=30, calls=1):
-    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call."""
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
-    return float(np.median(times))
-
-
-def copy_tbps():
-    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
-    import cupy
-
-    n = 1 << 30
-    src = cupy.ones(n, dtype=cupy.uint8)
-    dst = cupy.empty_like(src)
-    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):

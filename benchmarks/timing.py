@@ -1,0 +1,69 @@
+"""What every benchmark script shares: CUDA-event timing, the copy bandwidth, the commit.
+
+Each figure a benchmark reports is set against the device-to-device copy
+bandwidth measured in the same run (:func:`copy_tbps`), and each row names the
+code it timed (:func:`commit`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+
+
+def commit() -> str:
+    """The commit the timed code comes from.
+
+    ``$SSMKIT_COMMIT`` first (a GPU machine's copy of the tree may carry stale
+    git state), else git's short HEAD, marked ``+working tree`` when files differ
+    from it, else ``"unknown"``.
+    """
+    env = os.environ.get("SSMKIT_COMMIT")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain"], cwd=here, text=True,
+                                        stderr=subprocess.DEVNULL).strip()
+        return head + ("+working tree" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def cuda_median_ms(fn, warmup=3, reps=20, calls=1):
+    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call.
+
+    With ``calls=1`` this is the latency of one call, host work included; with
+    more, the host prepares the next call while the GPU runs the last one, as in
+    a pipeline, and the figure is the device time per call whenever that exceeds
+    the host's.
+    """
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
+    return float(np.median(times))
+
+
+def copy_tbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth of an ``nbytes`` buffer, bytes read plus written, in TB/s."""
+    import cupy
+
+    src = cupy.ones(nbytes, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), warmup=3, reps=20)
+    return 2 * nbytes / (ms * 1e-3) / 1e12
