@@ -25,7 +25,6 @@ import json
 import os
 import sys
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import timing  # noqa: E402
 from timing import commit, copy_tbps  # noqa: E402
