@@ -22,17 +22,6 @@ from ssmkit._gpu import compiler, selective_scan as ss
 FULL = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
 
 
-@pytest.fixture(scope="module")
-def nvrtc_path():
-    path = _nvrtc_check.find_nvrtc()
-    if path is None:
-        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
-            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
-                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
-        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
-    return path
-
-
 def test_source_needs_no_include_path():
     src = compiler.kernel_source(ss.SOURCE_FILE)
     assert not re.search(r"^\s*#\s*include", src, re.M), "CUDA sources must be self-contained"

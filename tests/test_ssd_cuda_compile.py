@@ -13,23 +13,10 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from ssmkit import _nvrtc_check
 from ssmkit._gpu import compiler, ssd
 
 FULL = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
-
-
-@pytest.fixture(scope="module")
-def nvrtc_path():
-    path = _nvrtc_check.find_nvrtc()
-    if path is None:
-        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
-            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
-                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
-        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
-    return path
 
 
 def representative_names():

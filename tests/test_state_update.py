@@ -570,17 +570,6 @@ def test_gpu_launch_shapes(monkeypatch, threads, states):
 # The CUDA source: compiles with NVRTC (no GPU needed); the launch planner
 # --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def nvrtc_path():
-    path = _nvrtc_check.find_nvrtc()
-    if path is None:
-        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
-            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
-                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
-        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
-    return path
-
-
 def _compile(keys, nvrtc_path, per_program=4):
     """ptxas's report per key; programs of a few kernels each, compiled on parallel threads."""
     from concurrent.futures import ThreadPoolExecutor
