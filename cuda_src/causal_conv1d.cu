@@ -5,12 +5,24 @@
 // sequence than step t counts as zero; the initial state belongs to the first sequence.
 //
 // Layout: x, y, dy, dx are (batch, dim, L), time contiguous. A block owns one time tile of
-// one channel row (b, d); the grid is rows x tiles, tile fastest. The memory traffic is the
-// whole cost, so every global access of the tile body is a 16-byte vector (when L and the
-// pointers allow it), and the W-1 neighbours that a step needs from the steps before it
-// (forward) or after it (backward) are read from a shared-memory copy of the tile with
-// halos. Thread `tid` owns vectors v*THREADS + tid (v < cc1d_shape<T>::VPT) of the tile, so that each
-// warp-wide access is one contiguous 512-byte run.
+// one channel row (b, d); the grid is rows x tiles, tile fastest. Every global access of the
+// tile body is a 16-byte vector (when L and the pointers allow it). Thread `tid` owns
+// vectors v*THREADS + tid (v < cc1d_shape<T>::VPT) of the tile, so that each warp-wide
+// access is one contiguous 512-byte run, and keeps them in registers.
+//
+// Kernel design and instruction counts. The W-1 neighbours a step needs from the steps
+// before it (forward) or after it (backward) come from the registers of the lanes below
+// (above) through warp shuffles; only the H = W-1 steps at each warp chunk's edge go through
+// shared memory (a few words per chunk, one __syncthreads; the backward has a second one for
+// the edges of g). silu and silu' use ex2.approx and rcp.approx in float. Static SASS
+// instructions per element of the 16-byte-vector path (nvcc 13.0, sm_90, W=4, bias+silu, no
+// seq_idx; the scalar fallback and the final-state-cotangent block removed, the per-thread
+// setup divided over the thread's VPT*E elements):
+//                    before (tile staged in smem, expf + divide)   after
+//   float32  fwd / bwd              51 / 103                       25 / 47
+//   bfloat16 fwd / bwd              51 /  97                       25 / 49
+// The arithmetic left per element: W FFMA + 5 (silu) forward; 3W FFMA + 8 (silu', dbias)
+// backward, plus about one shuffle per neighbour and vector.
 //
 // Template parameters: T the storage type (ssm_half, ssm_bf16, float, double; arithmetic in
 // float, or double for double), W the width (1..8, compile time: the taps live in
@@ -23,12 +35,15 @@
 
 // Threads per block, and 16-byte vectors per thread per tile: 4 for 4-byte storage
 // (float32 measured 0.79 / 0.96 of copy bandwidth forward / backward with 4 against
-// 0.69 / 0.79 with 2), 2 for the others (the best bfloat16 shape measured). The host
+// 0.69 / 0.79 with 2), 2 for the others (the best bfloat16 shape measured; both with the
+// earlier kernel that staged the whole tile in shared memory). The host
 // (ssmkit/_gpu/causal_conv1d.py) assumes these values; the benchmark overrides them
 // with -D to time other tile shapes.
 #ifndef CC1D_THREADS
 #define CC1D_THREADS 128
 #endif
+
+static_assert(CC1D_THREADS % 32 == 0, "whole warps: the neighbour shuffles use every lane");
 
 template <typename T> struct alignas(16) cc1d_vec { T v[16 / sizeof(T)]; };
 
@@ -103,50 +118,135 @@ __device__ __forceinline__ void cc1d_store(T* __restrict__ row, ssm_i64 t, ssm_i
     }
 }
 
-template <typename CT>
-__device__ __forceinline__ CT cc1d_silu(CT z) { return z * ssm_math<CT>::sigmoid(z); }
-
-// d silu(z) / dz = s (1 + z (1 - s)), s = sigmoid(z).
-template <typename CT>
-__device__ __forceinline__ CT cc1d_dsilu(CT z) {
-    const CT s = ssm_math<CT>::sigmoid(z);
-    return s * ((CT)1 + z * ((CT)1 - s));
-}
+// silu and its derivative d silu(z) / dz = s (1 + z (1 - s)), s = sigmoid(z). In float
+// the sigmoid is 1 / (1 + 2^(-z log2 e)) from the hardware approximations ex2.approx and
+// rcp.approx (a few units in the last place; a full-precision expf and IEEE divide cost
+// about 30 instructions per element). For z below about -88, 2^(-z log2 e) overflows to
+// +inf and s to 0: silu(z) is then 0 instead of a value below 1e-36.
+template <typename CT> struct cc1d_act;
+template <> struct cc1d_act<float> {
+    static __device__ __forceinline__ float sigmoid(float z) {
+        float e, s;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));
+        return s;
+    }
+    static __device__ __forceinline__ float silu(float z) { return z * sigmoid(z); }
+    static __device__ __forceinline__ float dsilu(float z) {
+        const float s = sigmoid(z);
+        return s * (1.0f + z * (1.0f - s));
+    }
+};
+template <> struct cc1d_act<double> {
+    // 1 / (1 + exp(-z)) with the reciprocal from rcp.approx refined by two Newton steps (to
+    // about an ulp; the IEEE divide's slow-path call made the NVRTC 12 ptxas spill in
+    // cc1d_fwd<double, 8, false, true, false>). exp's argument is capped at 700 so that the denominator stays finite.
+    static __device__ __forceinline__ double sigmoid(double z) {
+        const double d = 1.0 + exp(fmin(-z, 700.0));
+        double r;
+        asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
+        r = fma(r, fma(-d, r, 1.0), r);
+        r = fma(r, fma(-d, r, 1.0), r);
+        return r;
+    }
+    static __device__ __forceinline__ double silu(double z) { return z * sigmoid(z); }
+    static __device__ __forceinline__ double dsilu(double z) {
+        const double s = sigmoid(z);
+        return s * (1.0 + z * (1.0 - s));
+    }
+};
 
 // Block (row, tile) of a rows x n_tiles grid, tile fastest.
 struct cc1d_place {
     ssm_i64 row;  // b * dim + d
     int b, d, tile;
     __device__ __forceinline__ cc1d_place(int dim, int n_tiles) {
-        const ssm_i64 blk = blockIdx.x;
-        row = blk / n_tiles;
-        tile = (int)(blk - row * n_tiles);
-        b = (int)(row / dim);
-        d = (int)(row - (ssm_i64)b * dim);
+        // 32-bit division: the host launches fewer than 2^31 blocks
+        const unsigned blk = blockIdx.x;
+        const unsigned r = blk / (unsigned)n_tiles;
+        row = r;
+        tile = (int)(blk - r * (unsigned)n_tiles);
+        b = (int)(r / (unsigned)dim);
+        d = (int)(r - (unsigned)b * (unsigned)dim);
     }
 };
 
-// Stage the tile body [t0, t0 + TILE) of x (and of the sequence ids) in shared memory at
-// offset OFF, and the H steps before it at OFF - H: from x, or for t < 0 from the initial
-// state (zeros without one), whose steps belong to the first sequence.
-template <typename T, typename CT, int H, int OFF, bool HAS_SEQ>
-__device__ __forceinline__ void cc1d_stage_x(const T* __restrict__ xrow, const CT* __restrict__ h0row,
-                                             const int* __restrict__ srow, ssm_i64 t0, ssm_i64 L,
-                                             bool vec_ok, CT* xs, int* ss) {
-    constexpr int E = cc1d_shape<T>::E;
-    const int tid = threadIdx.x;
+// Neighbours from registers. A warp's v-th vectors form chunk c = v * NWARPS + warp of the
+// tile: CHUNK = 32 E consecutive steps, lane l holding [l E, l E + E). A step k <= H before
+// (or after) a lane's vector is element (-k) mod E of the lane ceil(k / E) below (above),
+// fetched with one shuffle; the lanes at the chunk's edge read it instead from `edge`, the H
+// steps before (after) the chunk, which shared memory holds for every chunk.
+//
+// prev[j] = step -H + j of this lane's vector (j < H); edge: steps [-H, 0) of the chunk.
+template <int H, int E, typename V>
+__device__ __forceinline__ void cc1d_before(const V (&r)[E], const V* edge, int lane, V (&prev)[H > 0 ? H : 1]) {
 #pragma unroll
-    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
-        CT r[E];
-        cc1d_load<T, CT, E>(xrow, t0 + lt, L, vec_ok, r);
-#pragma unroll
-        for (int i = 0; i < E; ++i) xs[OFF + lt + i] = r[i];
-        if constexpr (HAS_SEQ) {
-#pragma unroll
-            for (int i = 0; i < E; ++i) ss[OFF + lt + i] = (t0 + lt + i < L) ? srow[t0 + lt + i] : -1;
-        }
+    for (int j = 0; j < H; ++j) {
+        const int k = H - j;             // steps back
+        const int delta = (k + E - 1) / E;  // lanes back
+        const V up = __shfl_up_sync(0xffffffffu, r[(E - k % E) % E], delta);
+        // lane < delta: chunk position lane E - k < 0, which is edge[H + lane E - k]
+        prev[j] = lane >= delta ? up : edge[j + (lane < delta ? lane : 0) * E];
     }
+}
+
+// next[j] = step E + j of this lane's vector (j < H); edge: steps [CHUNK, CHUNK + H).
+template <int H, int E, typename V>
+__device__ __forceinline__ void cc1d_after(const V (&r)[E], const V* edge, int lane, V (&next)[H > 0 ? H : 1]) {
+#pragma unroll
+    for (int j = 0; j < H; ++j) {
+        const int delta = 1 + j / E;  // lanes ahead
+        const V down = __shfl_down_sync(0xffffffffu, r[j % E], delta);
+        // lane + delta > 31: position (lane + 1) E + j - CHUNK, which is edge[j + (lane + 1 - 32) E]
+        next[j] = lane + delta < 32 ? down : edge[j + (lane + delta < 32 ? 0 : lane + 1 - 32) * E];
+    }
+}
+
+// tail[q] = step CHUNK - H + q of the chunk, for q < H (the next chunk's `edge` in
+// cc1d_before), from the lanes that hold those steps.
+template <int H, int E, typename V>
+__device__ __forceinline__ void cc1d_put_last(const V (&r)[E], V* tail, int lane) {
+    constexpr int CHUNK = 32 * E;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        const int p = lane * E + i;
+        if (p >= CHUNK - H) tail[p - (CHUNK - H)] = r[i];
+    }
+}
+
+// head[q] = step q of the chunk, for q < H (the previous chunk's `edge` in cc1d_after).
+template <int H, int E, typename V>
+__device__ __forceinline__ void cc1d_put_first(const V (&r)[E], V* head, int lane) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        const int p = lane * E + i;
+        if (p < H) head[p] = r[i];
+    }
+}
+
+// Window position m (step -H + m of a lane's vector): prev[m] for m < H, else own[m - H].
+// Both indices stay in range, so that the arrays stay in registers.
+template <int H, int E, typename V>
+__device__ __forceinline__ V cc1d_pick(const V (&prev)[H > 0 ? H : 1], const V (&own)[E], int m) {
+    return m < H ? prev[m < H ? m : 0] : own[m < H ? 0 : m - H];
+}
+
+// Sequence ids of elements [t, t + E) of a row; -1 past L (such steps have no effect).
+template <int E>
+__device__ __forceinline__ void cc1d_load_seq(const int* __restrict__ srow, ssm_i64 t, ssm_i64 L,
+                                              int (&r)[E]) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) r[i] = (t + i < L) ? srow[t + i] : -1;
+}
+
+// The H steps before the tile, [t0 - H, t0), into edge[0..H) (x) and sedge[0..H) (ids):
+// from x, or for t < 0 from the initial state (zeros without one), whose steps belong to
+// the first sequence. Threads tid < H.
+template <typename T, typename CT, int H, bool HAS_SEQ>
+__device__ __forceinline__ void cc1d_halo_before(const T* __restrict__ xrow, const CT* __restrict__ h0row,
+                                                 const int* __restrict__ srow, ssm_i64 t0, CT* edge,
+                                                 int* sedge) {
+    const int tid = threadIdx.x;
     if (tid < H) {
         const ssm_i64 s = t0 - H + tid;
         CT hv = 0;
@@ -158,13 +258,15 @@ __device__ __forceinline__ void cc1d_stage_x(const T* __restrict__ xrow, const C
             if (h0row != nullptr) hv = h0row[H + s];
             if constexpr (HAS_SEQ) hs = srow[0];
         }
-        xs[OFF - H + tid] = hv;
-        if constexpr (HAS_SEQ) ss[OFF - H + tid] = hs;
+        edge[tid] = hv;
+        if constexpr (HAS_SEQ) sedge[tid] = hs;
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Forward: y, and the final state (last W-1 steps of xpad) from the last tile's block.
+// Shared memory holds only the H steps before each chunk: xprev[c H + j] = x at step
+// c CHUNK - H + j of the tile (chunk 0: before the tile).
 // ---------------------------------------------------------------------------------------
 template <typename T, int W, bool HAS_BIAS, bool SILU, bool HAS_SEQ>
 __global__ void __launch_bounds__(CC1D_THREADS)
@@ -175,34 +277,71 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
          int vec_ok) {
     typedef typename ssm_compute_of<T>::type CT;
     constexpr int H = W - 1;
+    constexpr int HS = H > 0 ? H : 1;  // array sizes
     constexpr int E = cc1d_shape<T>::E;
+    constexpr int VPT = cc1d_shape<T>::VPT;
     constexpr int TILE = cc1d_shape<T>::TILE;
-    constexpr int OFF = ssm_round_up(H, 4);  // the body starts 16-byte aligned
-    static_assert(TILE >= H, "a tile must hold the halo");
-    __shared__ alignas(16) CT xs[OFF + TILE];
-    __shared__ int ss[HAS_SEQ ? OFF + TILE : 1];
+    constexpr int NWARPS = CC1D_THREADS / 32;
+    constexpr int NCH = VPT * NWARPS;  // chunks per tile
+    static_assert(32 * E >= H, "a chunk must hold the halo");
+    __shared__ CT xprev[NCH * HS];
+    __shared__ int sprev[HAS_SEQ ? NCH * HS : 1];
 
     const cc1d_place at(dim, n_tiles);
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
+    const bool vok = vec_ok != 0;
+    const T* xrow = x + at.row * L;
     const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
-    cc1d_stage_x<T, CT, H, OFF, HAS_SEQ>(x + at.row * L, h0 == nullptr ? nullptr : h0 + at.row * H,
-                                         srow, t0, L, vec_ok != 0, xs, ss);
+
     CT w[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
     const CT bv = HAS_BIAS ? bias[at.d] : (CT)0;
-    __syncthreads();
+    CT xr[VPT][E];
+    int sr[HAS_SEQ ? VPT : 1][E];
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+        const int lt = (v * CC1D_THREADS + tid) * E;
+        cc1d_load<T, CT, E>(xrow, t0 + lt, L, vok, xr[v]);
+        if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, sr[v]);
+    }
+    if constexpr (H > 0) {
+        cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H, srow,
+                                            t0, xprev, sprev);
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            const int c = v * NWARPS + warp;
+            if (c + 1 < NCH) {
+                cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
+                if constexpr (HAS_SEQ) cc1d_put_last<H, E>(sr[v], sprev + (c + 1) * H, lane);
+            }
+        }
+    }
+    if constexpr (H > 0) __syncthreads();
 
 #pragma unroll
-    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
+    for (int v = 0; v < VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
-        CT win[E + H];
+        const int c = v * NWARPS + warp;
+        CT win[E + H];  // steps [lt - H, lt + E)
         int sw[HAS_SEQ ? E + H : 1];
+        if constexpr (H > 0) {
+            CT prev[HS];
+            cc1d_before<H, E>(xr[v], xprev + c * H, lane, prev);
 #pragma unroll
-        for (int j = 0; j < E + H; ++j) {
-            win[j] = xs[OFF - H + lt + j];
-            if constexpr (HAS_SEQ) sw[j] = ss[OFF - H + lt + j];
+            for (int j = 0; j < H; ++j) win[j] = prev[j];
+            if constexpr (HAS_SEQ) {
+                int sp[HS];
+                cc1d_before<H, E>(sr[v], sprev + c * H, lane, sp);
+#pragma unroll
+                for (int j = 0; j < H; ++j) sw[j] = sp[j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            win[H + i] = xr[v][i];
+            if constexpr (HAS_SEQ) sw[H + i] = sr[v][i];
         }
         CT out[E];
 #pragma unroll
@@ -216,17 +355,24 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
                     acc += w[k] * win[i + k];
                 }
             }
-            out[i] = SILU ? cc1d_silu(acc) : acc;
+            out[i] = SILU ? cc1d_act<CT>::silu(acc) : acc;
         }
-        cc1d_store<T, CT, E>(y + at.row * L, t0 + lt, L, vec_ok != 0, out);
+        cc1d_store<T, CT, E>(y + at.row * L, t0 + lt, L, vok, out);
     }
 
     if (H > 0 && final_state != nullptr && at.tile == n_tiles - 1 && tid < H) {
-        const ssm_i64 s = L - H + tid;  // >= t0 - H, since the last tile starts before L
-        const int p = OFF + (int)(s - t0);
-        CT v = xs[p];
+        const ssm_i64 s = L - H + tid;  // may be < 0 when L < H: an initial-state step
+        CT v = 0;
+        int sv = 0;
+        if (s >= 0) {
+            v = ssm_load(xrow[s]);
+            if constexpr (HAS_SEQ) sv = srow[s];
+        } else {
+            if (h0 != nullptr) v = h0[at.row * H + H + s];
+            if constexpr (HAS_SEQ) sv = srow[0];
+        }
         if constexpr (HAS_SEQ) {
-            if (ss[p] != ss[OFF + (int)(L - 1 - t0)]) v = 0;  // an earlier sequence's input
+            if (sv != srow[L - 1]) v = 0;  // an earlier sequence's input
         }
         ssm_store(final_state + at.row * H + tid, v);
     }
@@ -237,6 +383,9 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // recomputing z from x; then dx[s] = sum_k w[k] g[s + H - k] (same-sequence pairs) plus the
 // final-state cotangent, per-block partials of dweight[k] = sum g[t] x[t - H + k] and of
 // dbias = sum g[t], and, in tile 0, dinitial_state.
+// Registers hold x, dy and g of the thread's vectors; shared memory only the chunk edges:
+// xprev (as in the forward), gnext[c H + j] = g at step c CHUNK + j (c = NCH: the H steps
+// after the tile, computed by threads tid < H from global memory), and the sequence ids.
 // partial: (batch, dim, n_tiles, W + 1) in the compute type, entry W holding dbias.
 // ---------------------------------------------------------------------------------------
 template <typename T, int W, bool HAS_BIAS, bool SILU, bool HAS_SEQ>
@@ -250,73 +399,110 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
          int vec_ok) {
     typedef typename ssm_compute_of<T>::type CT;
     constexpr int H = W - 1;
+    constexpr int HS = H > 0 ? H : 1;
     constexpr int E = cc1d_shape<T>::E;
+    constexpr int VPT = cc1d_shape<T>::VPT;
     constexpr int TILE = cc1d_shape<T>::TILE;
-    constexpr int OFF = ssm_round_up(H, 4);
     constexpr int NWARPS = CC1D_THREADS / 32;
-    static_assert(TILE >= H, "a tile must hold the halo");
-    __shared__ alignas(16) CT xs[OFF + TILE + H];  // x on [t0 - H, t0 + TILE + H)
-    __shared__ alignas(16) CT gs[TILE + H];        // g on [t0, t0 + TILE + H)
-    __shared__ int ss[HAS_SEQ ? OFF + TILE + H : 1];
+    constexpr int NCH = VPT * NWARPS;
+    static_assert(32 * E >= H, "a chunk must hold the halo");
+    __shared__ CT xprev[NCH * HS];
+    __shared__ CT gnext[(NCH + 1) * HS];
+    __shared__ int sprev[HAS_SEQ ? NCH * HS : 1];
+    __shared__ int snext[HAS_SEQ ? (NCH + 1) * HS : 1];
     __shared__ CT red[NWARPS * (W + 1)];
 
     const cc1d_place at(dim, n_tiles);
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
     const bool vok = vec_ok != 0;
     const T* xrow = x + at.row * L;
     const T* dyrow = dy + at.row * L;
     const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
-    cc1d_stage_x<T, CT, H, OFF, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H, srow,
-                                         t0, L, vok, xs, ss);
-    if (tid < H) {  // the H steps after the tile (zeros past L)
-        const ssm_i64 s = t0 + TILE + tid;
-        xs[OFF + TILE + tid] = s < L ? (CT)ssm_load(xrow[s]) : (CT)0;
-        if constexpr (HAS_SEQ) ss[OFF + TILE + tid] = s < L ? srow[s] : -1;
-    }
-    CT dyr[cc1d_shape<T>::VPT][E];
+
+    CT xr[VPT][E], g[VPT][E];  // g holds dy until it becomes dy * silu'(z)
+    int sr[HAS_SEQ ? VPT : 1][E];
 #pragma unroll
-    for (int v = 0; v < cc1d_shape<T>::VPT; ++v)
-        cc1d_load<T, CT, E>(dyrow, t0 + (v * CC1D_THREADS + tid) * E, L, vok, dyr[v]);
+    for (int v = 0; v < VPT; ++v) {
+        const int lt = (v * CC1D_THREADS + tid) * E;
+        cc1d_load<T, CT, E>(xrow, t0 + lt, L, vok, xr[v]);
+        cc1d_load<T, CT, E>(dyrow, t0 + lt, L, vok, g[v]);
+        if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, sr[v]);
+    }
     CT w[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
     const CT bv = HAS_BIAS ? bias[at.d] : (CT)0;
-    __syncthreads();
-
-    // z at shared-memory position p (the step at xs[p]), over same-sequence inputs.
-    auto pre = [&](int p) {
-        CT acc = bv;
+    if constexpr (H > 0) {
+        cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H, srow,
+                                            t0, xprev, sprev);
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
+        for (int v = 0; v < VPT; ++v) {
+            const int c = v * NWARPS + warp;
+            if (c + 1 < NCH) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
             if constexpr (HAS_SEQ) {
-                acc += (ss[p - H + k] == ss[p]) ? w[k] * xs[p - H + k] : (CT)0;
-            } else {
-                acc += w[k] * xs[p - H + k];
+                if (c + 1 < NCH) cc1d_put_last<H, E>(sr[v], sprev + (c + 1) * H, lane);
+                cc1d_put_first<H, E>(sr[v], snext + c * H, lane);
             }
         }
-        return acc;
-    };
+        if (tid < H) {  // the H steps after the tile, from global memory (zeros past L)
+            const ssm_i64 t = t0 + TILE + tid;
+            CT gt = 0;
+            int st = -1;
+            if (t < L) {
+                if constexpr (HAS_SEQ) st = srow[t];
+                gt = ssm_load(dyrow[t]);
+                if constexpr (SILU) {
+                    CT z = bv;
 #pragma unroll
-    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
+                    for (int k = 0; k < W; ++k) {  // t - H + k >= t0 + TILE - H >= 0, <= t < L
+                        const CT xv = ssm_load(xrow[t - H + k]);
+                        if constexpr (HAS_SEQ) {
+                            if (srow[t - H + k] == st) z += w[k] * xv;
+                        } else {
+                            z += w[k] * xv;
+                        }
+                    }
+                    gt *= cc1d_act<CT>::dsilu(z);
+                }
+            }
+            gnext[NCH * H + tid] = gt;
+            if constexpr (HAS_SEQ) snext[NCH * H + tid] = st;
+        }
+        __syncthreads();
+    }
+
+    // g = dy * silu'(z) on the thread's steps; x before them stays in registers.
+    CT xp[VPT][HS];
+    int sp[HAS_SEQ ? VPT : 1][HS];
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
-            CT g = dyr[v][i];  // zero past L
-            if constexpr (SILU) g *= cc1d_dsilu(pre(OFF + lt + i));
-            gs[lt + i] = g;
+    for (int v = 0; v < VPT; ++v) {
+        const int c = v * NWARPS + warp;
+        if constexpr (H > 0) {
+            cc1d_before<H, E>(xr[v], xprev + c * H, lane, xp[v]);
+            if constexpr (HAS_SEQ) cc1d_before<H, E>(sr[v], sprev + c * H, lane, sp[v]);
         }
-    }
-    if (tid < H) {
-        const ssm_i64 t = t0 + TILE + tid;
-        CT g = 0;
-        if (t < L) {
-            g = ssm_load(dyrow[t]);
-            if constexpr (SILU) g *= cc1d_dsilu(pre(OFF + TILE + tid));
+        if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                CT z = bv;
+#pragma unroll
+                for (int k = 0; k < W; ++k) {
+                    const int m = i + k;  // window position: step lt - H + m
+                    const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
+                    if constexpr (HAS_SEQ) {
+                        const int sv = cc1d_pick<H, E>(sp[v], sr[v], m);
+                        z += (sv == sr[v][i]) ? w[k] * xv : (CT)0;
+                    } else {
+                        z += w[k] * xv;
+                    }
+                }
+                g[v][i] *= cc1d_act<CT>::dsilu(z);  // dy is zero past L
+            }
         }
-        gs[TILE + tid] = g;
+        if constexpr (H > 0) cc1d_put_first<H, E>(g[v], gnext + c * H, lane);
     }
-    __syncthreads();
+    if constexpr (H > 0) __syncthreads();
 
     const bool with_dfinal = H > 0 && dfinal != nullptr;
     const int seq_last = (HAS_SEQ && with_dfinal) ? srow[L - 1] : 0;
@@ -324,18 +510,29 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 #pragma unroll
     for (int k = 0; k <= W; ++k) dw[k] = 0;
 #pragma unroll
-    for (int v = 0; v < cc1d_shape<T>::VPT; ++v) {
+    for (int v = 0; v < VPT; ++v) {
         const int lt = (v * CC1D_THREADS + tid) * E;
-        CT gw[E + H], xw[E + H];
-        int sw[HAS_SEQ ? E + 2 * H : 1];  // sequence ids on [s - H, s + E + H)
+        const int c = v * NWARPS + warp;
+        CT gw[E + H];                    // g on [lt, lt + E + H)
+        int sw[HAS_SEQ ? E + 2 * H : 1];  // sequence ids on [lt - H, lt + E + H)
 #pragma unroll
-        for (int j = 0; j < E + H; ++j) {
-            gw[j] = gs[lt + j];
-            xw[j] = xs[OFF - H + lt + j];
+        for (int i = 0; i < E; ++i) gw[i] = g[v][i];
+        if constexpr (H > 0) {
+            CT gn[HS];
+            cc1d_after<H, E>(g[v], gnext + (c + 1) * H, lane, gn);
+#pragma unroll
+            for (int j = 0; j < H; ++j) gw[E + j] = gn[j];
         }
         if constexpr (HAS_SEQ) {
+            int sn[HS];
+            if constexpr (H > 0) cc1d_after<H, E>(sr[v], snext + (c + 1) * H, lane, sn);
 #pragma unroll
-            for (int j = 0; j < E + 2 * H; ++j) sw[j] = ss[OFF - H + lt + j];
+            for (int j = 0; j < H; ++j) {
+                sw[j] = sp[v][j];
+                sw[H + E + j] = sn[j];
+            }
+#pragma unroll
+            for (int i = 0; i < E; ++i) sw[H + i] = sr[v][i];
         }
         CT out[E];
 #pragma unroll
@@ -349,25 +546,33 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
                     acc += w[k] * gw[i + H - k];
                 }
             }
-            const ssm_i64 s = t0 + lt + i;
-            if (with_dfinal && s >= L - H && s < L) {  // a final-state step
-                bool same = true;
-                if constexpr (HAS_SEQ) same = sw[H + i] == seq_last;
-                if (same) acc += dfinal[at.row * H + (s - (L - H))];
-            }
             out[i] = acc;
-            const CT g = gw[i];
-            dw[W] += g;
+            const CT gi = gw[i];
+            dw[W] += gi;
 #pragma unroll
             for (int k = 0; k < W; ++k) {
+                const int m = i + k;  // x at step lt - H + m
+                const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
                 if constexpr (HAS_SEQ) {
-                    dw[k] += (sw[i + k] == sw[H + i]) ? g * xw[i + k] : (CT)0;
+                    dw[k] += (sw[m] == sw[H + i]) ? gi * xv : (CT)0;
                 } else {
-                    dw[k] += g * xw[i + k];
+                    dw[k] += gi * xv;
                 }
             }
         }
-        cc1d_store<T, CT, E>(dx + at.row * L, t0 + lt, L, vok, out);
+        const ssm_i64 s0 = t0 + lt;
+        if (with_dfinal && s0 + E > L - H && s0 < L) {  // the vector holds final-state steps
+            const int f0 = (int)(s0 - (L - H));  // in (-E, H): step s0 + i is final step f0 + i
+#pragma unroll
+            for (int i = 0; i < E; ++i) {  // no branch per element: out stays in registers
+                const int f = f0 + i;
+                bool take = f >= 0 && f < H;
+                if constexpr (HAS_SEQ) take = take && sw[H + i] == seq_last;
+                const CT add = dfinal[at.row * H + (f < 0 ? 0 : (f < H ? f : H - 1))];
+                out[i] += take ? add : (CT)0;
+            }
+        }
+        cc1d_store<T, CT, E>(dx + at.row * L, s0, L, vok, out);
     }
 
     if (H > 0 && dh0 != nullptr && at.tile == 0 && tid < H) {
@@ -377,22 +582,21 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             if (k <= j) {
-                const int t = j - k;  // < H <= TILE; g is zero past L
+                const int t = j - k;  // < H <= CHUNK: in gnext[0..H); g is zero past L
                 bool same = true;
-                if constexpr (HAS_SEQ) same = ss[OFF + t] == ss[OFF - H + j];
-                if (same) acc += w[k] * gs[t];
+                if constexpr (HAS_SEQ) same = snext[t] == sprev[j];
+                if (same) acc += w[k] * gnext[t];
             }
         }
         if (with_dfinal && j >= L) {  // L < W-1: the final state still holds this value
             bool same = true;
-            if constexpr (HAS_SEQ) same = ss[OFF - H + j] == seq_last;
+            if constexpr (HAS_SEQ) same = sprev[j] == seq_last;
             if (same) acc += dfinal[at.row * H + (j - L)];
         }
         dh0[at.row * H + j] = acc;
     }
 
     // Partials of dweight and dbias: a fixed shuffle tree per warp, then warps in order.
-    const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int k = 0; k <= W; ++k) {
         const CT s = ssm_group_allreduce<16>(dw[k], 0xffffffffu);
@@ -449,7 +653,7 @@ cc1d_update(const T* __restrict__ x, T* __restrict__ state,
         for (int k = 0; k < W; ++k) acc += w[k] * win[k];
 #pragma unroll
         for (int k = 0; k < H; ++k) win[k] = win[k + 1];
-        ssm_store(yr + t, SILU ? cc1d_silu(acc) : acc);
+        ssm_store(yr + t, SILU ? cc1d_act<CT>::silu(acc) : acc);
     }
 #pragma unroll
     for (int k = 0; k < H; ++k) ssm_store(sp + k * stride_k, win[k]);

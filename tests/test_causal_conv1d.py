@@ -223,6 +223,27 @@ def test_lengths_and_boundaries_at_tile_edges(backend, dtype):
         check_vjp(backend, dtype, inputs, "silu")
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
+                                   for d in ("float64", "float32", "bfloat16", "float16")])
+def test_gpu_warp_chunk_edges_every_width(dtype):
+    """The GPU kernels pass neighbours between lanes by shuffles and between warps' chunks
+    (32 vectors of 16 bytes) through shared memory: sequence boundaries and the final
+    state on and beside chunk and tile edges, every width, with and without silu."""
+    if dtype in ("bfloat16", "float16"):
+        pytest.importorskip("ml_dtypes")
+    chunk = 32 * (16 // np.dtype(dtype).itemsize)
+    tile = gpu_conv.tile_steps(dtype)
+    rng = np.random.default_rng(chunk + tile)
+    for W in range(1, 9):
+        L = tile + chunk + W + 1  # a second tile, past its first chunk edge
+        cuts = (chunk - 1, chunk, 2 * chunk + 1, tile - 1, tile + chunk) if W % 2 else (chunk + 1,)
+        inputs = make_inputs(rng, batch=2, dim=2, L=L, W=W, bias=W % 3 != 0, init=W % 4 != 1,
+                             cuts=cuts)
+        act = "silu" if W % 4 < 2 else None
+        check_forward("gpu", dtype, inputs, act)
+        check_vjp("gpu", dtype, inputs, act, seed=W)
+
+
 # ------------------------------------------------------------------------------------------
 # Properties: carried state, decoding steps
 # ------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ inside the launching functions.
 
 Work split (see ``causal_conv1d.cu``): a block of ``THREADS`` threads owns one
 time tile of one channel row, ``tile_steps(dtype)`` steps: four 16-byte vectors
-per thread for 4-byte types, two for the others. The grid is ``batch * dim * ceil(L / tile)`` blocks.
+per thread for 4-byte types, two for the others. The grid is ``batch * dim * ceil(L / tile)`` blocks
+(fewer than 2**31: the kernels divide the block index in 32 bits). Each thread keeps its
+vectors in registers; neighbouring steps come from other lanes by warp shuffles and, at the
+edges of each warp's 32-vector chunk, from a few words of shared memory.
 """
 
 from __future__ import annotations
