@@ -22,64 +22,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import timing  # noqa: E402
+from timing import commit, copy_tbps  # noqa: E402
 import ssmkit  # noqa: E402
 from ssmkit import _causal_conv1d as api  # noqa: E402
+
+cuda_median_ms = functools.partial(timing.cuda_median_ms, calls=5)  # this script's repetitions
 
 # (batch, dim, L): Mamba-1's conv (d_inner 3072), Mamba-2's xBC conv (d_inner 4096 + 2 * 640).
 SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]
 DTYPES = ["float32", "bfloat16"]
 WIDTHS = [4, 8]
-
-
-def commit() -> str:
-    env = os.environ.get("SSMKIT_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       cwd=os.path.dirname(os.path.abspath(__file__)),
-                                       text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "HEAD+working tree"
-
-
-def cuda_median_ms(fn, warmup=3, reps=20, calls=5):
-    """Median over ``reps`` of the CUDA-event time of ``calls`` back-to-back calls, per call."""
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
-    return float(np.median(times))
-
-
-def copy_tbps():
-    """Device-to-device copy bandwidth, bytes read plus written, in TB/s."""
-    import cupy
-
-    n = 1 << 30
-    src = cupy.empty(n, dtype=cupy.uint8)
-    src[:] = 1
-    dst = cupy.empty_like(src)
-    ms = cuda_median_ms(lambda: cupy.copyto(dst, src), calls=1)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def run(args):

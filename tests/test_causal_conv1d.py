@@ -566,17 +566,6 @@ def test_gpu_refuses_widths_past_its_templates_and_mixing():
 # The CUDA source compiles (no GPU needed)
 # ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def nvrtc_path():
-    path = _nvrtc_check.find_nvrtc()
-    if path is None:
-        if os.environ.get("SSMKIT_REQUIRE_NVRTC") == "1":
-            pytest.fail("SSMKIT_REQUIRE_NVRTC=1 but no NVRTC library was found "
-                        "(pip install nvidia-cuda-nvrtc-cu12, or set SSMKIT_NVRTC to its path)")
-        pytest.skip("no NVRTC library found (pip install nvidia-cuda-nvrtc-cu12)")
-    return path
-
-
 def test_kernel_keys_cover_every_template_value():
     full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
     names = [gpu_conv.name_expression(k) for k in full]
