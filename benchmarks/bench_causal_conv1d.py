@@ -142,8 +142,8 @@ def run(args):
             f"{r['bwd_ms']:.3f} | {r['bwd_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} | "
             f"{r['update_ms']:.4f} | {r['update_indexed_ms']:.4f} | {r['update_kernel_ms']:.4f} |")
     if variants:
-        lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 2 "
-                  "vectors):", "",
+        lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
+                  "vectors for 4-byte types, 2 for the others):", "",
                   "| dtype | W | threads | vectors/thread | fwd ms | of copy | bwd ms | of copy |",
                   "|---|---|---|---|---|---|---|---|"]
         for v in variants:
