@@ -113,6 +113,38 @@ def check_shape(fn: str, name: str, x, expected: tuple, labels: str) -> None:
                          f"got {tuple(x.shape)}")
 
 
+def check_cotangents(fn: str, xp, inputs: dict, cotangents: dict) -> dict:
+    """Check a pullback's cotangents and convert them like its inputs.
+
+    Parameters
+    ----------
+    fn : str
+        The pullback's name, for the errors.
+    xp : module
+        The namespace the forward ran in.
+    inputs : dict
+        One input array of the forward by name (it decides where the
+        cotangents must live).
+    cotangents : dict
+        ``name -> (array or None, expected shape, axis labels)``.
+
+    Returns
+    -------
+    dict
+        ``name -> array or None``, each real floating and of its expected shape.
+    """
+    named = {name: c[0] for name, c in cotangents.items()}
+    xp_c, arr = array_namespace(fn, dict(named, **inputs))
+    if xp_c is not xp:
+        raise TypeError(f"{fn}: cotangents must live where the inputs do ({xp.__name__}); "
+                        f"got {xp_c.__name__} arrays")
+    for name, (_, shape, labels) in cotangents.items():
+        if arr[name] is not None:
+            check_real_float(fn, name, arr[name])
+            check_shape(fn, name, arr[name], shape, labels)
+    return {name: arr[name] for name in cotangents}
+
+
 def check_ndim(fn: str, name: str, x, ndims: tuple, labels: str) -> None:
     if x.ndim not in ndims:
         raise ValueError(f"{fn}: {name} must have shape {labels}; got {x.ndim}-d shape "

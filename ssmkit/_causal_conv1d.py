@@ -298,16 +298,9 @@ class CausalConv1dPullback:
         p = self._problem
         xp = p.xp
         batch, dim, L, H = p.batch, p.dim, p.L, p.width - 1
-        xp_dy, arr = _arrays.array_namespace(fn, {"dy": dy, "dfinal_state": dfinal_state,
-                                                  "x": p.x})
-        if xp_dy is not xp:
-            raise TypeError(f"{fn}: cotangents must live where the inputs do ({xp.__name__}); "
-                            f"got {xp_dy.__name__} arrays")
-        for name, shape, labels in (("dy", (batch, dim, L), "(batch, dim, L)"),
-                                    ("dfinal_state", (batch, dim, H), "(batch, dim, W-1)")):
-            if arr[name] is not None:
-                _arrays.check_real_float(fn, name, arr[name])
-                _arrays.check_shape(fn, name, arr[name], shape, labels)
+        arr = _arrays.check_cotangents(fn, xp, {"x": p.x}, {
+            "dy": (dy, (batch, dim, L), "(batch, dim, L)"),
+            "dfinal_state": (dfinal_state, (batch, dim, H), "(batch, dim, W-1)")})
         cd = p.compute_dtype
         dfinal = (None if arr["dfinal_state"] is None or H == 0
                   else xp.ascontiguousarray(arr["dfinal_state"], dtype=cd))

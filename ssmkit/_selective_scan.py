@@ -275,16 +275,9 @@ class SelectiveScanPullback:
         p = self._problem
         xp = p.xp
         batch, dim, L, N = p.batch, p.dim, p.L, p.N
-        xp_dy, arr = _arrays.array_namespace(fn, {"dy": dy, "dfinal_state": dfinal_state,
-                                                  "u": p.u})
-        if xp_dy is not xp:
-            raise TypeError(f"{fn}: cotangents must live where the inputs do ({xp.__name__}); "
-                            f"got {xp_dy.__name__} arrays")
-        for name, shape, labels in (("dy", (batch, dim, L), "(batch, dim, L)"),
-                                    ("dfinal_state", (batch, dim, N), "(batch, dim, N)")):
-            if arr[name] is not None:
-                _arrays.check_real_float(fn, name, arr[name])
-                _arrays.check_shape(fn, name, arr[name], shape, labels)
+        arr = _arrays.check_cotangents(fn, xp, {"u": p.u}, {
+            "dy": (dy, (batch, dim, L), "(batch, dim, L)"),
+            "dfinal_state": (dfinal_state, (batch, dim, N), "(batch, dim, N)")})
         dy = (xp.zeros((batch, dim, L), p.io_dtype) if arr["dy"] is None
               else xp.ascontiguousarray(arr["dy"], dtype=p.io_dtype))
         dfinal = (None if arr["dfinal_state"] is None

@@ -477,17 +477,10 @@ class SSDPullback:
         fn = "ssd_vjp pullback"
         p = self._problem
         xp = p.xp
-        xp_dy, arr = _arrays.array_namespace(fn, {"dy": dy, "dfinal_state": dfinal_state,
-                                                  "x": p.x})
-        if xp_dy is not xp:
-            raise TypeError(f"{fn}: cotangents must live where the inputs do ({xp.__name__}); "
-                            f"got {xp_dy.__name__} arrays")
-        fshape = (p.n_slots, p.H, p.P, p.N)
-        for name, shape, labels in (("dy", p.x.shape, "(batch, L, H, P)"),
-                                    ("dfinal_state", fshape, "(n_final_states, H, P, N)")):
-            if arr[name] is not None:
-                _arrays.check_real_float(fn, name, arr[name])
-                _arrays.check_shape(fn, name, arr[name], shape, labels)
+        arr = _arrays.check_cotangents(fn, xp, {"x": p.x}, {
+            "dy": (dy, p.x.shape, "(batch, L, H, P)"),
+            "dfinal_state": (dfinal_state, (p.n_slots, p.H, p.P, p.N),
+                             "(n_final_states, H, P, N)")})
         dy = (xp.zeros(p.x.shape, p.io_dtype) if arr["dy"] is None
               else xp.ascontiguousarray(arr["dy"], dtype=p.io_dtype))
         dfinal = (None if arr["dfinal_state"] is None
