@@ -183,7 +183,8 @@ class Mamba1Params:
         conv = get("conv1d.weight")
         return cls(
             in_proj_weight=get("in_proj.weight"),
-            conv_weight=conv.reshape(conv.shape[0], conv.shape[-1]),  # (d_inner, 1, W) -> (d_inner, W)
+            # PyTorch's Conv1d weight (d_inner, 1, W) -> (d_inner, W)
+            conv_weight=conv.reshape(conv.shape[0], conv.shape[-1]),
             conv_bias=get("conv1d.bias", False),
             x_proj_weight=get("x_proj.weight"),
             dt_proj_weight=get("dt_proj.weight"),
@@ -350,8 +351,9 @@ def mamba1_step(params: Mamba1Params, hidden, state: Mamba1State):
     out : array, shape (batch, d_model)
     """
     fn = "mamba1_step"
+    conv_state = state.conv if isinstance(state, Mamba1State) else None
     xp = array_namespace(fn, {"hidden": hidden, "in_proj_weight": params.in_proj_weight,
-                              "state.conv": state.conv if isinstance(state, Mamba1State) else None})[0]
+                              "state.conv": conv_state})[0]
     _check_hidden(fn, hidden, params.d_model, step=True)
     p = params
     # Checked before anything is written, so a refused call leaves the state as it was.
@@ -693,8 +695,9 @@ def mamba2_step(params: Mamba2Params, hidden, state: Mamba2State):
     out : array, shape (batch, d_model)
     """
     fn = "mamba2_step"
+    conv_state = state.conv if isinstance(state, Mamba2State) else None
     xp = array_namespace(fn, {"hidden": hidden, "in_proj_weight": params.in_proj_weight,
-                              "state.conv": state.conv if isinstance(state, Mamba2State) else None})[0]
+                              "state.conv": conv_state})[0]
     p = params
     p.check(fn)
     _check_hidden(fn, hidden, p.d_model, step=True)
