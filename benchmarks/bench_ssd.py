@@ -7,8 +7,10 @@ the device-to-device copy bandwidth measured in the same run, each time set agai
 the compulsory traffic (bytes / copy bandwidth) and mamba_ssm's Triton time where
 peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table beside it.
 16-bit rows run the forward on the tensor-core kernels (cuda_src/ssd_mma.cu) and also time it
-with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the peer bfloat16 row's forward is
-split into its stages (effective dt + chunk sums, chunk states, state passing, outputs).
+with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the forward+backward also with
+``SSMKIT_SSD_MMA_BWD=1`` (the backward's chunk products on tensor cores, off by default); the
+peer bfloat16 row's forward is split into its stages (effective dt + chunk sums, chunk states,
+state passing, outputs) and its backward's four chunk products are timed on both paths.
 
 CPU mode (``--cpu``) times the Numba backend against the float64 reference loop.
 
@@ -76,8 +78,26 @@ def compulsory_bytes(dtype, batch, L, H, P, G, N):
     return fwd, fwd + bwd
 
 
+class _env:
+    """Set one environment variable inside a with block (restored after)."""
+
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        self.before = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+
+    def __exit__(self, *exc):
+        if self.before is None:
+            del os.environ[self.name]
+        else:
+            os.environ[self.name] = self.before
+
+
 def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
-    """Forward and forward+backward milliseconds for one configuration."""
+    """Forward and forward+backward milliseconds for one configuration (and, for 16-bit
+    dtypes, the forward on CUDA cores and the forward+backward with the tensor-core backward)."""
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
     fwd_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
@@ -88,18 +108,13 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
         pullback(dy)
 
     fb_ms = cuda_median_ms(fwd_bwd, reps=5)
-    fwd_old_ms = None
-    if dtype in ("float16", "bfloat16"):  # the same forward on the CUDA-core kernels
-        before = os.environ.get("SSMKIT_SSD_MMA")
-        os.environ["SSMKIT_SSD_MMA"] = "0"
-        try:
+    fwd_old_ms = fb_mma_ms = None
+    if dtype in ("float16", "bfloat16"):
+        with _env("SSMKIT_SSD_MMA", "0"):  # the same forward on the CUDA-core kernels
             fwd_old_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
-        finally:
-            if before is None:
-                del os.environ["SSMKIT_SSD_MMA"]
-            else:
-                os.environ["SSMKIT_SSD_MMA"] = before
-    return fwd_ms, fb_ms, fwd_old_ms
+        with _env("SSMKIT_SSD_MMA_BWD", "1"):  # the backward's products on tensor cores
+            fb_mma_ms = cuda_median_ms(fwd_bwd, reps=5)
+    return fwd_ms, fb_ms, fwd_old_ms, fb_mma_ms
 
 
 def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
@@ -125,6 +140,38 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     }
 
 
+def backward_products(cupy, dtype, batch, L, H, P, G, N, chunk):
+    """Milliseconds of each backward chunk product: CUDA cores (ssd_chunk_mm) and tensor cores
+    (ssd_mma_chunk_mm), on random operands of the right shapes (timing only)."""
+    import math
+
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
+    p, _, _ = _ssd._prepare("ssd", x["x"], x["dt"], x["A"], x["B"], x["C"], chunk, x["D"], None,
+                            x["dt_bias"], True, (0.0, math.inf), None, None, None)
+    lay = gpu_ssd._Layout(p)
+    rng = cupy.random.default_rng(1)
+    states = rng.standard_normal((batch, lay.nc + 1, H, P, N), dtype=cupy.float32)
+    dHx = rng.standard_normal((batch, lay.nc, H, P, N), dtype=cupy.float32)
+    dY = rng.standard_normal(p.x.shape, dtype=cupy.float32)
+    dY16 = dY.astype(p.io_dtype)
+    outP = cupy.empty(p.x.shape, dtype=cupy.float32)
+    outN = cupy.empty((batch, L, H, N), dtype=cupy.float32)
+    ops = {  # kind: (CUDA-core operands, tensor-core operands, out)
+        "ycore": ((p.C, p.B, p.x, states), (p.C, p.B, p.x, states), outP),
+        "GB": ((p.B, p.C, dY, dHx), (p.B, p.C, dY16, dHx), outP),
+        "dB": ((p.x, dY, p.C, dHx), (p.x, dY16, p.C, dHx), outN),
+        "dC": ((dY, p.x, p.B, states), (dY16, p.x, p.B, states), outN),
+    }
+    out = {}
+    for kind, (old, new, o) in ops.items():
+        out[kind] = (cuda_median_ms(lambda: lay.mm(p, kind, *old, o)),
+                     cuda_median_ms(lambda: lay.mm_mma(p, kind, *new, o)))
+    return out
+
+
 def run_gpu(args):
     import cupy
 
@@ -135,7 +182,8 @@ def run_gpu(args):
     rows = []
     table = TABLE[:2] if args.quick else TABLE
     for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
-        fwd_ms, fb_ms, fwd_old_ms = time_row(cupy, dtype, batch, L, H, P, G, N, chunk)
+        fwd_ms, fb_ms, fwd_old_ms, fb_mma_ms = time_row(cupy, dtype, batch, L, H, P, G, N,
+                                                         chunk)
         cupy.get_default_memory_pool().free_all_blocks()
         fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
         rows.append(dict(
@@ -144,6 +192,7 @@ def run_gpu(args):
             fwd_path=("tensor cores" if dtype in ("float16", "bfloat16")
                       and os.environ.get("SSMKIT_SSD_MMA", "1") != "0" else "CUDA cores"),
             fwd_cuda_cores_ms=None if fwd_old_ms is None else round(fwd_old_ms, 4),
+            fwd_bwd_tensor_core_bwd_ms=None if fb_mma_ms is None else round(fb_mma_ms, 4),
             copy_tbps=round(copy_bw, 3),
             fwd_of_copy=round(fwd_bytes / (fwd_ms * 1e-3) / 1e12 / copy_bw, 4),
             fwd_bwd_of_copy=round(fb_bytes / (fb_ms * 1e-3) / 1e12 / copy_bw, 4),
@@ -153,6 +202,9 @@ def run_gpu(args):
     stages = forward_stages(cupy, *TABLE[0][:8])
     cupy.get_default_memory_pool().free_all_blocks()
     print(json.dumps({"forward stages ms": stages}), flush=True)
+    products = backward_products(cupy, *TABLE[0][:8])
+    cupy.get_default_memory_pool().free_all_blocks()
+    print(json.dumps({"backward products ms (CUDA cores, tensor cores)": products}), flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "ssd_h200" if "H200" in gpu else "ssd_gpu")
@@ -165,23 +217,28 @@ def run_gpu(args):
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
              "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "
              "16-bit forwards run on tensor cores (cuda_src/ssd_mma.cu); 'fwd ms, CUDA "
-             "cores': the same call with SSMKIT_SSD_MMA=0.",
+             "cores': the same call with SSMKIT_SSD_MMA=0; 'fwd+bwd ms, TC bwd': with "
+             "SSMKIT_SSD_MMA_BWD=1 (the backward's chunk products on tensor cores).",
              "",
              "| dtype | batch | L | H | P | G | N | chunk | fwd ms | of copy | x mamba_ssm | "
-             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm | fwd+bwd ms, TC bwd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pf = f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f}" if r["mamba_ssm_fwd_ms"] else "-"
         pb = (f"{r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if r["mamba_ssm_fwd_bwd_ms"]
               else "-")
+        tc = r["fwd_bwd_tensor_core_bwd_ms"]
+        tc = "-" if tc is None else f"{tc:.3f}"
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['L']} | {r['heads']} | {r['headdim']} | "
             f"{r['groups']} | {r['N']} | {r['chunk_size']} | {r['fwd_ms']:.3f} | "
             f"{r['fwd_of_copy']:.3f} | {pf} | "
             f"{'-' if r['fwd_cuda_cores_ms'] is None else format(r['fwd_cuda_cores_ms'], '.3f')} | "
-            f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | {pb} |")
+            f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | {pb} | {tc} |")
     lines += ["", "Forward stages of the first row (tensor-core path), ms: " +
-              ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + "."]
+              ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + ".",
+              "", "Backward chunk products of the first row, ms (CUDA cores / tensor cores): " +
+              ", ".join(f"{k} {a:.3f} / {b:.3f}" for k, (a, b) in products.items()) + "."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

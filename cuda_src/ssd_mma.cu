@@ -1,7 +1,9 @@
-// ssd_mma.cu: the matrix-heavy forward kernels of Mamba-2's SSD scan on tensor cores, for
-// 16-bit x, B, C (float16 or bfloat16; products accumulate in float32). Launched by
-// ssmkit._gpu.ssd in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu; the
-// chunk sums (ssd_chunk_cumsum) and the state passing (ssd_state_passing) stay in ssd.cu.
+// ssd_mma.cu: the matrix-heavy kernels of Mamba-2's SSD scan on tensor cores, for 16-bit
+// x, B, C (float16 or bfloat16; products accumulate in float32). Launched by ssmkit._gpu.ssd
+// in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu, and (with
+// SSMKIT_SSD_MMA_BWD=1) of the backward's four ssd_chunk_mm products (ssd_mma_chunk_mm, at
+// the end of this file); the chunk sums, the state and adjoint passing and the adjoint
+// chunk state stay in ssd.cu.
 // Notation, chunks, restarts (seq) and layouts are those of ssd.cu. Checked on the host
 // by compiling this text with the PTX replaced by an emulation of the fragment layouts.
 //
@@ -475,5 +477,276 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
                 }
                 ssm_store(out + idx, val);
             }
+        }
+}
+
+// --------------------------------------------------------------------------------------
+// The backward's chunk products on tensor cores: ssd_chunk_mm of ssd.cu (same roles, same
+// result up to the 16-bit rounding of its operands) for 16-bit U, W, Vv, float32 M and out:
+//
+//   out[r, v] = scale_r * sum_k M[v, k] U_r[k]                          (boundary term)
+//             + sum_q w_rq (U_r . W_q) Vv_q[v]                           (diagonal block)
+//
+//   UPPER = false (q <= r): w_rq = [seq_q == seq_r] exp(cum_r - cum_q),
+//           M = the state entering the chunk, scale_r = [seq_r == seq_prev] exp(cum_r);
+//   UPPER = true  (q >= r): w_rq = [seq_q == seq_r] exp(cum_q - cum_r),
+//           M = the adjoint leaving the chunk, scale_r = [seq_r == seq_E] exp(cum_E - cum_r);
+//   DTW = 1: w_rq also times dt'_q; DTW = 2: w_rq and scale_r also times dt'_r (the whole
+//           row r times dt'_r); DTW = 0: neither.
+// M (v, k) is M[v * K + k], or M[k * V + v] when MT; chunk c of it at
+// Mm + ((b * m_chunks + c) * H + h) * K * V. Instances (as in ssd.cu): the recomputed output
+// without D and gate (U = C, W = B, Vv = x, M = states, DTW = 1), dt'_s (G B)_s (U = B,
+// W = C, Vv = dY, M = dHx, UPPER, DTW = 2), dB_s / dt'_s (U = x, W = dY, Vv = C,
+// M = dHx^T, UPPER) and dC_t (U = dY, W = x, Vv = B, M = states^T, DTW = 1).
+// The block entry (r, q) of the first and the entry (q, r) of the second are then the same
+// float32 value exp(cum_t - cum_s) dt'_s (C_t . B_s), rounded alike: the terms of
+// dY_t . y_t and dt'_s x_s . (G B)_s that cancel in the backward's chunk-sum cotangent
+// cancel up to float32 sums (the 16-bit roundings of the block would not cancel).
+// Structure of ssd_mma_chunk_out: a block owns 64 rows r of a chunk and all V <= VW
+// columns, warp w rows 16w .. 16w + 15; K is staged in slices of KW (U stays resident when
+// K <= KW); the masked block goes from the U W^T product to the product with Vv in
+// registers, rounded to T.
+// with_diag = 0 leaves the terms q = r out of the block (w_rr = 0): the backward adds them
+// in float32, where the two that cancel in the chunk sums' cotangent (dY_t . y_t and
+// dt'_t x_t . (G B)_t) cancel exactly instead of through different 16-bit roundings.
+// bnd (or null; DTW = 2 only): bnd[b, r, h] = sum_v (row r's boundary term)[v] Xd[b, r, h, v]; with
+// Xd = x in the (G B) instance, the part of dt'_s x_s . (G B)_s that the backward must
+// match, step by step, in its chunk-end term <dHx, states> (see ssmkit/_gpu/ssd.py).
+// Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
+// --------------------------------------------------------------------------------------
+
+// ssd_mma_stage_f for a K x V float matrix M (row k at base + k * stride) staged as
+// dst[v * LD + k]: VW columns v, KW rows k (zero past nk rows and nv columns).
+template <typename T, int VW, int KW, int LD>
+__device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const float* base,
+                                                 ssm_i64 stride, int nk, int nv, bool vec,
+                                                 int tid) {
+    constexpr int G8 = VW / 8;
+    for (int i = tid; i < KW * G8; i += SSD_MMA_THREADS) {
+        const int k = i / G8, v = (i - k * G8) * 8;
+        unsigned short u[8];
+        if (k < nk) {
+            ssd_mma_load8_f<T>(u, base + k * stride + v, nv - v, vec);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) u[j] = 0;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dst[(v + j) * LD + k] = u[j];
+    }
+}
+
+// Blocks per SM: 4 (128 registers) except where ptxas would spill there (UPPER, VW = 64: 3).
+template <typename T, bool UPPER, int DTW, bool MT, int VW, int KW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, VW <= 32 ? 4 : VW <= 64 ? (UPPER ? 3 : 4) : 2)
+ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __restrict__ Vv,
+                 const float* __restrict__ Mm, const float* __restrict__ dte,
+                 const float* __restrict__ cum, const int* __restrict__ seq,
+                 const ssm_i64* __restrict__ starts, float* __restrict__ out,
+                 const T* __restrict__ Xd, float* __restrict__ bnd, ssm_i64 L, int H,
+                 int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
+                 int tiles_per_chunk, int with_diag) {
+    static_assert(VW % 16 == 0 && VW <= 128, "VW: a multiple of 16, at most 128");
+    static_assert(KW % 64 == 0, "KW: a multiple of 64");
+    static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
+    constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
+    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int MS_ROWS = VW > SSD_MMA_ROWS ? VW : SSD_MMA_ROWS;
+    alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
+    alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
+    alignas(16) __shared__ unsigned short vt[VW * LDS];            // Vv[q][v] as [v][q]
+    __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
+    __shared__ float dt_r[SSD_MMA_ROWS];
+    __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 per_head = nc * tiles_per_chunk;
+    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - bh * per_head;
+    const ssm_i64 c = ctile / tiles_per_chunk;
+    const int tile = (int)(ctile - c * tiles_per_chunk);
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    const ssm_i64 E = t1 - 1;
+    const int seq_bound = UPPER ? ssd_mma_seq(seq, b * L + E)
+                                : ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    const float cum_E = cum[(b * L + E) * H + h];
+    const bool vec = ssd_mma_vec(K, V, U, W, Vv, Mm);
+    const bool u_resident = K <= KW;  // one slice: us is staged once, in step 1
+    const ssm_i64 off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
+    if (tid < SSD_MMA_ROWS) {
+        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+        cum_r[tid] = cum[(b * L + r) * H + h];
+        dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
+        seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+    // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
+    auto stage_u = [&](int k0) {
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec, nullptr,
+            tid);
+    };
+
+    // 1. The boundary term.
+    const float* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
+    for (int k0 = 0; k0 < K; k0 += KW) {
+        __syncthreads();
+        stage_u(k0);
+        if (MT)
+            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * V, V, K - k0, V, vec, tid);
+        else
+            ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
+        __syncthreads();
+#pragma unroll 2
+        for (int kk = 0; kk < KW; kk += 16) {
+            if (k0 + kk < K) {  // uniform; the rest of the slice is zeros
+                unsigned a[4];
+                ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
+                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                }
+            }
+        }
+    }
+    {
+        const int ra = 16 * warp + g, rb = ra + 8;
+        const float sa = seq_r[ra] != seq_bound ? 0.0f
+                         : ssd_mma_exp(UPPER ? cum_E - cum_r[ra] : cum_r[ra]) * dt_r[ra];
+        const float sb = seq_r[rb] != seq_bound ? 0.0f
+                         : ssd_mma_exp(UPPER ? cum_E - cum_r[rb] : cum_r[rb]) * dt_r[rb];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc[j][0] *= sa;
+            acc[j][1] *= sa;
+            acc[j][2] *= sb;
+            acc[j][3] *= sb;
+        }
+        if (DTW == 2 && bnd) {  // uniform: bnd[r] = row r's boundary term dotted with Xd_r
+            const ssm_i64 xa = ((b * L + r0 + ra) * H + h) * V;
+            const ssm_i64 xb = ((b * L + r0 + rb) * H + h) * V;
+            float da = 0.0f, db = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int v = 8 * j + 2 * t + i;
+                    if (v < V) {
+                        if (ra < nr) da += acc[j][i] * ssm_load(Xd[xa + v]);
+                        if (rb < nr) db += acc[j][2 + i] * ssm_load(Xd[xb + v]);
+                    }
+                }
+            // the 4 lanes t of a row hold its columns: sum them
+            da += __shfl_xor_sync(0xffffffffu, da, 1);
+            da += __shfl_xor_sync(0xffffffffu, da, 2);
+            db += __shfl_xor_sync(0xffffffffu, db, 1);
+            db += __shfl_xor_sync(0xffffffffu, db, 2);
+            if (t == 0) {
+                if (ra < nr) bnd[(b * L + r0 + ra) * H + h] = da;
+                if (rb < nr) bnd[(b * L + r0 + rb) * H + h] = db;
+            }
+        }
+    }
+
+    // 2. The diagonal block, one tile of 64 steps q at a time over the rows' reach.
+    const ssm_i64 q_begin = UPPER ? r0 : t0;
+    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
+    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
+        const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+        float gacc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += KW) {
+            __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
+            if (k0 == 0) {
+                if (tid < SSD_MMA_ROWS) {
+                    const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                    const ssm_i64 i = (b * L + q) * H + h;
+                    cum_q[tid] = cum[i];
+                    dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
+                    seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                }
+                ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+                    vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
+                    tid);
+            }
+            if (!u_resident) stage_u(k0);
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0, vec,
+                nullptr, tid);
+            __syncthreads();
+#pragma unroll 2
+            for (int kk = 0; kk < KW; kk += 16) {
+                if (k0 + kk < K) {
+                    unsigned a[4];
+                    ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
+                        ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                    }
+                }
+            }
+        }
+        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
+        const int ra = 16 * warp + g, rb = ra + 8;
+        const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+        unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int s = 8 * j + 2 * t + (i & 1);
+                const int r = i >= 2 ? rb : ra;
+                const ssm_i64 rt = i >= 2 ? rtb : rta;
+                const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
+                                  (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
+                // The same operations, in the same order, as the transposed instance's.
+                v[i] = live ? ssd_mma_exp(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
+                                  (DTW == 2 ? dt_r[r] : dt_q[s]) * gacc[j][i]
+                            : 0.0f;
+            }
+            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
+            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) (lower)
+            // or >= 16 w (upper) only: the other fragments are zeros.
+            if (q0 == r0 && (UPPER ? ks < warp : ks > warp)) continue;
+            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
+                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            }
+        }
+    }
+
+    // 3. Store.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * warp + g + (i >= 2 ? 8 : 0);
+            const int v = 8 * j + 2 * t + (i & 1);
+            if (r < nr && v < V) out[((b * L + r0 + r) * H + h) * V + v] = acc[j][i];
         }
 }

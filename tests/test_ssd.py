@@ -541,6 +541,137 @@ def test_tensor_core_small_problems_match_reference(dtype_name, problem):
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
 
 
+# --------------------------------------------------------------------------------------
+# The tensor-core backward (ssd_mma.cu: ssd_mma_chunk_mm), behind SSMKIT_SSD_MMA_BWD=1
+# --------------------------------------------------------------------------------------
+
+class _ProbeBwd(_Probe):
+    """Just the fields ssmkit._gpu.ssd.uses_mma_bwd reads."""
+
+    def __init__(self, io, bc, P, N):
+        super().__init__(io, bc, P)
+        self.N = N
+
+
+def test_tensor_core_backward_path_selection(monkeypatch):
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)  # off by default
+    assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 128))
+    monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
+    assert gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 128))
+    assert gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "bfloat16", 128, 1))
+    assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 129, 64))
+    assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 129))
+    assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
+    assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
+    names = gpu_ssd.mma_bwd_kernel_names("float16")
+    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS)
+    assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64) == \
+        "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, 64, 128>"
+    assert gpu_ssd.mma_mm_name("dC", "float16", 100) == \
+        "ssd_mma_chunk_mm<ssm_half, false, 1, true, 128, 64>"
+
+
+def _count_mma_bwd_calls(monkeypatch):
+    """Counts the tensor-core backward launches (to show which path ran)."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    calls = []
+    original = gpu_ssd._Layout.mm_mma
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_ssd._Layout, "mm_mma", spy)
+    return calls
+
+
+def _gradients(arrays, opts, dy, dfin):
+    _, pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
+    return pullback(dy, dfin)
+
+
+def _gap(a, b, ref_grad):
+    """|a - b| relative to the reference gradient's norm (absolute where that is 0, as in
+    rel_err: a gradient that is exactly zero, such as dA at L = 1, is then round-off)."""
+    d = to_numpy(a).astype(np.float64) - to_numpy(b).astype(np.float64)
+    denom = np.linalg.norm(np.asarray(ref_grad, dtype=np.float64))
+    return np.linalg.norm(d) / (denom if denom > 0 else 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(MMA_CASES)))
+def test_tensor_core_backward_matches_reference(monkeypatch, dtype_name, case):
+    """Switch on: gradients near the reference and near the CUDA-core backward's; N > 128
+    falls back to the CUDA-core products."""
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
+    rng = np.random.default_rng(200 + case)
+    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
+    calls = _count_mma_bwd_calls(monkeypatch)
+    check_against_reference("gpu", dtype_name, inputs, opts, rng)
+    assert len(calls) == (4 if max(P, N) <= 128 else 0)
+    # The same cotangents with the switch on and off.
+    xp = xp_for("gpu")
+    arrays, exact = cast(inputs, dtype_name, xp)
+    dy = as_dtype(rng.standard_normal((batch, L, H, P)), dtype_name)
+    dfin = rng.standard_normal((batch, H, P, N)).astype(np.float32)
+    g_on = _gradients(arrays, opts, xp.asarray(dy), xp.asarray(dfin))
+    monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "0")
+    n = len(calls)
+    g_off = _gradients(arrays, opts, xp.asarray(dy), xp.asarray(dfin))
+    assert len(calls) == n
+    _, pullback_r = ref.ssd_vjp(**exact, **opts, return_final_state=True)
+    g_ref = pullback_r(dy.astype(np.float64), dfin.astype(np.float64))
+    for name in FIELDS:
+        a, b, r = getattr(g_on, name), getattr(g_off, name), getattr(g_ref, name)
+        assert (a is None) == (b is None) == (r is None), name
+        if r is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            # each is within 4 GRAD_RTOL of the reference (the switch off through the
+            # tests above): their gap is bounded by the sum
+            assert _gap(a, b, r) < GRAD_RTOL[dtype_name] * 8, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("cu", [[0, 5, 5, 70, 129], [0, 64, 129]])
+def test_tensor_core_backward_cu_seqlens_matches_reference(monkeypatch, cu):
+    monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
+    calls = _count_mma_bwd_calls(monkeypatch)
+    rng = np.random.default_rng(300 + len(cu))
+    inputs = make_inputs(rng, batch=1, L=129, H=4, P=24, G=2, N=40, D_form="channel",
+                         with_init=True)
+    opts = dict(chunk_size=32, dt_softplus=True, cu_seqlens=np.array(cu))
+    check_against_reference("gpu", "bfloat16", inputs, opts, rng)
+    assert len(calls) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_tensor_core_backward_small_problems_match_reference(dtype_name, problem):
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    kw, opts, seed = problem
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, **kw)
+    if not opts["dt_softplus"]:
+        inputs["dt"] = rng.uniform(0.01, 0.5, inputs["dt"].shape)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSMKIT_SSD_MMA_BWD", "1")
+        check_against_reference("gpu", dtype_name, inputs, opts, rng)
+
+
 def test_huge_chunk_size_is_one_chunk():
     rng = np.random.default_rng(16)
     inputs = make_inputs(rng, batch=1, L=30, H=2, P=2, G=1, N=3, with_init=True)

@@ -1,5 +1,5 @@
 """cuda_src/ssd.cu and ssd_mma.cu compile with NVRTC for sm_90, exactly as the GPU backend
-compiles them (ssd_mma.cu: every instantiation, and without register spills).
+compiles them (ssd_mma.cu: every instantiation, forward and backward, without register spills).
 
 No GPU or driver needed. Without an NVRTC library these tests skip, unless
 ``SSMKIT_REQUIRE_NVRTC=1`` (then they fail). The default set covers every
@@ -112,3 +112,34 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
         assert "registers" in entry and "spill_stores" in entry, name
         # Spilled accumulators would go through local memory in the inner loop.
         assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (name, entry)
+
+
+def mma_bwd_names():
+    """Every backward instantiation: each 16-bit dtype, each product kind, each width VW."""
+    return [n for io in ("float16", "bfloat16") for n in ssd.mma_bwd_kernel_names(io)]
+
+
+def test_mma_backward_kernels_compile_for_sm90_without_spills(nvrtc_path):
+    names = mma_bwd_names()
+    assert len(names) == len(set(names)) == 2 * 4 * len(ssd.MMA_WIDTHS)
+    src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
+    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
+                                                  "--ptxas-options=-v"]
+    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
+    batches = [names[i::2] for i in range(2)]
+
+    def run(batch):
+        return _nvrtc_check.compile_program(src, batch, options, filename=ssd.MMA_SOURCE_FILE,
+                                            nvrtc=nv)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run, batches))
+    for batch, res in zip(batches, results):
+        report = _nvrtc_check.parse_ptxas_report(res["log"])
+        for name in batch:
+            mangled = res["lowered"][name]
+            assert mangled.startswith("_Z"), name
+            entry = report.get(mangled, {})
+            assert "registers" in entry and "spill_stores" in entry, name
+            assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (
+                name, entry)

@@ -26,8 +26,21 @@ Backward (from the boundary states the forward kept, nothing per step)
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
+    With ``SSMKIT_SSD_MMA_BWD=1`` in the environment (off by default: not yet run
+    on a GPU), the four chunk products run on tensor cores for float16/bfloat16 x
+    with B, C of the same dtype, P <= 128 and N <= 128 (``ssd_mma_chunk_mm`` of
+    ``cuda_src/ssd_mma.cu``; dY enters them rounded to the input dtype). Every
+    option is supported there (D, z, seq_idx, cu_seqlens, initial and final
+    states); other shapes and dtypes use the CUDA-core products. On that path the
+    (G B) product carries dt'_s, the diagonal terms (s = t) of the recomputed
+    output and of (G B) are added in float32, ``x_s . (G B)_s`` comes from
+    ``B_s . dB_s / dt'_s``, and the chunk-end term ``<dHx, S_c>`` is the sum of the
+    boundary terms of ``dt'_s x_s . (G B)_s`` that the kernel writes per step: the
+    terms that cancel in the chunk sums' cotangent then cancel up to float32 sums
+    instead of through different 16-bit roundings.
+
 Arithmetic is float32 (float64 for float64 inputs) on CUDA cores, except the
-tensor-core forward products (16-bit operands, float32 sums).
+tensor-core products (16-bit operands, float32 sums).
 """
 
 from __future__ import annotations
@@ -40,7 +53,8 @@ from .._ssd import effective_dt
 from . import compiler
 
 __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
-           "SOURCE_FILE", "DTYPE_PAIRS", "MMA_SOURCE_FILE", "mma_kernel_names", "uses_mma"]
+           "SOURCE_FILE", "DTYPE_PAIRS", "MMA_SOURCE_FILE", "mma_kernel_names", "uses_mma",
+           "mma_bwd_kernel_names", "uses_mma_bwd"]
 
 SOURCE_FILE = "ssd.cu"
 THREADS = 256
@@ -154,6 +168,40 @@ def uses_mma(p) -> bool:
             and os.environ.get("SSMKIT_SSD_MMA", "1") != "0")
 
 
+# The backward's chunk products on tensor cores (ssd_mma_chunk_mm): UPPER, DTW, MT per kind.
+MMA_BWD_KINDS = {
+    "ycore": (False, 1, False),  # U = C, W = B, Vv = x, M = states
+    "GB": (True, 2, False),      # U = B, W = C, Vv = dY, M = dHx; times dt' (row)
+    "dB": (True, 0, True),       # U = x, W = dY, Vv = C, M = dHx^T
+    "dC": (False, 1, True),      # U = dY, W = x, Vv = B, M = states^T
+}
+
+
+def mma_mm_name(kind: str, io: str, V: int) -> str:
+    """The ``ssd_mma_chunk_mm`` instance of a backward product with V output columns:
+    VW = mma_width(V), the K slice KW = 128 (64 for VW = 128, to stay within 48 KiB)."""
+    vw = mma_width(V)
+    upper, dtw, mt = MMA_BWD_KINDS[kind]
+    flags = f"{'true' if upper else 'false'}, {dtw}, {'true' if mt else 'false'}"
+    return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}>"
+
+
+def mma_bwd_kernel_names(io: str) -> list:
+    """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``."""
+    return [mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
+
+
+def uses_mma_bwd(p) -> bool:
+    """Whether the backward of problem ``p`` runs its chunk products on tensor cores:
+    ``SSMKIT_SSD_MMA_BWD=1`` in the environment (off by default), 16-bit x with B and C in
+    the same dtype, P <= 128 and N <= 128. Every option (D, z, seq_idx, cu_seqlens, initial
+    and final states) is supported: they act outside the products or through the chunk
+    boundaries and restart mask the kernels share with the CUDA-core ones."""
+    io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)
+    return (os.environ.get("SSMKIT_SSD_MMA_BWD", "0") == "1" and io in ("float16", "bfloat16")
+            and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
+
+
 def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS):
     kernel = compiler.get_kernel(source, name)
     kernel(grid, (threads,), args)
@@ -261,6 +309,22 @@ class _Layout:
                  np.int64(self.nc), np.int32(tiles)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
+    def mm_mma(self, p, kind, U, W, Vv, M, out, *, with_diag=True, Xd=None, bnd=None):
+        """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv,
+        float32 M; writes the float32 ``out`` (batch, L, H, V). ``with_diag=False`` leaves the
+        block's diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each
+        row's boundary term dotted with ``Xd`` (batch, L, H, V)."""
+        V, K = Vv.shape[3], U.shape[3]
+        tiles = -(-self.max_len // MMA_ROWS)
+        _launch(mma_mm_name(kind, self.io, V), (p.batch * p.H * self.nc * tiles,),
+                (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
+                 _ptr(Xd), _ptr(bnd), np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]),
+                 np.int32(W.shape[2]), np.int32(Vv.shape[2]), np.int32(K), np.int32(V),
+                 np.int64(self.nc), np.int64(M.shape[1]), np.int32(tiles),
+                 np.int32(1 if with_diag else 0)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return out
+
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         PN = p.P * p.N
@@ -292,6 +356,19 @@ def ssd_forward(p, *, save_checkpoints):
     return y, final, (states if save_checkpoints else None)
 
 
+def _diag_cb(p, cd):
+    """C_t . B_t for every head, (batch, L, H) in the compute dtype: the diagonal of each
+    head's C B^T block (head h reads group h / (H / G) of B and of C)."""
+    cp = p.xp
+    hb = np.arange(p.H) // (p.H // p.B.shape[2])
+    hc = np.arange(p.H) // (p.H // p.C.shape[2])
+    pairs, head_pair = np.unique(np.stack([hb, hc], axis=1), axis=0, return_inverse=True)
+    # cast first: the 16-bit arrays are only read, not gathered (groups are few)
+    cb = (p.B.astype(cd)[:, :, cp.asarray(pairs[:, 0])]
+          * p.C.astype(cd)[:, :, cp.asarray(pairs[:, 1])]).sum(axis=-1)
+    return cp.ascontiguousarray(cb[:, :, cp.asarray(head_pair.reshape(-1))])
+
+
 def ssd_backward(p, checkpoints, dy, dfinal):
     """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
     cp = p.xp
@@ -299,9 +376,18 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     states = checkpoints
     batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
     cd = p.compute_dtype
-    ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
-    dyc = dy.astype(cd)
+    mma = uses_mma_bwd(p)
     xc = p.x.astype(cd)
+    if mma:
+        # The tensor-core products leave the diagonal terms (s = t) out of the blocks; they
+        # are added in float32 where needed (they cancel exactly in dcum below).
+        cb = _diag_cb(p, cd)
+        ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd),
+                               with_diag=False)
+        ycore = ycore_off + (lay.dte * cb)[..., None] * xc
+    else:
+        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
+    dyc = dy.astype(cd)
     dz = None
     if p.z is not None:
         zc = p.z.astype(cd)
@@ -322,23 +408,52 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
              np.int64(L), np.int32(H), np.int64(PN), np.int64(lay.nc)))
 
-    GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
-    dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
-    dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
     dte = lay.dte
+    GBg, GCg = p.B.shape[2], p.C.shape[2]
+    if mma:
+        # dY enters the products rounded to the input dtype. "GB" gives dt'_s (G B)_s, its
+        # block entries equal to the recomputed output's (see ssd_mma_chunk_mm), so that the
+        # pairs of terms that cancel in dcum are rounded alike; the terms s = t are left out
+        # there (they cancel exactly) and added to dx in float32.
+        dY16 = dY.astype(p.io_dtype)
+        bnd = cp.empty((batch, L, H), dtype=cd)
+        dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, cp.empty(p.x.shape, dtype=cd),
+                              with_diag=False, Xd=p.x, bnd=bnd)
+        dBh = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
+        dCh = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+        # x_s . (G B)_s = B_s . (dB_s / dt'_s): the same sum, with no division by dt'
+        # (a batched matrix-vector product: no (batch, L, H, N) temporary)
+        xGB = cp.matmul(dBh.reshape(batch, L, GBg, H // GBg, N),
+                        p.B.astype(cd)[..., None]).reshape(batch, L, H)
+        dx = dtGB_off + (dte * cb)[..., None] * dY
+        dcum = (dY16.astype(cd) * ycore_off).sum(axis=-1) - (xc * dtGB_off).sum(axis=-1)
+    else:
+        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
+        dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
+        dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+        xGB = (xc * GB).sum(axis=-1)
+        dx = dte[..., None] * GB
+        dcum = (dY * ycore).sum(axis=-1) - dte * xGB
     dBh *= dte[..., None]
-
-    xGB = (xc * GB).sum(axis=-1)
-    dcum = (dY * ycore).sum(axis=-1) - dte * xGB
     # boundary term <dHx_c, H_{c+1}> at each chunk's last step
     ends = lay.starts[1:] - 1
-    dcum[:, ends, :] += (dHx * states[:, 1:]).sum(axis=(3, 4))
+    if mma:
+        # H_{c+1} = d_c H_c + S_c, and <dHx_c, S_c> is the sum over the chunk of bnd_s, the
+        # boundary part of dt'_s x_s . (G B)_s that dcum_s holds: taken from the same values,
+        # the two cancel in the suffix sums below up to float32 sums.
+        t0 = lay.starts[:-1]
+        same = cp.ones((batch, lay.nc), dtype=bool)
+        if p.seq_idx is not None:
+            same = p.seq_idx[:, ends] == p.seq_idx[:, cp.maximum(t0 - 1, 0)]
+        decay = cp.where(same[..., None], cp.exp(lay.cum[:, ends, :]), 0)
+        dcum[:, ends, :] += (decay * (dHx * states[:, :-1]).sum(axis=(3, 4))
+                             + lay.chunk_sums(p, bnd, reverse=True)[:, t0, :])
+    else:
+        dcum[:, ends, :] += (dHx * states[:, 1:]).sum(axis=(3, 4))
     sdcum = lay.chunk_sums(p, dcum, reverse=True)
     ddt = (xGB + p.A[None, None, :] * sdcum) * lay.factor
-    dx = dte[..., None] * GB
     if p.D is not None:
         dx += p.D[None, None] * dY
-    GBg, GCg = p.B.shape[2], p.C.shape[2]
     return dict(
         x=dx.astype(p.io_dtype),
         dt=ddt,
@@ -370,7 +485,7 @@ def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
 
     names = [(SOURCE_FILE, n) for io, bc in pairs for n in kernel_names(io, bc)]
     names += [(MMA_SOURCE_FILE, n) for io, bc in pairs if io == bc and io in ("float16", "bfloat16")
-              for n in mma_kernel_names(io)]
+              for n in mma_kernel_names(io) + mma_bwd_kernel_names(io)]
     names = list(dict.fromkeys(names))
     processes = processes or os.cpu_count() or 1
     batches = [names[i::processes] for i in range(processes)]
