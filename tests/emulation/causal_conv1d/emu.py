@@ -1,0 +1,189 @@
+r"""Host emulation of cuda_src/causal_conv1d.cu (fwd/bwd) checked against ssmkit.reference.
+
+Builds every fwd/bwd instance for the chosen dtypes and widths (EMU_W, default 1..8) into one
+.so under $TMPDIR/ssmkit_emu/causal_conv1d, then runs lengths around the warp and tile edges
+(with and without bias, SiLU, seq_idx, initial state) and compares y, the final state and the
+gradients with reference.causal_conv1d_vjp.
+
+    LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+        EMU_W=4 python3 tests/emulation/causal_conv1d/emu.py float32 [values_per_thread]
+
+Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1|2 plants
+a known bug to see the check fail.
+"""
+import ctypes, hashlib, os, subprocess, sys, itertools, tempfile
+import numpy as np
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, REPO); sys.path.insert(0, os.path.join(REPO, "tests"))
+from ssmkit._gpu import compiler, causal_conv1d as cc
+from ssmkit import reference
+BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "causal_conv1d")
+REPL = [
+    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
+    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
+    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
+    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
+    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
+    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));', 'e = emu_ex2_ftz(z * -1.4426950408889634f);'),
+    ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));', 's = emu_rcp_ftz(1.0f + e);'),
+    ('asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));', 'r = emu_rcp64(d);'),
+    ('for (int i = 0; i < 4; ++i) asm("mov.b32 %0, %1;" : "=r"(w[i]) : "f"(r[i]));', 'for (int i = 0; i < 4; ++i) memcpy(&w[i], &r[i], 4);'),
+    ('asm("mov.b64 {%0, %1}, %2;" : "=r"(w[2 * i]), "=r"(w[2 * i + 1]) : "d"(r[i]));', 'memcpy(&w[2 * i], &r[i], 8);'),
+    ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(r[2 * i + 1]), "f"(r[2 * i]));', 'w[i] = emu_pack2(emu_f2h(r[2 * i]), emu_f2h(r[2 * i + 1]));'),
+    ('asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(r[2 * i + 1]), "f"(r[2 * i]));', 'w[i] = emu_pack2(emu_f2bf(r[2 * i]), emu_f2bf(r[2 * i + 1]));'),
+    ('''asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                     :: "l"(row + t), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");''',
+     'if (((unsigned long)(row + t)) % 16) emu_fail("misaligned store"); memcpy((void*)(row + t), w, 16);'),
+]
+LAUNCH = r'''
+template <typename F>
+static void emu_launch(F call, unsigned grid, unsigned block) {
+    for (unsigned bi = 0; bi < grid; ++bi) {
+        blockIdx.x = bi; blockDim.x = block; gridDim.x = grid;
+        std::barrier<> bar(block); emu_block_barrier = &bar;
+        unsigned nw = (block + 31) / 32;
+        std::vector<std::unique_ptr<std::barrier<>>> wb;
+        std::vector<EmuWarp> warps(nw);
+        for (unsigned w = 0; w < nw; ++w) {
+            wb.emplace_back(new std::barrier<>(32));
+            warps[w].bar = wb.back().get(); warps[w].mask = 0xffffffffu;
+        }
+        emu_warps = warps.data();
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (auto& th : ts) th.join();
+    }
+}
+'''
+CXX = {"float32": "float", "float64": "double", "bfloat16": "ssm_bf16", "float16": "ssm_half"}
+
+def wrapper(key, i):
+    io = CXX[key.io]; ct = "double" if key.io == "float64" else "float"
+    name = cc.name_expression(key)
+    if key.kind == "fwd":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], ({io}*)p[5], ({io}*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
+}}
+'''
+    return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], (const {io}*)p[5], (const {ct}*)p[6], ({io}*)p[7], ({ct}*)p[8], ({ct}*)p[9], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
+}}
+'''
+
+_libs = {}
+MUT = []
+if os.environ.get('EMU_MUT') == '1':
+    MUT = [('edge[j + (lane + delta < 32 ? 0 : lane + 1 - 32) * E]', 'edge[j]')]
+if os.environ.get('EMU_MUT') == '2':
+    MUT = [('if (c + 1 < NCH) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);', 'if (c + 1 < NCH && c > 0) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);')]
+def build(keys, defines=()):
+    src = compiler.kernel_source(cc.SOURCE_FILE)
+    for a, b in MUT: src = src.replace(a, b)
+    for a, b in REPL:
+        if a not in src: raise SystemExit("missing: " + a)
+        src = src.replace(a, b)
+    text = "".join(f"#define {d}\n" for d in defines) + '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k, i) for i, k in enumerate(keys))
+    h = hashlib.md5(text.encode()).hexdigest()[:12]
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    so = f"{BUILD_DIR}/emu_{h}.so"
+    if not os.path.exists(so):
+        cpp = f"{BUILD_DIR}/emu_{h}.cpp"; open(cpp, "w").write(text)
+        subprocess.run(["g++", "-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
+                        "-fsanitize=address", "-fno-omit-frame-pointer", "-I", HERE, cpp, "-o", so], check=True)
+    lib = ctypes.CDLL(so)
+    return {k: getattr(lib, f"k{i}") for i, k in enumerate(keys)}
+
+def to_io(a, io):
+    if io == "bfloat16":
+        import ml_dtypes
+        return np.ascontiguousarray(a.astype(ml_dtypes.bfloat16))
+    return np.ascontiguousarray(a.astype(io))
+
+def ptr(a): return None if a is None else a.ctypes.data_as(ctypes.c_void_p)
+
+def run(fn, arrays, scalars, grid):
+    P = (ctypes.c_void_p * len(arrays))(*[ptr(a) for a in arrays])
+    S = (ctypes.c_longlong * len(scalars))(*scalars)
+    fn(P, S, ctypes.c_uint(grid))
+
+def rel(x, ref):
+    x = np.asarray(x, np.float64); d = np.linalg.norm(ref)
+    assert np.all(np.isfinite(x))
+    return np.linalg.norm(x - ref) / (d if d > 0 else 1.0)
+
+def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misalign=False):
+    E = 16 // np.dtype("float32" if io == "float32" else ("float64" if io == "float64" else "float16")).itemsize
+    tile = 128 * vpt * E
+    n_tiles = -(-L // tile)
+    H = W - 1
+    ct = np.float64 if io == "float64" else np.float32
+    x = to_io(rng.standard_normal((batch, dim, L)), io)
+    xe = x.astype(np.float64)
+    w = (rng.standard_normal((dim, W)) / np.sqrt(W)).astype(ct)
+    b = rng.standard_normal(dim).astype(ct) if bias else None
+    h0 = rng.standard_normal((batch, dim, H)).astype(ct) if init else None
+    seq = None
+    if seq_cuts is not None:
+        seq = np.zeros((batch, L), np.int32)
+        for c in seq_cuts:
+            if c < L: seq[:, c:] += 1
+    key_f = cc.KernelKey("fwd", io, W, bias, silu, seq is not None)
+    key_b = cc.KernelKey("bwd", io, W, bias, silu, seq is not None)
+    vec_ok = int(L % E == 0 and not misalign)
+    y = np.zeros_like(x); fin = np.zeros((batch, dim, H), x.dtype)
+    grid = batch * dim * n_tiles
+    run(fns[key_f], [x, w, b, h0, seq, y, fin if H else None], [dim, L, n_tiles, vec_ok], grid)
+    act = "silu" if silu else None
+    kw = dict(activation=act, initial_state=None if h0 is None else h0.astype(np.float64),
+              seq_idx=None if seq is None else seq.astype(np.int64), return_final_state=True)
+    (yr, fr), pb = reference.causal_conv1d_vjp(xe, w.astype(np.float64), None if b is None else b.astype(np.float64), **kw)
+    errs = {"y": rel(y.astype(np.float64), yr)}
+    if H: errs["final"] = rel(fin.astype(np.float64), fr)
+    dy = to_io(rng.standard_normal(yr.shape), io)
+    dfin = rng.standard_normal(fr.shape).astype(ct)
+    dx = np.zeros_like(x)
+    dh0 = np.zeros((batch, dim, H), ct) if init else None
+    part = np.full((batch, dim, n_tiles, W + 1), np.nan, ct)
+    run(fns[key_b], [x, w, b, h0, seq, dy, dfin if H else None, dx, dh0 if H else None, part], [dim, L, n_tiles, vec_ok], grid)
+    g = pb(dy.astype(np.float64), dfin.astype(np.float64))
+    sums = part.astype(np.float64).sum(axis=(0, 2))
+    errs["dx"] = rel(dx.astype(np.float64), g.x)
+    errs["dw"] = rel(sums[:, :W], g.weight)
+    if bias: errs["db"] = rel(sums[:, W], g.bias)
+    if init and H: errs["dh0"] = rel(dh0, g.initial_state)
+    return errs
+
+TOL_F = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
+TOL_G = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+if __name__ == "__main__":
+    ios = sys.argv[1].split(",") if len(sys.argv) > 1 else ["float32", "float64", "bfloat16"]
+    vpt = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    rng = np.random.default_rng(0)
+    widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
+    keys = [cc.KernelKey(k, io, W, hb, si, sq) for k in ("fwd", "bwd") for io in ios for W in widths
+            for hb, si, sq in itertools.product((False, True), repeat=3)]
+    fns = build(keys, [f"CC1D_VPT {vpt}"] if vpt else [])
+    worst = {}
+    fails = 0
+    for io in ios:
+        v = vpt or (4 if io == "float32" else 2)
+        E = {"float32": 4, "float64": 2, "bfloat16": 8}[io]
+        tile = 128 * v * E
+        for W in widths:
+            for j, L in enumerate([1, 2, 5, W - 1 if W > 1 else 3, 32 * E - 1, 32 * E + 3, tile, tile + 1, tile + E, 2 * tile + 5]):
+                hb, si, sq = [(True, True, False), (False, True, True), (True, False, True), (True, True, True), (False, False, False)][(W + j) % 5]
+                init = (W + j) % 3 != 0
+                cuts = None
+                if sq:
+                    cuts = sorted(set([1, 3, 32 * E - 2, 32 * E, tile - 1, tile + 2, L - 1]))
+                errs = case(fns, io, W, 2, 2, L, hb, si, cuts, init, rng, v, misalign=False)
+                for name, e in errs.items():
+                    tol = TOL_F[io] if name in ("y", "final") else TOL_G[io]
+                    worst[(io, name)] = max(worst.get((io, name), 0), e)
+                    if not e <= tol:
+                        fails += 1
+                        print("FAIL", io, W, L, hb, si, sq, init, name, e)
+    for k, e in sorted(worst.items()): print(k, f"{e:.2e}")
+    print("fails", fails)

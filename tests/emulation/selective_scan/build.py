@@ -1,0 +1,134 @@
+"""Build a host-emulated .so of cuda_src/selective_scan.cu for given KernelKeys.
+
+The kernel text is the runtime source (compiler.kernel_source) with the few inline-PTX lines
+and vector casts replaced by the C++ of prelude.h (REPL below; each pattern must still be in the
+source, else the assert names it). Used by run.py and sweep.py; not run on its own. Build products
+(.cpp, .so) go to $TMPDIR/ssmkit_emu/selective_scan, keyed by a hash of the text.
+"""
+import hashlib, os, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, REPO)
+from ssmkit._gpu import compiler, selective_scan as ss
+
+BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "selective_scan")
+
+REPL = [
+    ('const ssm_f4 t = *reinterpret_cast<const ssm_f4*>(p);', 'const ssm_f4 t = *emu_al<const ssm_f4>(p);'),
+    ('*reinterpret_cast<ssm_f4*>(p) = t;', '*emu_al<ssm_f4>(p) = t;'),
+    ('const ssm_d2 a = reinterpret_cast<const ssm_d2*>(p)[0];', 'const ssm_d2 a = emu_al<const ssm_d2>(p)[0];'),
+    ('reinterpret_cast<ssm_d2*>(p)[0] = a;', 'emu_al<ssm_d2>(p)[0] = a;'),
+    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
+    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
+    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
+    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
+    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
+    ('asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));', 'r = emu_dyn_smem;'),
+    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
+    ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
+    ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
+    ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
+]
+
+FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')
+SHAPE = ["int", "int", "int", "ssm_i64", "int", "int", "ssm_i64", "int", "int", "int"]
+SEG = ["ssm_i64", "int", "int"]
+BWD_T = "const IO*,const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,const CT*,IO*,IO*,IO*,CT*,CT*,CT*,CT*,CT*,CT*,CT*".split(',')
+BSUM_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const CT*,CT*,CT*".split(',')
+SIGS = {
+    "fwd": FWD_T + SHAPE + SEG,
+    "fwd_sum": FWD_T + SHAPE + SEG,
+    "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
+    "bwd_sum": BSUM_T + SHAPE + SEG,
+    "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
+}
+def is_ptr(t): return t.endswith("*")
+
+LAUNCH = r'''
+struct EmuBuf { void* p; long long n; };
+template <typename F>
+static void emu_launch(F call, unsigned grid, unsigned block, unsigned smem) {
+    for (unsigned bi = 0; bi < grid; ++bi) {
+        blockIdx.x = bi; blockDim.x = block; gridDim.x = grid;
+        unsigned char* buf = (unsigned char*)malloc(smem ? smem : 1);
+        memset(buf, 0xff, smem ? smem : 1);  // NaN: reads of unwritten smem poison results
+        emu_smem_ptr = buf; emu_dyn_smem = smem;
+        std::barrier<> bar(block); emu_block_barrier = &bar;
+        unsigned nw = (block + 31) / 32;
+        std::vector<std::unique_ptr<std::barrier<>>> wb;
+        std::vector<EmuWarp> warps(nw);
+        for (unsigned w = 0; w < nw; ++w) {
+            unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
+            wb.emplace_back(new std::barrier<>(cnt));
+            warps[w].bar = wb.back().get();
+            warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
+        }
+        emu_warps = warps.data();
+        std::vector<std::thread> ts;
+        ts.reserve(block);
+        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (auto& th : ts) th.join();
+        free(buf);
+    }
+}
+// Copy every array into an exact-size heap buffer (so ASan sees overruns), run, copy back.
+static std::vector<void*> emu_copy_in(EmuBuf* a, int n) {
+    std::vector<void*> r(n);
+    for (int i = 0; i < n; ++i) {
+        if (!a[i].p) { r[i] = nullptr; continue; }
+        r[i] = malloc(a[i].n ? a[i].n : 1);
+        memcpy(r[i], a[i].p, a[i].n);
+    }
+    return r;
+}
+static void emu_copy_out(EmuBuf* a, std::vector<void*>& r, int n) {
+    for (int i = 0; i < n; ++i) if (r[i]) { memcpy(a[i].p, r[i], a[i].n); free(r[i]); }
+}
+'''
+
+def cxx_args(key):
+    io = ss._CXX[key.io]; bc = ss._CXX[key.bc]; ct = ss._CXX[ss._COMPUTE[key.io]]
+    return io, bc, ct
+
+def symbol(key):
+    return "emu_" + hashlib.md5(ss.name_expression(key).encode()).hexdigest()[:12]
+
+def wrapper(key):
+    io, bc, ct = cxx_args(key)
+    types = [t.replace("IO", io).replace("BC", bc).replace("CT", ct) for t in SIGS[key.kind]]
+    ip = isc = 0
+    parts = []
+    for t in types:
+        if is_ptr(t):
+            parts.append(f"({t})r[{ip}]"); ip += 1
+        else:
+            parts.append(f"({t})s[{isc}]"); isc += 1
+    n = ip
+    return f'''
+extern "C" void {symbol(key)}(EmuBuf* a, long long* s, unsigned grid, unsigned block, unsigned smem) {{
+    std::vector<void*> r = emu_copy_in(a, {n});
+    auto call = [&r, s] {{ {ss.name_expression(key)}({", ".join(parts)}); }};
+    emu_launch(call, grid, block, smem);
+    emu_copy_out(a, r, {n});
+}}
+'''
+
+def build(keys, asan=True, opt="-O1"):
+    src = compiler.kernel_source(ss.SOURCE_FILE)
+    for a, b in REPL:
+        assert a in src, a
+        src = src.replace(a, b)
+    text = '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
+    h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    so = os.path.join(BUILD_DIR, f"emu_{h}.so")
+    if not os.path.exists(so):
+        cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
+        open(cpp, "w").write(text)
+        cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
+               "-I", HERE, cpp, "-o", so]
+        if asan:
+            cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
+        subprocess.run(cmd, check=True)
+    return so

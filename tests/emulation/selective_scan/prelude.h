@@ -1,0 +1,64 @@
+// Host emulation of the few CUDA features ssmkit's kernels use: one block at a
+// time, one std::thread per CUDA thread, std::barrier for __syncthreads and for
+// warp shuffles. Test tool only.
+#include <math.h>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <barrier>
+#include <vector>
+#include <memory>
+#include <atomic>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct emu_dim3 { unsigned x = 1, y = 1, z = 1; };
+thread_local emu_dim3 threadIdx;
+emu_dim3 blockIdx, blockDim, gridDim;
+unsigned emu_dyn_smem = 0;
+unsigned char* emu_smem_ptr = nullptr;
+std::barrier<>* emu_block_barrier = nullptr;
+std::atomic<long> emu_shfl_count{0};
+
+struct EmuWarp { std::barrier<>* bar; double slot[32]; unsigned mask; };
+EmuWarp* emu_warps = nullptr;
+
+[[noreturn]] inline void emu_fail(const char* what) { fprintf(stderr, "EMU FAILURE: %s (block %u thread %u)\n", what, blockIdx.x, threadIdx.x); fflush(stderr); abort(); }
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+[[noreturn]] inline void __trap() { emu_fail("__trap"); }
+
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int m) {
+    const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    EmuWarp& W = emu_warps[w];
+    if (mask != W.mask) emu_fail("shuffle mask does not match the warp's lanes");
+    if (!((mask >> (lane ^ (unsigned)m)) & 1u)) emu_fail("shuffle partner not in mask");
+    W.slot[lane] = (double)v;
+    W.bar->arrive_and_wait();
+    const double r = W.slot[lane ^ (unsigned)m];
+    W.bar->arrive_and_wait();
+    emu_shfl_count++;
+    return (T)r;
+}
+
+inline float emu_h2f(unsigned short b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
+inline unsigned short emu_f2h(float f) { _Float16 h = (_Float16)f; unsigned short b; memcpy(&b, &h, 2); return b; }
+inline unsigned short emu_f2bf(float f) {
+    unsigned u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return (unsigned short)(u >> 16);
+}
+inline float emu_ex2_ftz(float x) { float r = exp2f(x); return (fabsf(r) < 1.17549435e-38f) ? 0.0f : r; }
+
+template <typename V, typename P> inline V* emu_al(P* p) {
+    if (((unsigned long)p) % alignof(V) != 0) emu_fail("misaligned vector access");
+    return reinterpret_cast<V*>(p);
+}
+
+// A prefetch hint: read one byte so AddressSanitizer sees out-of-bounds addresses.
+inline void emu_prefetch(const void* p) { volatile char c = *(const char*)p; (void)c; }

@@ -1,0 +1,64 @@
+r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and compare every
+output and gradient with the float64 reference.
+
+    LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+        python3 tests/emulation/selective_scan/sweep.py quick      # or n | dtypes | bf | big
+
+Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes, not for CI.
+"""
+import sys, os, itertools
+import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import make, check, LAUNCHES
+TOL = {"float32": 2e-4, "float64": 1e-10, "float16": 4e-3, "bfloat16": 3e-2}
+rng = np.random.default_rng(1)
+cases = []
+# (batch, dim, L, N, io, bc, gb, gc, flags, chunk)
+full = dict(D=True, z=True, bias=True, softplus=True, h0=True)
+none = dict(D=False, z=False, bias=False, softplus=False, h0=False)
+which = sys.argv[1] if len(sys.argv) > 1 else "quick"
+if which == "quick":
+    cases += [
+        (2, 8, 37, 16, "float32", None, 1, 1, full, 16),
+        (2, 8, 37, 16, "float32", None, 1, 1, none, 16),
+        (1, 4, 5, 16, "float32", None, 1, 1, full, 1),
+        (2, 6, 29, 16, "float32", None, 3, 2, full, 7),
+        (2, 6, 29, 16, "float32", None, 0, 0, full, 7),
+        (2, 6, 29, 16, "float32", None, 1, 0, full, 10),
+        (2, 6, 29, 16, "float32", None, 0, 3, full, 100),
+        (1, 3, 50, 5, "float32", None, 3, 1, full, 13),
+        (2, 4, 70, 1, "float32", None, 1, 1, full, 64),
+        (1, 4, 133, 3, "float32", None, 2, 2, full, 1000),
+        (2, 4, 20, 8, "float32", None, 1, 1, full, 3),
+    ]
+elif which == "n":
+    for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
+        cases.append((1, 4, 23, N, "float32", None, 1, 2, full, 9))
+    for N in (17, 64, 128, 256):
+        cases.append((1, 2, 23, N, "float32", None, 0, 0, full, 9))
+elif which == "dtypes":
+    for io in ("float16", "bfloat16", "float64"):
+        for bc in dict.fromkeys((io, "float64" if io == "float64" else "float32")):
+            cases.append((2, 8, 41, 16, io, bc, 1, 2, full, 16))
+            cases.append((1, 4, 19, 64, io, bc, 0, 1, full, 5))
+            cases.append((1, 4, 19, 3, io, bc, 2, 0, none, 6))
+    cases.append((1, 2, 11, 200, "float64", None, 1, 1, full, 4))
+    cases.append((1, 2, 11, 256, "float64", None, 0, 0, full, 4))
+elif which == "bf":
+    for io in ("bfloat16",):
+        for bc in ("bfloat16", "float32"):
+            cases.append((1, 4, 19, 3, io, bc, 2, 0, none, 6))
+elif which == "big":
+    cases += [
+        (3, 64, 300, 16, "float32", None, 1, 1, full, 128),
+        (2, 32, 257, 16, "float32", None, 4, 2, full, 64),
+        (1, 16, 130, 64, "float32", None, 1, 1, full, 50),
+        (2, 512, 40, 16, "float32", None, 1, 1, full, 40),
+    ]
+ok = True
+for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
+    p = make(rng, batch, dim, L, N, io=io, bc=bc, gb=gb, gc=gc, chunk=chunk, **flags)
+    label = f"b{batch} d{dim} L{L} N{N} {io}/{bc or io} G{gb},{gc} {'full' if flags is full else 'none'} cs{chunk}"
+    for dfin in (True, False) if flags is full else (False,):
+        ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
+print("ALL OK" if ok else "FAILURES")

@@ -1,0 +1,145 @@
+"""Build a host emulation (.so) of cuda_src/ssd_mma.cu: the same text with its PTX replaced.
+
+REPL swaps the inline-PTX lines and vector casts for prelude_base.h / prelude_mma.h C++;
+MMA_RE swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA fragment layout). Every
+ssd_mma_chunk_state / ssd_mma_chunk_out instance and the backward ssd_mma_chunk_mm instances get
+an extern "C" wrapper (KERNELS). Products go to $TMPDIR/ssmkit_emu/ssd.
+
+    python3 tests/emulation/ssd/build.py [--asan]     # build only, print the .so path
+
+SSD_EMU_MUTATE='old=>new' plants a deliberate bug (first occurrence) to see the checks fail.
+"""
+import hashlib, os, re, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, REPO)
+from ssmkit._gpu import compiler
+
+BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "ssd")
+REPL = [
+    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
+    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
+    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
+    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
+    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
+    ('asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));', 'r = emu_dyn_smem;'),
+    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
+    ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
+    ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
+    ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
+    ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
+    ('*reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;', '*emu_al<ssd_mma_u4>(dst + r * LD + c) = w;'),
+    ('reinterpret_cast<const ssm_f4*>(p)[0];', 'emu_al<const ssm_f4>(p)[0];'),
+    ('reinterpret_cast<const ssm_f4*>(p)[1];', 'emu_al<const ssm_f4>(p)[1];'),
+]
+MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
+
+LAUNCH = r'''
+struct EmuBuf { void* p; long long n; };
+template <typename F>
+static void emu_launch(F call, unsigned gx, unsigned gy, unsigned gz, unsigned block) {
+    unsigned nw = (block + 31) / 32;
+    std::vector<EmuMmaX> mx(nw);
+    emu_mmax = mx.data();
+    for (unsigned bz = 0; bz < gz; ++bz)
+    for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx) {
+        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
+        blockDim.x = block; gridDim.x = gx; gridDim.y = gy; gridDim.z = gz;
+        std::barrier<> bar(block); emu_block_barrier = &bar;
+        std::vector<std::unique_ptr<std::barrier<>>> wb;
+        std::vector<EmuWarp> warps(nw);
+        for (unsigned w = 0; w < nw; ++w) {
+            unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
+            wb.emplace_back(new std::barrier<>(cnt));
+            warps[w].bar = wb.back().get();
+            warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
+        }
+        emu_warps = warps.data();
+        std::vector<std::thread> ts;
+        ts.reserve(block);
+        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (auto& th : ts) th.join();
+    }
+}
+static std::vector<void*> emu_copy_in(EmuBuf* a, int n) {
+    std::vector<void*> r(n);
+    for (int i = 0; i < n; ++i) {
+        if (!a[i].p) { r[i] = nullptr; continue; }
+        r[i] = malloc(a[i].n ? a[i].n : 1);
+        memcpy(r[i], a[i].p, a[i].n);
+    }
+    return r;
+}
+static void emu_copy_out(EmuBuf* a, std::vector<void*>& r, int n) {
+    for (int i = 0; i < n; ++i) if (r[i]) { memcpy(a[i].p, r[i], a[i].n); free(r[i]); }
+}
+'''
+
+STATE_T = "const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*".split(",")
+STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
+OUT_T = ("const T*,const T*,const T*,const float*,const float*,const T*,const float*,const float*,"
+         "const int*,const ssm_i64*,T*").split(",")
+OUT_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int"]
+
+
+def wrapper(sym, name, T, ptypes, stypes):
+    ptypes = [t.replace("T*", T + "*") for t in ptypes]
+    pargs = ", ".join(f"({t})r[{i}]" for i, t in enumerate(ptypes))
+    sargs = ", ".join(f"({t})s[{i}]" for i, t in enumerate(stypes))
+    n = len(ptypes)
+    return f'''
+extern "C" void {sym}(EmuBuf* a, long long* s, unsigned gx, unsigned gy, unsigned gz, unsigned block) {{
+    std::vector<void*> r = emu_copy_in(a, {n});
+    auto call = [&r, s] {{ {name}({pargs}, {sargs}); }};
+    emu_launch(call, gx, gy, gz, block);
+    emu_copy_out(a, r, {n});
+}}
+'''
+
+KERNELS = {}
+for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
+    for nw in (64, 128):
+        KERNELS[f"state_{tag}_{nw}"] = (f"ssd_mma_chunk_state<{T}, {nw}>", T, STATE_T, STATE_S)
+    for pw in (32, 64, 128):
+        KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
+
+MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*".split(",")
+MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int"]
+from ssmkit._gpu import ssd as _gssd
+for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
+    for i, name in enumerate(_gssd.mma_bwd_kernel_names(io)):
+        KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S)
+
+
+def build(asan=False, opt="-O2"):
+    src = compiler.kernel_source("ssd_mma.cu")
+    mut = os.environ.get("SSD_EMU_MUTATE")  # "old=>new": a deliberate bug, to see the check fail
+    if mut:
+        old, new = mut.split("=>")
+        assert src.count(old) >= 1, old
+        src = src.replace(old, new, 1)
+    for a, b in REPL:
+        src = src.replace(a, b)
+    assert "reinterpret_cast<const ssd_mma_u4" not in src and "reinterpret_cast<ssd_mma_u4" not in src
+    src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
+    assert n == 2, n
+    assert "asm" not in src.replace("emu_", ""), [l for l in src.splitlines() if "asm" in l]
+    text = '#include "prelude_mma.h"\n' + src + LAUNCH + "".join(
+        wrapper("emu_" + k, *v) for k, v in KERNELS.items())
+    h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    so = os.path.join(BUILD_DIR, f"emu_{h}.so")
+    if not os.path.exists(so):
+        cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
+        open(cpp, "w").write(text)
+        cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-fno-strict-aliasing",
+               "-Wno-unknown-pragmas", "-I", HERE, cpp, "-o", so]
+        if asan:
+            cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
+        subprocess.run(cmd, check=True)
+    return so
+
+if __name__ == "__main__":
+    print(build(asan="--asan" in sys.argv))

@@ -1,0 +1,52 @@
+// Additions for the SSD tensor-core kernels: static __shared__ arrays, mma.sync emulation.
+#include "prelude_base.h"
+#define __shared__ static
+#include <cstdint>
+
+// One warp's operands of one mma.sync, gathered from its 32 lanes.
+struct EmuMmaX { unsigned a[32][4]; unsigned b[32][2]; };
+EmuMmaX* emu_mmax = nullptr;
+std::atomic<long> emu_mma_count{0};
+
+template <bool BF> inline float emu_16_to_f(unsigned short u) {
+    if (BF) { unsigned w = ((unsigned)u) << 16; float f; memcpy(&f, &w, 4); return f; }
+    return emu_h2f(u);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16|f16}: D = A B + D with the PTX ISA fragments
+// (g = lane >> 2, t = lane & 3): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
+// a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0,d1 = D[g][2t..2t+1],
+// d2,d3 = D[g+8][2t..2t+1]; the low half of a register is the lower index.
+template <bool BF>
+inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    EmuWarp& W = emu_warps[w];
+    if (W.mask != 0xffffffffu) emu_fail("mma.sync in a partial warp");
+    EmuMmaX& X = emu_mmax[w];
+    for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
+    X.b[lane][0] = b0; X.b[lane][1] = b1;
+    W.bar->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l >> 2, t = l & 3;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int i = 0; i < 4; ++i) {
+            A[rows[i]][cols[i]] = emu_16_to_f<BF>(X.a[l][i] & 0xffffu);
+            A[rows[i]][cols[i] + 1] = emu_16_to_f<BF>(X.a[l][i] >> 16);
+        }
+        for (int i = 0; i < 2; ++i) {
+            const int k = 2 * t + 8 * i;
+            B[k][g] = emu_16_to_f<BF>(X.b[l][i] & 0xffffu);
+            B[k + 1][g] = emu_16_to_f<BF>(X.b[l][i] >> 16);
+        }
+    }
+    W.bar->arrive_and_wait();  // every lane has read the operands before any overwrites them
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 16; ++k) s += (double)A[r][k] * (double)B[k][c];
+        d[i] = (float)((double)d[i] + s);
+    }
+    emu_mma_count++;
+}

@@ -1,0 +1,143 @@
+"""Run ssmkit._gpu.ssd.ssd_forward with NumPy arrays: the tensor-core kernels emulated on the
+host (build.py), ssd.cu's cumsum and state passing as NumPy mirrors. Compare with the float64
+reference on several shapes.
+
+    python3 tests/emulation/ssd/run_emu.py [case numbers] [--asan]
+
+With --asan, run under LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0.
+Prints one OK/FAIL line per case and "ALL OK" or "SOME FAILED" last.
+"""
+import ctypes, dataclasses, math, os, sys, time
+import numpy as np, ml_dtypes
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build  # puts the repository on sys.path
+sys.path.insert(0, os.path.join(build.REPO, "tests"))
+from ssmkit import _ssd
+from ssmkit._gpu import ssd as gssd
+import importlib; ref = importlib.import_module("ssmkit.reference.ssd")
+from helpers import FORWARD_RTOL, rel_err
+
+lib = ctypes.CDLL(build.build(asan="--asan" in sys.argv))
+
+class EmuBuf(ctypes.Structure):
+    _fields_ = [("p", ctypes.c_void_p), ("n", ctypes.c_longlong)]
+
+SYM = {}
+for k, (name, *_r) in build.KERNELS.items():
+    SYM[name] = getattr(lib, "emu_" + k)
+
+def np_cumsum(args):
+    a, out, starts, L, H, nc, total, reverse = args
+    batch = a.shape[0]
+    for c in range(int(nc)):
+        t0, t1 = int(starts[c]), int(starts[c + 1])
+        seg = a[:, t0:t1, :].astype(np.float32)
+        out[:, t0:t1, :] = (np.cumsum(seg[:, ::-1], axis=1)[:, ::-1] if reverse else np.cumsum(seg, axis=1))
+
+def np_passing(args):
+    chunk, cum, seq, starts, h0, states, L, H, PN, nc = args
+    batch = chunk.shape[0]
+    hv = np.zeros(chunk.shape[:1] + chunk.shape[2:], np.float32) if h0 is gssd._NULL or h0 is None else h0.copy()
+    states[:, 0] = hv
+    for c in range(int(nc)):
+        t0, E = int(starts[c]), int(starts[c + 1]) - 1
+        for b in range(batch):
+            same = True if seq is gssd._NULL or seq is None else seq[b, E] == seq[b, max(t0 - 1, 0)]
+            d = np.exp(cum[b, E, :]).astype(np.float32) if same else np.zeros(H, np.float32)
+            hv[b] = d[:, None, None] * hv[b] + chunk[b, c]
+        states[:, c + 1] = hv
+
+def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
+    if name.startswith("ssd_chunk_cumsum"):
+        return np_cumsum(args)
+    if name.startswith("ssd_state_passing"):
+        return np_passing(args)
+    assert source == gssd.MMA_SOURCE_FILE and name in SYM, name
+    arrs = [a for a in args if isinstance(a, np.ndarray) or a is gssd._NULL and False]
+    bufs, scal = [], []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            assert a.flags.c_contiguous
+            bufs.append(EmuBuf(a.ctypes.data, a.nbytes))
+        elif isinstance(a, np.uint64):  # the null pointer
+            bufs.append(EmuBuf(None, 0))
+        else:
+            scal.append(int(a))
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    SYM[name]((EmuBuf * len(bufs))(*bufs), (ctypes.c_longlong * len(scal))(*scal),
+              g[0], g[1], g[2], threads)
+
+gssd._launch = emu_launch
+DT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
+         softplus=True, GC=None, seed=0):
+    rng = np.random.default_rng(seed)
+    GC = GC or G
+    q = lambda a: a.astype(DT[dtype])
+    x = q(rng.standard_normal((batch, L, H, P)))
+    B = q(rng.standard_normal((batch, L, G, N)))
+    C = q(rng.standard_normal((batch, L, GC, N)))
+    dt = rng.uniform(-3, 0.5, (batch, L, H)).astype(np.float32)
+    A = -rng.uniform(0.5, 4, H).astype(np.float32)
+    dt_bias = rng.uniform(-1, 0.5, H).astype(np.float32)
+    if not softplus:  # dt' = dt + dt_bias must be positive
+        dt = rng.uniform(0.01, 0.5, (batch, L, H)).astype(np.float32)
+        dt_bias = np.zeros(H, np.float32)
+    Dv = None if D is None else (rng.standard_normal(H) if D == "head" else rng.standard_normal((H, P))).astype(np.float32)
+    zv = q(rng.standard_normal((batch, L, H, P))) if z else None
+    h0 = rng.standard_normal((batch, H, P, N)).astype(np.float32) if init else None
+    seq_idx = None
+    if seq:
+        cuts = np.sort(rng.choice(np.arange(1, L), size=min(3, L - 1), replace=False)) if L > 1 else []
+        seq_idx = np.zeros((batch, L), np.int32)
+        for cut in cuts: seq_idx[:, cut:] += 1
+    cu_seqlens = np.asarray(cu, np.int64) if cu else None
+    if cu: h0 = h0 if init else None
+    kw = dict(chunk_size=chunk, D=Dv, z=zv, dt_bias=dt_bias, dt_softplus=softplus, initial_state=h0,
+              seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+    f32 = lambda a: None if a is None else (a.astype(np.float32) if a.dtype != np.int32 else a)
+    p, user, passthrough = _ssd._prepare("ssd", f32(x), dt, A, f32(B), f32(C), chunk, Dv, f32(zv),
+                                         dt_bias, softplus, (0.0, math.inf), h0, seq_idx, cu_seqlens)
+    p = dataclasses.replace(p, x=x, B=B, C=C, z=zv)
+    assert gssd.uses_mma(p)
+    t = time.time()
+    y, final, _ = gssd.ssd_forward(p, save_checkpoints=False)
+    el = time.time() - t
+    yr, fr = ref.ssd(x.astype(np.float64), dt, A, B.astype(np.float64), C.astype(np.float64),
+                     D=Dv, z=None if zv is None else zv.astype(np.float64), dt_bias=dt_bias,
+                     dt_softplus=softplus, initial_state=h0, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                     return_final_state=True)
+    for slot, row in passthrough:
+        final[slot] = p.initial_state[row]
+    ey, ef = rel_err(y.astype(np.float64), yr), rel_err(final, fr)
+    ok = ey <= FORWARD_RTOL[dtype] and ef <= FORWARD_RTOL[dtype]
+    return ey, ef, ok, el
+
+CASES = [
+    # dtype, batch, L, H, P, G, N, chunk, options
+    ("bfloat16", 2, 200, 4, 64, 1, 128, 64, {}),
+    ("float16", 2, 200, 4, 64, 1, 128, 64, {}),
+    ("float16", 1, 1, 2, 64, 1, 64, 64, {}),
+    ("bfloat16", 1, 1, 2, 32, 1, 16, 256, {"D": "chan"}),
+    ("float16", 2, 130, 4, 40, 2, 72, 128, {"D": "chan", "init": True}),
+    ("bfloat16", 1, 300, 4, 128, 2, 256, 256, {"seq": True, "init": True, "GC": 1}),
+    ("float16", 1, 257, 2, 100, 1, 48, 256, {"seq": True, "z": False, "D": None}),
+    ("float16", 1, 150, 2, 16, 1, 32, 16, {"init": True, "softplus": False}),
+    ("bfloat16", 1, 190, 3, 64, 1, 64, 64, {"cu": [0, 50, 50, 121, 190], "init": True}),
+    ("float16", 2, 65, 2, 8, 2, 8, 32, {"seq": True}),
+    ("float16", 1, 140, 2, 64, 1, 200, 128, {"init": True, "seq": True}),
+    ("bfloat16", 2, 100, 2, 32, 2, 256, 64, {"D": "chan", "GC": 1}),
+    ("bfloat16", 1, 64, 2, 64, 1, 128, 64, {"z": False}),
+]
+
+if __name__ == "__main__":
+    sel = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    allok = True
+    for i, (dtype, *shape, opts) in enumerate(CASES):
+        if sel and i not in sel: continue
+        ey, ef, ok, el = case(dtype, *shape, **opts, seed=i)
+        allok &= ok
+        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: y rel err {ey:.2e}, final {ef:.2e} "
+              f"(tol {FORWARD_RTOL[dtype]:g}) {'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
+    print("ALL OK" if allok else "SOME FAILED")

@@ -1,0 +1,169 @@
+"""Run ssmkit._gpu.ssd.ssd_forward + ssd_backward with NumPy arrays and SSMKIT_SSD_MMA_BWD=1:
+the tensor-core kernels (forward and backward chunk products) emulated on the host (build.py),
+ssd.cu's cumsum, state passing, adjoint chunk state and adjoint passing as NumPy mirrors.
+Compare every gradient with the float64 reference ssd_vjp, and with the switch off (the CUDA-core
+products from exact_mm.py, a float64 NumPy mirror of ssd_chunk_mm).
+
+    python3 tests/emulation/ssd/run_emu_bwd.py [case numbers] [--asan]
+
+Prints per gradient: on vs reference / off vs reference / |on - off| over |reference|, then
+"ALL OK" or "SOME FAILED". Mutation check: SSD_EMU_MUTATE='old=>new' ... run_emu_bwd.py 9
+"""
+import dataclasses, math, os, sys, time
+os.environ["SSMKIT_SSD_MMA_BWD"] = "1"
+import numpy as np, ml_dtypes
+import run_emu as E
+import exact_mm
+from run_emu import gssd, _ssd, DT
+from helpers import GRAD_RTOL, FORWARD_RTOL, rel_err
+import importlib; ref = importlib.import_module("ssmkit.reference.ssd")
+
+NULL = lambda a: a is gssd._NULL or a is None
+
+def np_chunk_state_adj(args):
+    X, Y, dte, cum, seq, starts, out, L, H, P, GY, N, nc = args
+    batch = X.shape[0]
+    g = np.arange(H) // (H // int(GY))
+    for c in range(int(nc)):
+        t0, t1 = int(starts[c]), int(starts[c + 1])
+        for b in range(batch):
+            ref_s = 0 if NULL(seq) else seq[b, t0 - 1 if t0 > 0 else 0]
+            keep = np.ones(t1 - t0, bool) if NULL(seq) else seq[b, t0:t1] == ref_s
+            w = np.exp(cum[b, t0:t1, :].astype(np.float64)) * keep[:, None]       # (T, H)
+            Xw = X[b, t0:t1].astype(np.float64) * w[:, :, None]                     # (T, H, P)
+            Yh = Y[b, t0:t1][:, g, :].astype(np.float64)                            # (T, H, N)
+            out[b, c] = np.einsum("thp,thn->hpn", Xw, Yh).astype(np.float32)
+
+def np_adjoint_passing(args):
+    K, cum, seq, starts, bslot, dfinal, dHx, dinit, L, H, PN, nc = args
+    batch = K.shape[0]
+    gv = np.zeros((batch,) + K.shape[2:], np.float32)
+    have = not NULL(bslot) and not NULL(dfinal)
+    for c in range(int(nc) - 1, -1, -1):
+        for b in range(batch):
+            if have and bslot[b, c + 1] >= 0:
+                gv[b] += dfinal[bslot[b, c + 1]]
+        dHx[:, c] = gv
+        t0, E_ = int(starts[c]), int(starts[c + 1]) - 1
+        for b in range(batch):
+            same = True if NULL(seq) else seq[b, E_] == seq[b, max(t0 - 1, 0)]
+            d = np.exp(cum[b, E_, :]).astype(np.float32) if same else np.zeros(K.shape[2], np.float32)
+            gv[b] = d[:, None, None] * gv[b] + K[b, c]
+    for b in range(batch):
+        if have and bslot[b, 0] >= 0:
+            gv[b] += dfinal[bslot[b, 0]]
+    dinit[...] = gv
+
+calls = []
+_base = gssd._launch
+def launch(name, grid, args, **kw):
+    calls.append(name)
+    if name.startswith("ssd_chunk_state<") and name.endswith("true>"):
+        return np_chunk_state_adj(args)
+    if name.startswith("ssd_adjoint_passing"):
+        return np_adjoint_passing(args)
+    if name.startswith("ssd_chunk_mm<"):  # the switch off: the CUDA-core products, exact
+        return exact_mm.np_chunk_mm(name, args)
+    return _base(name, grid, args, **kw)
+gssd._launch = launch
+
+FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
+
+def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
+         softplus=True, GC=None, seed=0, mma=True):
+    os.environ["SSMKIT_SSD_MMA_BWD"] = "1" if mma else "0"
+    rng = np.random.default_rng(seed)
+    GC = GC or G
+    q = lambda a: a.astype(DT[dtype])
+    x = q(rng.standard_normal((batch, L, H, P)))
+    B = q(rng.standard_normal((batch, L, G, N)))
+    C = q(rng.standard_normal((batch, L, GC, N)))
+    dt = rng.uniform(-3, 0.5, (batch, L, H)).astype(np.float32)
+    A = -rng.uniform(0.5, 4, H).astype(np.float32)
+    dt_bias = rng.uniform(-1, 0.5, H).astype(np.float32)
+    if not softplus:
+        dt = rng.uniform(0.01, 0.5, (batch, L, H)).astype(np.float32)
+        dt_bias = np.zeros(H, np.float32)
+    Dv = None if D is None else (rng.standard_normal(H) if D == "head" else rng.standard_normal((H, P))).astype(np.float32)
+    zv = q(rng.standard_normal((batch, L, H, P))) if z else None
+    h0 = rng.standard_normal((batch, H, P, N)).astype(np.float32) if init else None
+    seq_idx = None
+    if seq:
+        cuts = np.sort(rng.choice(np.arange(1, L), size=min(3, L - 1), replace=False)) if L > 1 else []
+        seq_idx = np.zeros((batch, L), np.int32)
+        for cut in cuts: seq_idx[:, cut:] += 1
+    cu_seqlens = np.asarray(cu, np.int64) if cu else None
+    f32 = lambda a: None if a is None else (a.astype(np.float32) if a.dtype != np.int32 else a)
+    p, user, passthrough = _ssd._prepare("ssd", f32(x), dt, A, f32(B), f32(C), chunk, Dv, f32(zv),
+                                         dt_bias, softplus, (0.0, math.inf), h0, seq_idx, cu_seqlens)
+    p = dataclasses.replace(p, x=x, B=B, C=C, z=zv)
+    assert gssd.uses_mma(p) and gssd.uses_mma_bwd(p) == mma
+    t = time.time()
+    calls.clear()
+    y, final, ckpt = gssd.ssd_forward(p, save_checkpoints=True)
+    dy = q(rng.standard_normal(y.shape))
+    dfinal = rng.standard_normal(final.shape).astype(np.float32)
+    g = gssd.ssd_backward(p, ckpt, dy, dfinal)
+    el = time.time() - t
+    assert sum("ssd_mma_chunk_mm" in n for n in calls) == (4 if mma else 0), calls
+    assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
+    if h0 is not None:
+        for slot, row in passthrough:
+            g["initial_state"][row] += dfinal[slot]
+    if Dv is not None and Dv.ndim == 1:
+        g["D"] = g["D"].sum(axis=1)
+    (yr, fr), pb = ref.ssd_vjp(x.astype(np.float64), dt, A, B.astype(np.float64), C.astype(np.float64),
+                               chunk_size=chunk, D=Dv, z=None if zv is None else zv.astype(np.float64),
+                               dt_bias=dt_bias, dt_softplus=softplus, initial_state=h0, seq_idx=seq_idx,
+                               cu_seqlens=cu_seqlens, return_final_state=True)
+    gr = pb(dy.astype(np.float64), dfinal.astype(np.float64))
+    errs = {}
+    for n in FIELDS:
+        r = getattr(gr, n)
+        if r is None:
+            continue
+        errs[n] = rel_err(np.asarray(g[n]).astype(np.float64), r)
+    ok = max(errs.values()) <= 4 * GRAD_RTOL[dtype]  # the bound of tests/test_ssd.py
+    return errs, ok, el, (g, gr)
+
+CASES = [
+    # dtype, batch, L, H, P, G, N, chunk, options
+    ("bfloat16", 2, 200, 4, 64, 1, 128, 64, {}),
+    ("float16", 2, 200, 4, 64, 1, 128, 64, {}),
+    ("float16", 1, 1, 2, 64, 1, 64, 64, {}),
+    ("bfloat16", 1, 1, 2, 32, 1, 16, 256, {"D": "chan"}),
+    ("float16", 2, 130, 4, 40, 2, 72, 128, {"D": "chan", "init": True}),
+    ("bfloat16", 1, 300, 4, 128, 2, 128, 256, {"seq": True, "init": True, "GC": 1}),
+    ("float16", 1, 257, 2, 100, 1, 48, 256, {"seq": True, "z": False, "D": None}),
+    ("float16", 1, 150, 2, 16, 1, 32, 16, {"init": True, "softplus": False}),
+    ("bfloat16", 1, 190, 3, 64, 1, 64, 64, {"cu": [0, 50, 50, 121, 190], "init": True}),
+    ("float16", 2, 65, 2, 8, 2, 8, 32, {"seq": True}),
+    ("float16", 1, 140, 2, 64, 1, 100, 128, {"init": True, "seq": True}),
+    ("bfloat16", 2, 100, 2, 32, 2, 128, 64, {"D": "chan", "GC": 1}),
+    ("float16", 1, 300, 2, 128, 1, 128, 256, {"init": True}),
+    ("bfloat16", 1, 64, 2, 64, 1, 128, 64, {"z": False}),
+    ("float16", 2, 17, 2, 3, 1, 5, 4, {"seq": True, "init": True, "D": "chan"}),
+    ("bfloat16", 1, 7, 2, 5, 2, 6, 1, {"init": True}),
+    ("float16", 1, 40, 4, 2, 2, 3, 3, {"softplus": False, "z": False}),
+    ("bfloat16", 2, 131, 4, 64, 4, 32, 65, {"seq": True, "GC": 2}),
+]
+
+if __name__ == "__main__":
+    sel = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    allok = True
+    for i, (dtype, *shape, opts) in enumerate(CASES):
+        if sel and i not in sel: continue
+        errs0, _, _, (g0, gr) = case(dtype, *shape, **opts, seed=i, mma=False)
+        errs, ok, el, (g1, _) = case(dtype, *shape, **opts, seed=i, mma=True)
+        def gap(k):  # |on - off| / |reference| (absolute where the reference is 0), as the GPU test
+            d = np.asarray(g1[k]).astype(np.float64) - np.asarray(g0[k]).astype(np.float64)
+            n = np.linalg.norm(np.asarray(getattr(gr, k), np.float64))
+            return np.linalg.norm(d) / (n if n > 0 else 1.0)
+        gaps = {k: gap(k) for k in errs}
+        ok = ok and max(gaps.values()) <= 4 * GRAD_RTOL[dtype]
+        allok &= ok
+        es = " ".join(f"{k}={v:.1e}/{errs0[k]:.1e}/{gaps[k]:.1e}" for k, v in errs.items())
+        print("  (per gradient: switch on vs reference / switch off vs reference / on vs off)")
+        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}) "
+              f"{'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
+    print("ALL OK" if allok else "SOME FAILED")
