@@ -187,3 +187,4 @@ if __name__ == "__main__":
                         print("FAIL", io, W, L, hb, si, sq, init, name, e)
     for k, e in sorted(worst.items()): print(k, f"{e:.2e}")
     print("fails", fails)
+    sys.exit(1 if fails else 0)

@@ -62,3 +62,4 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
     for dfin in (True, False) if flags is full else (False,):
         ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
 print("ALL OK" if ok else "FAILURES")
+sys.exit(0 if ok else 1)

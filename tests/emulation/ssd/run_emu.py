@@ -141,3 +141,4 @@ if __name__ == "__main__":
         print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: y rel err {ey:.2e}, final {ef:.2e} "
               f"(tol {FORWARD_RTOL[dtype]:g}) {'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
     print("ALL OK" if allok else "SOME FAILED")
+    sys.exit(0 if allok else 1)

@@ -167,3 +167,4 @@ if __name__ == "__main__":
         print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}) "
               f"{'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
     print("ALL OK" if allok else "SOME FAILED")
+    sys.exit(0 if allok else 1)
