@@ -90,7 +90,7 @@ def build(keys, defines=()):
     if not os.path.exists(so):
         cpp = f"{BUILD_DIR}/emu_{h}.cpp"; open(cpp, "w").write(text)
         subprocess.run(["g++", "-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-                        "-fsanitize=address", "-fno-omit-frame-pointer", "-I", HERE, cpp, "-o", so], check=True)
+                        "-fsanitize=address", "-fno-omit-frame-pointer", "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so], check=True)
     lib = ctypes.CDLL(so)
     return {k: getattr(lib, f"k{i}") for i, k in enumerate(keys)}
 

@@ -1,7 +1,7 @@
 """Build a host-emulated .so of cuda_src/selective_scan.cu for given KernelKeys.
 
 The kernel text is the runtime source (compiler.kernel_source) with the few inline-PTX lines
-and vector casts replaced by the C++ of prelude.h (REPL below; each pattern must still be in the
+and vector casts replaced by the C++ of emu_common.h (REPL below; each pattern must still be in the
 source, else the assert names it). Used by run.py and sweep.py; not run on its own. Build products
 (.cpp, .so) go to $TMPDIR/ssmkit_emu/selective_scan, keyed by a hash of the text.
 """
@@ -119,7 +119,7 @@ def build(keys, asan=True, opt="-O1"):
     for a, b in REPL:
         assert a in src, a
         src = src.replace(a, b)
-    text = '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
+    text = '#include "emu_common.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
     h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
     os.makedirs(BUILD_DIR, exist_ok=True)
     so = os.path.join(BUILD_DIR, f"emu_{h}.so")
@@ -127,7 +127,7 @@ def build(keys, asan=True, opt="-O1"):
         cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
         open(cpp, "w").write(text)
         cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-               "-I", HERE, cpp, "-o", so]
+               "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so]
         if asan:
             cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
         subprocess.run(cmd, check=True)

@@ -1,6 +1,6 @@
 """Build a host emulation (.so) of cuda_src/ssd_mma.cu: the same text with its PTX replaced.
 
-REPL swaps the inline-PTX lines and vector casts for prelude_base.h / prelude_mma.h C++;
+REPL swaps the inline-PTX lines and vector casts for emu_common.h / prelude_mma.h C++;
 MMA_RE swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA fragment layout). Every
 ssd_mma_chunk_state / ssd_mma_chunk_out instance and the backward ssd_mma_chunk_mm instances get
 an extern "C" wrapper (KERNELS). Products go to $TMPDIR/ssmkit_emu/ssd.
@@ -135,7 +135,7 @@ def build(asan=False, opt="-O2"):
         cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
         open(cpp, "w").write(text)
         cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-fno-strict-aliasing",
-               "-Wno-unknown-pragmas", "-I", HERE, cpp, "-o", so]
+               "-Wno-unknown-pragmas", "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so]
         if asan:
             cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
         subprocess.run(cmd, check=True)

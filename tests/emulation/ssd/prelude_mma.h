@@ -1,5 +1,5 @@
 // Additions for the SSD tensor-core kernels: static __shared__ arrays, mma.sync emulation.
-#include "prelude_base.h"
+#include "emu_common.h"
 #define __shared__ static
 #include <cstdint>
 

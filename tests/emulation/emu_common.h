@@ -1,6 +1,7 @@
 // Host emulation of the few CUDA features ssmkit's kernels use: one block at a
 // time, one std::thread per CUDA thread, std::barrier for __syncthreads and for
-// warp shuffles. Test tool only.
+// warp shuffles. Test tool only. Shared by every kernel family's prelude (each
+// build passes -I tests/emulation).
 #include <math.h>
 #include <cstring>
 #include <cstdio>
