@@ -8,7 +8,7 @@ the compulsory traffic (bytes / copy bandwidth) and mamba_ssm's Triton time wher
 peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table beside it.
 16-bit rows run the forward on the tensor-core kernels (cuda_src/ssd_mma.cu) and also time it
 with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the forward+backward also with
-``SSMKIT_SSD_MMA_BWD=1`` (the backward's chunk products on tensor cores, off by default); the
+``SSMKIT_SSD_MMA_BWD=0`` (the backward's chunk products on CUDA cores; tensor cores by default); the
 peer bfloat16 row's forward is split into its stages (effective dt + chunk sums, chunk states,
 state passing, outputs) and its backward's four chunk products are timed on both paths.
 
@@ -97,7 +97,7 @@ class _env:
 
 def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     """Forward and forward+backward milliseconds for one configuration (and, for 16-bit
-    dtypes, the forward on CUDA cores and the forward+backward with the tensor-core backward)."""
+    dtypes, the forward on CUDA cores and the forward+backward with the CUDA-core backward)."""
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
     fwd_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
@@ -108,13 +108,13 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
         pullback(dy)
 
     fb_ms = cuda_median_ms(fwd_bwd, reps=5)
-    fwd_old_ms = fb_mma_ms = None
+    fwd_old_ms = fb_old_ms = None
     if dtype in ("float16", "bfloat16"):
         with _env("SSMKIT_SSD_MMA", "0"):  # the same forward on the CUDA-core kernels
             fwd_old_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
-        with _env("SSMKIT_SSD_MMA_BWD", "1"):  # the backward's products on tensor cores
-            fb_mma_ms = cuda_median_ms(fwd_bwd, reps=5)
-    return fwd_ms, fb_ms, fwd_old_ms, fb_mma_ms
+        with _env("SSMKIT_SSD_MMA_BWD", "0"):  # the backward's products on CUDA cores
+            fb_old_ms = cuda_median_ms(fwd_bwd, reps=5)
+    return fwd_ms, fb_ms, fwd_old_ms, fb_old_ms
 
 
 def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
@@ -182,7 +182,7 @@ def run_gpu(args):
     rows = []
     table = TABLE[:2] if args.quick else TABLE
     for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
-        fwd_ms, fb_ms, fwd_old_ms, fb_mma_ms = time_row(cupy, dtype, batch, L, H, P, G, N,
+        fwd_ms, fb_ms, fwd_old_ms, fb_old_ms = time_row(cupy, dtype, batch, L, H, P, G, N,
                                                          chunk)
         cupy.get_default_memory_pool().free_all_blocks()
         fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
@@ -192,7 +192,9 @@ def run_gpu(args):
             fwd_path=("tensor cores" if dtype in ("float16", "bfloat16")
                       and os.environ.get("SSMKIT_SSD_MMA", "1") != "0" else "CUDA cores"),
             fwd_cuda_cores_ms=None if fwd_old_ms is None else round(fwd_old_ms, 4),
-            fwd_bwd_tensor_core_bwd_ms=None if fb_mma_ms is None else round(fb_mma_ms, 4),
+            bwd_path=("tensor cores" if dtype in ("float16", "bfloat16")
+                      and os.environ.get("SSMKIT_SSD_MMA_BWD", "1") != "0" else "CUDA cores"),
+            fwd_bwd_cuda_core_bwd_ms=None if fb_old_ms is None else round(fb_old_ms, 4),
             copy_tbps=round(copy_bw, 3),
             fwd_of_copy=round(fwd_bytes / (fwd_ms * 1e-3) / 1e12 / copy_bw, 4),
             fwd_bwd_of_copy=round(fb_bytes / (fb_ms * 1e-3) / 1e12 / copy_bw, 4),
@@ -217,17 +219,18 @@ def run_gpu(args):
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
              "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "
              "16-bit forwards run on tensor cores (cuda_src/ssd_mma.cu); 'fwd ms, CUDA "
-             "cores': the same call with SSMKIT_SSD_MMA=0; 'fwd+bwd ms, TC bwd': with "
-             "SSMKIT_SSD_MMA_BWD=1 (the backward's chunk products on tensor cores).",
+             "cores': the same call with SSMKIT_SSD_MMA=0; 16-bit backwards run their chunk "
+             "products on tensor cores; 'fwd+bwd ms, CUDA-core bwd': the same call with "
+             "SSMKIT_SSD_MMA_BWD=0.",
              "",
              "| dtype | batch | L | H | P | G | N | chunk | fwd ms | of copy | x mamba_ssm | "
-             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm | fwd+bwd ms, TC bwd |",
+             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm | fwd+bwd ms, CUDA-core bwd |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pf = f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f}" if r["mamba_ssm_fwd_ms"] else "-"
         pb = (f"{r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if r["mamba_ssm_fwd_bwd_ms"]
               else "-")
-        tc = r["fwd_bwd_tensor_core_bwd_ms"]
+        tc = r["fwd_bwd_cuda_core_bwd_ms"]
         tc = "-" if tc is None else f"{tc:.3f}"
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['L']} | {r['heads']} | {r['headdim']} | "

@@ -542,7 +542,7 @@ def test_tensor_core_small_problems_match_reference(dtype_name, problem):
 
 
 # --------------------------------------------------------------------------------------
-# The tensor-core backward (ssd_mma.cu: ssd_mma_chunk_mm), behind SSMKIT_SSD_MMA_BWD=1
+# The tensor-core backward (ssd_mma.cu: ssd_mma_chunk_mm), on unless SSMKIT_SSD_MMA_BWD=0
 # --------------------------------------------------------------------------------------
 
 class _ProbeBwd(_Probe):
@@ -556,7 +556,9 @@ class _ProbeBwd(_Probe):
 def test_tensor_core_backward_path_selection(monkeypatch):
     from ssmkit._gpu import ssd as gpu_ssd
 
-    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)  # off by default
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)  # on by default
+    assert gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 128))
+    monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "0")
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 128))
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
     assert gpu_ssd.uses_mma_bwd(_ProbeBwd("float16", "float16", 64, 128))

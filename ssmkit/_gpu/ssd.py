@@ -26,8 +26,7 @@ Backward (from the boundary states the forward kept, nothing per step)
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
-    With ``SSMKIT_SSD_MMA_BWD=1`` in the environment (off by default: not yet run
-    on a GPU), the four chunk products run on tensor cores for float16/bfloat16 x
+    Unless ``SSMKIT_SSD_MMA_BWD=0`` is set in the environment, the four chunk products run on tensor cores for float16/bfloat16 x
     with B, C of the same dtype, P <= 128 and N <= 128 (``ssd_mma_chunk_mm`` of
     ``cuda_src/ssd_mma.cu``; dY enters them rounded to the input dtype). Every
     option is supported there (D, z, seq_idx, cu_seqlens, initial and final
@@ -193,12 +192,12 @@ def mma_bwd_kernel_names(io: str) -> list:
 
 def uses_mma_bwd(p) -> bool:
     """Whether the backward of problem ``p`` runs its chunk products on tensor cores:
-    ``SSMKIT_SSD_MMA_BWD=1`` in the environment (off by default), 16-bit x with B and C in
+    ``SSMKIT_SSD_MMA_BWD`` not set to ``0``, 16-bit x with B and C in
     the same dtype, P <= 128 and N <= 128. Every option (D, z, seq_idx, cu_seqlens, initial
     and final states) is supported: they act outside the products or through the chunk
     boundaries and restart mask the kernels share with the CUDA-core ones."""
     io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)
-    return (os.environ.get("SSMKIT_SSD_MMA_BWD", "0") == "1" and io in ("float16", "bfloat16")
+    return (os.environ.get("SSMKIT_SSD_MMA_BWD", "1") != "0" and io in ("float16", "bfloat16")
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
 
 
