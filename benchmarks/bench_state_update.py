@@ -16,7 +16,10 @@ in the same run. For each configuration it reports:
   arguments (wall clock, median), the rest of the host side.
 
 Before timing, the result of the public call is compared with a CuPy float32
-evaluation of the same step (relative error printed and stored). With
+evaluation of the same step (relative error printed and stored). Each
+configuration is also timed with ``stage_state=()`` (every state loaded into
+registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through the
+shared-memory staging ring). With
 ``--sweep`` it also times the kernel under other block shapes (TUNING) and
 keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
 markdown table beside it.
@@ -57,9 +60,14 @@ CONFIGS = [
     (1, "bfloat16", "bfloat16", 64, 1, 3072, 16, None),
 ]
 
+# Always timed beside the default: every state loaded into registers, and every vector-form
+# state through the staging ring.
+AB = [dict(stage_state=()), dict(stage_state=(2, 4, 8))]
 SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 32, 64)]
 # The plan before values_per_thread existed: 16-bit states took 4 channels per thread.
 SWEEP += [dict(threads=128, bytes_per_thread=64, values_per_thread=32)]
+# Fewer, longer blocks (more passes each: the staging ring stays full longer).
+SWEEP += [dict(blocks_per_sm=b) for b in (2, 4, 16)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
@@ -146,6 +154,45 @@ def time_config(cp, layout, st, io, batch, H, P, N):
                 plan=plan, host_us=host_us, launch_us=launch_us)
 
 
+_INPLACE_SOURCE = r"""
+// Read every 16-byte vector of a buffer and write it back in place (xor with a run-time
+// zero, so nothing is optimised away): VPT vectors per thread, all loads before the stores.
+template <int VPT>
+__global__ void inplace_rw(uint4* p, long long n, unsigned int key) {
+    const long long i0 = ((long long)blockIdx.x * blockDim.x) * VPT + threadIdx.x;
+    uint4 v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const long long i = i0 + (long long)k * blockDim.x;
+        if (i < n) v[k] = p[i];
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const long long i = i0 + (long long)k * blockDim.x;
+        if (i < n) { v[k].x ^= key; p[i] = v[k]; }
+    }
+}
+"""
+
+
+def inplace_ceiling_ms(cp, nbytes):
+    """Milliseconds of the best plain in-place read + write of ``nbytes`` (16-byte vectors,
+    1, 2 or 4 per thread, 128 or 256 threads): what any state update of that state size
+    can reach at most, launch and ramp included, measured in the same run."""
+    module = cp.RawModule(code=_INPLACE_SOURCE, options=("-std=c++17",),
+                          name_expressions=[f"inplace_rw<{v}>" for v in (1, 2, 4)])
+    buf = cp.zeros(nbytes // 16 * 16, dtype=cp.uint8)
+    n = buf.size // 16
+    best = float("inf")
+    for vpt in (1, 2, 4):
+        kernel = module.get_function(f"inplace_rw<{vpt}>")
+        for threads in (128, 256):
+            grid = (-(-n // (threads * vpt)),)
+            best = min(best, cuda_median_ms(
+                lambda: kernel(grid, (threads,), (buf, np.int64(n), np.uint32(0))), calls=20))
+    return best
+
+
 def launch_us_per_call(launch, calls=100, reps=11):
     """Wall-clock microseconds CuPy takes to launch the kernel with prepared arguments
     (54 of them): the part of the host time that only fewer arguments would cut."""
@@ -172,7 +219,7 @@ def host_us_per_call(call, calls=200, reps=15):
     from ssmkit._gpu import compiler
 
     real = compiler.get_kernel
-    compiler.get_kernel = lambda filename, name: (lambda grid, block, args: None)
+    compiler.get_kernel = lambda filename, name: (lambda grid, block, args, **launch: None)
     _state_update._KNOWN_CALLS.clear()  # plans made from here on hold the no-op kernel
     try:
         for _ in range(20):
@@ -204,7 +251,9 @@ def main():
     rows = []
     base = dict(gsu.TUNING)
     for layout, st, io, batch, H, P, N, peer in CONFIGS:
-        variants = [dict()] + (SWEEP if args.sweep else [])
+        state_bytes = batch * H * P * N * {"float64": 8, "float32": 4}.get(st, 2)
+        ceiling_ms = inplace_ceiling_ms(cp, state_bytes)
+        variants = [dict()] + AB + (SWEEP if args.sweep else [])
         for var in variants:
             gsu.TUNING.clear()
             gsu.TUNING.update(base, **var)
@@ -225,6 +274,8 @@ def main():
                        kernel_tbps=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12, 3),
                        kernel_of_copy=round(nbytes / (r["kernel_ms"] * 1e-3) / 1e12 / bw, 3),
                        of_copy=round(nbytes / (r["ms"] * 1e-3) / 1e12 / bw, 3),
+                       inplace_ms=round(ceiling_ms, 5),
+                       inplace_of_copy=round(2 * state_bytes / (ceiling_ms * 1e-3) / 1e12 / bw, 3),
                        copy_tbps=round(bw, 3), mamba_ssm_ms=peer,
                        rel_err_y=float(f"{r['err_y']:.2e}"),
                        rel_err_state=float(f"{r['err_state']:.2e}"),
@@ -246,11 +297,14 @@ def main():
              "between two events; host us: the host side of one public call, kernel a no-op "
              "(wall clock, median); launch us: CuPy launching the kernel, arguments prepared. "
              "D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias as zero-stride "
-             "views. mamba_ssm: its Triton selective_state_update, peers-h200.md.",
+             "views. mamba_ssm: its Triton selective_state_update, peers-h200.md. in-place: "
+             "the best plain kernel that reads the state's bytes and writes them back in place "
+             "(no arithmetic), the ceiling at this size, as ms and as a fraction of copy.",
              "",
              "| layout | state | x | batch | H x P or dim | N | variant | kernel ms | of copy | "
-             "call ms | of copy | latency ms | host us | launch us | mamba_ssm ms | rel err y |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "call ms | of copy | latency ms | host us | launch us | mamba_ssm ms | rel err y "
+             "| in-place ms | of copy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r['heads']} x {r['headdim']}" if "heads" in r else str(r["dim"])
         lines.append(f"| {r['layout']} | {r['state_dtype']} | {r['dtype']} | {r['batch']} "
@@ -258,7 +312,8 @@ def main():
                      f"| {r['kernel_of_copy']:.2f} "
                      f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} "
                      f"| {r['host_us']:.1f} | {r['launch_us']:.1f} | "
-                     f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} |")
+                     f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} "
+                     f"| {r['inplace_ms']:.4f} | {r['inplace_of_copy']:.2f} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

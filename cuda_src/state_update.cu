@@ -22,6 +22,12 @@
 //   then the channels' x, z, D (dt, dt_bias, A as needed), then (first pass)
 //   B, C and the head's dt; nothing waits on a load before all are issued.
 //   B, C and the per-head dt' and decay stay in registers for every pass.
+// * Staging ring (vector form, when the launch gives dynamic shared memory):
+//   the state vectors of pass k + SU_STAGES - 1 are copied into shared memory
+//   with cp.async while pass k is computed, so a block keeps up to SU_STAGES
+//   passes of state in flight without holding registers for them. Each thread
+//   reads back only the vectors it copied itself (its own slot, laid out so a
+//   warp's 16-byte accesses are conflict-free), so no barrier is needed.
 // * AMODE says how A varies (see the enum): per head (Mamba-2's parameters
 //   broadcast with zero strides: one softplus and one exp per head and
 //   token), per channel (one exp per channel), or per state.
@@ -48,6 +54,33 @@
 
 // 16 bytes as four 32-bit words: one vector access.
 struct alignas(16) su_vec16 { unsigned int w[4]; };
+
+// Passes of state a block's staging ring holds (the pass being computed and the ones after).
+#define SU_STAGES 3
+
+// One 16-byte copy global -> shared that completes asynchronously (sm_80+; a plain copy
+// before), and the group commit / wait that order such copies for the issuing thread.
+__device__ __forceinline__ void su_copy_async16(su_vec16* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int saddr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                 : "=r"(saddr) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(saddr), "l"(src) : "memory");
+#else
+    *dst = *reinterpret_cast<const su_vec16*>(src);
+#endif
+}
+__device__ __forceinline__ void su_copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" : : : "memory");
+#endif
+}
+// Wait until at most SU_STAGES - 1 of this thread's committed groups are still in flight.
+__device__ __forceinline__ void su_copy_wait_ring() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" : : "n"(SU_STAGES - 1) : "memory");
+#endif
+}
 
 __device__ __forceinline__ unsigned int su_float_bits(float f) {
     unsigned int u;
@@ -213,6 +246,34 @@ ssm_state_update(
     }
     ST* const sb = state + slot * ss0 + h * ss1;
 
+    // The staging ring (vector form only): slot r of pass-vector j of thread x at
+    // ring[(r * PPT * CH + j) * blockDim.x + x]. The host gives min(passes, SU_STAGES) slots.
+    extern __shared__ su_vec16 su_ring[];
+    const bool staged = kVec && ssm_dynamic_smem_bytes() > 0;
+    const int pass_rows = tp * PPT;
+    // Copy the state vectors of the pass starting at channel q into ring slot r.
+    auto stage_pass = [&](int q, int r) {
+        if (q < p_end) {
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int pc = min(q + i * tp + pr, p_end - 1);
+                const ST* srow = sb + (ssm_i64)pc * ss2;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int n0 = (c * tn + ln) * V;
+                    if (n0 < N)
+                        su_copy_async16(&su_ring[(r * PPT * CH + i * CH + c) * blockDim.x + threadIdx.x],
+                                        srow + n0);
+                }
+            }
+        }
+        su_copy_commit();  // one group per pass, empty past the end: the wait count stays fixed
+    };
+    if (staged) {
+#pragma unroll
+        for (int k = 0; k < SU_STAGES - 1; ++k) stage_pass(p_begin + k * pass_rows, k);
+    }
+
     {
         // B and C of token t for this lane's states (zeros past N).
         CT bv[CH][V], cv[CH][V];
@@ -244,12 +305,20 @@ ssm_state_update(
         bool head_ready = false;
         int bc_token = -1;  // the token whose B and C are in registers (none yet)
 
-        for (int q0 = p_begin; q0 < p_end; q0 += tp * PPT) {
-            // ---- this pass's channels: the state (all vector loads together), then the
-            // per-channel inputs; nothing waits on a load before all of them are issued ----
+        int ring_slot = 0;  // the slot of this pass (staged)
+        for (int q0 = p_begin; q0 < p_end; q0 += pass_rows) {
+            // ---- this pass's channels: the state (all vector loads together, or staged
+            // passes ahead), then the per-channel inputs; nothing waits on a load before
+            // all of them are issued ----
             CT s[PPT][CH][V];
             CT xv[PPT], zv[PPT], dsk[PPT], dv[PPT], bias[PPT], arow[PPT];
             CT af[AMODE == SU_A_FULL ? PPT : 1][AMODE == SU_A_FULL ? CH : 1][AMODE == SU_A_FULL ? V : 1];
+            if (staged) {
+                // the pass SU_STAGES - 1 ahead goes into the slot the previous pass freed
+                stage_pass(q0 + (SU_STAGES - 1) * pass_rows,
+                           ring_slot == 0 ? SU_STAGES - 1 : ring_slot - 1);
+            }
+            if (!staged) {
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {
                 const int pc = min(q0 + i * tp + pr, p_end - 1);  // past the end: a live row, unstored
@@ -271,6 +340,7 @@ ssm_state_update(
                             s[i][c][k] = n0 + k < N ? su_ld<CT>(srow + (ssm_i64)(n0 + k) * ss3) : CT(0);
                     }
                 }
+            }
             }
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {
@@ -302,6 +372,26 @@ ssm_state_update(
                         }
                     }
                 }
+            }
+
+            if (staged) {  // this pass's state, copied SU_STAGES - 1 passes ago
+                su_copy_wait_ring();
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+#pragma unroll
+                    for (int c = 0; c < CH; ++c) {
+                        const int n0 = (c * tn + ln) * V;
+                        if (n0 < N) {
+                            su_vec<ST>::unpack(
+                                su_ring[(ring_slot * PPT * CH + i * CH + c) * blockDim.x + threadIdx.x],
+                                s[i][c]);
+                        } else {
+#pragma unroll
+                            for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
+                        }
+                    }
+                }
+                ring_slot = ring_slot + 1 == SU_STAGES ? 0 : ring_slot + 1;
             }
 
             for (int t = 0; t < T; ++t) {

@@ -566,6 +566,37 @@ def test_gpu_launch_shapes(monkeypatch, threads, states):
                                  st_dtype, io_dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("threads", [32, 64])
+def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
+    # Blocks of many passes (the ring wraps several times, the last pass ends inside P),
+    # two passes and one: the staged state equals the register-loaded one bit for bit, and
+    # both the reference (padding rows included).
+    import cupy as cp
+
+    monkeypatch.setitem(gsu.TUNING, "threads", threads)
+    monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # one block per head: every pass
+    cases = [(dict(layout=2, H=2, P=100, N=64, G=1, bcast=True), "float32", "float32"),
+             (dict(layout=2, H=3, P=37, N=128, G=1, T=3), "bfloat16", "bfloat16"),
+             (dict(layout=1, H=1, P=70, N=16, G=2), "float32", "bfloat16"),
+             (dict(layout=2, H=2, P=5, N=32, G=2), "float16", "float16"),
+             (dict(layout=2, H=2, P=3, N=256, G=1), "float64", "float64")]
+    for i, (case_kw, st_dtype, io_dtype) in enumerate(cases):
+        outs = []
+        for stage in ((2, 4, 8), ()):
+            monkeypatch.setitem(gsu.TUNING, "stage_state", stage)
+            _check_against_reference("gpu", dict(case_kw, batch=3), True, 400 + i,
+                                     st_dtype, io_dtype)
+            rng = np.random.default_rng(500 + i)
+            case = make_case(rng, **dict(case_kw, batch=3))
+            args, _ = convert(case, cp, state_dtype=st_dtype, io_dtype=io_dtype)
+            state = args.pop("state")
+            y = ssmkit.state_update(state, **args, dt_softplus=True)
+            outs.append((to_numpy(state).view(np.uint8), to_numpy(y).view(np.uint8)))
+        assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
 # --------------------------------------------------------------------------------------
 # The CUDA source: compiles with NVRTC (no GPU needed); the launch planner
 # --------------------------------------------------------------------------------------
@@ -645,6 +676,21 @@ def test_launch_plans(state):
             assert rpb % ((threads // tn) * ppt) == 0  # whole passes
             assert rpb * plan["npb"] >= P > rpb * (plan["npb"] - 1)  # blocks cover P, none empty
             assert plan["blocks"] == batch * H * plan["npb"]
+            # the staging ring: one slot per pass, at most STAGES, within 48 KiB (0: none)
+            passes = rpb // ((threads // tn) * ppt)
+            slot = ppt * ch * threads * 16
+            ring = plan["ring_bytes"]
+            staged = 16 // V in gsu.TUNING["stage_state"]
+            assert ring == (min(passes, gsu.STAGES) * slot
+                            if staged and min(passes, gsu.STAGES) * slot <= 48 * 1024 else 0)
+            every = dict(gsu.TUNING, stage_state=(2, 4, 8))
+            ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
+                                   tuning=every)["ring_bytes"]
+            assert ring == (min(passes, gsu.STAGES) * slot
+                            if min(passes, gsu.STAGES) * slot <= 48 * 1024 else 0)
+    no_ring = dict(gsu.TUNING, stage_state=())
+    assert gsu.plan_launch(batch=64, H=80, P=64, N=128, state=state, tuning=no_ring)[
+        "ring_bytes"] == 0
     with pytest.raises(ValueError, match="more than the kernel holds"):
         gsu.plan_launch(batch=1, H=1, P=1, N=gsu.MAX_N[state] + 1, state=state)
 
@@ -710,8 +756,8 @@ class _RecordingKernel:
     def __init__(self, name, log):
         self.name, self.log = name, log
 
-    def __call__(self, grid, block, args):
-        self.log.append((self.name, grid, block, args))
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.log.append((self.name, grid, (block, shared_mem), args))
 
 
 @pytest.fixture
@@ -859,7 +905,7 @@ def test_call_key_covers_what_changes_the_launch(fake_gpu, monkeypatch):
     ssmkit.state_update(**args, **kw)
     monkeypatch.setitem(gsu.TUNING, "threads", 256)
     first, second, _ = _call_twice(fake_gpu, args, kw, monkeypatch)
-    assert first == second and first[0][2] == (256,)
+    assert first == second and first[0][2][0] == (256,)
 
 
 def test_repeated_call_still_checks_indices(fake_gpu):

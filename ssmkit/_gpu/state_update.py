@@ -41,6 +41,7 @@ SOURCE_FILE = "state_update.cu"
 
 _CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
 _VEC = {"float16": 8, "bfloat16": 8, "float32": 4, "float64": 2}  # states per 16-byte vector
+_ITEMSIZE = {name: 16 // v for name, v in _VEC.items()}  # bytes per state value
 _CHUNKS = (1, 2, 4, 8)
 _PPT = (1, 2, 4)
 
@@ -54,7 +55,17 @@ TUNING = {
     "values_per_thread": 16,  # and at most this many states: 16-bit states take 2 channels
                               # (32 values need 126 registers, 16 fit in 80: more warps per SM)
     "blocks_per_sm": 8,       # split a head's channels over blocks until the grid has this many
+    "stage_state": (2,),      # state item sizes (bytes) whose vector form copies the passes
+                              # ahead into shared memory (a cp.async ring of STAGES passes)
+                              # instead of loading them into registers: measured faster for
+                              # 16-bit states (0.067 against 0.077 ms), slower for float32
+                              # (0.097 against 0.093 ms), bench_state_update.py
 }
+
+#: Passes of state the kernel's staging ring holds (``SU_STAGES`` in state_update.cu).
+STAGES = 3
+#: Static cap on the ring (no opt-in to more than 48 KiB of dynamic shared memory).
+_MAX_RING_BYTES = 48 * 1024
 
 #: How A (and dt) vary (``AMODE`` in state_update.cu): per state, per channel (A constant
 #: along N), per head (A, dt, dt_bias constant along P too: Mamba-2's broadcast parameters).
@@ -135,7 +146,9 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     dict
         ``tn`` lanes per channel, ``ch`` chunks per lane, ``ppt`` channels per
         thread and pass, ``threads`` per block, ``rows_per_block``, ``npb``
-        blocks per head, ``blocks`` in all (``batch * H * npb``).
+        blocks per head, ``blocks`` in all (``batch * H * npb``), ``ring_bytes``
+        of dynamic shared memory for the staging ring (0: none; used by the
+        vector form only).
     """
     tuning = TUNING if tuning is None else tuning
     tn, ch = chunks_for(N, state)
@@ -156,8 +169,13 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         ppt //= 2  # a small problem: more, thinner blocks
     rows_per_block = tp * ppt * passes
     npb = -(-P // rows_per_block)
+    # The staging ring: one slot per pass a block makes, at most STAGES, each holding the
+    # ppt * ch state vectors of every thread.
+    ring_bytes = min(passes, STAGES) * ppt * ch * threads * 16
+    if _ITEMSIZE[state] not in tuning.get("stage_state", ()) or ring_bytes > _MAX_RING_BYTES:
+        ring_bytes = 0
     return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows_per_block,
-                npb=npb, blocks=batch * H * npb)
+                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes)
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,6 +252,8 @@ class LaunchPlan:
         x, dt, z, B, C and y as the kernel reads and writes them.
     staged_y : bool
         The kernel writes y in ``io_dtype``, copied into the user's dtype after.
+    smem : int
+        Dynamic shared memory of each launch (the staging ring; 0 without it).
     tuning : dict
         :data:`TUNING` when planned (a plan made under other preferences is stale).
     """
@@ -245,6 +265,7 @@ class LaunchPlan:
     casts: tuple
     io_dtype: Any
     staged_y: bool
+    smem: int
     tuning: dict
 
 
@@ -298,7 +319,8 @@ def plan_problem(p, use) -> LaunchPlan:
                   if p.arrays[n] is not None and p.arrays[n].dtype != use[n].dtype)
     return LaunchPlan(kernel=kernel, key=key, block=(plan["threads"],), launches=launches,
                       casts=casts, io_dtype=use["x"].dtype,
-                      staged_y=p.arrays["y"].dtype != use["x"].dtype, tuning=dict(TUNING))
+                      staged_y=p.arrays["y"].dtype != use["x"].dtype,
+                      smem=plan["ring_bytes"] if vec else 0, tuning=dict(TUNING))
 
 
 def plan_is_current(plan: LaunchPlan) -> bool:
@@ -353,7 +375,7 @@ def _launch(plan, use, rows):
                 g("dt_bias") if g("dt_bias") is not None else _NULL, use["y"])
     kernel, block = plan.kernel, plan.block
     for grid, scalars in plan.launches:
-        kernel(grid, block, pointers + scalars)
+        kernel(grid, block, pointers + scalars, shared_mem=plan.smem)
 
 
 def launch_args(p):
@@ -381,7 +403,7 @@ def launch_args(p):
             p.arrays["y"][...] = use["y"]
 
     calls = [(grid, args) for grid, _, args in recorder.calls]
-    return plan.kernel, calls, plan.block, finish
+    return functools.partial(plan.kernel, shared_mem=plan.smem), calls, plan.block, finish
 
 
 class _Recorder:
@@ -390,7 +412,7 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, grid, block, args):
+    def __call__(self, grid, block, args, shared_mem=0):
         self.calls.append((grid, block, args))
 
 
