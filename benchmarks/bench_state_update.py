@@ -68,6 +68,8 @@ SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 3
 SWEEP += [dict(threads=128, bytes_per_thread=64, values_per_thread=32)]
 # Fewer, longer blocks (more passes each: the staging ring stays full longer).
 SWEEP += [dict(blocks_per_sm=b) for b in (2, 4, 16)]
+# Small blocks: more of them resident per SM.
+SWEEP += [dict(threads=t, bytes_per_thread=s) for t in (32, 64) for s in (32, 64)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
@@ -240,6 +242,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep", action="store_true", help="also time other block shapes")
+    parser.add_argument("--configs", type=int, nargs="*", default=None,
+                        help="indices into CONFIGS to time (default: all)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the host side of the public call (cProfile, Mamba-2 float32)")
     args = parser.parse_args()
@@ -250,7 +254,8 @@ def main():
     print(f"{gpu}: copy {bw:.2f} TB/s", flush=True)
     rows = []
     base = dict(gsu.TUNING)
-    for layout, st, io, batch, H, P, N, peer in CONFIGS:
+    configs = CONFIGS if args.configs is None else [CONFIGS[i] for i in args.configs]
+    for layout, st, io, batch, H, P, N, peer in configs:
         state_bytes = batch * H * P * N * {"float64": 8, "float32": 4}.get(st, 2)
         ceiling_ms = inplace_ceiling_ms(cp, state_bytes)
         variants = [dict()] + AB + (SWEEP if args.sweep else [])
