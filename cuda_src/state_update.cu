@@ -143,10 +143,18 @@ template <typename H16> struct su_vec16bit {
     static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            // one conversion rounds both (sm_80+): the first operand goes to the upper half
+            if constexpr (ssm_same<H16, ssm_bf16>::value)
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v.w[i]) : "f"((float)r[2 * i + 1]), "f"((float)r[2 * i]));
+            else
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v.w[i]) : "f"((float)r[2 * i + 1]), "f"((float)r[2 * i]));
+#else
             H16 lo, hi;
             ssm_store(&lo, (float)r[2 * i]);
             ssm_store(&hi, (float)r[2 * i + 1]);
             v.w[i] = (unsigned int)lo.bits | ((unsigned int)hi.bits << 16);
+#endif
         }
     }
 };
@@ -186,10 +194,13 @@ enum { SU_A_FULL = 0, SU_A_ROW = 1, SU_A_HEAD = 2 };
 // chunk and at most two channels per thread (the planner's default for N <= 256) and A
 // not per state fits in 80 (three blocks of 256): more warps per SM to hide the memory
 // latency. Two chunks, or A per state, spill under that cap (ptxas -v, sm_90).
+#ifndef SU_MIN_BLOCKS_16BIT
+#define SU_MIN_BLOCKS_16BIT 3
+#endif
 template <typename ST, int CH, int PPT, int AMODE> struct su_min_blocks {
     static constexpr int value =
         (sizeof(ST) == 8 || CH * PPT > 4) ? 1
-        : (sizeof(ST) == 2 && CH == 1 && PPT <= 2 && AMODE != SU_A_FULL) ? 3 : 2;
+        : (sizeof(ST) == 2 && CH == 1 && PPT <= 2 && AMODE != SU_A_FULL) ? SU_MIN_BLOCKS_16BIT : 2;
 };
 
 template <typename ST, typename IT, int CH, int PPT, int AMODE, bool kVec>
@@ -251,19 +262,21 @@ ssm_state_update(
     extern __shared__ su_vec16 su_ring[];
     const bool staged = kVec && ssm_dynamic_smem_bytes() > 0;
     const int pass_rows = tp * PPT;
-    // Copy the state vectors of the pass starting at channel q into ring slot r.
+    const ssm_i64 row_step = (ssm_i64)tp * ss2;  // from row i of a pass to row i + 1
+    // Copy the state vectors of the pass starting at channel q into ring slot r (rows past
+    // the end copy nothing: their values are never stored nor summed into a stored row).
     auto stage_pass = [&](int q, int r) {
         if (q < p_end) {
+            const ST* const srow0 = sb + (ssm_i64)(q + pr) * ss2;
+            su_vec16* const slot0 = su_ring + r * PPT * CH * (int)blockDim.x + threadIdx.x;
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {
-                const int pc = min(q + i * tp + pr, p_end - 1);
-                const ST* srow = sb + (ssm_i64)pc * ss2;
+                if (q + i * tp + pr >= p_end) break;
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
                     const int n0 = (c * tn + ln) * V;
                     if (n0 < N)
-                        su_copy_async16(&su_ring[(r * PPT * CH + i * CH + c) * blockDim.x + threadIdx.x],
-                                        srow + n0);
+                        su_copy_async16(slot0 + (i * CH + c) * (int)blockDim.x, srow0 + i * row_step + n0);
                 }
             }
         }
@@ -304,6 +317,17 @@ ssm_state_update(
         CT d_raw_head = CT(0), d_head = CT(0), decay_head = CT(1);
         bool head_ready = false;
         int bc_token = -1;  // the token whose B and C are in registers (none yet)
+        if (T > 0) {
+            // The first token's B, C (and the head's dt) go out with the first state loads,
+            // before anything waits: the ring's wait below would otherwise hold them back by a
+            // whole memory round trip at the start of every block.
+            load_bc(0);
+            if constexpr (AMODE == SU_A_HEAD) {
+                d_raw_head = su_ld<CT>(db);
+                if (dt_bias != nullptr) d_raw_head += dt_bias[h * bias0];
+            }
+            bc_token = 0;
+        }
 
         int ring_slot = 0;  // the slot of this pass (staged)
         for (int q0 = p_begin; q0 < p_end; q0 += pass_rows) {
@@ -395,7 +419,7 @@ ssm_state_update(
             }
 
             for (int t = 0; t < T; ++t) {
-                if (bc_token != t) {  // the first pass, or several tokens
+                if (bc_token != t) {  // several tokens: this one's B and C
                     load_bc(t);
                     if constexpr (AMODE == SU_A_HEAD) {
                         d_raw_head = su_ld<CT>(db + t * ds1);
@@ -437,10 +461,14 @@ ssm_state_update(
                     }
                     acc[i] = sum;
                 }
-                // Sum over the TN lanes of each channel (all 32 lanes of the warp take part).
-                for (int m = tn >> 1; m >= 1; m >>= 1) {
+                // Sum over the TN lanes of each channel (all 32 lanes of the warp take part;
+                // unrolled, each level behind a branch that is uniform over the launch).
 #pragma unroll
-                    for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+                for (int m = 16; m >= 1; m >>= 1) {
+                    if (m < tn) {
+#pragma unroll
+                        for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+                    }
                 }
                 // Every lane now holds the PPT sums. Finishing a row (D, the gate, the store) is
                 // the same work for one lane as for the warp, so with TN >= PPT lane i of the
@@ -475,11 +503,11 @@ ssm_state_update(
             }
 
             // ---- write this pass's state back ----
+            ST* const srow0 = sb + (ssm_i64)(q0 + pr) * ss2;
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {
-                const int p = q0 + i * tp + pr;
-                if (p >= p_end) continue;
-                ST* srow = sb + (ssm_i64)p * ss2;
+                if (q0 + i * tp + pr >= p_end) break;  // rows of a pass rise with i
+                ST* const srow = srow0 + i * row_step;
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
                     const int n0 = (c * tn + ln) * V;
