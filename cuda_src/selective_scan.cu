@@ -30,7 +30,9 @@
 // typical Mamba-1 backward grid in one wave) and 4 in double.
 #define SSM_FWD_MAX_THREADS 256
 
-// L2 prefetch of the next tile (forward only, see its tile loop): only with 4
+// L2 prefetch of the next tile (the forward kernels that stage straight from
+// global memory, ssm_scan_fwd_direct / _sum_direct; the cp.async ones copy the
+// next tile instead; see the tile loop): only with 4
 // states per thread (N <= 16), where staging latency dominates; with more
 // states the scan's arithmetic hides the loads anyway and the extra address
 // registers cost spills at N = 128. The backward does not prefetch: at its
@@ -131,6 +133,150 @@ __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __re
 }
 
 // ===========================================================================
+// Asynchronous tile copies (forward, cp.async). While one tile is scanned, the
+// next tile's inputs are copied from global memory into a second shared
+// buffer as they are stored (u, delta, z, B, C: no conversion), so the
+// staging that follows reads shared memory instead of waiting on DRAM.
+// sm_80 and later; before that the same calls are plain copies (synchronous,
+// still correct). SSM_NO_CP_ASYNC forces the plain copies.
+// ===========================================================================
+#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define SSM_CP_ASYNC 1
+#else
+#define SSM_CP_ASYNC 0
+#endif
+
+struct alignas(16) ssm_v16 { unsigned int w[4]; };
+struct alignas(8) ssm_v8 { unsigned int w[2]; };
+
+// Shared-window address of a pointer into shared memory (cp.async takes it).
+__device__ __forceinline__ unsigned ssm_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Copy BYTES (16: both addresses 16-byte aligned, through L2 only; 8 or 4:
+// aligned to their size) from global src to shared dst, asynchronously.
+template <int BYTES>
+__device__ __forceinline__ void ssm_cp_async(void* dst, const void* src) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+#if SSM_CP_ASYNC
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
+    }
+#else
+    if constexpr (BYTES == 16) *static_cast<ssm_v16*>(dst) = *static_cast<const ssm_v16*>(src);
+    else if constexpr (BYTES == 8) *static_cast<ssm_v8*>(dst) = *static_cast<const ssm_v8*>(src);
+    else *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
+#endif
+}
+
+// Close the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void ssm_cp_commit() {
+#if SSM_CP_ASYNC
+    asm volatile("cp.async.commit_group;" : : : "memory");
+#endif
+}
+
+// Wait for all of this thread's copies (other threads' copies are visible only
+// after this and a __syncthreads in every thread).
+__device__ __forceinline__ void ssm_cp_wait_all() {
+#if SSM_CP_ASYNC
+    asm volatile("cp.async.wait_group 0;" : : : "memory");
+#endif
+}
+
+// One element: cp.async for 4- and 8-byte types; 2-byte types (which cp.async
+// cannot move alone) by a plain load and store.
+template <typename T>
+__device__ __forceinline__ void ssm_cp_elem(T* dst, const T* src) {
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) ssm_cp_async<(int)sizeof(T)>(dst, src);
+    else *dst = *src;
+}
+
+// Position of a row's first element inside its 16-byte line, in elements.
+template <typename T>
+__device__ __forceinline__ int ssm_raw_shift(const T* p) {
+    return (int)(((unsigned long long)p / sizeof(T)) % (16 / sizeof(T)));
+}
+
+// Copy rows [0, nrows) of len elements each (row r at src + r * stride) into
+// shared rows of R bytes (dst 16-byte aligned, R a multiple of 16): element j
+// of row r goes to element ssm_raw_shift(row r) + j of shared row r, so a
+// row's 16-byte pieces land on 16-byte aligned shared addresses whatever the
+// row's alignment. Pieces wholly inside the row go by one 16-byte cp.async;
+// the (at most two) pieces at its ends element by element. Only the row's own
+// elements are read. Spread over the nthr threads of the block.
+template <typename T>
+__device__ __forceinline__ void ssm_copy_rows_async(unsigned char* dst, int R, const T* src, ssm_i64 stride,
+                                                    int nrows, int len, int tid, int nthr) {
+    constexpr int V = 16 / (int)sizeof(T);
+    if (len <= 0) return;
+    const int nv = (len + 2 * (V - 1)) / V;  // pieces per row, at most
+#pragma unroll 1
+    for (int i = tid; i < nrows * nv; i += nthr) {
+        const int r = i / nv;
+        const int q = i - r * nv;
+        const T* const row = src + (ssm_i64)r * stride;
+        const int j0 = q * V - ssm_raw_shift(row);  // first element of piece q
+        T* const d = reinterpret_cast<T*>(dst + r * R) + q * V;
+        if (j0 >= 0 && j0 + V <= len) {
+            ssm_cp_async<16>(d, row + j0);
+        } else if (j0 < len) {
+#pragma unroll 1
+            for (int e = 0; e < V; ++e) {
+                const int j = j0 + e;
+                if (j >= 0 && j < len) ssm_cp_elem(d + e, row + j);
+            }
+        }
+    }
+}
+
+// The second-buffer layout of the cp.async forward. A buffer is `rows` rows
+// of R bytes (room for TL elements of the wider of IO and BC, plus the
+// shift): the tile's rows of u, delta, z (CH each, from rows 0, CH, 2 CH) and
+// of B, C (NPAD each where given per step, from row 3 CH; only rows n < N
+// are written), as ssm_copy_rows_async leaves them. Two buffers follow
+// ssm_fwd_layout's sections. ssmkit/_gpu/selective_scan.py mirrors this.
+template <typename IO, typename BC, int NPAD, bool BV, bool CV>
+struct ssm_fwd_raw {
+    static constexpr int E = sizeof(IO) > sizeof(BC) ? (int)sizeof(IO) : (int)sizeof(BC);
+    int R, CH;
+    __device__ ssm_fwd_raw(int CH_, int TL) : R(ssm_round_up(TL * E, 16) + 16), CH(CH_) {}
+    __device__ int rows() const { return 3 * CH + NPAD * ((BV ? 1 : 0) + (CV ? 1 : 0)); }
+    __device__ int bytes() const { return rows() * R; }  // one buffer
+    // First row of each section in buffer `which`, as a byte offset.
+    __device__ int u(int which) const { return which * bytes(); }
+    __device__ int delta(int which) const { return which * bytes() + CH * R; }
+    __device__ int z(int which) const { return which * bytes() + 2 * CH * R; }
+    __device__ int B(int which) const { return which * bytes() + 3 * CH * R; }
+    __device__ int C(int which) const { return which * bytes() + (3 * CH + (BV ? NPAD : 0)) * R; }
+};
+
+// ssm_stage_bc from a raw tile in shared memory (rows of ssm_copy_rows_async,
+// R bytes apart; Xg: the global tile the rows came from, row stride L, for their
+// shifts) instead of from global memory.
+template <typename BC, typename CT>
+__device__ __forceinline__ void ssm_stage_bc_raw(CT* __restrict__ Xs, const unsigned char* __restrict__ Xr,
+                                                 int R, const BC* Xg, ssm_i64 L, int N, int NQ, int BS, int tl,
+                                                 int tlp, int r0, int rstep, int col0, int W) {
+    for (int q = r0; q < NQ; q += rstep) {
+        for (int t = col0; t < tlp; t += W) {
+            CT x[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = 4 * q + e;
+                x[e] = (t < tl && n < N) ? ssm_load(reinterpret_cast<const BC*>(Xr + n * R)[ssm_raw_shift(Xg + (ssm_i64)n * L) + t]) : CT(0);
+            }
+            ssm_st4(Xs + t * BS + 4 * q, x);
+        }
+    }
+}
+
+// ===========================================================================
 // Time segments. When batch * dim / CH blocks cannot fill the GPU, the host
 // splits time into nseg segments of seg_len steps (a multiple of the chunk,
 // so checkpoints stay per global chunk; the last segment may be shorter) and
@@ -154,8 +300,15 @@ __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __re
 // state to seg_h[seg, b, d, :] and its sum of dt to seg_dt[seg, b, d].
 // Otherwise (ssm_scan_fwd): seg_h, if not null, holds the state entering each
 // segment (nseg, batch, dim, N); the last segment writes hfinal.
+// ASYNC: the next tile's inputs are copied by cp.async into a second shared
+// buffer (ssm_fwd_raw: two after ssm_fwd_layout's sections) while
+// this tile is scanned, and staging (softplus, dt*u, B/C to time-major)
+// reads them from there; else staging loads straight from global memory
+// (with an L2 prefetch of the next tile at N <= 16). Same arithmetic, same
+// results bit for bit.
 // ===========================================================================
-template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV, bool SUM>
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV, bool SUM,
+          bool ASYNC>
 __device__ __forceinline__ void
 ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
              const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
@@ -186,9 +339,11 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
 
     const ssm_fwd_layout lay(CH, TL, NPAD, BV, CV && !SUM);
+    const ssm_fwd_raw<IO, BC, NPAD, BV, CV> raw(CH, TL);
+    const unsigned smem_need = (unsigned)lay.total * sizeof(CT) + (ASYNC ? 2u * raw.bytes() : 0u);
     // A launch planned by rules other than these kernels' would read or write
     // out of bounds: stop it loudly instead (all conditions are block-uniform).
-    if ((unsigned)lay.total * sizeof(CT) > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
+    if (smem_need > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
         TL % NSPLIT != 0 || dim % CH != 0 || (BV && (GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0)) ||
         (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)) ||
         seg < 0 || seg >= nseg || seg_len % chunk != 0 || t_begin >= L ||
@@ -200,6 +355,7 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     CT* const ys = sm + lay.o_y;
     CT* const Bs = sm + lay.o_B;
     CT* const Cs = sm + lay.o_C;
+    unsigned char* const raw0 = reinterpret_cast<unsigned char*>(sm + lay.total);  // ASYNC only
     const int TLS = lay.TLS, BS = lay.BS;
 
     const bool has_D = flags & SSM_HAS_D;
@@ -242,6 +398,34 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         return e < L ? e : L;
     };
 
+    // ASYNC: copy the tile of `steps` steps from ts into raw buffer `which`
+    // (one commit group per tile; an empty one past the segment's end). The
+    // block's row and channels are recomputed from a fresh %ctaid (and the
+    // thread from a fresh %tid) rather than kept in registers through the scan.
+    const auto copy_tile = [&](int which, ssm_i64 ts, int steps) {
+        const int tid3 = ssm_fresh_tid();
+        const int rt3 = ssm_fresh_ctaid() % (batch * (dim / CH));
+        const int b3 = rt3 / (dim / CH);
+        const int d3 = (rt3 - b3 * (dim / CH)) * CH;
+        const ssm_i64 row0 = ((ssm_i64)b3 * dim + d3) * L + ts;
+        ssm_copy_rows_async(raw0 + raw.u(which), raw.R, u + row0, L, CH, steps, tid3, nthr);
+        ssm_copy_rows_async(raw0 + raw.delta(which), raw.R, delta + row0, L, CH, steps, tid3, nthr);
+        if (!SUM && has_z) ssm_copy_rows_async(raw0 + raw.z(which), raw.R, z + row0, L, CH, steps, tid3, nthr);
+        if constexpr (BV)
+            ssm_copy_rows_async(raw0 + raw.B(which), raw.R, B + ((ssm_i64)b3 * GB + d3 / (dim / GB)) * N * L + ts,
+                                L, N, steps, tid3, nthr);
+        if constexpr (CV && !SUM)
+            ssm_copy_rows_async(raw0 + raw.C(which), raw.R, C + ((ssm_i64)b3 * GC + d3 / (dim / GC)) * N * L + ts,
+                                L, N, steps, tid3, nthr);
+        ssm_cp_commit();
+    };
+    int buf = 0;  // ASYNC: raw buffer holding the current tile
+    if constexpr (ASYNC) {
+        const ssm_i64 te = seg_end();
+        const ssm_i64 e = (t_begin + chunk) < te ? (t_begin + chunk) : te;  // first chunk's end
+        copy_tile(0, t_begin, (int)((e - t_begin) < TL ? (e - t_begin) : TL));
+    }
+
     // Segments start on chunk boundaries (seg_len % chunk == 0).
     ssm_i64 chunk_end = t_begin;       // end of the current chunk
     ssm_i64 ci = t_begin / chunk - 1;  // current chunk
@@ -263,17 +447,38 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
             const int tl = (int)((chunk_end - t0) < TL ? (chunk_end - t0) : TL);
             const int tlp = ssm_round_up(tl, NSPLIT);  // padded steps: dt = 0, identity
 
-            __syncthreads();  // the previous tile's readers are done with smem
+            if constexpr (ASYNC) {
+                ssm_cp_wait_all();  // this thread's copies of this tile have landed,
+                __syncthreads();    // everyone's have; the previous tile's readers are done
+                // The next tile: up to TL steps, never across a chunk's or the
+                // segment's end (as this loop cuts them); none past the end.
+                const ssm_i64 tn = t0 + tl;
+                ssm_i64 en = chunk_end;
+                if (tn == chunk_end) {
+                    const ssm_i64 te = seg_end();
+                    en = (tn + chunk) < te ? (tn + chunk) : te;
+                }
+                copy_tile(buf ^ 1, tn, (int)((en - tn) < TL ? (en - tn) : TL));
+            } else {
+                __syncthreads();  // the previous tile's readers are done with smem
+            }
             for (int r = r0; r < CH; r += rstep) {
                 const int dd = d0 + r;
                 const ssm_i64 rb = ((ssm_i64)b * dim + dd) * L + t0;
                 const CT bias = has_bias ? dbias[dd] : CT(0);
                 const CT Dd = has_D ? D[dd] : CT(0);
+                // This row's steps: in the raw buffer, or in global memory.
+                const IO* ur = u + rb;
+                const IO* dr = delta + rb;
+                if constexpr (ASYNC) {
+                    ur = reinterpret_cast<const IO*>(raw0 + raw.u(buf) + r * raw.R) + ssm_raw_shift(u + rb);
+                    dr = reinterpret_cast<const IO*>(raw0 + raw.delta(buf) + r * raw.R) + ssm_raw_shift(delta + rb);
+                }
                 for (int t = col0; t < tlp; t += W) {
                     CT dt = 0, du = 0, yd = 0;
                     if (t < tl) {
-                        const CT uu = ssm_load(u[rb + t]);
-                        dt = ssm_load(delta[rb + t]) + bias;
+                        const CT uu = ssm_load(ur[t]);
+                        dt = ssm_load(dr[t]) + bias;
                         if (softplus) dt = M::softplus(dt);
                         du = dt * uu;
                         yd = Dd * uu;  // the D skip; the scan adds sum_n C h
@@ -285,18 +490,28 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     if constexpr (!SUM) ys[r * TLS + t] = yd;
                 }
             }
-            if constexpr (BV)
-                ssm_stage_bc(Bs, B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L + t0, L, N, NQ, BS,
-                             tl, tlp, r0, rstep, col0, W);
-            if constexpr (CV && !SUM)
-                ssm_stage_bc(Cs, C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L + t0, L, N, NQ, BS,
-                             tl, tlp, r0, rstep, col0, W);
+            if constexpr (BV) {
+                const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L + t0;
+                if constexpr (ASYNC)
+                    ssm_stage_bc_raw(Bs, raw0 + raw.B(buf), raw.R, Bg, L, N, NQ,
+                                     BS, tl, tlp, r0, rstep, col0, W);
+                else
+                    ssm_stage_bc(Bs, Bg, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
+            }
+            if constexpr (CV && !SUM) {
+                const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L + t0;
+                if constexpr (ASYNC)
+                    ssm_stage_bc_raw(Cs, raw0 + raw.C(buf), raw.R, Cg, L, N, NQ,
+                                     BS, tl, tlp, r0, rstep, col0, W);
+                else
+                    ssm_stage_bc(Cs, Cg, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
+            }
             __syncthreads();
 
             // While this tile is scanned, pull the next tile's inputs (and this
             // tile's z, read by the output stage) into L2: staging them then
             // waits on L2 instead of DRAM. All addresses lie in [t0, t_end).
-            if constexpr (ssm_use_prefetch<NPT>()) {
+            if constexpr (!ASYNC && ssm_use_prefetch<NPT>()) {
                 const ssm_i64 rb0 = ((ssm_i64)b * dim + d0) * L;
                 const ssm_i64 t0n = t0 + tl;
                 const ssm_i64 te = seg_end();
@@ -360,10 +575,14 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 
                 for (int r = r0; r < CH; r += rstep) {
                     const ssm_i64 rb = ((ssm_i64)b * dim + d0 + r) * L + t0;
+                    const IO* zr = z + rb;  // this row's z: global, or the raw buffer
+                    if constexpr (ASYNC)
+                        if (has_z)
+                            zr = reinterpret_cast<const IO*>(raw0 + raw.z(buf) + r * raw.R) + ssm_raw_shift(z + rb);
                     for (int t = col0; t < tl; t += W) {
                         CT yv = ys[r * TLS + t];
                         if (has_z) {
-                            const CT zz = ssm_load(z[rb + t]);
+                            const CT zz = ssm_load(zr[t]);
                             yv *= zz * M::sigmoid(zz);
                         }
                         ssm_store(y + rb + t, yv);
@@ -371,6 +590,7 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 }
             }
             t0 += tl;
+            buf ^= 1;
         }
     }
     {
@@ -409,16 +629,47 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     u, delta, z, A, B, C, D, dbias, h0, y, hfinal, ckpt, seg_h, seg_dt, batch, dim, N, L, GB, GC,     \
         chunk, TL, CH, flags, seg_len, nseg, seg0
 
+// Resident blocks of SSM_FWD_MAX_THREADS threads that the cp.async forward
+// kernels ask ptxas to allow, which caps their registers near what the
+// direct-staging kernels use: in float 64 at NPT = 4, 80 at NPT = 8, 128 at
+// NPT = 16; in double 128 at NPT = 4 (the same blocks per SM as the direct
+// kernels' 80-96). Without the cap ptxas spends the copy loop's extra
+// addresses, and a wider schedule of the scan's shared loads, on up to 127
+// registers at NPT = 8 and 255 at NPT = 16. (The summary pass spills 8-16
+// bytes at 64 for NPT = 8 and at 80 for NPT = 16, where the direct one fits,
+// so it gets the scan kernel's cap; in double at NPT = 8 both kernels already
+// hold one block per SM.)
+template <typename CT, int NPT> struct ssm_fwd_min_blocks {
+    static constexpr int value = sizeof(CT) == 8 ? (NPT == 4 ? 2 : 1) : NPT == 4 ? 4 : NPT == 8 ? 3 : 2;
+};
+
+// The forward with cp.async tile copies (shared memory: ssm_fwd_layout plus
+// two ssm_fwd_raw buffers).
 template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd(SSM_FWD_PARAMS) {
-    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, false>(SSM_FWD_ARGS);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS, ssm_fwd_min_blocks<CT, NPT>::value)
+ssm_scan_fwd(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, false, true>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward (see "Time segments"); same parameters,
-// y/hfinal/ckpt/z/C/D unused.
+// y/hfinal/ckpt/z/C/D unused. With cp.async tile copies, as ssm_scan_fwd.
 template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum(SSM_FWD_PARAMS) {
-    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, true>(SSM_FWD_ARGS);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS, ssm_fwd_min_blocks<CT, NPT>::value)
+ssm_scan_fwd_sum(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, true, true>(SSM_FWD_ARGS);
+}
+
+// The same two kernels staging straight from global memory (shared memory:
+// ssm_fwd_layout only): the earlier design, kept for A/B timing and as the
+// choice where it measures faster (TUNING["fwd_async"] in
+// ssmkit/_gpu/selective_scan.py).
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_direct(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, false, false>(SSM_FWD_ARGS);
+}
+template <typename IO, typename BC, typename CT, int NPT, int NSPLIT, bool BV, bool CV>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(SSM_FWD_PARAMS) {
+    ssm_fwd_body<IO, BC, CT, NPT, NSPLIT, BV, CV, true, false>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:

@@ -146,3 +146,21 @@ def test_time_split_only_when_grid_is_small():
     # One chunk: nothing to split.
     one = dict(small, chunk_size=10**9)
     assert ss.plan_forward(**one)["nseg"] == 1
+
+
+def test_forward_staging_choice(monkeypatch):
+    # "auto": cp.async tile copies for 16-bit inputs in one time segment (measured faster),
+    # direct staging for float32 and for split time (measured slower with the copies).
+    limits = dict(sm_count=132, smem_optin=227 * 1024)
+    monkeypatch.setitem(ss.TUNING, "fwd_async", "auto")
+    short = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, compute="float32",
+                 **limits)
+    long = dict(short, batch=2, L=32768, chunk_size=256)
+    assert ss.plan_forward(**short, io="bfloat16", bc="bfloat16")["async_"]
+    assert not ss.plan_forward(**short, io="float32", bc="float32")["async_"]
+    split = ss.plan_forward(**long, io="bfloat16", bc="bfloat16")
+    assert split["nseg"] > 1 and not split["async_"]
+    for mode in (True, False):
+        monkeypatch.setitem(ss.TUNING, "fwd_async", mode)
+        assert ss.plan_forward(**long, io="bfloat16", bc="bfloat16")["async_"] is mode
+        assert ss.plan_forward(**short, io="float32", bc="float32")["async_"] is mode

@@ -327,6 +327,41 @@ def test_float32_stays_accurate_over_long_sequences(backend):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("mode", [True, False, "auto"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, dtype):
+    """Both forwards (tile staging through cp.async copies, or straight from global memory)
+    and the "auto" choice between them, with and without time segments, equal the reference;
+    the two forwards agree bit for bit."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_async", mode)
+    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    cases = [
+        (dict(batch=2, dim=5, L=203, N=16, b_form="step", c_form="group", groups=1,
+              with_init=True), 64),
+        (dict(batch=1, dim=3, L=77, N=40, b_form="group", c_form="step", groups=1,
+              with_init=False), 16),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        _check_forward("gpu", dtype, case, chunk, 900 + seed)
+        _check_vjp("gpu", dtype, case, chunk, 900 + seed)
+        inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(950 + seed), **case),
+                                dtype, xp_for("gpu"))
+        outs = []
+        for m in (True, False):
+            monkeypatch.setitem(gpu_scan.TUNING, "fwd_async", m)
+            y = ssmkit.selective_scan(**inputs, delta_softplus=True, chunk_size=chunk)
+            outs.append(to_numpy(y).astype(np.float64))
+        assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [2, 3, 7])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):

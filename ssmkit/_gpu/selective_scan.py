@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import os
 
 import numpy as np
 
@@ -71,6 +72,7 @@ MAX_N = {"float32": 512, "float64": 256}
 # numpy dtype name -> C++ storage type, and -> compute dtype name.
 _CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
 _COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 # Kernel flags (enum in selective_scan.cu).
 _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4, 8, 16, 32, 64
@@ -82,9 +84,11 @@ FWD_MAX_THREADS = 256
 BWD_MAX_THREADS = 64
 _BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
 # Registers per thread of the forward kernel, roughly (ptxas reports), by
-# (compute, NPT); only used to estimate how many blocks share an SM.
+# (compute, NPT); only used to estimate how many blocks share an SM. The
+# cp.async kernels' are capped by their launch bounds (ssm_fwd_min_blocks).
 _FWD_REGS = {("float32", 4): 64, ("float32", 8): 80, ("float32", 16): 128,
              ("float64", 4): 80, ("float64", 8): 255}
+_FWD_REGS_ASYNC = {**_FWD_REGS, ("float64", 4): 128}
 
 # Launch-shape preferences (tunable; correctness does not depend on them).
 TUNING = {
@@ -97,6 +101,14 @@ TUNING = {
     "fwd_min_tl": 16,    # time tiles are not shortened below these to fit more blocks per SM
     "bwd_min_tl": 8,
     "balance_slack": 1.15,  # see _choose_tiles
+    # True: the forward copies each next tile into a second shared buffer with cp.async while
+    # the current one is scanned (kernels ssm_scan_fwd, ssm_scan_fwd_sum); False: the kernels
+    # that stage straight from global memory (ssm_scan_fwd_direct, ..._sum_direct); "auto":
+    # cp.async for 16-bit u/delta/z when time is not split into segments, where it measured
+    # faster (bf16 8x1536x2048 N 16: 0.503 against 0.646 ms), direct staging otherwise (bf16
+    # 2x1536x32768, split: 3.42 against 2.69 ms; float32: 1-2% slower), benchmarks/NOTES.md.
+    # SSMKIT_FWD_ASYNC=1 / 0 in the environment (read at import) sets True / False.
+    "fwd_async": {"1": True, "0": False}.get(os.environ.get("SSMKIT_FWD_ASYNC", ""), "auto"),
     # Time segments (see _split_time): split when the grid fills less than
     # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
     # segments are whole chunks and at least min_seg_steps long (each costs a
@@ -113,13 +125,15 @@ KernelKey = collections.namedtuple(
 KernelKey.__doc__ = """One kernel instantiation.
 
 kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
-or "carry" (the segment carry, templated on the compute type only: io = bc =
+"fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
+global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
+False), or "carry" (the segment carry, templated on the compute type only: io = bc =
 the compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
-_SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum")
+_SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
 
 
 def _dtype_name(dt) -> str:
@@ -190,12 +204,16 @@ def kernel_keys(full: bool = True) -> list:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split); the
     # other three B/C forms for every (kind, dtypes) at N=16's split and for
-    # every (kind, split) in float32.
+    # every (kind, split) in float32. The direct-staging forward kernels (the
+    # A/B alternative, the fallback where the cp.async buffers do not fit)
+    # with per-step B and C only, at N=16's split and in float32.
     n16 = state_split(16, "float32")
+    f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
+    per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
     return [k for k in keys
-            if k.kind == "carry" or (k.b_per_step and k.c_per_step)
-            or (k.npt, k.nsplit) == n16
-            or (k.io == "float32" and k.bc == "float32")]
+            if k.kind == "carry"
+            or (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
+            or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))]
 
 
 def name_expression(key: KernelKey) -> str:
@@ -216,12 +234,22 @@ def _r4(x: int) -> int:
     return (x + 3) // 4 * 4
 
 
-def _fwd_smem_bytes(ch, tl, npad, bv, cv, itemsize):
-    """Dynamic shared memory of ssm_scan_fwd (mirrors ssm_fwd_layout)."""
+def _fwd_smem_bytes(ch, tl, npad, bv, cv, itemsize, raw=None):
+    """Dynamic shared memory of the forward kernels (mirrors ssm_fwd_layout).
+
+    ``raw``: None for the kernels staging from global memory; else the
+    ``(io, bc)`` item sizes of the cp.async kernels, which add two tile
+    buffers of the raw inputs (mirrors ssm_fwd_raw: rows of u, delta, z, B, C
+    of ``tl`` elements of the wider type and 16 bytes more).
+    """
     tls, bs = tl | 1, npad + 4
     elems = _r4(2 * ch * tls) + _r4(ch * tls)
     elems += (_r4(tl * bs) if bv else 0) + (_r4(tl * bs) if cv else 0)
-    return elems * itemsize
+    nbytes = elems * itemsize
+    if raw is not None:
+        row = _round_up(tl * max(raw), 16) + 16
+        nbytes += 2 * (3 * ch + npad * (int(bv) + int(cv))) * row
+    return nbytes
 
 
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
@@ -352,7 +380,8 @@ def _limits(lim):
     return out
 
 
-def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
+def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, io=None, bc=None,
+                 **device):
     """Launch shape of the forward kernel.
 
     Parameters
@@ -361,6 +390,9 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
         Groups of per-step B / C, 0 for the constant (dim, N) form.
     compute : str
         "float32" or "float64".
+    io, bc : str, optional
+        Storage dtypes of u/delta/z and of B/C (default: ``compute``); they
+        size the cp.async kernels' tile buffers (``TUNING["fwd_async"]``).
     sm_count, smem_optin : int
         The device's multiprocessor count and per-block shared-memory limit.
     **device
@@ -372,26 +404,44 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
     dict
         ``npt``, ``nsplit``, ``ch`` (channels per block), ``tl`` (time tile),
         ``threads``, ``blocks`` (all segments), ``smem`` (bytes), ``nseg``
-        (time segments; 1: no split) and ``seg_len`` (steps per segment, a
-        multiple of the chunk; the last segment may be shorter).
+        (time segments; 1: no split), ``seg_len`` (steps per segment, a
+        multiple of the chunk; the last segment may be shorter) and ``async_``
+        (whether the plan is for the cp.async kernels: ``TUNING["fwd_async"]``,
+        unless their buffers do not fit a block's shared memory).
     """
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, compute)
     npad = npt * nsplit
     itemsize = 8 if compute == "float64" else 4
     bv, cv = gb > 0, gc > 0
-    regs = _round_up(_FWD_REGS[(compute, npt)], 8)
-    choose = lambda nseg: _choose_tiles(  # noqa: E731
-        batch=batch, dim=dim, gb=gb, gc=gc, cmax=max(1, min(chunk_size, L)), nsplit=nsplit,
-        step=nsplit, tl_max=_round_up(max(TUNING["fwd_tl"], nsplit), nsplit), tl_min=TUNING["fwd_min_tl"],
-        max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
-        warps_by_regs=lim["regs_per_sm"] // (regs * 32),
-        size=lambda c, t: _fwd_smem_bytes(c, t, npad, bv, cv, itemsize), lim=lim,
-        what=f"the forward with N={N} in {compute}", nseg=nseg)
-    ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
-                                                         sm_count=lim["sm_count"])
+    def choose(nseg, raw):
+        regs = _round_up((_FWD_REGS if raw is None else _FWD_REGS_ASYNC)[(compute, npt)], 8)
+        return _choose_tiles(
+            batch=batch, dim=dim, gb=gb, gc=gc, cmax=max(1, min(chunk_size, L)), nsplit=nsplit,
+            step=nsplit, tl_max=_round_up(max(TUNING["fwd_tl"], nsplit), nsplit), tl_min=TUNING["fwd_min_tl"],
+            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
+            warps_by_regs=lim["regs_per_sm"] // (regs * 32),
+            size=lambda c, t: _fwd_smem_bytes(c, t, npad, bv, cv, itemsize, raw), lim=lim,
+            what=f"the forward with N={N} in {compute}", nseg=nseg)
+
+    mode = TUNING["fwd_async"]
+    use_async = mode == "auto" or bool(mode)
+    if use_async:
+        # The cp.async kernels' two raw tile buffers may not fit one block's shared memory
+        # (large N in float64): then the direct-staging kernels.
+        raw = (_ITEMSIZE[io or compute], _ITEMSIZE[bc or compute])
+        try:
+            ch, tl, nbytes, blocks, nseg, seg_len = _split_time(
+                lambda nseg: choose(nseg, raw), L=L, chunk_size=chunk_size, sm_count=lim["sm_count"])
+        except NotImplementedError:
+            use_async = False
+        if use_async and mode == "auto" and (_ITEMSIZE[io or compute] != 2 or nseg > 1):
+            use_async = False
+    if not use_async:
+        ch, tl, nbytes, blocks, nseg, seg_len = _split_time(
+            lambda nseg: choose(nseg, None), L=L, chunk_size=chunk_size, sm_count=lim["sm_count"])
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
-                nseg=nseg, seg_len=seg_len)
+                nseg=nseg, seg_len=seg_len, async_=use_async)
 
 
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
@@ -509,15 +559,18 @@ def _plan(p, which):
 
     return dict(_cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
                              p.chunk_size, _dtype_name(p.compute_dtype),
-                             cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items()))))
+                             cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
+                             _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)))
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, tuning):
+def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, tuning, io=None, bc=None):
     del device, tuning  # key only: the limits are the device's, and TUNING may be changed
-    planner = plan_forward if which == "fwd" else plan_backward
-    return planner(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
-                   compute=compute, **compiler.device_limits())
+    if which == "fwd":
+        return plan_forward(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
+                            compute=compute, io=io, bc=bc, **compiler.device_limits())
+    return plan_backward(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
+                         compute=compute, **compiler.device_limits())
 
 
 def selective_scan_forward(p, *, save_checkpoints):
@@ -559,13 +612,14 @@ def selective_scan_forward(p, *, save_checkpoints):
         # needed), then the carry: the state entering every segment.
         local = cp.empty((nseg, batch, dim, N), dtype=p.compute_dtype)
         sumdt = cp.empty((nseg, batch, dim), dtype=p.compute_dtype)
-        key = KernelKey("fwd_sum", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+        key = KernelKey("fwd_sum" if plan["async_"] else "fwd_sum_direct", io, bc, plan["npt"],
+                        plan["nsplit"], bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, plan) + (
                 np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
         _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
-    key = KernelKey("fwd", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+    key = KernelKey("fwd" if plan["async_"] else "fwd_direct", io, bc, plan["npt"], plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
             np.int32(flags),) + _seg_args(plan)

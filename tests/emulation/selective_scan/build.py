@@ -1,11 +1,11 @@
 """Build a host-emulated .so of cuda_src/selective_scan.cu for given KernelKeys.
 
 The kernel text is the runtime source (compiler.kernel_source) with the few inline-PTX lines
-and vector casts replaced by the C++ of emu_common.h (REPL below; each pattern must still be in the
+and vector casts replaced by the C++ of emu_common.h and prelude_ss.h (REPL below; each pattern must still be in the
 source, else the assert names it). Used by run.py and sweep.py; not run on its own. Build products
 (.cpp, .so) go to $TMPDIR/ssmkit_emu/selective_scan, keyed by a hash of the text.
 """
-import hashlib, os, subprocess, sys, tempfile
+import hashlib, os, re, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -29,6 +29,16 @@ REPL = [
     ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
     ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
+    # cp.async (prelude_ss.h): the sm_80 branch is the one emulated.
+    ('#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800', '#if 1'),
+    ('asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));',
+     'a = (unsigned)((const unsigned char*)p - emu_smem_ptr);'),
+    ('asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");',
+     'emu_cp_async(dst, src, 16, true);'),
+    ('asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");',
+     'emu_cp_async(dst, src, BYTES, false);'),
+    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
+    ('asm volatile("cp.async.wait_group 0;" : : : "memory");', 'emu_cp_wait_all();'),
 ]
 
 FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')
@@ -39,6 +49,8 @@ BSUM_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const CT*,CT*,CT*".s
 SIGS = {
     "fwd": FWD_T + SHAPE + SEG,
     "fwd_sum": FWD_T + SHAPE + SEG,
+    "fwd_direct": FWD_T + SHAPE + SEG,
+    "fwd_sum_direct": FWD_T + SHAPE + SEG,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
@@ -67,7 +79,7 @@ static void emu_launch(F call, unsigned grid, unsigned block, unsigned smem) {
         emu_warps = warps.data();
         std::vector<std::thread> ts;
         ts.reserve(block);
-        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
         for (auto& th : ts) th.join();
         free(buf);
     }
@@ -114,12 +126,24 @@ extern "C" void {symbol(key)}(EmuBuf* a, long long* s, unsigned grid, unsigned b
 }}
 '''
 
+def mutations():
+    """Planted bugs from SS_EMU_MUTATE='old text=>new text[;;old=>new...]' (to check that the
+    emulation catches them); each old text must occur in the kernel source."""
+    spec = os.environ.get("SS_EMU_MUTATE", "")
+    return [tuple(m.split("=>", 1)) for m in spec.split(";;") if m]
+
+
 def build(keys, asan=True, opt="-O1"):
     src = compiler.kernel_source(ss.SOURCE_FILE)
+    for a, b in mutations():
+        assert a in src, "mutation target not in the source: " + a
+        src = src.replace(a, b)
     for a, b in REPL:
         assert a in src, a
         src = src.replace(a, b)
-    text = '#include "emu_common.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
+    left = [ln for ln in src.splitlines() if re.search(r"\basm\b", ln)]
+    assert not left, "inline PTX left unemulated: " + "; ".join(left)
+    text = '#include "prelude_ss.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
     h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
     os.makedirs(BUILD_DIR, exist_ok=True)
     so = os.path.join(BUILD_DIR, f"emu_{h}.so")

@@ -4,7 +4,9 @@ ssmkit.reference.selective_scan_vjp.
 
 Run one case:  python3 tests/emulation/selective_scan/run.py
 (sweep.py runs the case lists.) Environment: ASAN=0 builds without AddressSanitizer (then no
-LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count.
+LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
+FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
+SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
 import numpy as np
@@ -15,6 +17,7 @@ from ssmkit._problem import SelectiveScanProblem
 from ssmkit import reference as ref
 
 if os.environ.get("SEGS"): ss.TUNING["force_segments"] = int(os.environ["SEGS"])
+if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
 
@@ -51,7 +54,8 @@ def emu_launch(key, plan, args):
 ss._launch = emu_launch
 def _emu_plan(p, which):
     return dict(ss._cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C), p.chunk_size,
-                                ss._dtype_name(p.compute_dtype), 0, tuple(sorted(ss.TUNING.items()))))
+                                ss._dtype_name(p.compute_dtype), 0, tuple(sorted(ss.TUNING.items())),
+                                ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))
 ss._plan = _emu_plan
 
 class NaNXP:
