@@ -10,7 +10,8 @@ peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table be
 with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the forward+backward also with
 ``SSMKIT_SSD_MMA_BWD=0`` (the backward's chunk products on CUDA cores; tensor cores by default); the
 peer bfloat16 row's forward is split into its stages (effective dt + chunk sums, chunk states,
-state passing, outputs) and its backward's four chunk products are timed on both paths.
+state passing, outputs), and so is its tensor-core backward (products, adjoint chunk state on
+both paths, adjoint passing, the fused per-step pass, the whole backward).
 
 CPU mode (``--cpu``) times the Numba backend against the float64 reference loop.
 
@@ -140,9 +141,9 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     }
 
 
-def backward_products(cupy, dtype, batch, L, H, P, G, N, chunk):
-    """Milliseconds of each backward chunk product: CUDA cores (ssd_chunk_mm) and tensor cores
-    (ssd_mma_chunk_mm), on random operands of the right shapes (timing only)."""
+def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
+    """Milliseconds of each stage of the tensor-core backward (16-bit dtypes), on the
+    forward's own boundary states and a random output cotangent (no z: dY = dy)."""
     import math
 
     from ssmkit import _ssd
@@ -151,25 +152,38 @@ def backward_products(cupy, dtype, batch, L, H, P, G, N, chunk):
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     p, _, _ = _ssd._prepare("ssd", x["x"], x["dt"], x["A"], x["B"], x["C"], chunk, x["D"], None,
                             x["dt_bias"], True, (0.0, math.inf), None, None, None)
+    assert gpu_ssd.uses_mma_bwd(p)
+    _, _, states = gpu_ssd.ssd_forward(p, save_checkpoints=True)
     lay = gpu_ssd._Layout(p)
     rng = cupy.random.default_rng(1)
-    states = rng.standard_normal((batch, lay.nc + 1, H, P, N), dtype=cupy.float32)
-    dHx = rng.standard_normal((batch, lay.nc, H, P, N), dtype=cupy.float32)
-    dY = rng.standard_normal(p.x.shape, dtype=cupy.float32)
-    dY16 = dY.astype(p.io_dtype)
-    outP = cupy.empty(p.x.shape, dtype=cupy.float32)
-    outN = cupy.empty((batch, L, H, N), dtype=cupy.float32)
-    ops = {  # kind: (CUDA-core operands, tensor-core operands, out)
-        "ycore": ((p.C, p.B, p.x, states), (p.C, p.B, p.x, states), outP),
-        "GB": ((p.B, p.C, dY, dHx), (p.B, p.C, dY16, dHx), outP),
-        "dB": ((p.x, dY, p.C, dHx), (p.x, dY16, p.C, dHx), outN),
-        "dC": ((dY, p.x, p.B, states), (dY16, p.x, p.B, states), outN),
+    dy = rng.standard_normal(p.x.shape, dtype=cupy.float32).astype(p.io_dtype)
+    cb = gpu_ssd._diag_cb(p, p.compute_dtype)
+    yo = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)
+    K = lay.chunk_state_mma(p, dy, p.C, adjoint=True)
+    dHx, _ = gpu_ssd._adjoint_passing(p, lay, K, None)
+    bnd = cupy.empty((batch, L, H), dtype=cupy.float32)
+    xGB = cupy.empty((batch, L, H), dtype=cupy.float32)
+    go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)
+    dyc = dy.astype(cupy.float32)
+    return {
+        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p)),
+        "ycore": cuda_median_ms(
+            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)),
+        "adjoint chunk state (tensor cores)": cuda_median_ms(
+            lambda: lay.chunk_state_mma(p, dy, p.C, adjoint=True)),
+        "adjoint chunk state (CUDA cores, before)": cuda_median_ms(
+            lambda: lay.chunk_state(p, dyc, p.C, adjoint=True)),
+        "adjoint passing": cuda_median_ms(lambda: gpu_ssd._adjoint_passing(p, lay, K, None)),
+        "GB": cuda_median_ms(
+            lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)),
+        "dB (summed over heads)": cuda_median_ms(
+            lambda: lay.mm_mma(p, "dB", p.x, dy, p.C, dHx, groups=G, dt_out=True, Xr=p.B,
+                               rowdot=xGB)),
+        "dC (summed over heads)": cuda_median_ms(
+            lambda: lay.mm_mma(p, "dC", dy, p.x, p.B, states, groups=G)),
+        "rows (dx, dcum, dD)": cuda_median_ms(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
+        "whole backward": cuda_median_ms(lambda: gpu_ssd.ssd_backward(p, states, dy, None)),
     }
-    out = {}
-    for kind, (old, new, o) in ops.items():
-        out[kind] = (cuda_median_ms(lambda: lay.mm(p, kind, *old, o)),
-                     cuda_median_ms(lambda: lay.mm_mma(p, kind, *new, o)))
-    return out
 
 
 def run_gpu(args):
@@ -204,9 +218,9 @@ def run_gpu(args):
     stages = forward_stages(cupy, *TABLE[0][:8])
     cupy.get_default_memory_pool().free_all_blocks()
     print(json.dumps({"forward stages ms": stages}), flush=True)
-    products = backward_products(cupy, *TABLE[0][:8])
+    bstages = backward_stages(cupy, *TABLE[0][:8])
     cupy.get_default_memory_pool().free_all_blocks()
-    print(json.dumps({"backward products ms (CUDA cores, tensor cores)": products}), flush=True)
+    print(json.dumps({"backward stages ms": bstages}), flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "ssd_h200" if "H200" in gpu else "ssd_gpu")
@@ -240,8 +254,8 @@ def run_gpu(args):
             f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | {pb} | {tc} |")
     lines += ["", "Forward stages of the first row (tensor-core path), ms: " +
               ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + ".",
-              "", "Backward chunk products of the first row, ms (CUDA cores / tensor cores): " +
-              ", ".join(f"{k} {a:.3f} / {b:.3f}" for k, (a, b) in products.items()) + "."]
+              "", "Backward stages of the first row (tensor-core path), ms: " +
+              ", ".join(f"{k} {v:.3f}" for k, v in bstages.items()) + "."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

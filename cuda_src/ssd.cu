@@ -56,8 +56,12 @@ __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ?
 
 // --------------------------------------------------------------------------------------
 // Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
-// One thread per (b, chunk, h), h fastest.
+// One thread per (b, chunk, h), h fastest. The steps go in groups of SSD_CUMSUM_ILP whose
+// loads are issued before the sums: a few threads per SM walk long chunks, so one load in
+// flight per thread would leave the time to the memory latency.
 // --------------------------------------------------------------------------------------
+#define SSD_CUMSUM_ILP 8
+
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* __restrict__ starts,
@@ -68,16 +72,72 @@ ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* 
     const ssm_i64 c = (i / H) % nc;
     const ssm_i64 b = i / ((ssm_i64)H * nc);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 n = t1 - t0;
+    // step j of the walk (j = 0 .. n - 1) is t0 + j, or t1 - 1 - j in reverse
+    const ssm_i64 first = reverse ? t1 - 1 : t0, dir = reverse ? -1 : 1;
+    const CT* src = a + (b * L + first) * H + h;
+    CT* dst = out + (b * L + first) * H + h;
+    const ssm_i64 step = dir * H;
     CT s = 0;
-    if (!reverse) {
-        for (ssm_i64 t = t0; t < t1; ++t) {
-            s += a[(b * L + t) * H + h];
-            out[(b * L + t) * H + h] = s;
+    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
+        CT v[SSD_CUMSUM_ILP];
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
+            v[k] = j0 + k < n ? src[(j0 + k) * step] : CT(0);
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+            s += v[k];
+            if (j0 + k < n) dst[(j0 + k) * step] = s;
         }
-    } else {
-        for (ssm_i64 t = t1 - 1; t >= t0; --t) {
-            s += a[(b * L + t) * H + h];
-            out[(b * L + t) * H + h] = s;
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// The layout pass in one kernel: per step, dt' = clip(softplus?(dt + dt_bias)) and its
+// derivative d dt' / d dt (factor, or null), as ssmkit._ssd.effective_dt computes them, and
+// per chunk cum = the inclusive prefix sums of dt' A[h]. Walk and grouped loads of
+// ssd_chunk_cumsum. clip = 0: lo and hi are not used.
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
+             const CT* __restrict__ A, const ssm_i64* __restrict__ starts, CT* __restrict__ dte,
+             CT* __restrict__ factor, CT* __restrict__ cum, ssm_i64 L, int H, ssm_i64 nc,
+             ssm_i64 total, int softplus, int clip, CT lo, CT hi) {
+    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
+    if (i >= total) return;
+    const int h = (int)(i % H);
+    const ssm_i64 c = (i / H) % nc;
+    const ssm_i64 b = i / ((ssm_i64)H * nc);
+    const ssm_i64 t0 = starts[c], n = starts[c + 1] - t0;
+    const ssm_i64 off = (b * L + t0) * H + h;
+    const CT bias = dt_bias ? dt_bias[h] : CT(0);
+    const CT a = A[h];
+    CT s = 0;
+    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
+        CT v[SSD_CUMSUM_ILP];
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
+            v[k] = j0 + k < n ? dt[off + (j0 + k) * H] : CT(0);
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+            if (j0 + k < n) {
+                const CT raw = dt_bias ? v[k] + bias : v[k];
+                CT d = raw, f = 1;
+                if (softplus && raw <= CT(20)) {
+                    d = ssm_math<CT>::softplus(raw);
+                    f = ssm_math<CT>::sigmoid(raw);
+                }
+                if (clip) {
+                    if (!(d >= lo && d <= hi)) f = 0;
+                    d = d < lo ? lo : (d > hi ? hi : d);
+                }
+                s += d * a;
+                const ssm_i64 o = off + (j0 + k) * H;
+                dte[o] = d;
+                if (factor) factor[o] = f;
+                cum[o] = s;
+            }
         }
     }
 }

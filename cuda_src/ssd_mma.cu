@@ -1,9 +1,10 @@
 // ssd_mma.cu: the matrix-heavy kernels of Mamba-2's SSD scan on tensor cores, for 16-bit
 // x, B, C (float16 or bfloat16; products accumulate in float32). Launched by ssmkit._gpu.ssd
-// in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu, and (with
-// SSMKIT_SSD_MMA_BWD=1) of the backward's four ssd_chunk_mm products (ssd_mma_chunk_mm, at
-// the end of this file); the chunk sums, the state and adjoint passing and the adjoint
-// chunk state stay in ssd.cu.
+// in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu, and (unless
+// SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products (ssd_mma_chunk_mm), its
+// adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its CuPy element-wise work
+// (ssd_mma_bwd_rows, at the end of this file); the layout, the chunk sums and the state and
+// adjoint passing stay in ssd.cu.
 // Notation, chunks, restarts (seq) and layouts are those of ssd.cu. Checked on the host
 // by compiling this text with the PTX replaced by an emulation of the fragment layouts.
 //
@@ -16,7 +17,8 @@
 // Every product is mma.sync.m16n8k16 (row.col, 16-bit inputs, float32 accumulators) on
 // fragments read from shared memory as pairs of 16-bit values. Values that are not
 // inputs enter the products rounded to the input's 16-bit type: w_s x_s (chunk state),
-// the masked block exp(..) dt'_s (C_t.B_s) and the entering state (as mamba_ssm does).
+// the masked block exp(..) dt'_s (C_t.B_s) and the entering state (as mamba_ssm does);
+// the one exception is the adjoint chunk state's w_s dY_s, a hi + lo pair of 16-bit values.
 //
 // Fragments (PTX ISA, mma.m16n8k16 .f16/.bf16; g = lane / 4, t = lane % 4):
 //   A (16 x 16, row-major): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
@@ -112,13 +114,21 @@ __device__ __forceinline__ void ssd_mma_load8_16(unsigned short (&u)[8], const T
 // row r (< nrows, else zeros) starts at base + r * stride and has ncols values (zeros
 // past them). TRANS = false: dst[r * LD + c]; TRANS = true: dst[c * LD + r] (the K index
 // of the next product is r). row_scale[r] multiplies row r when given.
+// Each thread moves 8 consecutive values of a row. TRANS = false: consecutive threads take
+// consecutive 8-value groups of a row (coalesced reads, one 128-bit store each). TRANS =
+// true: consecutive threads take consecutive rows of one 8-column group, so that a warp's
+// 16-bit stores fill 16 consecutive banks (with consecutive groups of a row, every row
+// c + k of the tile starts in the same bank, LD = K + 8 with K a multiple of 64: a
+// COLS / 8-way conflict on each of the 8 stores); its reads of 16 bytes per row share
+// 32-byte sectors with the next group's warp.
 template <typename T, int ROWS, int COLS, bool TRANS, int LD>
 __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base, ssm_i64 stride,
                                               int nrows, int ncols, bool vec,
                                               const float* row_scale, int tid) {
     constexpr int G8 = COLS / 8;
     for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
-        const int r = i / G8, c = (i - r * G8) * 8;
+        const int r = TRANS ? i % ROWS : i / G8;
+        const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
         unsigned short u[8];
         if (r < nrows) {
             const int left = ncols - c;
@@ -136,6 +146,44 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
 #pragma unroll
             for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
             *reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;
+        }
+    }
+}
+
+// ssd_mma_stage with TRANS for a row-scaled 16-bit matrix kept to about twice T's precision:
+// v = row_scale[r] * X[r][c] (float32) as hi = round_T(v) in hi[c * LD + r] and
+// lo = round_T(v - hi) in lo[c * LD + r] (v - hi is exact in float32), so that a product
+// on hi and then on lo, accumulated in float32, sees v to about 16 bits (bfloat16) or 22
+// bits (float16) instead of 8 or 11.
+template <typename T, int ROWS, int COLS, int LD>
+__device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned short* lo,
+                                                    const T* base, ssm_i64 stride, int nrows,
+                                                    int ncols, bool vec,
+                                                    const float* row_scale, int tid) {
+    constexpr int G8 = COLS / 8;
+    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
+        const int r = i % ROWS, c = (i / ROWS) * 8;  // as ssd_mma_stage's TRANS order
+        unsigned short u[8], l[8];
+        if (r < nrows) {
+            ssd_mma_load8_16(u, base + r * stride + c, ncols - c, vec, nullptr);
+            const float scale = row_scale[r];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                T v;
+                v.bits = u[k];
+                const float f = scale * ssm_load(v);
+                v.bits = ssd_mma_bits<T>(f);
+                u[k] = v.bits;
+                l[k] = ssd_mma_bits<T>(f - ssm_load(v));
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) u[k] = l[k] = 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            hi[(c + k) * LD + r] = u[k];
+            lo[(c + k) * LD + r] = l[k];
         }
     }
 }
@@ -209,9 +257,17 @@ __device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned 
 // its rows 16w .. 16w + 15 (NW / 8 D tiles of 16 x 8, NW / 2 floats per thread). Per stage
 // of 64 steps: xw[p][s] = w_s x_s[p] and bt[n][s] = B_s[n] in shared memory (K = s
 // contiguous). NW = 128 reads x once for N <= 128; NW = 64 serves N <= 64.
+// ADJ = true: the backward's adjoint form of ssd_chunk_state (ssd.cu), X = dY (rounded to
+// T), Bm = C, w_s = [seq_s == seq_prev] exp(cum_s), seq_prev = seq[t0 - 1] (seq[0] for the
+// first chunk): K_c = sum_s w_s dY_s C_s^T. There w_s dY_s is staged as a hi + lo pair of
+// 16-bit values (ssd_mma_stage_split) and each fragment multiplied twice into the same
+// float32 sums, so K (hence the adjoint states, dA, ddt and the initial state's gradient)
+// carries no 16-bit rounding of w_s dY_s: dA and ddt are sums whose terms can cancel
+// many-fold, which magnifies each rounding on their path (2^-9 relative in bfloat16) past
+// the test bound (benchmarks/SSD.md). C_s is an input: exact in T.
 // Grid: (batch * nc, H, ceil(P / 64) * ceil(N / NW)); out (batch, nc, H, P, N) float.
 // --------------------------------------------------------------------------------------
-template <typename T, int NW>
+template <typename T, int NW, bool ADJ>
 __global__ void __launch_bounds__(SSD_MMA_THREADS)
 ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
                     const float* __restrict__ dte, const float* __restrict__ cum,
@@ -221,6 +277,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     static_assert(NW % 64 == 0 && NW <= 128, "NW: 64 or 128");
     constexpr int NT = NW / 8;  // D tiles of 16 x 8 per warp
     alignas(16) __shared__ unsigned short bt[NW * SSD_MMA_LD];
+    constexpr bool SPLIT = ADJ;  // w_s X_s as hi + lo (see above)
+    alignas(16) __shared__ unsigned short xl[SPLIT ? SSD_MMA_ROWS * SSD_MMA_LD : 8];  // lo
     __shared__ float ws[SSD_MMA_ROWS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ssm_i64 e = blockIdx.x;  // = b * nc + c
@@ -231,7 +289,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
     const int gB = h / (H / G);
     const float cum_E = cum[(b * L + E) * H + h];
-    const int seq_E = ssd_mma_seq(seq, b * L + E);
+    const int seq_ref = ADJ ? ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0))
+                            : ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
 
     float acc[NT][4];
@@ -247,14 +306,21 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             float w = 0.0f;
             if (tid < ns) {
                 const ssm_i64 s = s0 + tid, i = (b * L + s) * H + h;
-                if (ssd_mma_seq(seq, b * L + s) == seq_E) w = ssd_mma_exp(cum_E - cum[i]) * dte[i];
+                if (ssd_mma_seq(seq, b * L + s) == seq_ref)
+                    w = ADJ ? ssd_mma_exp(cum[i]) : ssd_mma_exp(cum_E - cum[i]) * dte[i];
             }
             ws[tid] = w;
         }
         __syncthreads();
-        // Consecutive threads read consecutive 8-value groups of a step: coalesced reads.
-        ssd_mma_stage<T, SSD_MMA_ROWS, 64, true, SSD_MMA_LD>(
-            xw, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws, tid);
+        // Both staged transposed (K = s): consecutive threads take consecutive steps.
+        if (SPLIT)
+            ssd_mma_stage_split<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
+                xw, xl, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
+                tid);
+        else
+            ssd_mma_stage<T, SSD_MMA_ROWS, 64, true, SSD_MMA_LD>(
+                xw, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
+                tid);
         ssd_mma_stage<T, SSD_MMA_ROWS, NW, true, SSD_MMA_LD>(
             bt, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, nullptr,
             tid);
@@ -263,12 +329,15 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 #pragma unroll
         for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
             if (k0 < ns) {  // uniform over the block
-                unsigned a[4];
+                unsigned a[4], al[4];
                 ssd_mma_load_a<SSD_MMA_LD>(a, xw, 16 * warp, k0, lane);
+                if (SPLIT) ssd_mma_load_a<SSD_MMA_LD>(al, xl, 16 * warp, k0, lane);
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                     const unsigned short* q = bt + (8 * j + g) * SSD_MMA_LD + k0 + 2 * t;
-                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                    const unsigned b0 = ssd_mma_pair(q), b1 = ssd_mma_pair(q + 8);
+                    ssd_mma_type<T>::mma(acc[j], a, b0, b1);
+                    if (SPLIT) ssd_mma_type<T>::mma(acc[j], al, b0, b1);  // hi, then lo
                 }
             }
         }
@@ -512,18 +581,30 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
 // bnd (or null; DTW = 2 only): bnd[b, r, h] = sum_v (row r's boundary term)[v] Xd[b, r, h, v]; with
 // Xd = x in the (G B) instance, the part of dt'_s x_s . (G B)_s that the backward must
 // match, step by step, in its chunk-end term <dHx, states> (see ssmkit/_gpu/ssd.py).
-// Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
+// HSUM, sums over heads (dB, dC: the gradient of a group's B or C is the sum of its heads'):
+// output group o of XO has heads o H / XO .. (o + 1) H / XO - 1,
+// cut into head_splits runs of consecutive heads; a block loops over one run and writes
+// the sum of its heads' products (in head order: deterministic) to the partial
+// out + hs * part_stride, laid out (batch, L, XO, V). The caller sums the head_splits
+// partials (without HSUM: XO = H, head_splits = 1, one head per block, out (batch, L, H,
+// V)). DTW = 0 only: dt_out = 1 multiplies each head's row r by dt'_r; rowdot (or null)
+// receives per head rowdot[b, r, h] = sum_v (row r before that scaling)[v] Xr_r[v], with
+// Xr_r = Xr[b, r, h / (H / XR)] (x_s . (G B)_s = B_s . (dB_s / dt'_s) in the dB instance,
+// with Xr = B).
+// Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 
 // ssd_mma_stage_f for a K x V float matrix M (row k at base + k * stride) staged as
-// dst[v * LD + k]: VW columns v, KW rows k (zero past nk rows and nv columns).
+// dst[v * LD + k]: VW columns v, KW rows k (zero past nk rows and nv columns). Consecutive
+// threads take consecutive rows k of one 8-column group (conflict-free 16-bit stores, as in
+// ssd_mma_stage with TRANS; each reads one whole 32-byte sector).
 template <typename T, int VW, int KW, int LD>
 __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const float* base,
                                                  ssm_i64 stride, int nk, int nv, bool vec,
                                                  int tid) {
     constexpr int G8 = VW / 8;
     for (int i = tid; i < KW * G8; i += SSD_MMA_THREADS) {
-        const int k = i / G8, v = (i - k * G8) * 8;
+        const int k = i % KW, v = (i / KW) * 8;
         unsigned short u[8];
         if (k < nk) {
             ssd_mma_load8_f<T>(u, base + k * stride + v, nv - v, vec);
@@ -536,16 +617,23 @@ __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const floa
     }
 }
 
-// Blocks per SM: 4 (128 registers) except where ptxas would spill there (UPPER, VW = 64: 3).
-template <typename T, bool UPPER, int DTW, bool MT, int VW, int KW>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, VW <= 32 ? 4 : VW <= 64 ? (UPPER ? 3 : 4) : 2)
+// Blocks per SM: 4 (128 registers) except where ptxas would spill there (HSUM, VW <= 64;
+// UPPER, VW = 64: 3).
+template <typename T, bool UPPER, int DTW, bool MT, bool HSUM, int VW, int KW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS,
+                                  HSUM && VW <= 64 ? 3
+                                  : VW <= 32       ? 4
+                                  : VW <= 64       ? (UPPER ? 3 : 4)
+                                                   : 2)
 ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __restrict__ Vv,
                  const float* __restrict__ Mm, const float* __restrict__ dte,
                  const float* __restrict__ cum, const int* __restrict__ seq,
                  const ssm_i64* __restrict__ starts, float* __restrict__ out,
-                 const T* __restrict__ Xd, float* __restrict__ bnd, ssm_i64 L, int H,
+                 const T* __restrict__ Xd, float* __restrict__ bnd,
+                 const T* __restrict__ Xr, float* __restrict__ rowdot, ssm_i64 L, int H,
                  int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
-                 int tiles_per_chunk, int with_diag) {
+                 int tiles_per_chunk, int with_diag, int XO, int head_splits,
+                 ssm_i64 part_stride, int XR, int dt_out) {
     static_assert(VW % 16 == 0 && VW <= 128, "VW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
@@ -561,192 +649,347 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 per_head = nc * tiles_per_chunk;
-    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - bh * per_head;
+    const ssm_i64 per_set = nc * tiles_per_chunk;
+    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
     const ssm_i64 c = ctile / tiles_per_chunk;
     const int tile = (int)(ctile - c * tiles_per_chunk);
-    const ssm_i64 b = bh / H;
-    const int h = (int)(bh - b * H);
+    const int hs = HSUM ? (int)(set % head_splits) : 0;
+    const ssm_i64 bo = HSUM ? set / head_splits : set;
+    const ssm_i64 b = bo / XO;
+    const int o = (int)(bo - b * XO);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
     const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
     if (r0 >= t1) return;
     const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
-    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    // The heads this block sums (HSUM): run hs of output group o's H / XO heads; else
+    // the one head o (XO = H, head_splits = 1).
+    int h_begin = o, h_end = o + 1;
+    if (HSUM) {
+        const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
+        h_begin = o * h_per_o + hs * h_per_split;
+        h_end = h_begin + h_per_split < (o + 1) * h_per_o ? h_begin + h_per_split
+                                                          : (o + 1) * h_per_o;
+    }
     const ssm_i64 E = t1 - 1;
     const int seq_bound = UPPER ? ssd_mma_seq(seq, b * L + E)
                                 : ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-    const float cum_E = cum[(b * L + E) * H + h];
     const bool vec = ssd_mma_vec(K, V, U, W, Vv, Mm);
     const bool u_resident = K <= KW;  // one slice: us is staged once, in step 1
     const ssm_i64 off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
-    if (tid < SSD_MMA_ROWS) {
-        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-        cum_r[tid] = cum[(b * L + r) * H + h];
-        dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
-        seq_r[tid] = ssd_mma_seq(seq, b * L + r);
-    }
+    float* const part = HSUM ? out + hs * part_stride : out;
 
-    float acc[NT][4];
+    // One head's products, stored (the first head of a run) or added. Called once without
+    // HSUM: a loop around the body there would cost ptxas registers (spills at 128).
+    auto head = [&](const int h) {
+        const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+        const float cum_E = cum[(b * L + E) * H + h];
+        __syncthreads();  // the previous head's reads of cum_r, dt_r, seq_r are done
+        if (tid < SSD_MMA_ROWS) {
+            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+            cum_r[tid] = cum[(b * L + r) * H + h];
+            dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
+            seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+        }
+
+        float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+            for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 
-    // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
-    auto stage_u = [&](int k0) {
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-            us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec, nullptr,
-            tid);
-    };
+        // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
+        auto stage_u = [&](int k0) {
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec,
+                nullptr, tid);
+        };
 
-    // 1. The boundary term.
-    const float* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
-    for (int k0 = 0; k0 < K; k0 += KW) {
-        __syncthreads();
-        stage_u(k0);
-        if (MT)
-            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * V, V, K - k0, V, vec, tid);
-        else
-            ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
-        __syncthreads();
+        // 1. The boundary term.
+        const float* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
+        for (int k0 = 0; k0 < K; k0 += KW) {
+            __syncthreads();
+            stage_u(k0);
+            if (MT)
+                ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * V, V, K - k0, V, vec, tid);
+            else
+                ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
+            __syncthreads();
 #pragma unroll 2
-        for (int kk = 0; kk < KW; kk += 16) {
-            if (k0 + kk < K) {  // uniform; the rest of the slice is zeros
-                unsigned a[4];
-                ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
+            for (int kk = 0; kk < KW; kk += 16) {
+                if (k0 + kk < K) {  // uniform; the rest of the slice is zeros
+                    unsigned a[4];
+                    ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
+                        ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                    }
+                }
+            }
+        }
+        {
+            const int ra = 16 * warp + g, rb = ra + 8;
+            const float sa = seq_r[ra] != seq_bound ? 0.0f
+                             : ssd_mma_exp(UPPER ? cum_E - cum_r[ra] : cum_r[ra]) * dt_r[ra];
+            const float sb = seq_r[rb] != seq_bound ? 0.0f
+                             : ssd_mma_exp(UPPER ? cum_E - cum_r[rb] : cum_r[rb]) * dt_r[rb];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                acc[j][0] *= sa;
+                acc[j][1] *= sa;
+                acc[j][2] *= sb;
+                acc[j][3] *= sb;
+            }
+            if (DTW == 2 && bnd) {  // uniform: bnd[r] = row r's boundary term dotted with Xd_r
+                const ssm_i64 xa = ((b * L + r0 + ra) * H + h) * V;
+                const ssm_i64 xb = ((b * L + r0 + rb) * H + h) * V;
+                float da = 0.0f, db = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int v = 8 * j + 2 * t + i;
+                        if (v < V) {
+                            if (ra < nr) da += acc[j][i] * ssm_load(Xd[xa + v]);
+                            if (rb < nr) db += acc[j][2 + i] * ssm_load(Xd[xb + v]);
+                        }
+                    }
+                // the 4 lanes t of a row hold its columns: sum them
+                da += __shfl_xor_sync(0xffffffffu, da, 1);
+                da += __shfl_xor_sync(0xffffffffu, da, 2);
+                db += __shfl_xor_sync(0xffffffffu, db, 1);
+                db += __shfl_xor_sync(0xffffffffu, db, 2);
+                if (t == 0) {
+                    if (ra < nr) bnd[(b * L + r0 + ra) * H + h] = da;
+                    if (rb < nr) bnd[(b * L + r0 + rb) * H + h] = db;
+                }
+            }
+        }
+
+        // 2. The diagonal block, one tile of 64 steps q at a time over the rows' reach.
+        const ssm_i64 q_begin = UPPER ? r0 : t0;
+        const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
+        for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
+            const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+            float gacc[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
+            for (int k0 = 0; k0 < K; k0 += KW) {
+                __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
+                if (k0 == 0) {
+                    if (tid < SSD_MMA_ROWS) {
+                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                        const ssm_i64 i = (b * L + q) * H + h;
+                        cum_q[tid] = cum[i];
+                        dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
+                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                    }
+                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
+                        tid);
+                }
+                if (!u_resident) stage_u(k0);
+                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0, vec,
+                    nullptr, tid);
+                __syncthreads();
+#pragma unroll 2
+                for (int kk = 0; kk < KW; kk += 16) {
+                    if (k0 + kk < K) {
+                        unsigned a[4];
+                        ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
+                            ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                        }
+                    }
+                }
+            }
+            // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
+            const int ra = 16 * warp + g, rb = ra + 8;
+            const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+            unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int s = 8 * j + 2 * t + (i & 1);
+                    const int r = i >= 2 ? rb : ra;
+                    const ssm_i64 rt = i >= 2 ? rtb : rta;
+                    const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
+                                      (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
+                    // The same operations, in the same order, as the transposed instance's.
+                    v[i] = live ? ssd_mma_exp(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
+                                      (DTW == 2 ? dt_r[r] : dt_q[s]) * gacc[j][i]
+                                : 0.0f;
+                }
+                afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
+                afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) (lower)
+                // or >= 16 w (upper) only: the other fragments are zeros.
+                if (q0 == r0 && (UPPER ? ks < warp : ks > warp)) continue;
+                const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
+                    const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
                     ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
                 }
             }
         }
-    }
-    {
-        const int ra = 16 * warp + g, rb = ra + 8;
-        const float sa = seq_r[ra] != seq_bound ? 0.0f
-                         : ssd_mma_exp(UPPER ? cum_E - cum_r[ra] : cum_r[ra]) * dt_r[ra];
-        const float sb = seq_r[rb] != seq_bound ? 0.0f
-                         : ssd_mma_exp(UPPER ? cum_E - cum_r[rb] : cum_r[rb]) * dt_r[rb];
+
+        // 3. Row dots, dt' scaling, store (the first head of the set) or add (the next ones):
+        // each thread adds to the entries it stored itself, in head order (deterministic).
+        {
+            const int ra = 16 * warp + g, rb = ra + 8;
+            if (DTW == 0 && rowdot) {  // uniform: rowdot[b, r, h] = sum_v out_r[v] Xr_r[v]
+                const int hr = h / (H / XR);
+                const ssm_i64 xa = ((b * L + r0 + ra) * XR + hr) * V;
+                const ssm_i64 xb = ((b * L + r0 + rb) * XR + hr) * V;
+                float da = 0.0f, db = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            acc[j][0] *= sa;
-            acc[j][1] *= sa;
-            acc[j][2] *= sb;
-            acc[j][3] *= sb;
-        }
-        if (DTW == 2 && bnd) {  // uniform: bnd[r] = row r's boundary term dotted with Xd_r
-            const ssm_i64 xa = ((b * L + r0 + ra) * H + h) * V;
-            const ssm_i64 xb = ((b * L + r0 + rb) * H + h) * V;
-            float da = 0.0f, db = 0.0f;
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int v = 8 * j + 2 * t + i;
+                        if (v < V) {
+                            if (ra < nr) da += acc[j][i] * ssm_load(Xr[xa + v]);
+                            if (rb < nr) db += acc[j][2 + i] * ssm_load(Xr[xb + v]);
+                        }
+                    }
+                da += __shfl_xor_sync(0xffffffffu, da, 1);
+                da += __shfl_xor_sync(0xffffffffu, da, 2);
+                db += __shfl_xor_sync(0xffffffffu, db, 1);
+                db += __shfl_xor_sync(0xffffffffu, db, 2);
+                if (t == 0) {
+                    if (ra < nr) rowdot[(b * L + r0 + ra) * H + h] = da;
+                    if (rb < nr) rowdot[(b * L + r0 + rb) * H + h] = db;
+                }
+            }
+            float sa = 1.0f, sb = 1.0f;
+            if (DTW == 0 && dt_out) {
+                sa = dte[(b * L + r0 + (ra < nr ? ra : nr - 1)) * H + h];
+                sb = dte[(b * L + r0 + (rb < nr ? rb : nr - 1)) * H + h];
+            }
+            const bool first = h == h_begin;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int v = 8 * j + 2 * t + i;
-                    if (v < V) {
-                        if (ra < nr) da += acc[j][i] * ssm_load(Xd[xa + v]);
-                        if (rb < nr) db += acc[j][2 + i] * ssm_load(Xd[xb + v]);
+                for (int i = 0; i < 4; ++i) {
+                    const int r = i >= 2 ? rb : ra;
+                    const int v = 8 * j + 2 * t + (i & 1);
+                    if (r < nr && v < V) {
+                        float* dst = part + ((b * L + r0 + r) * XO + o) * V + v;
+                        const float val = acc[j][i] * (i >= 2 ? sb : sa);
+                        *dst = first ? val : *dst + val;
                     }
                 }
-            // the 4 lanes t of a row hold its columns: sum them
-            da += __shfl_xor_sync(0xffffffffu, da, 1);
-            da += __shfl_xor_sync(0xffffffffu, da, 2);
-            db += __shfl_xor_sync(0xffffffffu, db, 1);
-            db += __shfl_xor_sync(0xffffffffu, db, 2);
-            if (t == 0) {
-                if (ra < nr) bnd[(b * L + r0 + ra) * H + h] = da;
-                if (rb < nr) bnd[(b * L + r0 + rb) * H + h] = db;
-            }
         }
+    };
+    if (HSUM) {
+        for (int h = h_begin; h < h_end; ++h) head(h);
+    } else {
+        head(h_begin);
     }
+}
 
-    // 2. The diagonal block, one tile of 64 steps q at a time over the rows' reach.
-    const ssm_i64 q_begin = UPPER ? r0 : t0;
-    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
-    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
-        const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
-        float gacc[8][4];
+// --------------------------------------------------------------------------------------
+// The backward's per-step element-wise work on the tensor-core path, fused: one warp per
+// row (b, t, h) of P <= 128 values (lane p, p + 32, ...), dY_t = dy_t * silu'(z_t) recomputed
+// from dy and z in both passes (never stored in float32). With e_t = dt'_t (C_t . B_t) (cb),
+// yo = the recomputed output without D, gate and diagonal term (ssd_mma_chunk_mm "ycore",
+// with_diag = 0), go = dt'_s (G B)_s without its diagonal term ("GB"):
+//   FINAL = false (before the products; only needed with z): dY16 = dY rounded to T,
+//     dz = dy y_pre sigmoid(z) (1 + z (1 - sigmoid(z))), y_pre = yo + e x + D x;
+//   FINAL = true: dx = go + e dY + D dY (rounded to T),
+//     dcum[b, t, h] = sum_p round_T(dY)_p yo_p - sum_p x_p go_p (the chunk sums' cotangent
+//     without its boundary term), and per block the partial sums of dY x over its steps,
+//     dD_part[blockIdx.x, h, p] (summed over the blocks by the caller: deterministic).
+// The arithmetic follows the CuPy expressions it replaces, operation for operation.
+// Grid: (ceil(batch * L / steps_per_block), H); a block's 4 warps take its steps in turn.
+// --------------------------------------------------------------------------------------
+#define SSD_MMA_ROW_VALUES 4  // values per lane: P <= 128
+
+template <typename T, bool FINAL>
+__global__ void __launch_bounds__(SSD_MMA_THREADS)
+ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __restrict__ X,
+                 const float* __restrict__ yo, const float* __restrict__ go,
+                 const float* __restrict__ D, const float* __restrict__ dte,
+                 const float* __restrict__ cb, T* __restrict__ dY16, T* __restrict__ dz,
+                 T* __restrict__ dx, float* __restrict__ dcum, float* __restrict__ dD_part,
+                 ssm_i64 steps, int H, int P, int steps_per_block) {
+    __shared__ float dd_sh[SSD_MMA_THREADS / 32][32 * SSD_MMA_ROW_VALUES];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.y;
+    const ssm_i64 s0 = (ssm_i64)blockIdx.x * steps_per_block;
+    const ssm_i64 s1 = s0 + steps_per_block < steps ? s0 + steps_per_block : steps;
+    float Dv[SSD_MMA_ROW_VALUES], dd[SSD_MMA_ROW_VALUES];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+    for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) {
+        const int p = lane + 32 * k;
+        Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
+        dd[k] = 0.0f;
+    }
+    for (ssm_i64 s = s0 + warp; s < s1; s += SSD_MMA_THREADS / 32) {
+        const ssm_i64 row = s * H + h, base = row * P;
+        const float e = dte[row] * cb[row];
+        float sum_y = 0.0f, sum_x = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
-        for (int k0 = 0; k0 < K; k0 += KW) {
-            __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
-            if (k0 == 0) {
-                if (tid < SSD_MMA_ROWS) {
-                    const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                    const ssm_i64 i = (b * L + q) * H + h;
-                    cum_q[tid] = cum[i];
-                    dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
-                    seq_q[tid] = ssd_mma_seq(seq, b * L + q);
-                }
-                ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
-                    vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
-                    tid);
-            }
-            if (!u_resident) stage_u(k0);
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0, vec,
-                nullptr, tid);
-            __syncthreads();
-#pragma unroll 2
-            for (int kk = 0; kk < KW; kk += 16) {
-                if (k0 + kk < K) {
-                    unsigned a[4];
-                    ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
-                        ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+        for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) {
+            const int p = lane + 32 * k;
+            if (p < P) {
+                const ssm_i64 i = base + p;
+                const float xv = ssm_load(X[i]), dyv = ssm_load(dy[i]);
+                float dYv = dyv;
+                float yov = 0.0f;
+                if (FINAL || z) yov = yo[i];
+                if (z) {
+                    const float zv = ssm_load(z[i]);
+                    const float sg = ssm_math<float>::sigmoid(zv);
+                    if (!FINAL) {
+                        const float y_pre = (yov + e * xv) + Dv[k] * xv;
+                        ssm_store(dz + i, dyv * y_pre * sg * (1.0f + zv * (1.0f - sg)));
                     }
+                    dYv = dyv * zv * sg;
+                }
+                T d16;
+                ssm_store(&d16, dYv);
+                if (!FINAL) {
+                    dY16[i] = d16;
+                } else {
+                    const float gov = go[i];
+                    ssm_store(dx + i, (gov + e * dYv) + Dv[k] * dYv);
+                    sum_y += ssm_load(d16) * yov;
+                    sum_x += xv * gov;
+                    dd[k] += dYv * xv;
                 }
             }
         }
-        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
-        const int ra = 16 * warp + g, rb = ra + 8;
-        const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
-        unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+        if (FINAL) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float v[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int s = 8 * j + 2 * t + (i & 1);
-                const int r = i >= 2 ? rb : ra;
-                const ssm_i64 rt = i >= 2 ? rtb : rta;
-                const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
-                                  (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
-                // The same operations, in the same order, as the transposed instance's.
-                v[i] = live ? ssd_mma_exp(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
-                                  (DTW == 2 ? dt_r[r] : dt_q[s]) * gacc[j][i]
-                            : 0.0f;
+            for (int m = 16; m >= 1; m >>= 1) {
+                sum_y += __shfl_xor_sync(0xffffffffu, sum_y, m);
+                sum_x += __shfl_xor_sync(0xffffffffu, sum_x, m);
             }
-            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
-            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) (lower)
-            // or >= 16 w (upper) only: the other fragments are zeros.
-            if (q0 == r0 && (UPPER ? ks < warp : ks > warp)) continue;
-            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-            }
+            if (lane == 0) dcum[row] = sum_y - sum_x;
         }
     }
-
-    // 3. Store.
+    if (FINAL && dD_part) {  // uniform: the warps' sums in warp order
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+        for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) dd_sh[warp][lane + 32 * k] = dd[k];
+        __syncthreads();
+        for (int p = tid; p < P; p += SSD_MMA_THREADS) {
+            float v = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = 16 * warp + g + (i >= 2 ? 8 : 0);
-            const int v = 8 * j + 2 * t + (i & 1);
-            if (r < nr && v < V) out[((b * L + r0 + r) * H + h) * V + v] = acc[j][i];
+            for (int w = 0; w < SSD_MMA_THREADS / 32; ++w) v += dd_sh[w][p];
+            dD_part[((ssm_i64)blockIdx.x * H + h) * P + p] = v;
         }
+    }
 }

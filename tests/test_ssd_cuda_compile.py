@@ -25,7 +25,7 @@ def representative_names():
     names = []
     for io, bc in ssd.DTYPE_PAIRS:
         names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64)))
-        names.append(ssd.kernel_names(io, bc, mm_kinds=())[3])  # forward chunk state
+        names.append(ssd.kernel_names(io, bc, mm_kinds=())[4])  # forward chunk state
     for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
         names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V)))
     for vm in ssd.VM_VALUES:
@@ -121,7 +121,7 @@ def mma_bwd_names():
 
 def test_mma_backward_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_bwd_names()
-    assert len(names) == len(set(names)) == 2 * 4 * len(ssd.MMA_WIDTHS)
+    assert len(names) == len(set(names)) == 2 * (4 * len(ssd.MMA_WIDTHS) + 4)
     src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
     options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
                                                   "--ptxas-options=-v"]

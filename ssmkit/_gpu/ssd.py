@@ -4,8 +4,8 @@ Implements the backend contract of ``ssmkit._ssd`` (:func:`ssd_forward`,
 :func:`ssd_backward`) with the chunked algorithm, per (batch row, head):
 
 Forward
-    1. the effective step dt' (CuPy elementwise) and, per chunk, the cumulative
-       sum of ``dt' A`` (``ssd_chunk_cumsum``; log space, per chunk);
+    1. ``ssd_chunk_dt``: the effective step dt' (and its derivative) and, per chunk,
+       the cumulative sum of ``dt' A`` (log space, per chunk), in one pass;
     2. ``ssd_chunk_state``: each chunk's own contribution to the state at its end;
     3. ``ssd_state_passing``: the state at every chunk boundary;
     4. ``ssd_chunk_mm``: the chunk-local outputs (the masked Q x Q diagonal block
@@ -26,11 +26,17 @@ Backward (from the boundary states the forward kept, nothing per step)
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
-    Unless ``SSMKIT_SSD_MMA_BWD=0`` is set in the environment, the four chunk products run on tensor cores for float16/bfloat16 x
-    with B, C of the same dtype, P <= 128 and N <= 128 (``ssd_mma_chunk_mm`` of
-    ``cuda_src/ssd_mma.cu``; dY enters them rounded to the input dtype). Every
-    option is supported there (D, z, seq_idx, cu_seqlens, initial and final
-    states); other shapes and dtypes use the CUDA-core products. On that path the
+    Unless ``SSMKIT_SSD_MMA_BWD=0`` is set in the environment, the backward runs on
+    tensor cores for float16/bfloat16 x with B, C of the same dtype, P <= 128 and
+    N <= 128 (``cuda_src/ssd_mma.cu``; dY enters every product rounded to the input
+    dtype): the four chunk products (``ssd_mma_chunk_mm``; dB and dC summed over each
+    group's heads inside the kernel, dB scaled by dt' there, so no per-head (batch, L,
+    H, N) array exists), the adjoint chunk sums (``ssd_mma_chunk_state`` in its adjoint
+    form, exp(cum_t) dY_t as a hi + lo pair of 16-bit values: float32-accurate to about
+    16 bits; ``MMA_ADJOINT_STATE = False`` runs ``ssd_chunk_state`` instead), and the per-step element-wise work (z gate, D, dx, the chunk sums' cotangent,
+    dD) fused into ``ssd_mma_bwd_rows``, one pass before the products (with z only) and
+    one after. Every option is supported there (D, z, seq_idx, cu_seqlens, initial and
+    final states); other shapes and dtypes use the CUDA-core products. On that path the
     (G B) product carries dt'_s, the diagonal terms (s = t) of the recomputed
     output and of (G B) are added in float32, ``x_s . (G B)_s`` comes from
     ``B_s . dB_s / dt'_s``, and the chunk-end term ``<dHx, S_c>`` is the sum of the
@@ -48,7 +54,6 @@ import os
 
 import numpy as np
 
-from .._ssd import effective_dt
 from . import compiler
 
 __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
@@ -129,7 +134,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     """Name expressions of the kernels for one dtype pair (every VM value by default)."""
     ct = _COMPUTE[io]
     T, TB, CT = _CTYPE[io], _CTYPE[bc], _CTYPE[ct]
-    names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_state_passing<{CT}>", f"ssd_adjoint_passing<{CT}>",
+    names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
+             f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
@@ -155,7 +161,7 @@ def mma_state_width(N: int) -> int:
 
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
-    return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}>" for nw in (64, 128)]
+    return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
             + [mma_out_name(io, pw) for pw in MMA_WIDTHS])
 
 
@@ -167,12 +173,13 @@ def uses_mma(p) -> bool:
             and os.environ.get("SSMKIT_SSD_MMA", "1") != "0")
 
 
-# The backward's chunk products on tensor cores (ssd_mma_chunk_mm): UPPER, DTW, MT per kind.
+# The backward's chunk products on tensor cores (ssd_mma_chunk_mm): UPPER, DTW, MT, HSUM
+# (summed over each group's heads) per kind.
 MMA_BWD_KINDS = {
-    "ycore": (False, 1, False),  # U = C, W = B, Vv = x, M = states
-    "GB": (True, 2, False),      # U = B, W = C, Vv = dY, M = dHx; times dt' (row)
-    "dB": (True, 0, True),       # U = x, W = dY, Vv = C, M = dHx^T
-    "dC": (False, 1, True),      # U = dY, W = x, Vv = B, M = states^T
+    "ycore": (False, 1, False, False),  # U = C, W = B, Vv = x, M = states
+    "GB": (True, 2, False, False),      # U = B, W = C, Vv = dY, M = dHx; times dt' (row)
+    "dB": (True, 0, True, True),        # U = x, W = dY, Vv = C, M = dHx^T
+    "dC": (False, 1, True, True),       # U = dY, W = x, Vv = B, M = states^T
 }
 
 
@@ -180,14 +187,36 @@ def mma_mm_name(kind: str, io: str, V: int) -> str:
     """The ``ssd_mma_chunk_mm`` instance of a backward product with V output columns:
     VW = mma_width(V), the K slice KW = 128 (64 for VW = 128, to stay within 48 KiB)."""
     vw = mma_width(V)
-    upper, dtw, mt = MMA_BWD_KINDS[kind]
-    flags = f"{'true' if upper else 'false'}, {dtw}, {'true' if mt else 'false'}"
+    upper, dtw, mt, hsum = MMA_BWD_KINDS[kind]
+    flags = ", ".join(["true" if upper else "false", str(dtw), "true" if mt else "false",
+                       "true" if hsum else "false"])
     return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}>"
 
 
 def mma_bwd_kernel_names(io: str) -> list:
-    """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``."""
-    return [mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
+    """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``:
+    the four chunk products at every width, the adjoint chunk state at both widths NW, and
+    the two passes of the per-step element-wise work."""
+    return ([mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
+            + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
+            + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")])
+
+
+# The backward's adjoint chunk sums on tensor cores (ssd_mma_chunk_state<T, NW, true>) on
+# the tensor-core path; False: the CUDA-core ssd_chunk_state on float32 dY (to compare).
+MMA_ADJOINT_STATE = True
+
+# Blocks a head-summing product (dB, dC) aims for: enough to fill an H200 (132 SMs, 2-4
+# blocks each) several times over, so that the chunk's uneven tiles balance out.
+MMA_SUM_BLOCKS = 2048
+
+
+def head_splits(blocks_per_split: int, heads_per_out: int) -> int:
+    """How many runs of consecutive heads (partial sums) a head-summing product uses: about
+    MMA_SUM_BLOCKS blocks in all, at most one run per head, and no run empty."""
+    want = min(heads_per_out, max(1, -(-MMA_SUM_BLOCKS // max(blocks_per_split, 1))))
+    per_run = -(-heads_per_out // want)
+    return -(-heads_per_out // per_run)
 
 
 def uses_mma_bwd(p) -> bool:
@@ -248,8 +277,18 @@ class _Layout:
             bslot[row, np.searchsorted(starts, step + 1)] = slot
         self.bslot_host = bslot
         self.bslot = cp.asarray(bslot)
-        self.dte, self.factor = effective_dt(p)
-        self.cum = self.chunk_sums(p, self.dte * p.A[None, None, :], reverse=False)
+        # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
+        cp, cd = p.xp, p.compute_dtype
+        self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
+        self.factor = cp.empty_like(self.dte)
+        self.cum = cp.empty_like(self.dte)
+        total = p.batch * self.nc * p.H
+        ct = np.float64 if self.ct == "float64" else np.float32
+        _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", (-(-total // THREADS),),
+                (cp.ascontiguousarray(p.dt), _ptr(p.dt_bias), p.A, self.starts, self.dte,
+                 self.factor, self.cum, np.int64(L), np.int32(p.H), np.int64(self.nc),
+                 np.int64(total), np.int32(1 if p.dt_softplus else 0),
+                 np.int32(1 if p.dt_clip else 0), ct(p.dt_lo), ct(p.dt_hi)))
 
     def chunk_sums(self, p, a, *, reverse):
         out = p.xp.empty_like(a)
@@ -286,15 +325,20 @@ class _Layout:
                  np.int64(m_chunks), np.int32(tiles)))
         return out
 
-    def chunk_state_mma(self, p):
-        """The forward chunk states on tensor cores, (batch, nc, H, P, N) float32."""
+    def chunk_state_mma(self, p, X=None, Y=None, *, adjoint=False):
+        """Per chunk on tensor cores, (batch, nc, H, P, N) float32: the forward chunk states
+        (X = x, Y = B by default) or, with ``adjoint``, the adjoint chunk sums
+        sum_t [seq_t == seq_prev] exp(cum_t) X_t Y_t^T (X = dY in 16 bits, Y = C)."""
+        X = p.x if X is None else X
+        Y = p.B if Y is None else Y
         out = p.xp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
         nw = mma_state_width(p.N)
         grid = (p.batch * self.nc, p.H, -(-p.P // 64) * -(-p.N // nw))
-        _launch(f"ssd_mma_chunk_state<{_CTYPE[self.io]}, {nw}>", grid,
-                (p.x, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out, np.int64(p.L),
-                 np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]), np.int32(p.N),
-                 np.int64(self.nc)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        name = f"ssd_mma_chunk_state<{_CTYPE[self.io]}, {nw}, {'true' if adjoint else 'false'}>"
+        _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
+                       np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
+                       np.int32(p.N), np.int64(self.nc)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
     def out_mma(self, p, states, out):
@@ -308,21 +352,34 @@ class _Layout:
                  np.int64(self.nc), np.int32(tiles)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
-    def mm_mma(self, p, kind, U, W, Vv, M, out, *, with_diag=True, Xd=None, bnd=None):
+    def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
+               dt_out=False, Xr=None, rowdot=None):
         """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv,
-        float32 M; writes the float32 ``out`` (batch, L, H, V). ``with_diag=False`` leaves the
-        block's diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each
-        row's boundary term dotted with ``Xd`` (batch, L, H, V)."""
+        float32 M; returns float32 (batch, L, H, V), or with ``groups`` = G the sums over the
+        heads of each of G groups, (batch, L, G, V). ``with_diag=False`` leaves the block's
+        diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each row's
+        boundary term dotted with ``Xd`` (batch, L, H, V); ``rowdot`` (batch, L, H) each row
+        dotted with ``Xr`` (batch, L, XR, V) per head; ``dt_out`` scales each head's row t by
+        dt'_t (after ``rowdot``)."""
+        cp = p.xp
         V, K = Vv.shape[3], U.shape[3]
         tiles = -(-self.max_len // MMA_ROWS)
-        _launch(mma_mm_name(kind, self.io, V), (p.batch * p.H * self.nc * tiles,),
-                (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
-                 _ptr(Xd), _ptr(bnd), np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]),
-                 np.int32(W.shape[2]), np.int32(Vv.shape[2]), np.int32(K), np.int32(V),
-                 np.int64(self.nc), np.int64(M.shape[1]), np.int32(tiles),
-                 np.int32(1 if with_diag else 0)),
+        if (groups is not None) != MMA_BWD_KINDS[kind][3]:
+            raise ValueError(f"ssd (GPU): the {kind} product sums over heads only with groups")
+        XO = p.H if groups is None else groups
+        blocks = p.batch * XO * self.nc * tiles
+        splits = head_splits(blocks, p.H // XO)
+        part = cp.empty((splits, p.batch, p.L, XO, V), dtype=p.compute_dtype)
+        _launch(mma_mm_name(kind, self.io, V), (blocks * splits,),
+                (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
+                 _ptr(Xd), _ptr(bnd), _ptr(Xr), _ptr(rowdot), np.int64(p.L), np.int32(p.H),
+                 np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(Vv.shape[2]), np.int32(K),
+                 np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(tiles),
+                 np.int32(1 if with_diag else 0), np.int32(XO), np.int32(splits),
+                 np.int64(p.batch * p.L * XO * V), np.int32(1 if Xr is None else Xr.shape[2]),
+                 np.int32(1 if dt_out else 0)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return out
+        return part[0] if splits == 1 else part.sum(axis=0)
 
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
@@ -368,98 +425,154 @@ def _diag_cb(p, cd):
     return cp.ascontiguousarray(cb[:, :, cp.asarray(head_pair.reshape(-1))])
 
 
+def _adjoint_passing(p, lay, K, dfinal):
+    """The adjoint leaving every chunk (batch, nc, H, P, N) and the initial state's."""
+    cp = p.xp
+    batch, H, P, N = p.batch, p.H, p.P, p.N
+    dHx = cp.empty((batch, lay.nc, H, P, N), dtype=p.compute_dtype)
+    dinit = cp.empty((batch, H, P, N), dtype=p.compute_dtype)
+    PN = P * N
+    _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, -(-PN // THREADS)),
+            (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
+             np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc)))
+    return dHx, dinit
+
+
+ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows
+
+
+def _rows(p, lay, dy, final, cb, yo, go=None):
+    """ssd_mma_bwd_rows: before the products (``final`` False) dY rounded to the input dtype
+    and dz; after them dx, dcum (without its boundary term) and the partial sums of dD."""
+    cp = p.xp
+    steps = p.batch * p.L
+    blocks = -(-steps // ROW_STEPS)
+    io, cd = p.io_dtype, p.compute_dtype
+    out = {}
+    if final:
+        out["dx"] = cp.empty(p.x.shape, dtype=io)
+        out["dcum"] = cp.empty((p.batch, p.L, p.H), dtype=cd)
+        out["dD_part"] = None if p.D is None else cp.empty((blocks, p.H, p.P), dtype=cd)
+    else:
+        out["dY16"] = cp.empty(p.x.shape, dtype=io)
+        out["dz"] = cp.empty(p.x.shape, dtype=io)
+    _launch(f"ssd_mma_bwd_rows<{_CTYPE[lay.io]}, {'true' if final else 'false'}>",
+            (blocks, p.H),
+            (dy, _ptr(p.z), p.x, yo, _ptr(go), _ptr(p.D), lay.dte, cb, _ptr(out.get("dY16")),
+             _ptr(out.get("dz")), _ptr(out.get("dx")), _ptr(out.get("dcum")),
+             _ptr(out.get("dD_part")), np.int64(steps), np.int32(p.H), np.int32(p.P),
+             np.int32(ROW_STEPS)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+    return out
+
+
+def _backward_mma(p, lay, states, dy, dfinal):
+    """The backward's products on tensor cores (see the module docstring): returns dx, dz,
+    dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), dHx, dinit."""
+    cp = p.xp
+    cd = p.compute_dtype
+    # The tensor-core products leave the diagonal terms (s = t) out of the blocks; they
+    # are added in float32 where needed (they cancel exactly in dcum).
+    cb = _diag_cb(p, cd)
+    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)
+    # dY = dy silu'(z) enters every product rounded to the input dtype (the adjoint chunk
+    # sums too, where exp(cum_t) dY_t is then split into hi + lo 16-bit parts, so K is not
+    # rounded further); without z it is dy itself.
+    if p.z is not None:
+        pre = _rows(p, lay, dy, False, cb, ycore_off)
+        dY16, dz = pre["dY16"], pre["dz"]
+    else:
+        dY16, dz = dy, None
+    if MMA_ADJOINT_STATE:
+        K = lay.chunk_state_mma(p, dY16, p.C, adjoint=True)
+    else:  # the CUDA-core kernel on float32 dY (dy silu(z), not rounded)
+        dY = dy.astype(cd)
+        if p.z is not None:
+            zc = p.z.astype(cd)
+            dY *= zc / (1 + cp.exp(-zc))
+        K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
+    dHx, dinit = _adjoint_passing(p, lay, K, dfinal)
+    # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
+    # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
+    bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
+    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, with_diag=False, Xd=p.x, bnd=bnd)
+    # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
+    # arrays); dB scaled by dt' there, after its rows' dots with B:
+    # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
+    xGB = cp.empty((p.batch, p.L, p.H), dtype=cd)
+    dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, groups=p.B.shape[2], dt_out=True, Xr=p.B,
+                    rowdot=xGB)
+    dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, groups=p.C.shape[2])
+    post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
+    dD = None if p.D is None else post["dD_part"].sum(axis=0)
+    return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
+                bnd=bnd, dHx=dHx, dinit=dinit)
+
+
 def ssd_backward(p, checkpoints, dy, dfinal):
     """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
     cp = p.xp
     lay = _Layout(p)
     states = checkpoints
-    batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
+    batch, L, H, N = p.batch, p.L, p.H, p.N
     cd = p.compute_dtype
-    mma = uses_mma_bwd(p)
-    xc = p.x.astype(cd)
-    if mma:
-        # The tensor-core products leave the diagonal terms (s = t) out of the blocks; they
-        # are added in float32 where needed (they cancel exactly in dcum below).
-        cb = _diag_cb(p, cd)
-        ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd),
-                               with_diag=False)
-        ycore = ycore_off + (lay.dte * cb)[..., None] * xc
-    else:
-        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
-    dyc = dy.astype(cd)
-    dz = None
-    if p.z is not None:
-        zc = p.z.astype(cd)
-        y_pre = ycore + (p.D[None, None] * xc if p.D is not None else 0)
-        sg = 1 / (1 + cp.exp(-zc))
-        dz = (dyc * y_pre * sg * (1 + zc * (1 - sg))).astype(p.io_dtype)
-        dY = dyc * zc * sg
-    else:
-        dY = dyc
-    dY = cp.ascontiguousarray(dY, dtype=cd)
-
-    # The adjoint leaving every chunk, and the initial state's.
-    K = lay.chunk_state(p, dY, p.C, adjoint=True)
-    dHx = cp.empty((batch, lay.nc, H, P, N), dtype=cd)
-    dinit = cp.empty((batch, H, P, N), dtype=cd)
-    PN = P * N
-    _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, -(-PN // THREADS)),
-            (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
-             np.int64(L), np.int32(H), np.int64(PN), np.int64(lay.nc)))
-
     dte = lay.dte
-    GBg, GCg = p.B.shape[2], p.C.shape[2]
-    if mma:
-        # dY enters the products rounded to the input dtype. "GB" gives dt'_s (G B)_s, its
-        # block entries equal to the recomputed output's (see ssd_mma_chunk_mm), so that the
-        # pairs of terms that cancel in dcum are rounded alike; the terms s = t are left out
-        # there (they cancel exactly) and added to dx in float32.
-        dY16 = dY.astype(p.io_dtype)
-        bnd = cp.empty((batch, L, H), dtype=cd)
-        dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, cp.empty(p.x.shape, dtype=cd),
-                              with_diag=False, Xd=p.x, bnd=bnd)
-        dBh = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
-        dCh = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
-        # x_s . (G B)_s = B_s . (dB_s / dt'_s): the same sum, with no division by dt'
-        # (a batched matrix-vector product: no (batch, L, H, N) temporary)
-        xGB = cp.matmul(dBh.reshape(batch, L, GBg, H // GBg, N),
-                        p.B.astype(cd)[..., None]).reshape(batch, L, H)
-        dx = dtGB_off + (dte * cb)[..., None] * dY
-        dcum = (dY16.astype(cd) * ycore_off).sum(axis=-1) - (xc * dtGB_off).sum(axis=-1)
-    else:
-        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
-        dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
-        dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
-        xGB = (xc * GB).sum(axis=-1)
-        dx = dte[..., None] * GB
-        dcum = (dY * ycore).sum(axis=-1) - dte * xGB
-    dBh *= dte[..., None]
-    # boundary term <dHx_c, H_{c+1}> at each chunk's last step
     ends = lay.starts[1:] - 1
-    if mma:
-        # H_{c+1} = d_c H_c + S_c, and <dHx_c, S_c> is the sum over the chunk of bnd_s, the
-        # boundary part of dt'_s x_s . (G B)_s that dcum_s holds: taken from the same values,
-        # the two cancel in the suffix sums below up to float32 sums.
+    if uses_mma_bwd(p):
+        g = _backward_mma(p, lay, states, dy, dfinal)
+        dx, dz, dD, dB, dC = g["dx"], g["dz"], g["dD"], g["dB"], g["dC"]
+        xGB, dcum, dHx, dinit = g["xGB"], g["dcum"], g["dHx"], g["dinit"]
+        # boundary term <dHx_c, H_{c+1}> at each chunk's last step. H_{c+1} = d_c H_c + S_c,
+        # and <dHx_c, S_c> is the sum over the chunk of bnd_s, the boundary part of
+        # dt'_s x_s . (G B)_s that dcum_s holds: taken from the same values, the two cancel
+        # in the suffix sums below up to float32 sums.
         t0 = lay.starts[:-1]
         same = cp.ones((batch, lay.nc), dtype=bool)
         if p.seq_idx is not None:
             same = p.seq_idx[:, ends] == p.seq_idx[:, cp.maximum(t0 - 1, 0)]
         decay = cp.where(same[..., None], cp.exp(lay.cum[:, ends, :]), 0)
         dcum[:, ends, :] += (decay * (dHx * states[:, :-1]).sum(axis=(3, 4))
-                             + lay.chunk_sums(p, bnd, reverse=True)[:, t0, :])
+                             + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
+        xc = p.x.astype(cd)
+        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
+        dyc = dy.astype(cd)
+        dz = None
+        if p.z is not None:
+            zc = p.z.astype(cd)
+            y_pre = ycore + (p.D[None, None] * xc if p.D is not None else 0)
+            sg = 1 / (1 + cp.exp(-zc))
+            dz = (dyc * y_pre * sg * (1 + zc * (1 - sg))).astype(p.io_dtype)
+            dY = dyc * zc * sg
+        else:
+            dY = dyc
+        dY = cp.ascontiguousarray(dY, dtype=cd)
+        dHx, dinit = _adjoint_passing(p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal)
+        GBg, GCg = p.B.shape[2], p.C.shape[2]
+        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
+        dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
+        dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+        xGB = (xc * GB).sum(axis=-1)
+        dx = dte[..., None] * GB
+        dcum = (dY * ycore).sum(axis=-1) - dte * xGB
+        dBh *= dte[..., None]
+        dB = dBh.reshape(batch, L, GBg, H // GBg, N).sum(axis=3)
+        dC = dCh.reshape(batch, L, GCg, H // GCg, N).sum(axis=3)
+        # boundary term <dHx_c, H_{c+1}> at each chunk's last step
         dcum[:, ends, :] += (dHx * states[:, 1:]).sum(axis=(3, 4))
+        dD = None
+        if p.D is not None:
+            dx += p.D[None, None] * dY
+            dD = (dY * xc).sum(axis=(0, 1))
+        dx = dx.astype(p.io_dtype)
     sdcum = lay.chunk_sums(p, dcum, reverse=True)
     ddt = (xGB + p.A[None, None, :] * sdcum) * lay.factor
-    if p.D is not None:
-        dx += p.D[None, None] * dY
     return dict(
-        x=dx.astype(p.io_dtype),
+        x=dx,
         dt=ddt,
         A=(dte * sdcum).sum(axis=(0, 1)),
-        B=dBh.reshape(batch, L, GBg, H // GBg, N).sum(axis=3),
-        C=dCh.reshape(batch, L, GCg, H // GCg, N).sum(axis=3),
-        D=None if p.D is None else (dY * xc).sum(axis=(0, 1)),
+        B=dB,
+        C=dC,
+        D=dD,
         z=dz,
         dt_bias=None if p.dt_bias is None else ddt.sum(axis=(0, 1)),
         initial_state=None if p.initial_state is None else dinit,

@@ -2,8 +2,9 @@
 
 REPL swaps the inline-PTX lines and vector casts for emu_common.h / prelude_mma.h C++;
 MMA_RE swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_chunk_out instance and the backward ssd_mma_chunk_mm instances get
-an extern "C" wrapper (KERNELS). Products go to $TMPDIR/ssmkit_emu/ssd.
+ssd_mma_chunk_state / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
+Products go to $TMPDIR/ssmkit_emu/ssd.
 
     python3 tests/emulation/ssd/build.py [--asan]     # build only, print the .so path
 
@@ -101,16 +102,25 @@ extern "C" void {sym}(EmuBuf* a, long long* s, unsigned gx, unsigned gy, unsigne
 KERNELS = {}
 for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
     for nw in (64, 128):
-        KERNELS[f"state_{tag}_{nw}"] = (f"ssd_mma_chunk_state<{T}, {nw}>", T, STATE_T, STATE_S)
+        for adj in ("false", "true"):
+            KERNELS[f"state_{tag}_{nw}_{adj}"] = (f"ssd_mma_chunk_state<{T}, {nw}, {adj}>", T,
+                                                  STATE_T, STATE_S)
     for pw in (32, 64, 128):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
 
-MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*".split(",")
-MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int"]
+MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
+MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
+        "int", "int", "ssm_i64", "int", "int"]
+ROWS_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const float*,"
+          "const float*,T*,T*,T*,float*,float*").split(",")
+ROWS_S = ["ssm_i64", "int", "int", "int"]
 from ssmkit._gpu import ssd as _gssd
 for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
     for i, name in enumerate(_gssd.mma_bwd_kernel_names(io)):
-        KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S)
+        if name.startswith("ssd_mma_chunk_mm"):
+            KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S)
+        elif name.startswith("ssd_mma_bwd_rows"):
+            KERNELS[f"rows_{io}_{i}"] = (name, T, ROWS_T, ROWS_S)
 
 
 def build(asan=False, opt="-O2"):

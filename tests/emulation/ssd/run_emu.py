@@ -1,5 +1,5 @@
 """Run ssmkit._gpu.ssd.ssd_forward with NumPy arrays: the tensor-core kernels emulated on the
-host (build.py), ssd.cu's cumsum and state passing as NumPy mirrors. Compare with the float64
+host (build.py), ssd.cu's layout (dt', chunk sums), cumsum and state passing as NumPy mirrors. Compare with the float64
 reference on several shapes.
 
     python3 tests/emulation/ssd/run_emu.py [case numbers] [--asan]
@@ -34,6 +34,24 @@ def np_cumsum(args):
         seg = a[:, t0:t1, :].astype(np.float32)
         out[:, t0:t1, :] = (np.cumsum(seg[:, ::-1], axis=1)[:, ::-1] if reverse else np.cumsum(seg, axis=1))
 
+def np_chunk_dt(args):
+    """ssd.cu's ssd_chunk_dt: dt' and its derivative as ssmkit._ssd.effective_dt, chunk sums of
+    dt' A (the kernel text itself is checked by run_emu_cumsum.py)."""
+    dt, bias, A, starts, dte, factor, cum, L, H, nc, total, softplus, clip, lo, hi = args
+    raw = dt if bias is gssd._NULL or bias is None else dt + bias[None, None, :]
+    v, f = raw, np.ones_like(raw)
+    if softplus:
+        capped = np.minimum(raw, 20.0).astype(raw.dtype)
+        v = np.where(raw <= 20.0, np.log1p(np.exp(capped)), raw).astype(raw.dtype)
+        f = np.where(raw <= 20.0, 1.0 / (1.0 + np.exp(-capped)), 1.0).astype(raw.dtype)
+    if clip:
+        f = np.where((v >= lo) & (v <= hi), f, 0.0).astype(raw.dtype)
+        v = np.clip(v, lo, hi).astype(raw.dtype)
+    dte[...] = v
+    if not (factor is gssd._NULL or factor is None):
+        factor[...] = f
+    np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, total, 0))
+
 def np_passing(args):
     chunk, cum, seq, starts, h0, states, L, H, PN, nc = args
     batch = chunk.shape[0]
@@ -50,6 +68,8 @@ def np_passing(args):
 def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
     if name.startswith("ssd_chunk_cumsum"):
         return np_cumsum(args)
+    if name.startswith("ssd_chunk_dt"):
+        return np_chunk_dt(args)
     if name.startswith("ssd_state_passing"):
         return np_passing(args)
     assert source == gssd.MMA_SOURCE_FILE and name in SYM, name

@@ -1,6 +1,7 @@
 """Run ssmkit._gpu.ssd.ssd_forward + ssd_backward with NumPy arrays and SSMKIT_SSD_MMA_BWD=1:
-the tensor-core kernels (forward and backward chunk products) emulated on the host (build.py),
-ssd.cu's cumsum, state passing, adjoint chunk state and adjoint passing as NumPy mirrors.
+the tensor-core kernels (forward and backward chunk products, the adjoint chunk state, the fused
+per-step passes) emulated on the host (build.py), ssd.cu's layout, cumsum, state passing and
+adjoint passing (and the CUDA-core adjoint chunk state, switch off) as NumPy mirrors.
 Compare every gradient with the float64 reference ssd_vjp, and with the switch off (the CUDA-core
 products from exact_mm.py, a float64 NumPy mirror of ssd_chunk_mm).
 
@@ -70,8 +71,9 @@ gssd._launch = launch
 FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
 
 def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
-         softplus=True, GC=None, seed=0, mma=True):
+         softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048):
     os.environ["SSMKIT_SSD_MMA_BWD"] = "1" if mma else "0"
+    gssd.MMA_SUM_BLOCKS = sum_blocks  # small: dB, dC summed over runs of several heads
     rng = np.random.default_rng(seed)
     GC = GC or G
     q = lambda a: a.astype(DT[dtype])
@@ -146,6 +148,10 @@ CASES = [
     ("bfloat16", 1, 7, 2, 5, 2, 6, 1, {"init": True}),
     ("float16", 1, 40, 4, 2, 2, 3, 3, {"softplus": False, "z": False}),
     ("bfloat16", 2, 131, 4, 64, 4, 32, 65, {"seq": True, "GC": 2}),
+    # dB, dC over runs of several heads: one run per group (3 heads), uneven runs (3 + 2)
+    ("bfloat16", 1, 150, 6, 32, 2, 64, 64, {"seq": True, "init": True, "sum_blocks": 1}),
+    ("float16", 2, 90, 5, 16, 1, 24, 32, {"sum_blocks": 8, "D": "chan"}),
+    ("float16", 1, 200, 4, 64, 2, 128, 128, {"sum_blocks": 1, "GC": 1, "z": False}),
 ]
 
 if __name__ == "__main__":
