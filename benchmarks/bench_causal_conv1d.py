@@ -10,12 +10,18 @@ device-to-device copy bandwidth measured in the same run. Bytes counted:
 Each figure is a CUDA-event median over back-to-back calls after warm-up, for
 the public call (``call``: argument checks and the launch included) and for the
 kernel alone (``kernel``: the backend function on a prepared problem; for the
-backward, the kernel plus its two small partial-sum reductions). Writes
+backward, the kernel plus ``cc1d_wsum``, which sums its per-item partials of
+dweight/dbias). Beside them, for A/B, the same source built with
+``-DCC1D_PREFETCH=0`` (no read-ahead of the next item) launched two ways:
+``old``, one block per item with the partials summed by CuPy reductions as the
+host did before (``partial.sum(axis=(0, 2))`` and two copies), which is the
+structure of commit 548eec1; and ``loop``, the resident grid of blocks walking
+the items with ``cc1d_wsum``, without the read-ahead. Writes
 ``results/causal_conv1d_h200.json`` (a list of rows) and a markdown table beside it.
 
 Usage::
 
-    python benchmarks/bench_causal_conv1d.py [--quick] [--out DIR]
+    python benchmarks/bench_causal_conv1d.py [--quick] [--tiles] [--out DIR]
 """
 
 from __future__ import annotations
@@ -76,9 +82,11 @@ def run(args):
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
         bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
+        ab = ab_kernels(p, dy)
         print(f"{np.dtype(dtype).name} {batch}x{dim}x{L} W={W}: fwd {fwd_call:.4f} ms "
-              f"(kernel {fwd_kernel:.4f}), bwd {bwd_call:.4f} ms (kernel {bwd_kernel:.4f})",
-              flush=True)
+              f"(kernel {fwd_kernel:.4f}, old {ab['fwd_old']:.4f}, loop {ab['fwd_loop']:.4f}), "
+              f"bwd {bwd_call:.4f} ms (kernel {bwd_kernel:.4f}, old {ab['bwd_old']:.4f}, "
+              f"loop {ab['bwd_loop']:.4f})", flush=True)
 
         # One decoding step for the same channels: rows by index from a pool twice the batch,
         # or without indices from the pool's first rows.
@@ -107,16 +115,23 @@ def run(args):
                    fwd_of_copy=frac(fwd_bytes, fwd_call), fwd_kernel_of_copy=frac(fwd_bytes, fwd_kernel),
                    bwd_of_copy=frac(bwd_bytes, bwd_call), bwd_kernel_of_copy=frac(bwd_bytes, bwd_kernel),
                    update_kernel_of_copy=frac(upd_bytes, upd_kernel),
+                   fwd_old_ms=round(ab["fwd_old"], 4), bwd_old_ms=round(ab["bwd_old"], 4),
+                   fwd_loop_ms=round(ab["fwd_loop"], 4), bwd_loop_ms=round(ab["bwd_loop"], 4),
+                   fwd_old_of_copy=frac(fwd_bytes, ab["fwd_old"]),
+                   bwd_old_of_copy=frac(bwd_bytes, ab["bwd_old"]),
+                   fwd_loop_of_copy=frac(fwd_bytes, ab["fwd_loop"]),
+                   bwd_loop_of_copy=frac(bwd_bytes, ab["bwd_loop"]),
                    copy_tbps=round(copy_bw, 3), commit=commit(),
                    date=datetime.date.today().isoformat())
         rows.append(row)
         print(json.dumps(row), flush=True)
 
     variants = []
-    try:
-        variants = tile_variants(copy_bw)
-    except Exception as e:  # an experiment: never lose the table above to it
-        print(f"tile variants failed: {e!r}", flush=True)
+    if args.tiles:
+        try:
+            variants = tile_variants(copy_bw)
+        except Exception as e:  # an experiment: never lose the table above to it
+            print(f"tile variants failed: {e!r}", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "causal_conv1d_h200" if "H200" in gpu else "causal_conv1d_gpu")
@@ -127,7 +142,8 @@ def run(args):
              f"Copy bandwidth {copy_bw:.2f} TB/s (bytes read + written), measured in the same run. "
              "Times: CUDA-event medians of 5 back-to-back calls after warm-up; 'call' is the "
              "public function, 'kernel' the backend on a prepared problem (backward: kernel plus "
-             "the two partial-sum reductions). 'of copy' = (compulsory bytes / time) / copy "
+             "cc1d_wsum, the fixed-order sum of its partials). "
+             "'of copy' = (compulsory bytes / time) / copy "
              "bandwidth; bytes: forward x + y, backward dy + x + dx (+ weight grads), update x + y "
              "+ state read and written. activation silu, bias; update: one token, pool 2 x batch.",
              "", "Command: `python3 benchmarks/bench_causal_conv1d.py`.",
@@ -141,6 +157,19 @@ def run(args):
             f"{r['fwd_ms']:.3f} | {r['fwd_of_copy']:.2f} | {r['fwd_kernel_of_copy']:.2f} | "
             f"{r['bwd_ms']:.3f} | {r['bwd_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} | "
             f"{r['update_ms']:.4f} | {r['update_indexed_ms']:.4f} | {r['update_kernel_ms']:.4f} |")
+    lines += ["", "A/B, kernel alone, fraction of copy bandwidth. "
+              "old: built with -DCC1D_PREFETCH=0, one block per item, partials summed by CuPy "
+              "(the structure of commit 548eec1); "
+              "loop: the resident grid walking the items, no read-ahead, cc1d_wsum; new: the "
+              "library (read-ahead of the next item).", "",
+              "| dtype | batch | dim | L | W | fwd old | fwd loop | fwd new | bwd old | bwd loop | "
+              "bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
+            f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
+            f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_old_of_copy']:.2f} | "
+            f"{r['bwd_loop_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
                   "vectors for 4-byte types, 2 for the others):", "",
@@ -153,6 +182,70 @@ def run(args):
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+_ab_modules: dict = {}
+
+
+def ab_kernels(p, dy):
+    """Kernel times (ms) of the A/B builds on problem ``p``: fwd/bwd 'old' and 'loop'.
+
+    Both use the source built with -DCC1D_PREFETCH=0. 'old': one block per item and the
+    partials summed by CuPy as the host did at 548eec1; 'loop': at most one resident wave
+    of blocks walking the items, and cc1d_wsum.
+    """
+    import cupy
+
+    from ssmkit._gpu import causal_conv1d as backend
+    from ssmkit._gpu import compiler
+
+    io = np.dtype(p.io_dtype).name
+    W, H = p.width, p.width - 1
+    keys = {kind: backend.name_expression(backend.KernelKey(
+        kind, io, W, p.bias is not None, p.silu, p.seq_idx is not None)) for kind in ("fwd", "bwd")}
+    mod_key = (io, W, p.bias is not None, p.silu)
+    if mod_key not in _ab_modules:
+        opts = compiler.compile_options() + ("-DCC1D_PREFETCH=0",)
+        mod = cupy.RawModule(code=compiler.kernel_source(backend.SOURCE_FILE), options=opts,
+                             name_expressions=list(keys.values()))
+        _ab_modules[mod_key] = {k: mod.get_function(v) for k, v in keys.items()}
+    fns = _ab_modules[mod_key]
+    tile = backend.tile_steps(p.io_dtype)
+    n_tiles = -(-p.L // tile)
+    n_items = p.batch * p.dim * n_tiles
+    y, dx = cupy.empty_like(p.x), cupy.empty_like(p.x)
+    final = cupy.empty((p.batch, p.dim, H), dtype=p.io_dtype)
+    cd = p.compute_dtype
+    partial = cupy.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
+    dweight = cupy.empty((p.dim, W), dtype=cd)
+    dbias = cupy.empty((p.dim,), dtype=cd)
+    wsum = compiler.get_kernel(backend.SOURCE_FILE, backend.name_expression(
+        backend.KernelKey("wsum", np.dtype(cd).name, 0, False, False, False)))
+    null = np.uint64(0)
+    common = (np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(n_items), np.int32(1))
+    fwd_args = (p.x, p.weight, p.bias, null, null, y, final) + common
+    bwd_args = (p.x, p.weight, p.bias, null, null, dy, null, dx, null, partial) + common
+    threads = backend.THREADS
+    out = {}
+    for name, grid in (("old", {k: n_items for k in fns}),
+                       ("loop", {k: min(n_items, backend.resident_blocks(f))
+                                 for k, f in fns.items()})):
+        def fwd():
+            fns["fwd"]((grid["fwd"],), (threads,), fwd_args)
+
+        def bwd():
+            fns["bwd"]((grid["bwd"],), (threads,), bwd_args)
+            if name == "old":
+                sums = partial.sum(axis=(0, 2))
+                sums[:, :W].copy(), sums[:, W].copy()
+            else:
+                wsum((-(-p.dim * (W + 1) // threads),), (threads,),
+                     (partial, dweight, dbias, np.int32(p.batch), np.int32(p.dim),
+                      np.int32(n_tiles), np.int32(W)))
+
+        out["fwd_" + name] = cuda_median_ms(fwd)
+        out["bwd_" + name] = cuda_median_ms(bwd)
+    return out
 
 
 def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
@@ -185,7 +278,9 @@ def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
             fwd = mod.get_function(keys["fwd"])
             bwd = mod.get_function(keys["bwd"])
             grid = (batch * dim * n_tiles,)
-            common = (np.int32(dim), np.int64(L), np.int32(n_tiles), np.int32(1))
+            n_items = batch * dim * n_tiles
+            common = (np.int32(dim), np.int64(L), np.int32(n_tiles), np.int32(n_items),
+                      np.int32(1))
             fwd_ms = cuda_median_ms(lambda: fwd(grid, (threads,), (
                 x, w, b, np.uint64(0), np.uint64(0), y, final) + common))
             bwd_ms = cuda_median_ms(lambda: bwd(grid, (threads,), (
@@ -203,6 +298,8 @@ def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the first shape only")
+    parser.add_argument("--tiles", action="store_true",
+                        help="also time other tile shapes (-DCC1D_THREADS, -DCC1D_VPT)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     run(parser.parse_args())
 

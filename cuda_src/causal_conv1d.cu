@@ -4,23 +4,35 @@
 // preceded by the W-1 values of the initial state. With seq_idx, an input of another
 // sequence than step t counts as zero; the initial state belongs to the first sequence.
 //
-// Layout: x, y, dy, dx are (batch, dim, L), time contiguous. A block owns one time tile of
-// one channel row (b, d); the grid is rows x tiles, tile fastest. Every global access of the
-// tile body is a 16-byte vector (when L and the pointers allow it). Thread `tid` owns
+// Layout: x, y, dy, dx are (batch, dim, L), time contiguous. An item is one time tile of
+// one channel row (b, d); items are numbered rows x tiles, tile fastest. Every global access
+// of the tile body is a 16-byte vector (when L and the pointers allow it). Thread `tid` owns
 // vectors v*THREADS + tid (v < cc1d_shape<T>::VPT) of the tile, so that each warp-wide
 // access is one contiguous 512-byte run, and keeps them in registers.
+//
+// Grid: at most one resident wave of blocks (the host sizes it from the kernel's registers);
+// block i works on items i, i + gridDim.x, ... and reads the next item's vectors (and its
+// few scalars: taps, bias, the steps at the tile's edges) into registers before it computes
+// the current one (CC1D_PREFETCH). With one item per block, as before, a block's loads and
+// its arithmetic alternate, and bfloat16, which does twice the arithmetic per byte of
+// float32, stayed at 0.64-0.78 (forward) and 0.40-0.59 (backward) of copy bandwidth while
+// float32 reached 0.90-0.97; the working explanation, which the benchmark's A/B columns
+// test, is that too few loads were in flight per SM while the blocks computed.
+// 16-bit vectors stay packed in registers until used (four registers per prefetched vector).
 //
 // Kernel design and instruction counts. The W-1 neighbours a step needs from the steps
 // before it (forward) or after it (backward) come from the registers of the lanes below
 // (above) through warp shuffles; only the H = W-1 steps at each warp chunk's edge go through
 // shared memory (a few words per chunk, one __syncthreads; the backward has a second one for
-// the edges of g). silu and silu' use ex2.approx and rcp.approx in float. Static SASS
+// the edges of g and a third for the weight-gradient partials). silu and silu' use
+// ex2.approx and rcp.approx in float. Static SASS
 // instructions per element of the 16-byte-vector path (nvcc 13.0, sm_90, W=4, bias+silu, no
 // seq_idx; the scalar fallback and the final-state-cotangent block removed, the per-thread
 // setup divided over the thread's VPT*E elements):
 //                    before (tile staged in smem, expf + divide)   after
 //   float32  fwd / bwd              51 / 103                       25 / 47
 //   bfloat16 fwd / bwd              51 /  97                       25 / 49
+// (these counts predate the item loop and the read-ahead).
 // The arithmetic left per element: W FFMA + 5 (silu) forward; 3W FFMA + 8 (silu', dbias)
 // backward, plus about one shuffle per neighbour and vector.
 //
@@ -28,9 +40,10 @@
 // float, or double for double), W the width (1..8, compile time: the taps live in
 // registers), and the flags HAS_BIAS, SILU, HAS_SEQ, so the hot loops carry no branch.
 //
-// Determinism: the backward writes per-block partial sums of dweight and dbias (reduced
-// inside the block by a fixed shuffle tree and then over warps in order); the host sums
-// them over tiles and batch in a fixed order. No atomics.
+// Determinism: the backward writes per-item partial sums of dweight and dbias (reduced
+// inside the block by a fixed reduce-scatter tree per warp and then over warps in order);
+// cc1d_wsum adds them over batch and tiles in a fixed order. No atomics: every result
+// repeats bit for bit, and does not depend on the grid size.
 #include "ssm_common.cuh"
 
 // Threads per block, and 16-byte vectors per thread per tile: 4 for 4-byte storage
@@ -45,6 +58,16 @@
 
 static_assert(CC1D_THREADS % 32 == 0, "whole warps: the neighbour shuffles use every lane");
 
+// Software pipelining, off by default: with CC1D_PREFETCH=1 a block reads the next item's
+// inputs into registers before it works on the current one, so that its loads overlap its
+// arithmetic. Measured on the H200 it was slower in every case (float32 forward 0.82-0.94 of
+// copy against 0.98-1.05 without it, bfloat16 0.60-0.73 against 0.75-0.88: the extra
+// registers cost more resident warps than the overlap gains), so each item's inputs are
+// read when its turn comes; kept for A/B timing (benchmarks/bench_causal_conv1d.py).
+#ifndef CC1D_PREFETCH
+#define CC1D_PREFETCH 0
+#endif
+
 template <typename T> struct alignas(16) cc1d_vec { T v[16 / sizeof(T)]; };
 
 template <typename T> struct cc1d_shape {
@@ -55,21 +78,13 @@ template <typename T> struct cc1d_shape {
     static constexpr int VPT = sizeof(T) == 4 ? 4 : 2;
 #endif
     static constexpr int TILE = CC1D_THREADS * VPT * E;  // steps per block
+    // Blocks walk several items, reading the next one ahead (CC1D_PREFETCH above). Not for
+    // double, which has no speed target and where the loop made ptxas spill a few bytes
+    // (cc1d_bwd<double, 4, true, true, true>, <double, 3, false, true, true>): there a
+    // block does the one item blockIdx.x, and the host launches one block per item.
+    static constexpr bool WALK = sizeof(T) <= 4;
+    static constexpr bool PREFETCH = CC1D_PREFETCH != 0 && WALK;
 };
-
-// Elements [t, t + E) of a row into compute registers; zeros past L.
-template <typename T, typename CT, int E>
-__device__ __forceinline__ void cc1d_load(const T* __restrict__ row, ssm_i64 t, ssm_i64 L,
-                                          bool vec_ok, CT (&r)[E]) {
-    if (vec_ok && t + E <= L) {
-        const cc1d_vec<T> v = *reinterpret_cast<const cc1d_vec<T>*>(row + t);
-#pragma unroll
-        for (int i = 0; i < E; ++i) r[i] = ssm_load(v.v[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < E; ++i) r[i] = (t + i < L) ? (CT)ssm_load(row[t + i]) : (CT)0;
-    }
-}
 
 // 16 bytes of compute registers as the four 32-bit words of their storage type (rounded to
 // nearest even), for one 128-bit store: nvcc splits a store of the cc1d_vec aggregate.
@@ -156,18 +171,74 @@ template <> struct cc1d_act<double> {
     }
 };
 
-// Block (row, tile) of a rows x n_tiles grid, tile fastest.
+// Work item (row, tile) of the rows x n_tiles items, tile fastest. Each block walks the items
+// blockIdx.x, blockIdx.x + gridDim.x, ... (the host launches at most one resident wave).
 struct cc1d_place {
     ssm_i64 row;  // b * dim + d
     int b, d, tile;
-    __device__ __forceinline__ cc1d_place(int dim, int n_tiles) {
-        // 32-bit division: the host launches fewer than 2^31 blocks
-        const unsigned blk = blockIdx.x;
-        const unsigned r = blk / (unsigned)n_tiles;
+    __device__ __forceinline__ cc1d_place(unsigned item, int dim, int n_tiles) {
+        // 32-bit division: the host checks that there are fewer than 2^31 items
+        const unsigned r = item / (unsigned)n_tiles;
         row = r;
-        tile = (int)(blk - r * (unsigned)n_tiles);
+        tile = (int)(item - r * (unsigned)n_tiles);
         b = (int)(r / (unsigned)dim);
         d = (int)(r - (unsigned)b * (unsigned)dim);
+    }
+};
+
+// One 16-byte vector of a row as stored (E elements; zeros past L), kept in registers
+// between its prefetch and its use. 16-bit types stay packed two to a word, so that a
+// prefetched vector costs four registers whatever the type.
+template <typename T> struct cc1d_raw {  // 4- and 8-byte types: the values themselves
+    typedef typename ssm_compute_of<T>::type CT;
+    static constexpr int E = 16 / (int)sizeof(T);
+    cc1d_vec<T> v;
+    __device__ __forceinline__ void load(const T* __restrict__ row, ssm_i64 t, ssm_i64 L, bool vec_ok) {
+        if (vec_ok && t + E <= L) {
+            v = *reinterpret_cast<const cc1d_vec<T>*>(row + t);
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) v.v[i] = (t + i < L) ? row[t + i] : (T)0;
+        }
+    }
+    __device__ __forceinline__ void unpack(CT (&r)[E]) const {
+#pragma unroll
+        for (int i = 0; i < E; ++i) r[i] = ssm_load(v.v[i]);
+    }
+};
+struct alignas(16) cc1d_words { unsigned w[4]; };
+template <typename T16> struct cc1d_raw16 {  // element 2i in the low half of word i
+    static constexpr int E = 8;
+    cc1d_words u;
+    __device__ __forceinline__ void load(const T16* __restrict__ row, ssm_i64 t, ssm_i64 L, bool vec_ok) {
+        if (vec_ok && t + E <= L) {
+            u = *reinterpret_cast<const cc1d_words*>(row + t);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned lo = (t + 2 * i < L) ? row[t + 2 * i].bits : 0u;
+                const unsigned hi = (t + 2 * i + 1 < L) ? row[t + 2 * i + 1].bits : 0u;
+                u.w[i] = lo | (hi << 16);
+            }
+        }
+    }
+};
+template <> struct cc1d_raw<ssm_bf16> : cc1d_raw16<ssm_bf16> {
+    __device__ __forceinline__ void unpack(float (&r)[8]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // a bfloat16 is the upper half of a float: one op each
+            r[2 * i] = ssm_bits_to_float(u.w[i] << 16);
+            r[2 * i + 1] = ssm_bits_to_float(u.w[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct cc1d_raw<ssm_half> : cc1d_raw16<ssm_half> {
+    __device__ __forceinline__ void unpack(float (&r)[8]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            r[2 * i] = ssm_load(ssm_half{(unsigned short)(u.w[i] & 0xffffu)});
+            r[2 * i + 1] = ssm_load(ssm_half{(unsigned short)(u.w[i] >> 16)});
+        }
     }
 };
 
@@ -239,42 +310,50 @@ __device__ __forceinline__ void cc1d_load_seq(const int* __restrict__ srow, ssm_
     for (int i = 0; i < E; ++i) r[i] = (t + i < L) ? srow[t + i] : -1;
 }
 
-// The H steps before the tile, [t0 - H, t0), into edge[0..H) (x) and sedge[0..H) (ids):
-// from x, or for t < 0 from the initial state (zeros without one), whose steps belong to
-// the first sequence. Threads tid < H.
+// The step t0 - H + tid before a tile (thread tid < H): from x, or for a step < 0 from the
+// initial state (zero without one), whose steps belong to the first sequence.
 template <typename T, typename CT, int H, bool HAS_SEQ>
 __device__ __forceinline__ void cc1d_halo_before(const T* __restrict__ xrow, const CT* __restrict__ h0row,
-                                                 const int* __restrict__ srow, ssm_i64 t0, CT* edge,
-                                                 int* sedge) {
-    const int tid = threadIdx.x;
-    if (tid < H) {
-        const ssm_i64 s = t0 - H + tid;
-        CT hv = 0;
-        int hs = 0;
-        if (s >= 0) {
-            hv = ssm_load(xrow[s]);
-            if constexpr (HAS_SEQ) hs = srow[s];
-        } else {
-            if (h0row != nullptr) hv = h0row[H + s];
-            if constexpr (HAS_SEQ) hs = srow[0];
-        }
-        edge[tid] = hv;
-        if constexpr (HAS_SEQ) sedge[tid] = hs;
+                                                 const int* __restrict__ srow, ssm_i64 t0, CT& hv,
+                                                 int& hs) {
+    // With the item loop, tid read afresh: kept live through the loop, t0 - H + tid got
+    // spilled (cc1d_fwd<float, 5, true, true, false>); without it (double) the volatile
+    // read itself made ptxas spill.
+    const ssm_i64 s = t0 - H + (cc1d_shape<T>::WALK ? ssm_fresh_tid() : (int)threadIdx.x);
+    hv = 0;
+    hs = 0;
+    if (s >= 0) {
+        hv = ssm_load(xrow[s]);
+        if constexpr (HAS_SEQ) hs = srow[s];
+    } else {
+        if (h0row != nullptr) hv = h0row[H + s];
+        if constexpr (HAS_SEQ) hs = srow[0];
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward: y, and the final state (last W-1 steps of xpad) from the last tile's block.
-// Shared memory holds only the H steps before each chunk: xprev[c H + j] = x at step
-// c CHUNK - H + j of the tile (chunk 0: before the tile).
+// Forward: y, and the final state (last W-1 steps of xpad), written by the threads that
+// hold those steps. Shared memory holds only the H steps before each chunk: xprev[c H + j]
+// = x at step c CHUNK - H + j of the tile (chunk 0: before the tile), two copies by item
+// parity so that one barrier per item suffices.
 // ---------------------------------------------------------------------------------------
+template <typename T, int W, bool HAS_SEQ> struct cc1d_fwd_in {  // one item's inputs
+    typedef typename ssm_compute_of<T>::type CT;
+    cc1d_raw<T> x[cc1d_shape<T>::VPT];
+    int s[HAS_SEQ ? cc1d_shape<T>::VPT : 1][cc1d_shape<T>::E];
+    CT w[W], bv;
+    CT halo;    // threads tid < W-1: the step t0 - (W-1) + tid
+    int shalo;  // and its sequence id
+    int slast;  // the sequence id of step L-1 (with seq_idx and a final state)
+};
+
 template <typename T, int W, bool HAS_BIAS, bool SILU, bool HAS_SEQ>
 __global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __restrict__ weight,
          const typename ssm_compute_of<T>::type* __restrict__ bias,
          const typename ssm_compute_of<T>::type* __restrict__ h0, const int* __restrict__ seq,
          T* __restrict__ y, T* __restrict__ final_state, int dim, ssm_i64 L, int n_tiles,
-         int vec_ok) {
+         int n_items, int vec_ok) {
     typedef typename ssm_compute_of<T>::type CT;
     constexpr int H = W - 1;
     constexpr int HS = H > 0 ? H : 1;  // array sizes
@@ -284,110 +363,160 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
     constexpr int NWARPS = CC1D_THREADS / 32;
     constexpr int NCH = VPT * NWARPS;  // chunks per tile
     static_assert(32 * E >= H, "a chunk must hold the halo");
-    __shared__ CT xprev[NCH * HS];
-    __shared__ int sprev[HAS_SEQ ? NCH * HS : 1];
+    __shared__ CT xprev_buf[2][NCH * HS];
+    __shared__ int sprev_buf[2][HAS_SEQ ? NCH * HS : 1];
+    typedef cc1d_fwd_in<T, W, HAS_SEQ> In;
 
-    const cc1d_place at(dim, n_tiles);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
     const bool vok = vec_ok != 0;
-    const T* xrow = x + at.row * L;
-    const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
 
-    CT w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
-    const CT bv = HAS_BIAS ? bias[at.d] : (CT)0;
-    CT xr[VPT][E];
-    int sr[HAS_SEQ ? VPT : 1][E];
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
-        cc1d_load<T, CT, E>(xrow, t0 + lt, L, vok, xr[v]);
-        if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, sr[v]);
-    }
-    if constexpr (H > 0) {
-        cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H, srow,
-                                            t0, xprev, sprev);
+    auto fetch = [&](unsigned item, In& in) {
+        const cc1d_place at(item, dim, n_tiles);
+        const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
+        const T* xrow = x + at.row * L;
+        const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
-            const int c = v * NWARPS + warp;
-            if (c + 1 < NCH) {
-                cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
-                if constexpr (HAS_SEQ) cc1d_put_last<H, E>(sr[v], sprev + (c + 1) * H, lane);
-            }
+            const int lt = (v * CC1D_THREADS + tid) * E;
+            in.x[v].load(xrow, t0 + lt, L, vok);
+            if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, in.s[v]);
         }
-    }
-    if constexpr (H > 0) __syncthreads();
+#pragma unroll
+        for (int k = 0; k < W; ++k) in.w[k] = weight[(ssm_i64)at.d * W + k];
+        in.bv = HAS_BIAS ? bias[at.d] : (CT)0;
+        if (H > 0 && tid < H)
+            cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H,
+                                                srow, t0, in.halo, in.shalo);
+        in.slast = 0;
+        if (HAS_SEQ && H > 0 && final_state != nullptr) in.slast = srow[L - 1];
+    };
 
+    In nxt;
+    unsigned item = blockIdx.x;
+    if (cc1d_shape<T>::PREFETCH && item < (unsigned)n_items) fetch(item, nxt);
+    for (int parity = 0; item < (unsigned)n_items; item += gridDim.x, parity ^= 1) {
+        In in;
+        if constexpr (cc1d_shape<T>::PREFETCH) {
+            in = nxt;
+            if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);
+        } else {
+            fetch(item, in);
+        }
+        const cc1d_place at(item, dim, n_tiles);
+        const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
+        CT* xprev = xprev_buf[parity];
+        int* sprev = sprev_buf[parity];
+
+        CT xr[VPT][E];
 #pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
-        const int c = v * NWARPS + warp;
-        CT win[E + H];  // steps [lt - H, lt + E)
-        int sw[HAS_SEQ ? E + H : 1];
+        for (int v = 0; v < VPT; ++v) in.x[v].unpack(xr[v]);
         if constexpr (H > 0) {
-            CT prev[HS];
-            cc1d_before<H, E>(xr[v], xprev + c * H, lane, prev);
-#pragma unroll
-            for (int j = 0; j < H; ++j) win[j] = prev[j];
-            if constexpr (HAS_SEQ) {
-                int sp[HS];
-                cc1d_before<H, E>(sr[v], sprev + c * H, lane, sp);
-#pragma unroll
-                for (int j = 0; j < H; ++j) sw[j] = sp[j];
+            if (tid < H) {
+                xprev[tid] = in.halo;
+                if constexpr (HAS_SEQ) sprev[tid] = in.shalo;
             }
-        }
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
-            win[H + i] = xr[v][i];
-            if constexpr (HAS_SEQ) sw[H + i] = sr[v][i];
-        }
-        CT out[E];
-#pragma unroll
-        for (int i = 0; i < E; ++i) {
-            CT acc = bv;
-#pragma unroll
-            for (int k = 0; k < W; ++k) {
-                if constexpr (HAS_SEQ) {
-                    acc += (sw[i + k] == sw[i + H]) ? w[k] * win[i + k] : (CT)0;
-                } else {
-                    acc += w[k] * win[i + k];
+            for (int v = 0; v < VPT; ++v) {
+                const int c = v * NWARPS + warp;
+                if (c + 1 < NCH) {
+                    cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
+                    if constexpr (HAS_SEQ) cc1d_put_last<H, E>(in.s[v], sprev + (c + 1) * H, lane);
                 }
             }
-            out[i] = SILU ? cc1d_act<CT>::silu(acc) : acc;
+            __syncthreads();
         }
-        cc1d_store<T, CT, E>(y + at.row * L, t0 + lt, L, vok, out);
-    }
 
-    if (H > 0 && final_state != nullptr && at.tile == n_tiles - 1 && tid < H) {
-        const ssm_i64 s = L - H + tid;  // may be < 0 when L < H: an initial-state step
-        CT v = 0;
-        int sv = 0;
-        if (s >= 0) {
-            v = ssm_load(xrow[s]);
-            if constexpr (HAS_SEQ) sv = srow[s];
-        } else {
-            if (h0 != nullptr) v = h0[at.row * H + H + s];
-            if constexpr (HAS_SEQ) sv = srow[0];
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            const int lt = (v * CC1D_THREADS + tid) * E;
+            const int c = v * NWARPS + warp;
+            CT win[E + H];  // steps [lt - H, lt + E)
+            int sw[HAS_SEQ ? E + H : 1];
+            if constexpr (H > 0) {
+                CT prev[HS];
+                cc1d_before<H, E>(xr[v], xprev + c * H, lane, prev);
+#pragma unroll
+                for (int j = 0; j < H; ++j) win[j] = prev[j];
+                if constexpr (HAS_SEQ) {
+                    int sp[HS];
+                    cc1d_before<H, E>(in.s[v], sprev + c * H, lane, sp);
+#pragma unroll
+                    for (int j = 0; j < H; ++j) sw[j] = sp[j];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                win[H + i] = xr[v][i];
+                if constexpr (HAS_SEQ) sw[H + i] = in.s[v][i];
+            }
+            CT out[E];
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                CT acc = in.bv;
+#pragma unroll
+                for (int k = 0; k < W; ++k) {
+                    if constexpr (HAS_SEQ) {
+                        acc += (sw[i + k] == sw[i + H]) ? in.w[k] * win[i + k] : (CT)0;
+                    } else {
+                        acc += in.w[k] * win[i + k];
+                    }
+                }
+                out[i] = SILU ? cc1d_act<CT>::silu(acc) : acc;
+            }
+            const ssm_i64 s0 = t0 + lt;
+            cc1d_store<T, CT, E>(y + at.row * L, s0, L, vok, out);
+            if (H > 0 && final_state != nullptr && s0 + E > L - H && s0 < L) {
+                // the vector holds final-state steps: step s0 + i is final step s0 + i - (L - H)
+#pragma unroll
+                for (int i = 0; i < E; ++i) {
+                    const ssm_i64 f = s0 + i - (L - H);
+                    if (f >= 0 && f < H) {
+                        CT val = xr[v][i];
+                        if constexpr (HAS_SEQ) {
+                            if (in.s[v][i] != in.slast) val = 0;  // an earlier sequence's input
+                        }
+                        ssm_store(final_state + at.row * H + f, val);
+                    }
+                }
+            }
         }
-        if constexpr (HAS_SEQ) {
-            if (sv != srow[L - 1]) v = 0;  // an earlier sequence's input
+
+        // L < W-1: the first final-state steps are initial-state steps (or zeros)
+        if (H > 0 && final_state != nullptr && L < H && tid < H - L) {
+            const ssm_i64 s = L - H + tid;  // < 0
+            CT val = h0 != nullptr ? h0[at.row * H + H + s] : (CT)0;
+            if constexpr (HAS_SEQ) {
+                if (seq[(ssm_i64)at.b * L] != in.slast) val = 0;
+            }
+            ssm_store(final_state + at.row * H + tid, val);
         }
-        ssm_store(final_state + at.row * H + tid, v);
+        if constexpr (!cc1d_shape<T>::WALK) break;
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward. For the tile [t0, t0 + TILE): g = dy * silu'(z) (or dy) on [t0, t0 + TILE + H),
 // recomputing z from x; then dx[s] = sum_k w[k] g[s + H - k] (same-sequence pairs) plus the
-// final-state cotangent, per-block partials of dweight[k] = sum g[t] x[t - H + k] and of
+// final-state cotangent, per-item partials of dweight[k] = sum g[t] x[t - H + k] and of
 // dbias = sum g[t], and, in tile 0, dinitial_state.
 // Registers hold x, dy and g of the thread's vectors; shared memory only the chunk edges:
-// xprev (as in the forward), gnext[c H + j] = g at step c CHUNK + j (c = NCH: the H steps
-// after the tile, computed by threads tid < H from global memory), and the sequence ids.
+// xprev[c H + j] = x at step c CHUNK - H + j (c = NCH: the tile's last H steps), xnext[j] =
+// x at step TILE + j (the H steps after the tile), gnext[c H + j] = g at step c CHUNK + j
+// (c = NCH: after the tile, computed by threads tid < H), the sequence ids of the same
+// steps, and the final-state cotangent. Three barriers per item; every shared array is
+// written before the first and read before the third, so one copy serves all items.
 // partial: (batch, dim, n_tiles, W + 1) in the compute type, entry W holding dbias.
 // ---------------------------------------------------------------------------------------
+template <typename T, int W, bool HAS_SEQ> struct cc1d_bwd_in {  // one item's inputs
+    typedef typename ssm_compute_of<T>::type CT;
+    cc1d_raw<T> x[cc1d_shape<T>::VPT], dy[cc1d_shape<T>::VPT];
+    int s[HAS_SEQ ? cc1d_shape<T>::VPT : 1][cc1d_shape<T>::E];
+    CT w[W], bv;
+    CT halo, xa, dya, dfin;  // threads tid < H: steps t0 - H + tid, t0 + TILE + tid; dfinal[tid]
+    int shalo, sa;           // sequence ids of those steps (-1 past L)
+    int slast;               // the sequence id of step L-1 (with seq_idx and dfinal)
+};
+
 template <typename T, int W, bool HAS_BIAS, bool SILU, bool HAS_SEQ>
 __global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __restrict__ weight,
@@ -396,7 +525,7 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
          const T* __restrict__ dy, const typename ssm_compute_of<T>::type* __restrict__ dfinal,
          T* __restrict__ dx, typename ssm_compute_of<T>::type* __restrict__ dh0,
          typename ssm_compute_of<T>::type* __restrict__ partial, int dim, ssm_i64 L, int n_tiles,
-         int vec_ok) {
+         int n_items, int vec_ok) {
     typedef typename ssm_compute_of<T>::type CT;
     constexpr int H = W - 1;
     constexpr int HS = H > 0 ? H : 1;
@@ -405,209 +534,277 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
     constexpr int TILE = cc1d_shape<T>::TILE;
     constexpr int NWARPS = CC1D_THREADS / 32;
     constexpr int NCH = VPT * NWARPS;
+    constexpr int RED = W + 1 <= 2 ? 2 : (W + 1 <= 4 ? 4 : (W + 1 <= 8 ? 8 : 16));  // padded
     static_assert(32 * E >= H, "a chunk must hold the halo");
-    __shared__ CT xprev[NCH * HS];
+    __shared__ CT xprev[(NCH + 1) * HS];
+    __shared__ CT xnext[HS];
     __shared__ CT gnext[(NCH + 1) * HS];
-    __shared__ int sprev[HAS_SEQ ? NCH * HS : 1];
+    __shared__ CT dfs[HS];
+    __shared__ int sprev[HAS_SEQ ? (NCH + 1) * HS : 1];
     __shared__ int snext[HAS_SEQ ? (NCH + 1) * HS : 1];
+    __shared__ int sxnext[HAS_SEQ ? HS : 1];
     __shared__ CT red[NWARPS * (W + 1)];
+    typedef cc1d_bwd_in<T, W, HAS_SEQ> In;
 
-    const cc1d_place at(dim, n_tiles);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
     const bool vok = vec_ok != 0;
-    const T* xrow = x + at.row * L;
-    const T* dyrow = dy + at.row * L;
-    const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
+    const bool with_dfinal = H > 0 && dfinal != nullptr;
 
-    CT xr[VPT][E], g[VPT][E];  // g holds dy until it becomes dy * silu'(z)
-    int sr[HAS_SEQ ? VPT : 1][E];
+    auto fetch = [&](unsigned item, In& in) {
+        const cc1d_place at(item, dim, n_tiles);
+        const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
+        const T* xrow = x + at.row * L;
+        const T* dyrow = dy + at.row * L;
+        const int* srow = HAS_SEQ ? seq + (ssm_i64)at.b * L : nullptr;
 #pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
-        cc1d_load<T, CT, E>(xrow, t0 + lt, L, vok, xr[v]);
-        cc1d_load<T, CT, E>(dyrow, t0 + lt, L, vok, g[v]);
-        if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, sr[v]);
-    }
-    CT w[W];
+        for (int v = 0; v < VPT; ++v) {
+            const int lt = (v * CC1D_THREADS + tid) * E;
+            in.x[v].load(xrow, t0 + lt, L, vok);
+            in.dy[v].load(dyrow, t0 + lt, L, vok);
+            if constexpr (HAS_SEQ) cc1d_load_seq<E>(srow, t0 + lt, L, in.s[v]);
+        }
 #pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
-    const CT bv = HAS_BIAS ? bias[at.d] : (CT)0;
-    if constexpr (H > 0) {
-        cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H, srow,
-                                            t0, xprev, sprev);
+        for (int k = 0; k < W; ++k) in.w[k] = weight[(ssm_i64)at.d * W + k];
+        in.bv = HAS_BIAS ? bias[at.d] : (CT)0;
+        if (H > 0 && tid < H) {
+            cc1d_halo_before<T, CT, H, HAS_SEQ>(xrow, h0 == nullptr ? nullptr : h0 + at.row * H,
+                                                srow, t0, in.halo, in.shalo);
+            const ssm_i64 t = t0 + TILE + tid;  // after the tile: zeros past L
+            in.xa = t < L ? ssm_load(xrow[t]) : (CT)0;
+            in.dya = t < L ? ssm_load(dyrow[t]) : (CT)0;
+            in.sa = -1;
+            if constexpr (HAS_SEQ) in.sa = t < L ? srow[t] : -1;
+            in.dfin = with_dfinal ? dfinal[at.row * H + tid] : (CT)0;
+        }
+        in.slast = 0;
+        if (HAS_SEQ && with_dfinal) in.slast = srow[L - 1];
+    };
+
+    In nxt;
+    unsigned item = blockIdx.x;
+    if (cc1d_shape<T>::PREFETCH && item < (unsigned)n_items) fetch(item, nxt);
+    for (; item < (unsigned)n_items; item += gridDim.x) {
+        In in;
+        if constexpr (cc1d_shape<T>::PREFETCH) {
+            in = nxt;
+            if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);
+        } else {
+            fetch(item, in);
+        }
+        const cc1d_place at(item, dim, n_tiles);
+        const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
+
+        CT xr[VPT][E], g[VPT][E];  // g holds dy until it becomes dy * silu'(z)
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            in.x[v].unpack(xr[v]);
+            in.dy[v].unpack(g[v]);
+        }
+        if constexpr (H > 0) {
+            if (tid < H) {
+                xprev[tid] = in.halo;
+                xnext[tid] = in.xa;
+                gnext[NCH * H + tid] = in.dya;  // becomes g after the first barrier
+                dfs[tid] = in.dfin;
+                if constexpr (HAS_SEQ) {
+                    sprev[tid] = in.shalo;
+                    sxnext[tid] = in.sa;
+                    snext[NCH * H + tid] = in.sa;
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) {
+                const int c = v * NWARPS + warp;
+                cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
+                if constexpr (HAS_SEQ) {
+                    cc1d_put_last<H, E>(in.s[v], sprev + (c + 1) * H, lane);
+                    cc1d_put_first<H, E>(in.s[v], snext + c * H, lane);
+                }
+            }
+            __syncthreads();
+        }
+
+        // g = dy * silu'(z) on the thread's steps; x before them stays in registers.
+        CT xp[VPT][HS];
+        int sp[HAS_SEQ ? VPT : 1][HS];
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
             const int c = v * NWARPS + warp;
-            if (c + 1 < NCH) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);
-            if constexpr (HAS_SEQ) {
-                if (c + 1 < NCH) cc1d_put_last<H, E>(sr[v], sprev + (c + 1) * H, lane);
-                cc1d_put_first<H, E>(sr[v], snext + c * H, lane);
+            if constexpr (H > 0) {
+                cc1d_before<H, E>(xr[v], xprev + c * H, lane, xp[v]);
+                if constexpr (HAS_SEQ) cc1d_before<H, E>(in.s[v], sprev + c * H, lane, sp[v]);
             }
-        }
-        if (tid < H) {  // the H steps after the tile, from global memory (zeros past L)
-            const ssm_i64 t = t0 + TILE + tid;
-            CT gt = 0;
-            int st = -1;
-            if (t < L) {
-                if constexpr (HAS_SEQ) st = srow[t];
-                gt = ssm_load(dyrow[t]);
-                if constexpr (SILU) {
-                    CT z = bv;
+            if constexpr (SILU) {
 #pragma unroll
-                    for (int k = 0; k < W; ++k) {  // t - H + k >= t0 + TILE - H >= 0, <= t < L
-                        const CT xv = ssm_load(xrow[t - H + k]);
+                for (int i = 0; i < E; ++i) {
+                    CT z = in.bv;
+#pragma unroll
+                    for (int k = 0; k < W; ++k) {
+                        const int m = i + k;  // window position: step lt - H + m
+                        const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
                         if constexpr (HAS_SEQ) {
-                            if (srow[t - H + k] == st) z += w[k] * xv;
+                            const int sv = cc1d_pick<H, E>(sp[v], in.s[v], m);
+                            z += (sv == in.s[v][i]) ? in.w[k] * xv : (CT)0;
                         } else {
-                            z += w[k] * xv;
+                            z += in.w[k] * xv;
                         }
                     }
-                    gt *= cc1d_act<CT>::dsilu(z);
+                    g[v][i] *= cc1d_act<CT>::dsilu(z);  // dy is zero past L
                 }
             }
-            gnext[NCH * H + tid] = gt;
-            if constexpr (HAS_SEQ) snext[NCH * H + tid] = st;
+            if constexpr (H > 0) cc1d_put_first<H, E>(g[v], gnext + c * H, lane);
         }
-        __syncthreads();
-    }
-
-    // g = dy * silu'(z) on the thread's steps; x before them stays in registers.
-    CT xp[VPT][HS];
-    int sp[HAS_SEQ ? VPT : 1][HS];
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int c = v * NWARPS + warp;
         if constexpr (H > 0) {
-            cc1d_before<H, E>(xr[v], xprev + c * H, lane, xp[v]);
-            if constexpr (HAS_SEQ) cc1d_before<H, E>(sr[v], sprev + c * H, lane, sp[v]);
-        }
-        if constexpr (SILU) {
+            if (SILU && tid < H) {  // g at step TILE + tid after the tile (dy is zero past L)
+                CT z = in.bv;
 #pragma unroll
-            for (int i = 0; i < E; ++i) {
-                CT z = bv;
-#pragma unroll
-                for (int k = 0; k < W; ++k) {
-                    const int m = i + k;  // window position: step lt - H + m
-                    const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
+                for (int k = 0; k < W; ++k) {  // x at step TILE + q, q = tid - H + k in [-H, H)
+                    const int q = tid - H + k;
+                    const CT xv = q < 0 ? xprev[NCH * H + H + q] : xnext[q < 0 ? 0 : q];
                     if constexpr (HAS_SEQ) {
-                        const int sv = cc1d_pick<H, E>(sp[v], sr[v], m);
-                        z += (sv == sr[v][i]) ? w[k] * xv : (CT)0;
+                        const int sv = q < 0 ? sprev[NCH * H + H + q] : sxnext[q < 0 ? 0 : q];
+                        if (sv == in.sa) z += in.w[k] * xv;
                     } else {
-                        z += w[k] * xv;
+                        z += in.w[k] * xv;
                     }
                 }
-                g[v][i] *= cc1d_act<CT>::dsilu(z);  // dy is zero past L
+                gnext[NCH * H + tid] = in.dya * cc1d_act<CT>::dsilu(z);
             }
+            __syncthreads();
         }
-        if constexpr (H > 0) cc1d_put_first<H, E>(g[v], gnext + c * H, lane);
-    }
-    if constexpr (H > 0) __syncthreads();
 
-    const bool with_dfinal = H > 0 && dfinal != nullptr;
-    const int seq_last = (HAS_SEQ && with_dfinal) ? srow[L - 1] : 0;
-    CT dw[W + 1];  // dw[W] accumulates dbias
+        const int seq_last = (HAS_SEQ && with_dfinal) ? in.slast : 0;
+        CT dw[RED];  // dw[W] accumulates dbias; entries past W stay zero
 #pragma unroll
-    for (int k = 0; k <= W; ++k) dw[k] = 0;
+        for (int k = 0; k < RED; ++k) dw[k] = 0;
 #pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int lt = (v * CC1D_THREADS + tid) * E;
-        const int c = v * NWARPS + warp;
-        CT gw[E + H];                    // g on [lt, lt + E + H)
-        int sw[HAS_SEQ ? E + 2 * H : 1];  // sequence ids on [lt - H, lt + E + H)
+        for (int v = 0; v < VPT; ++v) {
+            const int lt = (v * CC1D_THREADS + tid) * E;
+            const int c = v * NWARPS + warp;
+            CT gw[E + H];                    // g on [lt, lt + E + H)
+            int sw[HAS_SEQ ? E + 2 * H : 1];  // sequence ids on [lt - H, lt + E + H)
 #pragma unroll
-        for (int i = 0; i < E; ++i) gw[i] = g[v][i];
-        if constexpr (H > 0) {
-            CT gn[HS];
-            cc1d_after<H, E>(g[v], gnext + (c + 1) * H, lane, gn);
+            for (int i = 0; i < E; ++i) gw[i] = g[v][i];
+            if constexpr (H > 0) {
+                CT gn[HS];
+                cc1d_after<H, E>(g[v], gnext + (c + 1) * H, lane, gn);
 #pragma unroll
-            for (int j = 0; j < H; ++j) gw[E + j] = gn[j];
-        }
-        if constexpr (HAS_SEQ) {
-            int sn[HS];
-            if constexpr (H > 0) cc1d_after<H, E>(sr[v], snext + (c + 1) * H, lane, sn);
-#pragma unroll
-            for (int j = 0; j < H; ++j) {
-                sw[j] = sp[v][j];
-                sw[H + E + j] = sn[j];
+                for (int j = 0; j < H; ++j) gw[E + j] = gn[j];
             }
+            if constexpr (HAS_SEQ) {
+                int sn[HS];
+                if constexpr (H > 0) cc1d_after<H, E>(in.s[v], snext + (c + 1) * H, lane, sn);
 #pragma unroll
-            for (int i = 0; i < E; ++i) sw[H + i] = sr[v][i];
+                for (int j = 0; j < H; ++j) {
+                    sw[j] = sp[v][j];
+                    sw[H + E + j] = sn[j];
+                }
+#pragma unroll
+                for (int i = 0; i < E; ++i) sw[H + i] = in.s[v][i];
+            }
+            CT out[E];
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                CT acc = 0;
+#pragma unroll
+                for (int k = 0; k < W; ++k) {  // step s + H - k reads this input through tap k
+                    if constexpr (HAS_SEQ) {
+                        acc += (sw[2 * H + i - k] == sw[H + i]) ? in.w[k] * gw[i + H - k] : (CT)0;
+                    } else {
+                        acc += in.w[k] * gw[i + H - k];
+                    }
+                }
+                out[i] = acc;
+                const CT gi = gw[i];
+                dw[W] += gi;
+#pragma unroll
+                for (int k = 0; k < W; ++k) {
+                    const int m = i + k;  // x at step lt - H + m
+                    const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
+                    if constexpr (HAS_SEQ) {
+                        dw[k] += (sw[m] == sw[H + i]) ? gi * xv : (CT)0;
+                    } else {
+                        dw[k] += gi * xv;
+                    }
+                }
+            }
+            const ssm_i64 s0 = t0 + lt;
+            if (with_dfinal && s0 + E > L - H && s0 < L) {  // the vector holds final-state steps
+                const int f0 = (int)(s0 - (L - H));  // in (-E, H): step s0 + i is final step f0 + i
+#pragma unroll
+                for (int i = 0; i < E; ++i) {  // no branch per element: out stays in registers
+                    const int f = f0 + i;
+                    bool take = (unsigned)f < (unsigned)H;
+                    // bitwise &: a short-circuit here let nvcc pick sw[H + i] by a run-time
+                    // index, which put sw in local memory
+                    if constexpr (HAS_SEQ) take = take & (sw[H + i] == seq_last);
+                    const CT add = dfs[f < 0 ? 0 : (f < H ? f : H - 1)];
+                    out[i] += take ? add : (CT)0;
+                }
+            }
+            cc1d_store<T, CT, E>(dx + at.row * L, s0, L, vok, out);
         }
-        CT out[E];
-#pragma unroll
-        for (int i = 0; i < E; ++i) {
+
+        if (H > 0 && dh0 != nullptr && at.tile == 0 && tid < H) {
+            // Initial-state step j (xpad position j, time j - H) is read by steps t = j - k.
+            const int j = tid;
             CT acc = 0;
 #pragma unroll
-            for (int k = 0; k < W; ++k) {  // step s + H - k reads this input through tap k
-                if constexpr (HAS_SEQ) {
-                    acc += (sw[2 * H + i - k] == sw[H + i]) ? w[k] * gw[i + H - k] : (CT)0;
-                } else {
-                    acc += w[k] * gw[i + H - k];
-                }
-            }
-            out[i] = acc;
-            const CT gi = gw[i];
-            dw[W] += gi;
-#pragma unroll
             for (int k = 0; k < W; ++k) {
-                const int m = i + k;  // x at step lt - H + m
-                const CT xv = cc1d_pick<H, E>(xp[v], xr[v], m);
-                if constexpr (HAS_SEQ) {
-                    dw[k] += (sw[m] == sw[H + i]) ? gi * xv : (CT)0;
-                } else {
-                    dw[k] += gi * xv;
+                if (k <= j) {
+                    const int t = j - k;  // < H <= CHUNK: in gnext[0..H); g is zero past L
+                    bool same = true;
+                    if constexpr (HAS_SEQ) same = snext[t] == sprev[j];
+                    if (same) acc += in.w[k] * gnext[t];
                 }
             }
-        }
-        const ssm_i64 s0 = t0 + lt;
-        if (with_dfinal && s0 + E > L - H && s0 < L) {  // the vector holds final-state steps
-            const int f0 = (int)(s0 - (L - H));  // in (-E, H): step s0 + i is final step f0 + i
-#pragma unroll
-            for (int i = 0; i < E; ++i) {  // no branch per element: out stays in registers
-                const int f = f0 + i;
-                bool take = f >= 0 && f < H;
-                if constexpr (HAS_SEQ) take = take && sw[H + i] == seq_last;
-                const CT add = dfinal[at.row * H + (f < 0 ? 0 : (f < H ? f : H - 1))];
-                out[i] += take ? add : (CT)0;
-            }
-        }
-        cc1d_store<T, CT, E>(dx + at.row * L, s0, L, vok, out);
-    }
-
-    if (H > 0 && dh0 != nullptr && at.tile == 0 && tid < H) {
-        // Initial-state step j (xpad position j, time j - H) is read by steps t = j - k.
-        const int j = tid;
-        CT acc = 0;
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-            if (k <= j) {
-                const int t = j - k;  // < H <= CHUNK: in gnext[0..H); g is zero past L
+            if (with_dfinal && j >= L) {  // L < W-1: the final state still holds this value
                 bool same = true;
-                if constexpr (HAS_SEQ) same = snext[t] == sprev[j];
-                if (same) acc += w[k] * gnext[t];
+                if constexpr (HAS_SEQ) same = sprev[j] == seq_last;
+                if (same) acc += dfs[j - L];
             }
+            dh0[at.row * H + j] = acc;
         }
-        if (with_dfinal && j >= L) {  // L < W-1: the final state still holds this value
-            bool same = true;
-            if constexpr (HAS_SEQ) same = sprev[j] == seq_last;
-            if (same) acc += dfinal[at.row * H + (j - L)];
-        }
-        dh0[at.row * H + j] = acc;
-    }
 
-    // Partials of dweight and dbias: a fixed shuffle tree per warp, then warps in order.
+        // Partials of dweight and dbias: a fixed reduce-scatter tree per warp (lane `own`
+        // ends with the warp's sum of entry `off`), then the warps in order.
+        int off = 0;
+        bool own = true;
+        ssm_reduce_scatter<RED, 16>::run(dw, lane, 0xffffffffu, off, own);
+        if (own && off <= W) red[warp * (W + 1) + off] = dw[0];
+        __syncthreads();
+        if (tid <= W) {
+            CT s = red[tid];
 #pragma unroll
-    for (int k = 0; k <= W; ++k) {
-        const CT s = ssm_group_allreduce<16>(dw[k], 0xffffffffu);
-        if (lane == 0) red[warp * (W + 1) + k] = s;
+            for (int q = 1; q < NWARPS; ++q) s += red[q * (W + 1) + tid];
+            partial[((ssm_i64)at.row * n_tiles + at.tile) * (W + 1) + tid] = s;
+        }
+        if constexpr (!cc1d_shape<T>::WALK) break;
     }
-    __syncthreads();
-    if (tid <= W) {
-        CT s = red[tid];
-#pragma unroll
-        for (int q = 1; q < NWARPS; ++q) s += red[q * (W + 1) + tid];
-        partial[((ssm_i64)at.row * n_tiles + at.tile) * (W + 1) + tid] = s;
+}
+
+// ---------------------------------------------------------------------------------------
+// dweight[d, k] = sum over b and tiles of partial[b, d, tile, k], and dbias[d] the same of
+// entry W: one thread per (d, k), summing b-major then tile, a fixed order (no atomics).
+// ---------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(CC1D_THREADS)
+cc1d_wsum(const CT* __restrict__ partial, CT* __restrict__ dweight, CT* __restrict__ dbias,
+          int batch, int dim, int n_tiles, int width) {
+    const ssm_i64 i = (ssm_i64)blockIdx.x * CC1D_THREADS + threadIdx.x;
+    const int K = width + 1;
+    if (i >= (ssm_i64)dim * K) return;
+    const int d = (int)(i / K), k = (int)(i - (ssm_i64)d * K);
+    if (k == width && dbias == nullptr) return;
+    CT s = 0;
+    for (int b = 0; b < batch; ++b) {
+        const CT* p = partial + (((ssm_i64)b * dim + d) * n_tiles) * K + k;
+        for (int t = 0; t < n_tiles; ++t) s += p[(ssm_i64)t * K];
+    }
+    if (k < width) {
+        dweight[(ssm_i64)d * width + k] = s;
+    } else {
+        dbias[d] = s;
     }
 }
 

@@ -1,19 +1,27 @@
 """GPU backend of the causal convolution: the host side of ``cuda_src/causal_conv1d.cu``.
 
 Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
-(``forward``, ``backward``, ``update``). One kernel per call; the backward then
-sums its per-block partials of ``dweight``/``dbias`` with CuPy reductions in a
-fixed order (no atomics: results repeat bit for bit).
+(``forward``, ``backward``, ``update``). The forward is one kernel; the backward
+is two: the convolution's backward, which writes per-item partial sums of
+``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over batch and tiles
+in a fixed order (no atomics: results repeat bit for bit).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys` lists
 them and :func:`name_expression` spells one as the C++ template name that CuPy
 (at run time) and the NVRTC check of the tests compile. CuPy is imported only
 inside the launching functions.
 
-Work split (see ``causal_conv1d.cu``): a block of ``THREADS`` threads owns one
-time tile of one channel row, ``tile_steps(dtype)`` steps: four 16-byte vectors
-per thread for 4-byte types, two for the others. The grid is ``batch * dim * ceil(L / tile)`` blocks
-(fewer than 2**31: the kernels divide the block index in 32 bits). Each thread keeps its
+Work split (see ``causal_conv1d.cu``): an item is one time tile of one channel row,
+``tile_steps(dtype)`` steps, handled by a block of ``THREADS`` threads: four 16-byte vectors
+per thread for 4-byte types, two for the others. There are ``batch * dim * ceil(L / tile)``
+items (fewer than 2**31: the kernels divide item indices in 32 bits). For 16-bit types the
+grid is at most the blocks that fit on the device at once (:func:`resident_blocks`) and each
+block walks the items ``blockIdx.x + k * gridDim.x``; float32 and float64 launch one block
+per item. Measured on the H200 (bench_causal_conv1d.py, both without read-ahead): float32
+forward 0.98-1.05 of copy with one block per item against 0.87-0.92 with the resident grid;
+bfloat16 backward 0.55-0.79 with the resident grid against 0.54-0.77, forward level.
+``SSMKIT_CC1D_GRID=items`` or ``=resident`` in the environment (read at each launch) forces
+either for every dtype but float64. Each thread keeps its
 vectors in registers; neighbouring steps come from other lanes by warp shuffles and, at the
 edges of each warp's 32-vector chunk, from a few words of shared memory.
 """
@@ -22,13 +30,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 
 import numpy as np
 
 from . import compiler
 
 __all__ = ["forward", "backward", "update", "KernelKey", "kernel_keys",
-           "name_expression", "tile_steps", "WIDTHS", "SOURCE_FILE"]
+           "name_expression", "tile_steps", "resident_blocks", "WIDTHS", "SOURCE_FILE"]
 
 SOURCE_FILE = "causal_conv1d.cu"
 THREADS = 128  # CC1D_THREADS in the source
@@ -41,8 +50,10 @@ KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bia
                                                  "has_seq"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd", "bwd" or "update"; io : numpy dtype name of x; width : W (1..8);
-has_bias, silu, has_seq : the template flags (has_seq is False for "update")."""
+kind : "fwd", "bwd", "update" or "wsum"; io : numpy dtype name of x (for "wsum": of the
+compute type, float32 or float64); width : W (1..8; 0 for "wsum", whose width is an argument);
+has_bias, silu, has_seq : the template flags (has_seq is False for "update"; all False for
+"wsum")."""
 
 _NULL = np.uint64(0)
 
@@ -52,7 +63,10 @@ def _b(flag: bool) -> str:
 
 
 def name_expression(key: KernelKey) -> str:
-    """The C++ template instantiation of ``key``, e.g. ``cc1d_fwd<float, 4, true, false, false>``."""
+    """The C++ template instantiation of ``key``, e.g.
+    ``cc1d_fwd<float, 4, true, false, false>``."""
+    if key.kind == "wsum":
+        return f"cc1d_wsum<{_CXX[key.io]}>"
     head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
     if key.kind == "update":
         return head + ">"
@@ -63,9 +77,10 @@ def kernel_keys(full: bool = True) -> list:
     """Every instantiation (``full``), or a representative set covering every template value.
 
     The representative set: every width with float32 and the flags cycling through
-    their combinations, and every dtype at width 4 with all flags off and all on.
+    their combinations, and every dtype at width 4 with all flags off and all on; both
+    ``cc1d_wsum`` instantiations (float and double) in either list.
     """
-    keys = []
+    keys = [KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
     for kind in ("fwd", "bwd", "update"):
         seqs = (False,) if kind == "update" else (False, True)
         if full:
@@ -118,6 +133,55 @@ def _launch(key, blocks, args):
     kernel((int(blocks),), (THREADS,), args)
 
 
+def resident_blocks(kernel) -> int:
+    """Blocks of ``THREADS`` threads of ``kernel`` that fit on the current device at once.
+
+    The driver's occupancy figure per multiprocessor, times the multiprocessors; where
+    CuPy does not expose it, the same from the kernel's registers and static shared memory
+    and the device's limits (registers are given out per warp in units of 256; each block
+    also reserves 1 KiB of shared memory).
+    """
+    lim = compiler.device_limits()
+    try:
+        from cupy.cuda import driver
+
+        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                       THREADS, 0))
+    except Exception:  # a CuPy without it, or the driver refusing: the estimate below
+        warps = THREADS // 32
+        warp_regs = -(-max(int(kernel.num_regs), 1) * 32 // 256) * 256
+        by_regs = (lim["regs_per_sm"] // warp_regs) // warps
+        by_smem = lim["smem_per_sm"] // (int(kernel.shared_size_bytes) + 1024)
+        per_sm = min(by_regs, by_smem, lim["max_warps_per_sm"] // warps, lim["max_blocks_per_sm"])
+    return max(per_sm, 1) * lim["sm_count"]
+
+
+def _launch_items(key, n_items, args):
+    """Launch a streamed kernel over ``n_items`` items: one resident wave of blocks that
+    walk the items (``SSMKIT_CC1D_GRID=items``: one block per item)."""
+    if n_items > 2**31 - 1:
+        raise ValueError(f"ssmkit GPU causal_conv1d: {n_items} tiles is more than the kernels "
+                         "index (2**31 - 1)")
+    import cupy
+
+    name = name_expression(key)
+    kernel = compiler.get_kernel(SOURCE_FILE, name)
+    blocks = n_items  # float64: a block does one item (cc1d_shape<double>::WALK)
+    forced = os.environ.get("SSMKIT_CC1D_GRID", "")
+    walk = forced == "resident" if forced in ("items", "resident") else key.io in ("float16",
+                                                                                 "bfloat16")
+    if key.io != "float64" and walk:
+        where = (cupy.cuda.runtime.getDevice(), name)
+        wave = _resident.get(where)
+        if wave is None:
+            wave = _resident[where] = resident_blocks(kernel)
+        blocks = min(n_items, wave)
+    kernel((int(blocks),), (THREADS,), args)
+
+
+_resident: dict = {}  # (device, kernel name) -> resident_blocks
+
+
 def _grid(p):
     io = _dtype_name(p.io_dtype)
     if p.dim > 2**31 - 1 or p.batch > 2**31 - 1:
@@ -132,7 +196,7 @@ def _grid(p):
 def forward(p):
     """y (batch, dim, L) and final_state (batch, dim, W-1), both ``p.io_dtype``."""
     cp = p.xp
-    io, n_tiles, blocks, vec = _grid(p)
+    io, n_tiles, n_items, vec = _grid(p)
     H = p.width - 1
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
@@ -140,15 +204,15 @@ def forward(p):
     key = KernelKey("fwd", io, p.width, p.bias is not None, p.silu, p.seq_idx is not None)
     args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), y,
             final if H else _NULL, np.int32(p.dim), np.int64(p.L), np.int32(n_tiles),
-            np.int32(vec_ok))
-    _launch(key, blocks, args)
+            np.int32(n_items), np.int32(vec_ok))
+    _launch_items(key, n_items, args)
     return y, final
 
 
 def backward(p, dy, dfinal_state):
     """Gradients dict(x, weight, bias, initial_state) (see the backend contract)."""
     cp = p.xp
-    io, n_tiles, blocks, vec = _grid(p)
+    io, n_tiles, n_items, vec = _grid(p)
     H, W = p.width - 1, p.width
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
@@ -158,12 +222,16 @@ def backward(p, dy, dfinal_state):
     key = KernelKey("bwd", io, W, p.bias is not None, p.silu, p.seq_idx is not None)
     args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), dy,
             _ptr(dfinal_state if H else None), dx, _ptr(dh0 if H else None), partial,
-            np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(vec_ok))
-    _launch(key, blocks, args)
-    sums = partial.sum(axis=(0, 2))  # one reduction kernel: a fixed order for a given shape
-    return dict(x=dx, weight=sums[:, :W].copy(),
-                bias=None if p.bias is None else sums[:, W].copy(),
-                initial_state=dh0)
+            np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(n_items),
+            np.int32(vec_ok))
+    _launch_items(key, n_items, args)
+    dweight = cp.empty((p.dim, W), dtype=cd)
+    dbias = cp.empty((p.dim,), dtype=cd) if p.bias is not None else None
+    wsum = KernelKey("wsum", np.dtype(cd).name, 0, False, False, False)
+    _launch(wsum, -(-p.dim * (W + 1) // THREADS),
+            (partial, dweight, _ptr(dbias), np.int32(p.batch), np.int32(p.dim),
+             np.int32(n_tiles), np.int32(W)))
+    return dict(x=dx, weight=dweight, bias=dbias, initial_state=dh0)
 
 
 def update(x, conv_state, weight, bias, silu, rows):

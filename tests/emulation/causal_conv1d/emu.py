@@ -3,13 +3,17 @@ r"""Host emulation of cuda_src/causal_conv1d.cu (fwd/bwd) checked against ssmkit
 Builds every fwd/bwd instance for the chosen dtypes and widths (EMU_W, default 1..8) into one
 .so under $TMPDIR/ssmkit_emu/causal_conv1d, then runs lengths around the warp and tile edges
 (with and without bias, SiLU, seq_idx, initial state) and compares y, the final state and the
-gradients with reference.causal_conv1d_vjp.
+gradients with reference.causal_conv1d_vjp. The weight gradients come from the emulated
+cc1d_wsum, checked bit for bit against the same fixed-order sum in NumPy. Every other case
+launches 3 blocks that walk all the items (float32 and 16-bit: the read-ahead hand-over),
+the others one block per item.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
         EMU_W=4 python3 tests/emulation/causal_conv1d/emu.py float32 [values_per_thread]
 
-Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1|2 plants
-a known bug to see the check fail.
+Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1..4 plants
+a known bug to see the check fail (1: chunk edge after, 2: tile halo lost, 3: the backward's
+steps after the tile, 4: the read-ahead fetches the wrong item).
 """
 import ctypes, hashlib, os, subprocess, sys, itertools, tempfile
 import numpy as np
@@ -25,6 +29,7 @@ REPL = [
     ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
     ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
+    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));', 'e = emu_ex2_ftz(z * -1.4426950408889634f);'),
     ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));', 's = emu_rcp_ftz(1.0f + e);'),
     ('asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));', 'r = emu_rcp64(d);'),
@@ -61,13 +66,18 @@ CXX = {"float32": "float", "float64": "double", "bfloat16": "ssm_bf16", "float16
 def wrapper(key, i):
     io = CXX[key.io]; ct = "double" if key.io == "float64" else "float"
     name = cc.name_expression(key)
+    if key.kind == "wsum":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {ct}*)p[0], ({ct}*)p[1], ({ct}*)p[2], (int)s[0], (int)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
+}}
+'''
     if key.kind == "fwd":
         return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], ({io}*)p[5], ({io}*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], ({io}*)p[5], ({io}*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
 }}
 '''
     return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], (const {io}*)p[5], (const {ct}*)p[6], ({io}*)p[7], ({ct}*)p[8], ({ct}*)p[9], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], (const {io}*)p[5], (const {ct}*)p[6], ({io}*)p[7], ({ct}*)p[8], ({ct}*)p[9], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
 }}
 '''
 
@@ -75,8 +85,12 @@ _libs = {}
 MUT = []
 if os.environ.get('EMU_MUT') == '1':
     MUT = [('edge[j + (lane + delta < 32 ? 0 : lane + 1 - 32) * E]', 'edge[j]')]
-if os.environ.get('EMU_MUT') == '2':
-    MUT = [('if (c + 1 < NCH) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);', 'if (c + 1 < NCH && c > 0) cc1d_put_last<H, E>(xr[v], xprev + (c + 1) * H, lane);')]
+if os.environ.get('EMU_MUT') == '2':  # the halo before each tile lost
+    MUT = [('xprev[tid] = in.halo;', 'xprev[tid] = 0;')]
+if os.environ.get('EMU_MUT') == '3':  # the backward's steps after the tile read wrongly
+    MUT = [('xnext[q < 0 ? 0 : q]', 'xnext[0]')]
+if os.environ.get('EMU_MUT') == '4':  # the prefetched item handed over wrongly
+    MUT = [('if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);', 'if (item + gridDim.x < (unsigned)n_items) fetch(item, nxt);')]
 def build(keys, defines=()):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT: src = src.replace(a, b)
@@ -112,7 +126,8 @@ def rel(x, ref):
     assert np.all(np.isfinite(x))
     return np.linalg.norm(x - ref) / (d if d > 0 else 1.0)
 
-def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misalign=False):
+def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misalign=False, grid=None):
+    """One problem; ``grid`` blocks walk the items (None: one block per item)."""
     E = 16 // np.dtype("float32" if io == "float32" else ("float64" if io == "float64" else "float16")).itemsize
     tile = 128 * vpt * E
     n_tiles = -(-L // tile)
@@ -132,8 +147,9 @@ def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misali
     key_b = cc.KernelKey("bwd", io, W, bias, silu, seq is not None)
     vec_ok = int(L % E == 0 and not misalign)
     y = np.zeros_like(x); fin = np.zeros((batch, dim, H), x.dtype)
-    grid = batch * dim * n_tiles
-    run(fns[key_f], [x, w, b, h0, seq, y, fin if H else None], [dim, L, n_tiles, vec_ok], grid)
+    n_items = batch * dim * n_tiles
+    grid = n_items if grid is None else min(grid, n_items)
+    run(fns[key_f], [x, w, b, h0, seq, y, fin if H else None], [dim, L, n_tiles, n_items, vec_ok], grid)
     act = "silu" if silu else None
     kw = dict(activation=act, initial_state=None if h0 is None else h0.astype(np.float64),
               seq_idx=None if seq is None else seq.astype(np.int64), return_final_state=True)
@@ -145,12 +161,22 @@ def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misali
     dx = np.zeros_like(x)
     dh0 = np.zeros((batch, dim, H), ct) if init else None
     part = np.full((batch, dim, n_tiles, W + 1), np.nan, ct)
-    run(fns[key_b], [x, w, b, h0, seq, dy, dfin if H else None, dx, dh0 if H else None, part], [dim, L, n_tiles, vec_ok], grid)
+    run(fns[key_b], [x, w, b, h0, seq, dy, dfin if H else None, dx, dh0 if H else None, part], [dim, L, n_tiles, n_items, vec_ok], grid)
+    dw = np.full((dim, W), np.nan, ct)
+    db = np.full(dim, np.nan, ct) if bias else None
+    key_s = cc.KernelKey("wsum", "float64" if io == "float64" else "float32", 0, False, False, False)
+    run(fns[key_s], [part, dw, db], [batch, dim, n_tiles, W], -(-dim * (W + 1) // 128))
     g = pb(dy.astype(np.float64), dfin.astype(np.float64))
-    sums = part.astype(np.float64).sum(axis=(0, 2))
+    # cc1d_wsum sums b-major then tile, in the compute type
+    order = part.transpose(1, 3, 0, 2).reshape(dim, W + 1, -1)
+    expect = np.zeros((dim, W + 1), ct)
+    for j in range(order.shape[2]):
+        expect += order[:, :, j]
+    if not (np.array_equal(dw, expect[:, :W]) and (db is None or np.array_equal(db, expect[:, W]))):
+        errs["wsum_order"] = 1.0
     errs["dx"] = rel(dx.astype(np.float64), g.x)
-    errs["dw"] = rel(sums[:, :W], g.weight)
-    if bias: errs["db"] = rel(sums[:, W], g.bias)
+    errs["dw"] = rel(dw, g.weight)
+    if bias: errs["db"] = rel(db, g.bias)
     if init and H: errs["dh0"] = rel(dh0, g.initial_state)
     return errs
 
@@ -164,12 +190,13 @@ if __name__ == "__main__":
     widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
     keys = [cc.KernelKey(k, io, W, hb, si, sq) for k in ("fwd", "bwd") for io in ios for W in widths
             for hb, si, sq in itertools.product((False, True), repeat=3)]
+    keys += [cc.KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
     fns = build(keys, [f"CC1D_VPT {vpt}"] if vpt else [])
     worst = {}
     fails = 0
     for io in ios:
         v = vpt or (4 if io == "float32" else 2)
-        E = {"float32": 4, "float64": 2, "bfloat16": 8}[io]
+        E = {"float32": 4, "float64": 2, "bfloat16": 8, "float16": 8}[io]
         tile = 128 * v * E
         for W in widths:
             for j, L in enumerate([1, 2, 5, W - 1 if W > 1 else 3, 32 * E - 1, 32 * E + 3, tile, tile + 1, tile + E, 2 * tile + 5]):
@@ -178,7 +205,11 @@ if __name__ == "__main__":
                 cuts = None
                 if sq:
                     cuts = sorted(set([1, 3, 32 * E - 2, 32 * E, tile - 1, tile + 2, L - 1]))
-                errs = case(fns, io, W, 2, 2, L, hb, si, cuts, init, rng, v, misalign=False)
+                # every other case: 3 blocks walk the items (the read-ahead hand-over), else one
+                # per item; float64 blocks do one item each (cc1d_shape<double>::WALK)
+                walk = io != "float64" and (W + j) % 2
+                errs = case(fns, io, W, 2, 2, L, hb, si, cuts, init, rng, v, misalign=False,
+                            grid=3 if walk else None)
                 for name, e in errs.items():
                     tol = TOL_F[io] if name in ("y", "final") else TOL_G[io]
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
