@@ -464,57 +464,48 @@ def _kernels(dtype_name, block_scan_name, blocked=False):
         def tile_store(out, row, start, end, L, rev, h, sA, sB, xa, xb):
             rescan_store(out, row, start, end, L, rev, h, sA, sB)
 
-    # ---------------------------------------------------------------- kernels
-    @cuda.jit
-    def segment_scan(a, b, h_in, out, seg_len, rev):
-        """Block (row, seg) walks steps [seg seg_len, (seg+1) seg_len) tile by tile."""
+    @cuda.jit(device=True, inline=True)
+    def walk_span(a, b, out, span, n_spans, h, rev, store):
+        """Block (row, part) = blockIdx.x walks steps [part span, (part+1) span) tile by
+        tile: returns the row, the part and the span's composed pair; with ``store``, also
+        writes every step's state, ``h[row, part]`` entering the span."""
         sA = cuda.shared.array(stage_len, vt)
         sB = cuda.shared.array(stage_len, vt)
         wA = cuda.shared.array(scratch, vt)
         wB = cuda.shared.array(scratch, vt)
-        L = b.shape[1]
-        n_segs = h_in.shape[1]
-        block = np.int64(cuda.blockIdx.x)
-        row = block // n_segs
-        seg = block - row * n_segs
         xa = cuda.local.array(ITEMS, vt)
         xb = cuda.local.array(ITEMS, vt)
-        h = h_in[row, seg]
-        start = seg * seg_len
-        end = min(L, start + seg_len)
-        while start < end:
-            tile_end = min(end, start + TILE)
-            A, B = tile_pair(a, b, row, start, tile_end, L, rev, sA, sB, xa, xb)
-            eA, eB, tA, tB = block_scan(A, B, wA, wB)
-            tile_store(out, row, start, tile_end, L, rev, eA * h + eB, sA, sB, xa, xb)
-            h = tA * h + tB
-            start += TILE
-
-    @cuda.jit
-    def chunk_totals(a, b, aggA, aggB, chunk, rev):
-        """Phase 1: block (row, chunk) reduces its chunk to one pair."""
-        sA = cuda.shared.array(stage_len, vt)
-        sB = cuda.shared.array(stage_len, vt)
-        wA = cuda.shared.array(scratch, vt)
-        wB = cuda.shared.array(scratch, vt)
         L = b.shape[1]
-        n_chunks = aggA.shape[1]
         block = np.int64(cuda.blockIdx.x)
-        row = block // n_chunks
-        c = block - row * n_chunks
-        start = c * chunk
-        end = min(L, start + chunk)
-        xa = cuda.local.array(ITEMS, vt)
-        xb = cuda.local.array(ITEMS, vt)
+        row = block // n_spans
+        part = block - row * n_spans
+        start = part * span
+        end = min(L, start + span)
+        hs = h[row, part] if store else zero
         runA = one
         runB = zero
         while start < end:
             tile_end = min(end, start + TILE)
             A, B = tile_pair(a, b, row, start, tile_end, L, rev, sA, sB, xa, xb)
             eA, eB, tA, tB = block_scan(A, B, wA, wB)
+            if store:
+                tile_store(out, row, start, tile_end, L, rev, eA * hs + eB, sA, sB, xa, xb)
+                hs = tA * hs + tB
             runB = tA * runB + tB
             runA = tA * runA
             start += TILE
+        return row, part, runA, runB
+
+    # ---------------------------------------------------------------- kernels
+    @cuda.jit
+    def segment_scan(a, b, h_in, out, seg_len, rev):
+        """Block (row, seg) walks steps [seg seg_len, (seg+1) seg_len) tile by tile."""
+        walk_span(a, b, out, seg_len, h_in.shape[1], h_in, rev, True)
+
+    @cuda.jit
+    def chunk_totals(a, b, aggA, aggB, chunk, rev):
+        """Phase 1: block (row, chunk) reduces its chunk to one pair."""
+        row, c, runA, runB = walk_span(a, b, aggA, chunk, aggA.shape[1], aggA, rev, False)
         if cuda.threadIdx.x == 0:
             aggA[row, c] = runA
             aggB[row, c] = runB
