@@ -15,21 +15,16 @@ Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU
 a known bug to see the check fail (1: chunk edge after, 2: tile halo lost, 3: the backward's
 steps after the tile, 4: the read-ahead fetches the wrong item).
 """
-import ctypes, hashlib, os, subprocess, sys, itertools, tempfile
+import ctypes, os, sys, itertools
 import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, REPO); sys.path.insert(0, os.path.join(REPO, "tests"))
 from ssmkit._gpu import compiler, causal_conv1d as cc
 from ssmkit import reference
-BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "causal_conv1d")
-REPL = [
-    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
-    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
-    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
-    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
-    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
-    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
+sys.path.insert(0, os.path.dirname(HERE))
+from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
+REPL = COMMON_REPL + [
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));', 'e = emu_ex2_ftz(z * -1.4426950408889634f);'),
     ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));', 's = emu_rcp_ftz(1.0f + e);'),
     ('asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));', 'r = emu_rcp64(d);'),
@@ -94,17 +89,9 @@ if os.environ.get('EMU_MUT') == '4':  # the prefetched item handed over wrongly
 def build(keys, defines=()):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT: src = src.replace(a, b)
-    for a, b in REPL:
-        if a not in src: raise SystemExit("missing: " + a)
-        src = src.replace(a, b)
+    src = replace_all(src, REPL)
     text = "".join(f"#define {d}\n" for d in defines) + '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k, i) for i, k in enumerate(keys))
-    h = hashlib.md5(text.encode()).hexdigest()[:12]
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    so = f"{BUILD_DIR}/emu_{h}.so"
-    if not os.path.exists(so):
-        cpp = f"{BUILD_DIR}/emu_{h}.cpp"; open(cpp, "w").write(text)
-        subprocess.run(["g++", "-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-                        "-fsanitize=address", "-fno-omit-frame-pointer", "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so], check=True)
+    so = compile_so("causal_conv1d", text, asan=True, opt="-O1", include_dir=HERE)
     lib = ctypes.CDLL(so)
     return {k: getattr(lib, f"k{i}") for i, k in enumerate(keys)}
 

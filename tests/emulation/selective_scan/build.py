@@ -5,29 +5,21 @@ and vector casts replaced by the C++ of emu_common.h and prelude_ss.h (REPL belo
 source, else the assert names it). Used by run.py and sweep.py; not run on its own. Build products
 (.cpp, .so) go to $TMPDIR/ssmkit_emu/selective_scan, keyed by a hash of the text.
 """
-import hashlib, os, re, subprocess, sys, tempfile
+import hashlib, os, re, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, REPO)
 from ssmkit._gpu import compiler, selective_scan as ss
 
-BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "selective_scan")
+sys.path.insert(0, os.path.dirname(HERE))
+from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
 
-REPL = [
+REPL = COMMON_REPL + [
     ('const ssm_f4 t = *reinterpret_cast<const ssm_f4*>(p);', 'const ssm_f4 t = *emu_al<const ssm_f4>(p);'),
     ('*reinterpret_cast<ssm_f4*>(p) = t;', '*emu_al<ssm_f4>(p) = t;'),
     ('const ssm_d2 a = reinterpret_cast<const ssm_d2*>(p)[0];', 'const ssm_d2 a = emu_al<const ssm_d2>(p)[0];'),
     ('reinterpret_cast<ssm_d2*>(p)[0] = a;', 'emu_al<ssm_d2>(p)[0] = a;'),
-    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
-    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
-    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
-    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
-    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
-    ('asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));', 'r = emu_dyn_smem;'),
-    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
-    ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
-    ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
     # cp.async (prelude_ss.h): the sm_80 branch is the one emulated.
     ('#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800', '#if 1'),
@@ -138,21 +130,8 @@ def build(keys, asan=True, opt="-O1"):
     for a, b in mutations():
         assert a in src, "mutation target not in the source: " + a
         src = src.replace(a, b)
-    for a, b in REPL:
-        assert a in src, a
-        src = src.replace(a, b)
+    src = replace_all(src, REPL)
     left = [ln for ln in src.splitlines() if re.search(r"\basm\b", ln)]
     assert not left, "inline PTX left unemulated: " + "; ".join(left)
     text = '#include "prelude_ss.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)
-    h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    so = os.path.join(BUILD_DIR, f"emu_{h}.so")
-    if not os.path.exists(so):
-        cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
-        open(cpp, "w").write(text)
-        cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-               "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so]
-        if asan:
-            cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
-        subprocess.run(cmd, check=True)
-    return so
+    return compile_so("selective_scan", text, asan=asan, opt=opt, include_dir=HERE)

@@ -10,24 +10,17 @@ Products go to $TMPDIR/ssmkit_emu/ssd.
 
 SSD_EMU_MUTATE='old=>new' plants a deliberate bug (first occurrence) to see the checks fail.
 """
-import hashlib, os, re, subprocess, sys, tempfile
+import os, re, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, REPO)
 from ssmkit._gpu import compiler
 
-BUILD_DIR = os.path.join(tempfile.gettempdir(), "ssmkit_emu", "ssd")
-REPL = [
-    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
-    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
-    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
-    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
-    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
-    ('asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));', 'r = emu_dyn_smem;'),
-    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
-    ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
-    ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
+sys.path.insert(0, os.path.dirname(HERE))
+from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
+
+REPL = COMMON_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
     ('*reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;', '*emu_al<ssd_mma_u4>(dst + r * LD + c) = w;'),
@@ -130,26 +123,15 @@ def build(asan=False, opt="-O2"):
         old, new = mut.split("=>")
         assert src.count(old) >= 1, old
         src = src.replace(old, new, 1)
-    for a, b in REPL:
-        src = src.replace(a, b)
+    src = replace_all(src, REPL)
     assert "reinterpret_cast<const ssd_mma_u4" not in src and "reinterpret_cast<ssd_mma_u4" not in src
     src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
     assert n == 2, n
     assert "asm" not in src.replace("emu_", ""), [l for l in src.splitlines() if "asm" in l]
     text = '#include "prelude_mma.h"\n' + src + LAUNCH + "".join(
         wrapper("emu_" + k, *v) for k, v in KERNELS.items())
-    h = hashlib.md5((text + str(asan) + opt).encode()).hexdigest()[:12]
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    so = os.path.join(BUILD_DIR, f"emu_{h}.so")
-    if not os.path.exists(so):
-        cpp = os.path.join(BUILD_DIR, f"emu_{h}.cpp")
-        open(cpp, "w").write(text)
-        cmd = ["g++", "-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-fno-strict-aliasing",
-               "-Wno-unknown-pragmas", "-I", HERE, "-I", os.path.dirname(HERE), cpp, "-o", so]
-        if asan:
-            cmd[1:1] = ["-fsanitize=address", "-fno-omit-frame-pointer"]
-        subprocess.run(cmd, check=True)
-    return so
+    return compile_so("ssd", text, asan=asan, opt=opt, include_dir=HERE,
+                      extra_flags=("-fno-strict-aliasing",))
 
 if __name__ == "__main__":
     print(build(asan="--asan" in sys.argv))

@@ -10,7 +10,7 @@ shorter and longer than the unrolled group of loads), with and without softplus,
 
 Ends with "ALL OK" or "SOME FAILED" (exit status 0 or 1).
 """
-import ctypes, hashlib, os, re, subprocess, sys
+import ctypes, re, sys
 import numpy as np
 import build  # puts the repository on sys.path
 from ssmkit._gpu import compiler
@@ -55,14 +55,7 @@ extern "C" void run_dt(const float* dt, const float* bias, const float* A, const
         }
 }
 '''
-h = hashlib.md5(text.encode()).hexdigest()[:12]
-os.makedirs(build.BUILD_DIR, exist_ok=True)
-so = os.path.join(build.BUILD_DIR, f"cumsum_{h}.so")
-if not os.path.exists(so):
-    cpp = so[:-3] + ".cpp"
-    open(cpp, "w").write(text)
-    subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fsanitize=address",
-                    "-fno-omit-frame-pointer", cpp, "-o", so], check=True)
+so = build.compile_so("ssd", text, asan=True, opt="-O1", include_dir=build.HERE)
 lib = ctypes.CDLL(so)
 rng = np.random.default_rng(0)
 allok = True

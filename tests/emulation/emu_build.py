@@ -1,0 +1,55 @@
+"""What every emulation build shares: the C++ that replaces ssm_common.cuh's inline PTX, the
+text substitution with its checks, and the cached g++ build of the host library.
+
+Each family's build script adds its own replacements (its kernels' PTX and vector casts), its
+prelude header and its extern "C" wrappers, then calls :func:`compile_so`.
+"""
+import hashlib
+import os
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The inline PTX of cuda_src/ssm_common.cuh (in every kernel source) and its emulation
+# (emu_common.h).
+COMMON_REPL = [
+    ('asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));', 'memcpy(&f, &u, 4);'),
+    ('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));', 'f = emu_h2f(x.bits);'),
+    ('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2h(v);'),
+    ('asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));', 'h = emu_f2bf(v);'),
+    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = emu_ex2_ftz(x);'),
+    ('asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));', 'r = emu_dyn_smem;'),
+    ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
+    ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
+    ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
+]
+
+
+def replace_all(src, repl):
+    """``src`` with every (old, new) of ``repl`` applied; each old text must be in it, so a
+    kernel change stops the build with the line that no longer matches."""
+    for old, new in repl:
+        if old not in src:
+            raise SystemExit("emulation: text not in the kernel source: " + old)
+        src = src.replace(old, new)
+    return src
+
+
+def compile_so(family, text, *, asan, opt, include_dir, extra_flags=()):
+    """Build ``text`` (C++) into a shared library under $TMPDIR/ssmkit_emu/<family>/, named by
+    a hash of everything that goes into it (reused while that is unchanged); its path."""
+    build_dir = os.path.join(tempfile.gettempdir(), "ssmkit_emu", family)
+    flags = ["-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
+             *extra_flags]
+    if asan:
+        flags = ["-fsanitize=address", "-fno-omit-frame-pointer"] + flags
+    h = hashlib.md5((text + " ".join(flags)).encode()).hexdigest()[:12]
+    os.makedirs(build_dir, exist_ok=True)
+    so = os.path.join(build_dir, f"emu_{h}.so")
+    if not os.path.exists(so):
+        cpp = os.path.join(build_dir, f"emu_{h}.cpp")
+        with open(cpp, "w") as f:
+            f.write(text)
+        subprocess.run(["g++", *flags, "-I", include_dir, "-I", HERE, cpp, "-o", so], check=True)
+    return so
