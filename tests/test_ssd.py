@@ -455,18 +455,19 @@ def test_tensor_core_path_selection(monkeypatch):
     assert [gpu_ssd.mma_state_width(N) for N in (1, 64, 65, 256)] == [64, 64, 128, 128]
 
 
-def _count_mma_calls(monkeypatch):
-    """Counts the tensor-core output launches (to show that the path ran)."""
+def _count_calls(monkeypatch, method):
+    """Counts the calls of ``_Layout.<method>`` (to show which path ran): the tensor-core
+    output launches ("out_mma") or the backward's tensor-core products ("mm_mma")."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     calls = []
-    original = gpu_ssd._Layout.out_mma
+    original = getattr(gpu_ssd._Layout, method)
 
     def spy(self, *args, **kwargs):
         calls.append(1)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(gpu_ssd._Layout, "out_mma", spy)
+    monkeypatch.setattr(gpu_ssd._Layout, method, spy)
     return calls
 
 
@@ -496,7 +497,7 @@ def test_tensor_core_forward_matches_reference(monkeypatch, dtype_name, case):
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    calls = _count_mma_calls(monkeypatch)
+    calls = _count_calls(monkeypatch, "out_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
     assert calls, "the tensor-core path did not run"
     # The CUDA-core kernels on the same problem agree with it (both near the reference).
@@ -516,7 +517,7 @@ def test_tensor_core_forward_matches_reference(monkeypatch, dtype_name, case):
 @pytest.mark.parametrize("cu", [[0, 5, 5, 70, 129], [0, 64, 129]])
 def test_tensor_core_cu_seqlens_matches_reference(monkeypatch, cu):
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    calls = _count_mma_calls(monkeypatch)
+    calls = _count_calls(monkeypatch, "out_mma")
     rng = np.random.default_rng(len(cu))
     inputs = make_inputs(rng, batch=1, L=129, H=4, P=24, G=2, N=40, D_form="channel",
                          with_init=True)
@@ -592,21 +593,6 @@ def test_head_splits_cover_every_head_once():
     assert gpu_ssd.head_splits(256, 80) == 8  # the peer configuration: 8 runs of 10 heads
 
 
-def _count_mma_bwd_calls(monkeypatch):
-    """Counts the tensor-core backward launches (to show which path ran)."""
-    from ssmkit._gpu import ssd as gpu_ssd
-
-    calls = []
-    original = gpu_ssd._Layout.mm_mma
-
-    def spy(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(gpu_ssd._Layout, "mm_mma", spy)
-    return calls
-
-
 def _gradients(arrays, opts, dy, dfin):
     _, pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
     return pullback(dy, dfin)
@@ -634,7 +620,7 @@ def test_tensor_core_backward_matches_reference(monkeypatch, dtype_name, case):
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_mma_bwd_calls(monkeypatch)
+    calls = _count_calls(monkeypatch, "mm_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
     assert len(calls) == (4 if max(P, N) <= 128 else 0)
     # The same cotangents with the switch on and off.
@@ -670,7 +656,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
     monkeypatch.setattr(gpu_ssd, "MMA_SUM_BLOCKS", sum_blocks)
-    calls = _count_mma_bwd_calls(monkeypatch)
+    calls = _count_calls(monkeypatch, "mm_mma")
     rng = np.random.default_rng(400 + sum_blocks + G)
     inputs = make_inputs(rng, batch=2, L=150, H=15, P=32, G=G, N=64, with_init=True,
                          seq_cuts=[70])
@@ -684,7 +670,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 @pytest.mark.parametrize("cu", [[0, 5, 5, 70, 129], [0, 64, 129]])
 def test_tensor_core_backward_cu_seqlens_matches_reference(monkeypatch, cu):
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_mma_bwd_calls(monkeypatch)
+    calls = _count_calls(monkeypatch, "mm_mma")
     rng = np.random.default_rng(300 + len(cu))
     inputs = make_inputs(rng, batch=1, L=129, H=4, P=24, G=2, N=40, D_form="channel",
                          with_init=True)
