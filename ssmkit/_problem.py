@@ -48,8 +48,25 @@ Each field has the shape and dtype of the argument it belongs to, or is ``None``
 where that argument was not given."""
 
 
+class ChunkedScan:
+    """What a scan problem with fields ``A``, ``B``, ``L`` and ``chunk_size`` derives the
+    same way whatever the operation (selective scan, SSD)."""
+
+    @property
+    def bc_dtype(self) -> np.dtype:
+        return self.B.dtype
+
+    @property
+    def compute_dtype(self) -> np.dtype:
+        return self.A.dtype
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.L // self.chunk_size)
+
+
 @dataclasses.dataclass(frozen=True)
-class SelectiveScanProblem:
+class SelectiveScanProblem(ChunkedScan):
     """A validated selective scan in canonical layout.
 
     Attributes
@@ -108,18 +125,6 @@ class SelectiveScanProblem:
     @property
     def io_dtype(self) -> np.dtype:
         return self.u.dtype
-
-    @property
-    def bc_dtype(self) -> np.dtype:
-        return self.B.dtype
-
-    @property
-    def compute_dtype(self) -> np.dtype:
-        return self.A.dtype
-
-    @property
-    def n_chunks(self) -> int:
-        return -(-self.L // self.chunk_size)
 
     @staticmethod
     def groups(X) -> int:

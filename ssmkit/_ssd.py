@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays
+from ._problem import ChunkedScan
 
 __all__ = ["SSDGrads", "SSDPullback", "ssd", "ssd_vjp"]
 
@@ -51,7 +52,7 @@ where that argument was not given."""
 
 
 @dataclasses.dataclass(frozen=True)
-class SSDProblem:
+class SSDProblem(ChunkedScan):
     """A validated SSD scan in canonical layout (every array C-contiguous).
 
     Attributes
@@ -136,18 +137,6 @@ class SSDProblem:
     @property
     def io_dtype(self) -> np.dtype:
         return self.x.dtype
-
-    @property
-    def bc_dtype(self) -> np.dtype:
-        return self.B.dtype
-
-    @property
-    def compute_dtype(self) -> np.dtype:
-        return self.A.dtype
-
-    @property
-    def n_chunks(self) -> int:
-        return -(-self.L // self.chunk_size)
 
 
 def effective_dt(p):
