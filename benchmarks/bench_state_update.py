@@ -17,10 +17,12 @@ in the same run. For each configuration it reports:
 
 Before timing, the result of the public call is compared with a CuPy float32
 evaluation of the same step (relative error printed and stored). Each
-configuration is also timed with ``stage_state=()`` (every state loaded into
-registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through the
-shared-memory staging ring). With
-``--sweep`` it also times the kernel under other block shapes (TUNING) and
+configuration is also timed with ``one_pass=()`` (every state in the general
+kernel) and ``one_pass=all`` (every vector-form state in the one-pass
+kernel), and in the general kernel with ``stage_state=()`` (every state loaded
+into registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through
+the shared-memory staging ring). With
+``--sweep`` it also times the one-pass kernel under other block shapes and
 keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
 markdown table beside it.
 
@@ -60,16 +62,14 @@ CONFIGS = [
     (1, "bfloat16", "bfloat16", 64, 1, 3072, 16, None),
 ]
 
-# Always timed beside the default: every state loaded into registers, and every vector-form
-# state through the staging ring.
-AB = [dict(stage_state=()), dict(stage_state=(2, 4, 8))]
-SWEEP = [dict(threads=t, bytes_per_thread=s) for t in (128, 256) for s in (16, 32, 64)]
-# The plan before values_per_thread existed: 16-bit states took 4 channels per thread.
-SWEEP += [dict(threads=128, bytes_per_thread=64, values_per_thread=32)]
-# Fewer, longer blocks (more passes each: the staging ring stays full longer).
-SWEEP += [dict(blocks_per_sm=b) for b in (2, 4, 16)]
-# Small blocks: more of them resident per SM.
-SWEEP += [dict(threads=t, bytes_per_thread=s) for t in (32, 64) for s in (32, 64)]
+# Always timed beside the default: every state in the general kernel, every vector-form state
+# in the one-pass kernel; in the general kernel, every state loaded into registers, and every
+# vector-form state through the staging ring.
+AB = [dict(one_pass=()), dict(one_pass=gsu.ONE_PASS_ALL), dict(one_pass=(), stage_state=()),
+      dict(one_pass=(), stage_state=(2, 4, 8))]
+# The one-pass vector kernel under other block shapes.
+SWEEP = [dict(one_pass=gsu.ONE_PASS_ALL, threads=t, one_pass_bytes_per_thread=s)
+         for t in (64, 128, 256) for s in (16, 32, 64)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
@@ -149,7 +149,9 @@ def time_config(cp, layout, st, io, batch, H, P, N):
     latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
                                                             dt_softplus=True))
     plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
-                           amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL)
+                           amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL,
+                           one_pass=(gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
+                           in gsu.TUNING["one_pass"])
     host_us = host_us_per_call(lambda: ssmkit.state_update(a["state"], **args,
                                                            dt_softplus=True))
     return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,
@@ -269,7 +271,8 @@ def main():
                        state_dtype=st, batch=batch, **shape, N=N, groups=1,
                        D=True, dt_bias=True, dt_softplus=True, z=False,
                        variant="default" if not var else
-                       ",".join(f"{k}={v}" for k, v in var.items()),
+                       ",".join(f"{k}={'all' if v == gsu.ONE_PASS_ALL else v}"
+                                for k, v in var.items()),
                        threads=r["plan"]["threads"], ppt=r["plan"]["ppt"], tn=r["plan"]["tn"],
                        rows_per_block=r["plan"]["rows_per_block"],
                        kernel_ms=round(r["kernel_ms"], 5), ms=round(r["ms"], 5),

@@ -526,3 +526,230 @@ ssm_state_update(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The vector form in one pass (ssm_state_update_vec): the state contiguous along N with
+// 16-byte aligned rows, and B, C (and A when read per state) read V values at a time, V
+// dividing N. A block owns one row b, one head h and TP * PPT channels (TP = threads / TN)
+// and makes one pass over them, as a copy kernel would: each thread issues every load of
+// the first token (its PPT * CH state vectors, B, C, and the channels' inputs) before
+// anything waits on one, computes its channels side by side (their chains of dependent
+// FMAs and shuffles overlap), and stores. No loop over channels and no staging: few
+// instructions and one memory round trip per block. Measured faster than the kernel above
+// for float32 states, slower for 16-bit ones (whose many values per byte need the staging
+// ring to keep enough bytes in flight); the host picks (TUNING in state_update.py). The
+// arguments are those of ssm_state_update (rows_per_block unused: TP * PPT channels).
+
+// Blocks of 256 threads per SM the register bound leaves room for, from an estimate of the
+// registers a thread needs (fitted to ptxas -v on sm_90, no spills): its 16-byte vectors
+// and their widened values, B and C, and about 24 + 4 PPT for addresses and per-channel
+// inputs (8 more to unpack 16-bit states).
+template <typename ST, int CH, int PPT, int AMODE> struct su_vec_min_blocks {
+    static constexpr int V = su_vec<ST>::V;
+    static constexpr int regs = 4 * CH * PPT + PPT * CH * V * (AMODE == SU_A_FULL ? 2 : 1) +
+                                2 * CH * V + 24 + 4 * PPT + (V == 8 ? 8 : 0);
+    static constexpr int value = sizeof(ST) == 8 ? 1 : regs <= 56 ? 4 : regs <= 80 ? 3 : regs <= 120 ? 2 : 1;
+};
+
+template <typename ST, typename IT, int CH, int PPT, int AMODE>
+__global__ void __launch_bounds__(256, (su_vec_min_blocks<ST, CH, PPT, AMODE>::value))
+ssm_state_update_vec(
+    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
+    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
+    const typename ssm_compute_of<ST>::type* __restrict__ A,
+    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
+    const typename ssm_compute_of<ST>::type* __restrict__ D,
+    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
+    IT* __restrict__ y,
+    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
+    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
+    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
+    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
+    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
+    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
+    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
+    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
+    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
+    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
+    int softplus) {
+    typedef typename ssm_compute_of<ST>::type CT;
+    typedef ssm_math<CT> M;
+    constexpr int V = su_vec<ST>::V;
+    (void)ss3; (void)as2; (void)bs3; (void)cs3; (void)rows_per_block;
+
+    const int tn = 1 << log2_tn;
+    const int ln = threadIdx.x & (tn - 1);
+    const int tp = blockDim.x >> log2_tn;
+    const int h = blockIdx.y;
+    const int b = b0 + blockIdx.z;
+    const int g = h / heads_per_group;
+    // channel of this thread's row i: p0 + i * tp (a warp's accesses are contiguous)
+    const int p0 = blockIdx.x * tp * PPT + (threadIdx.x >> log2_tn);
+
+    const IT* const xb = x + b * xs0 + h * xs2;
+    const IT* const db = dt + b * ds0 + h * ds2;
+    const IT* const zb = z + b * zs0 + h * zs2;
+    IT* const yb = y + b * ys0 + h * ys2;
+    const IT* const bb = Bm + b * bs0 + (ssm_i64)g * bs2;
+    const IT* const cb = Cm + b * cs0 + (ssm_i64)g * cs2;
+    const CT* const ab = A + h * as0;
+
+    const ssm_i64 slot = rows != nullptr ? rows[b] : (ssm_i64)b;
+    if (slot < 0) {  // padding: y = 0, no state touched
+        if (ln == 0) {
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int p = p0 + i * tp;
+                if (p < P)
+                    for (int t = 0; t < T; ++t) ssm_store(yb + t * ys1 + p * ys3, (CT)0);
+            }
+        }
+        return;
+    }
+    ST* const sb = state + slot * ss0 + h * ss1;
+
+    // ---- the loads of the first token, none waited on before all are issued ----
+    su_vec16 raw[PPT][CH];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) {
+        const int p = p0 + i * tp;
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int n0 = (c * tn + ln) * V;
+            raw[i][c] = su_vec16{{0u, 0u, 0u, 0u}};
+            if (p < P && n0 < N) raw[i][c] = *reinterpret_cast<const su_vec16*>(sb + p * ss2 + n0);
+        }
+    }
+    CT bv[CH][V], cv[CH][V];
+    auto load_bc = [&](int t) {
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int n0 = (c * tn + ln) * V;
+            if (n0 < N) {
+                su_load_vec<CT, V>(bb + t * bs1 + n0, bv[c]);
+                su_load_vec<CT, V>(cb + t * cs1 + n0, cv[c]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) bv[c][k] = cv[c][k] = CT(0);
+            }
+        }
+    };
+    // per channel: x, z, dt (SU_A_HEAD: the head's, in slot 0) of the token, D, dt_bias, A
+    CT xv[PPT], zv[PPT], dv[PPT], dk[PPT], bias[PPT], arow[PPT];
+    auto load_token = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const int pc = min(p0 + i * tp, P - 1);  // past the end: a live row, unstored
+            xv[i] = su_ld<CT>(xb + t * xs1 + pc * xs3);
+            zv[i] = z != nullptr ? su_ld<CT>(zb + t * zs1 + pc * zs3) : CT(0);
+            dv[i] = AMODE != SU_A_HEAD || i == 0 ? su_ld<CT>(db + t * ds1 + pc * ds3) : CT(0);
+        }
+    };
+    if (T > 0) {
+        load_bc(0);
+        load_token(0);
+    }
+    CT af[AMODE == SU_A_FULL ? PPT : 1][AMODE == SU_A_FULL ? CH : 1][AMODE == SU_A_FULL ? V : 1];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) {
+        const int pc = min(p0 + i * tp, P - 1);
+        dk[i] = D != nullptr ? D[h * Ds0 + pc * Ds1] : CT(0);
+        bias[i] = dt_bias != nullptr ? dt_bias[h * bias0 + (AMODE == SU_A_HEAD ? 0 : pc * bias1)] : CT(0);
+        arow[i] = AMODE == SU_A_ROW ? ab[pc * as1] * M::kLog2e : CT(0);
+        if constexpr (AMODE == SU_A_FULL) {
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                const int n0 = (c * tn + ln) * V;
+                if (n0 < N) {
+                    su_load_vec<CT, V>(ab + pc * as1 + n0, af[i][c]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < V; ++k) af[i][c][k] = CT(0);
+                }
+            }
+        }
+    }
+    const CT a_head = AMODE == SU_A_HEAD ? ab[0] * M::kLog2e : CT(0);
+
+    // ---- the tokens ----
+    CT s[PPT][CH][V];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int c = 0; c < CH; ++c) su_vec<ST>::unpack(raw[i][c], s[i][c]);
+    for (int t = 0; t < T; ++t) {
+        CT d_head = CT(0), decay_head = CT(1);
+        if constexpr (AMODE == SU_A_HEAD) {
+            d_head = softplus ? M::softplus(dv[0] + bias[0]) : dv[0] + bias[0];
+            decay_head = M::decay(d_head * a_head);
+        }
+        CT acc[PPT];
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            CT d = d_head, decay = decay_head;
+            if constexpr (AMODE != SU_A_HEAD) {
+                d = softplus ? M::softplus(dv[i] + bias[i]) : dv[i] + bias[i];
+                if constexpr (AMODE == SU_A_ROW) decay = M::decay(d * arow[i]);
+            }
+            const CT dx = d * xv[i];
+            CT sum = CT(0);
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    CT a = decay;
+                    if constexpr (AMODE == SU_A_FULL) a = M::decay(d * af[i][c][k] * M::kLog2e);
+                    s[i][c][k] = s[i][c][k] * a + dx * bv[c][k];
+                    sum += s[i][c][k] * cv[c][k];
+                }
+            }
+            acc[i] = sum;
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) {
+            if (m < tn) {
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+            }
+        }
+        // Every lane of a channel holds its sums: lane i finishes row i, all rows in one
+        // evaluation of the gate (lane 0 finishes them in turn when TN < PPT).
+        auto finish = [&](int i, CT sum, CT xo, CT zo, CT d1) {
+            const int p = p0 + i * tp;
+            if (p < P) {
+                CT out = sum + d1 * xo;
+                if (z != nullptr) out *= zo * M::sigmoid(zo);
+                ssm_store(yb + t * ys1 + p * ys3, out);
+            }
+        };
+        if (tn >= PPT) {
+            CT sum = acc[0], xo = xv[0], zo = zv[0], d1 = dk[0];
+#pragma unroll
+            for (int i = 1; i < PPT; ++i)
+                if (ln == i) { sum = acc[i]; xo = xv[i]; zo = zv[i]; d1 = dk[i]; }
+            if (ln < PPT) finish(ln, sum, xo, zo, d1);
+        } else if (ln == 0) {
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) finish(i, acc[i], xv[i], zv[i], dk[i]);
+        }
+        if (t + 1 < T) {  // several tokens: the next one's inputs
+            load_bc(t + 1);
+            load_token(t + 1);
+        }
+    }
+
+    // ---- the state back ----
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) {
+        const int p = p0 + i * tp;
+        if (p >= P) break;  // rows rise with i
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int n0 = (c * tn + ln) * V;
+            if (n0 >= N) continue;
+            su_vec16 v;
+            su_vec<ST>::pack(v, s[i][c]);
+            *reinterpret_cast<su_vec16*>(sb + p * ss2 + n0) = v;
+        }
+    }
+}

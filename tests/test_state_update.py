@@ -548,13 +548,18 @@ def test_gpu_matches_cpu_bfloat16_state():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("one_pass", [True, False])
 @pytest.mark.parametrize("threads,states", [(128, 64), (256, 64), (128, 16), (64, 32)])
-def test_gpu_launch_shapes(monkeypatch, threads, states):
+def test_gpu_launch_shapes(monkeypatch, threads, states, one_pass):
     # Small test problems plan one channel per thread; force the other block shapes too
-    # (several channels per thread, blocks that end inside P, several chunks per lane).
+    # (several channels per thread, blocks that end inside P, several chunks per lane), in
+    # the one-pass vector kernel and in the general one.
+    monkeypatch.setitem(gsu.TUNING, "one_pass", gsu.ONE_PASS_ALL if one_pass else ())
     monkeypatch.setitem(gsu.TUNING, "threads", threads)
     monkeypatch.setitem(gsu.TUNING, "bytes_per_thread", states)
-    monkeypatch.setitem(gsu.TUNING, "min_blocks_per_sm", 0)
+    monkeypatch.setitem(gsu.TUNING, "one_pass_bytes_per_thread", states)
+    if one_pass:
+        monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # no thinning for small problems
     cases = [(dict(layout=2, H=2, P=20, N=128, G=2, bcast=True), "float32", "bfloat16"),
              (dict(layout=2, H=3, P=9, N=16, G=1, T=3), "float32", "float32"),
              (dict(layout=1, H=1, P=70, N=16, G=2), "bfloat16", "bfloat16"),
@@ -575,6 +580,7 @@ def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
     # both the reference (padding rows included).
     import cupy as cp
 
+    monkeypatch.setitem(gsu.TUNING, "one_pass", ())  # the general kernel's ring
     monkeypatch.setitem(gsu.TUNING, "threads", threads)
     monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # one block per head: every pass
     cases = [(dict(layout=2, H=2, P=100, N=64, G=1, bcast=True), "float32", "float32"),
@@ -627,7 +633,7 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -651,12 +657,14 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                 ("float32", "float32", 128, gsu.A_FULL),
                                 ("float32", "float32", 16, gsu.A_FULL),
                                 ("bfloat16", "bfloat16", 16, gsu.A_FULL)):
-        plan = gsu.plan_launch(batch=64, H=80 if N == 128 else 1, P=64 if N == 128 else 3072,
-                               N=N, state=state, amode=amode)
-        keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True))
+        for one_pass in (False, True):
+            plan = gsu.plan_launch(batch=64, H=80 if N == 128 else 1,
+                                   P=64 if N == 128 else 3072, N=N, state=state, amode=amode,
+                                   one_pass=one_pass)
+            keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
-        if k.state == "bfloat16" and k.amode == gsu.A_HEAD:
+        if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
             # two channels per thread under the 80-register bound: many blocks per SM
             assert k.ppt == 2 and r["registers"] <= 80, (k, r)
 
@@ -683,6 +691,13 @@ def test_launch_plans(state):
             staged = 16 // V in gsu.TUNING["stage_state"]
             assert ring == (min(passes, gsu.STAGES) * slot
                             if staged and min(passes, gsu.STAGES) * slot <= 48 * 1024 else 0)
+            one = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
+                                  one_pass=True)  # one pass: one block row per TP * PPT channels
+            assert one["ppt"] in (1, 2, 4) and one["ppt"] * one["ch"] * 16 <= max(
+                16 * one["ch"], gsu.TUNING["one_pass_bytes_per_thread"])
+            assert one["rows_per_block"] == (one["threads"] // one["tn"]) * one["ppt"]
+            assert one["rows_per_block"] * one["npb"] >= P > one["rows_per_block"] * (one["npb"] - 1)
+            assert one["ring_bytes"] == 0 and one["blocks"] == batch * H * one["npb"]
             every = dict(gsu.TUNING, stage_state=(2, 4, 8))
             ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
                                    tuning=every)["ring_bytes"]

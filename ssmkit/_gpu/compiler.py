@@ -122,12 +122,15 @@ def compile_options() -> tuple:
     CuPy picks ``-arch`` for the device at run time; :mod:`ssmkit._nvrtc_check`
     adds ``--gpu-architecture=sm_90``. ``SSMKIT_FWD_PREFETCH=0`` in the
     environment (read once) adds ``-DSSM_FWD_PREFETCH=0``, which turns off the
-    forward's L2 prefetch of the next tile (for A/B timing).
+    forward's L2 prefetch of the next tile (for A/B timing); ``SSMKIT_CUDA_DEFINES``
+    (space-separated ``NAME=VALUE``) defines macros that tune the kernels at compile time.
     """
     opts = ("-std=c++17", f"-DSSMKIT_SRC_HASH=0x{source_hash()}")
     if os.environ.get("SSMKIT_FWD_PREFETCH") == "0":
         # A/B switch for the forward's L2 prefetch of the next tile (selective_scan.cu).
         opts += ("-DSSM_FWD_PREFETCH=0",)
+    # A/B switches of compile-time tuning macros, e.g. "SU_VEC_GROUP_VALUES=32 X=1".
+    opts += tuple(f"-D{d}" for d in os.environ.get("SSMKIT_CUDA_DEFINES", "").split())
     return opts
 
 

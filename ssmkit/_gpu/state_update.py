@@ -57,12 +57,23 @@ TUNING = {
     "values_per_thread": 16,  # and at most this many states: 16-bit states take 2 channels
                               # (32 values need 126 registers, 16 fit in 80: more warps per SM)
     "blocks_per_sm": 8,       # split a head's channels over blocks until the grid has this many
+    "one_pass": ((4, 4),),    # (state, x/B/C item sizes in bytes) whose vector form runs the
+                              # one-pass kernel (ssm_state_update_vec): measured faster for
+                              # float32 state and inputs (0.087 against 0.095 ms), slower for
+                              # a float32 state with bfloat16 inputs (0.113 against 0.096) and
+                              # for bfloat16 (0.073 against 0.055 ms with the staging ring),
+                              # bench_state_update.py
+    "one_pass_bytes_per_thread": 64,  # its state bytes per thread (channels per thread 4, 2, 1)
     "stage_state": (2,),      # state item sizes (bytes) whose vector form copies the passes
                               # ahead into shared memory (a cp.async ring of STAGES passes)
                               # instead of loading them into registers: measured faster for
                               # 16-bit states (0.067 against 0.077 ms), slower for float32
                               # (0.097 against 0.093 ms), bench_state_update.py
 }
+
+#: Every (state, input) item-size pair: ``TUNING["one_pass"]`` that sends every vector-form
+#: call to the one-pass kernel.
+ONE_PASS_ALL = tuple((s, i) for s in (2, 4, 8) for i in (2, 4, 8))
 
 #: Passes of state the kernel's staging ring holds (``SU_STAGES`` in state_update.cu).
 STAGES = 3
@@ -73,7 +84,8 @@ _MAX_RING_BYTES = 48 * 1024
 #: along N), per head (A, dt, dt_bias constant along P too: Mamba-2's broadcast parameters).
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
-KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec"])
+KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
+                                                 "one_pass"], defaults=(False,))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -88,6 +100,9 @@ _NULL = np.uint64(0)
 
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
+    if key.one_pass:
+        return (f"ssm_state_update_vec<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
+                f"{key.amode}>")
     return (f"ssm_state_update<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
             f"{key.amode}, {'true' if key.vec else 'false'}>")
 
@@ -107,6 +122,7 @@ def kernel_keys(full: bool = True) -> list:
     names = list(_CXX)
     keys = [KernelKey(s, i, ch, ppt, a, v) for s in names for i in names for ch in _CHUNKS
             for ppt in _PPT for a in _AMODES for v in (True, False)]
+    keys += [k._replace(one_pass=True) for k in keys if k.vec]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -118,6 +134,7 @@ def kernel_keys(full: bool = True) -> list:
             KernelKey("float32", "float32", 4, 2, A_ROW, True),
             KernelKey("float32", "float32", 8, 1, A_FULL, False),
             KernelKey("float32", "float32", 1, 4, A_FULL, True)]
+    rep += [k._replace(one_pass=True) for k in rep if k.vec]
     return list(dict.fromkeys(rep))
 
 
@@ -136,7 +153,7 @@ def chunks_for(N: int, state: str) -> tuple[int, int]:
 
 
 def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
-                sm_count: int = 132, tuning: dict | None = None) -> dict:
+                sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False) -> dict:
     """Block shape and grid for one launch.
 
     A block owns one row and head and ``rows_per_block`` consecutive channels,
@@ -155,6 +172,17 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     tuning = TUNING if tuning is None else tuning
     tn, ch = chunks_for(N, state)
     threads = int(tuning["threads"])
+    target = tuning["blocks_per_sm"] * sm_count
+    tp = threads // tn
+    if one_pass:
+        ppt = _PPT[-1]
+        while ppt > 1 and ppt * ch * 16 > tuning["one_pass_bytes_per_thread"]:
+            ppt //= 2
+        while ppt > 1 and batch * H * -(-P // (tp * ppt)) < target // 4:
+            ppt //= 2  # a small problem: more, thinner blocks
+        npb = -(-P // (tp * ppt))
+        return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=tp * ppt,
+                    npb=npb, blocks=batch * H * npb, ring_bytes=0, one_pass=True)
     ppt = 4
     while ppt > 1 and ppt * ch * 16 > tuning["bytes_per_thread"]:
         ppt //= 2
@@ -162,8 +190,6 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         ppt //= 2  # registers: each state value in flight takes one
     while amode == A_FULL and ppt > 1 and ppt * ch * _VEC[state] > 16:
         ppt //= 2  # A per state doubles the registers a channel takes
-    target = tuning["blocks_per_sm"] * sm_count
-    tp = threads // tn
     passes = -(-P // (tp * ppt))  # one block per head: all its channels
     while passes > 1 and batch * H * -(-P // (tp * ppt * passes)) < target:
         passes = -(-passes // 2)
@@ -177,13 +203,14 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     if _ITEMSIZE[state] not in tuning.get("stage_state", ()) or ring_bytes > _MAX_RING_BYTES:
         ring_bytes = 0
     return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows_per_block,
-                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes)
+                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes, one_pass=False)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr):
+def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass):
     del tuning_repr  # key only: TUNING may be changed
-    return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count)
+    return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count,
+                       one_pass=one_pass)
 
 
 def _dtype_name(dt) -> str:
@@ -294,8 +321,6 @@ def plan_problem(p, use) -> LaunchPlan:
         amode = A_ROW
     else:
         amode = A_FULL
-    sms = compiler.device_limits()["sm_count"]
-    plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, sms, repr(TUNING))
     if p.H > 65535:
         raise ValueError(f"ssmkit.state_update (GPU): H = {p.H} heads is more than one launch "
                          "takes (65535)")
@@ -303,7 +328,10 @@ def plan_problem(p, use) -> LaunchPlan:
     per_state = ("B", "C", "A") if amode == A_FULL else ("B", "C")
     vec = (N % V == 0 and _vector_ok(use["state"], p.shape("state"), strides["state"])
            and _bc_vector_ok(use, strides, V, N, per_state))
-    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec)
+    one_pass = vec and (_ITEMSIZE[st], _ITEMSIZE[io]) in TUNING["one_pass"]
+    sms = compiler.device_limits()["sm_count"]
+    plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, sms, repr(TUNING), one_pass)
+    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
 
     ints = [v for n in ("state", "x", "dt", "z", "y") for v in strides[n]]
