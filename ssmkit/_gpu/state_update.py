@@ -64,11 +64,13 @@ TUNING = {
                               # for bfloat16 (0.073 against 0.055 ms with the staging ring),
                               # bench_state_update.py
     "one_pass_bytes_per_thread": 64,  # its state bytes per thread (channels per thread 4, 2, 1)
-    "stage_state": (2,),      # state item sizes (bytes) whose vector form copies the passes
-                              # ahead into shared memory (a cp.async ring of STAGES passes)
-                              # instead of loading them into registers: measured faster for
-                              # 16-bit states (0.067 against 0.077 ms), slower for float32
-                              # (0.097 against 0.093 ms), bench_state_update.py
+    "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
+                              # kernel, copies the passes ahead into shared memory (a cp.async
+                              # ring of STAGES passes) instead of loading them into registers:
+                              # measured faster for 16-bit states (0.055 against 0.066 ms) and
+                              # for a float32 state with bfloat16 inputs (0.093-0.095 against
+                              # 0.096-0.099 ms, four runs), equal for float32 inputs (which
+                              # take the one-pass kernel), bench_state_update.py
 }
 
 #: Every (state, input) item-size pair: ``TUNING["one_pass"]`` that sends every vector-form
