@@ -780,6 +780,10 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
             partial[((ssm_i64)at.row * n_tiles + at.tile) * (W + 1) + tid] = s;
         }
         if constexpr (!cc1d_shape<T>::WALK) break;
+        // Width 1 has no barrier in the next item before its warps write `red` again (the
+        // others have two, for the halo): without this one they could overwrite it while the
+        // threads above still read it (a wrong dweight now and then, 16-bit types).
+        if constexpr (H == 0) __syncthreads();
     }
 }
 
