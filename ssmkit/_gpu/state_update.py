@@ -5,7 +5,11 @@
 stride maps that read them in the Mamba-2 layout with a token axis) and
 launches one kernel that reads every array through its own strides: the
 state is updated where it lives, zero-stride broadcasts stay zero-stride, and
-no argument is copied in the usual case.
+no argument is copied in the usual case. Two kernels: ``ssm_state_update``
+(any strides; blocks walk their channels in passes, 16-bit and some 4-byte
+states through a shared-memory staging ring) and ``ssm_state_update_vec``
+(the vector form in one pass per block, for the (state, input) item sizes of
+``TUNING["one_pass"]``: float32 state and inputs).
 
 Dtypes handed to the kernel: the state as it is (ST); x, dt, z, B, C and y in
 one type IT, which is their common dtype, or the compute dtype when they
@@ -93,7 +97,8 @@ KernelKey.__doc__ = """One kernel instantiation.
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
 one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 (1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
-(contiguous, aligned rows, V divides N) or the general form."""
+(contiguous, aligned rows, V divides N) or the general form; one_pass : the
+one-pass vector kernel ``ssm_state_update_vec`` (vec only)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -160,7 +165,9 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
 
     A block owns one row and head and ``rows_per_block`` consecutive channels,
     which it walks in passes of ``threads // tn * ppt`` channels (each thread:
-    ``ppt`` channels of ``tn`` lanes).
+    ``ppt`` channels of ``tn`` lanes); ``one_pass``: the plan of the one-pass
+    vector kernel, one pass per block (``ppt`` from
+    ``TUNING["one_pass_bytes_per_thread"]``, no staging ring).
 
     Returns
     -------
