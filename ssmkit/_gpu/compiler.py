@@ -129,7 +129,7 @@ def compile_options() -> tuple:
     if os.environ.get("SSMKIT_FWD_PREFETCH") == "0":
         # A/B switch for the forward's L2 prefetch of the next tile (selective_scan.cu).
         opts += ("-DSSM_FWD_PREFETCH=0",)
-    # A/B switches of compile-time tuning macros, e.g. "SU_VEC_GROUP_VALUES=32 X=1".
+    # A/B switches of compile-time tuning macros, e.g. "SU_MIN_BLOCKS_16BIT=2 CC1D_PREFETCH=1".
     opts += tuple(f"-D{d}" for d in os.environ.get("SSMKIT_CUDA_DEFINES", "").split())
     return opts
 
