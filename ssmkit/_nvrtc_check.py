@@ -24,7 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["NVRTCError", "find_nvrtc", "load_nvrtc", "compile_program", "check_kernels"]
+__all__ = ["NVRTCError", "find_nvrtc", "load_nvrtc", "compile_program", "compile_kernels",
+           "check_kernels"]
 
 ARCH = "sm_90"
 
@@ -221,14 +222,17 @@ def parse_ptxas_report(log: str) -> dict:
     return out
 
 
-def check_kernels(keys=None, *, arch: str = ARCH, per_program: int = 4, jobs: int | None = None,
-                  ptxas_report: bool = True, nvrtc_path: str | None = None) -> list[dict]:
-    """Compile GPU-backend kernels exactly as the run-time path would, for ``arch``.
+def compile_kernels(filename: str, name_expressions, *, arch: str = ARCH, per_program: int = 4,
+                    jobs: int | None = None, ptxas_report: bool = True,
+                    nvrtc_path: str | None = None) -> dict:
+    """Compile instantiations of ``cuda_src/<filename>`` exactly as the run-time path would.
 
     Parameters
     ----------
-    keys : sequence of KernelKey, optional
-        Default: every key :func:`ssmkit._gpu.selective_scan.kernel_keys` lists.
+    filename : str
+        Source file of :func:`ssmkit._gpu.compiler.cuda_src_dir`.
+    name_expressions : sequence of str
+        Template instantiations.
     arch : str
         NVRTC ``--gpu-architecture`` (real architecture, so ptxas runs too).
     per_program : int
@@ -237,6 +241,54 @@ def check_kernels(keys=None, *, arch: str = ARCH, per_program: int = 4, jobs: in
         Programs compiled at once (threads; NVRTC releases the GIL). Default: CPU count.
     ptxas_report : bool
         Ask ptxas for its resource report and attach it to each result.
+
+    Returns
+    -------
+    dict
+        Name expression -> ``lowered`` (mangled name) and, with ``ptxas_report``,
+        ``registers``, ``stack``, ``spill_stores``, ``spill_loads``.
+
+    Raises
+    ------
+    NVRTCError
+        The first failing program, with its log and the name expressions it held.
+    """
+    from ssmkit._gpu import compiler
+
+    nv = load_nvrtc(nvrtc_path)
+    options = list(compiler.compile_options()) + [f"--gpu-architecture={arch}"]
+    if ptxas_report:
+        options.append("--ptxas-options=-v")
+    source = compiler.kernel_source(filename)
+    exprs = list(name_expressions)
+    batches = [exprs[i:i + per_program] for i in range(0, len(exprs), per_program)]
+
+    def run(batch):
+        try:
+            res = compile_program(source, batch, options, filename=filename, nvrtc=nv)
+        except NVRTCError as e:
+            raise NVRTCError("while compiling " + ", ".join(batch) + ":\n" + str(e), e.log) from None
+        report = parse_ptxas_report(res["log"]) if ptxas_report else {}
+        return {e: {"lowered": res["lowered"][e], **report.get(res["lowered"][e], {})}
+                for e in batch}
+
+    results: dict = {}
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for part in pool.map(run, batches):
+            results.update(part)
+    return results
+
+
+def check_kernels(keys=None, *, arch: str = ARCH, per_program: int = 4, jobs: int | None = None,
+                  ptxas_report: bool = True, nvrtc_path: str | None = None) -> list[dict]:
+    """Compile the selective scan's kernels as the run-time path would, for ``arch``.
+
+    Parameters
+    ----------
+    keys : sequence of KernelKey, optional
+        Default: every key :func:`ssmkit._gpu.selective_scan.kernel_keys` lists.
+    arch, per_program, jobs, ptxas_report, nvrtc_path
+        As for :func:`compile_kernels`.
 
     Returns
     -------
@@ -250,44 +302,14 @@ def check_kernels(keys=None, *, arch: str = ARCH, per_program: int = 4, jobs: in
     NVRTCError
         The first failing program, with its log and the name expressions it held.
     """
-    from ssmkit._gpu import compiler, selective_scan
+    from ssmkit._gpu import selective_scan
 
-    nv = load_nvrtc(nvrtc_path)
-    if keys is None:
-        keys = selective_scan.kernel_keys()
-    keys = list(keys)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={arch}"]
-    if ptxas_report:
-        options.append("--ptxas-options=-v")
-    by_file: dict = {}
-    for key in keys:
-        by_file.setdefault(selective_scan.SOURCE_FILE, []).append(key)
-    batches = []
-    for filename, ks in by_file.items():
-        for i in range(0, len(ks), per_program):
-            batches.append((filename, ks[i:i + per_program]))
-
-    def run(batch):
-        filename, ks = batch
-        exprs = [selective_scan.name_expression(k) for k in ks]
-        try:
-            res = compile_program(compiler.kernel_source(filename), exprs, options,
-                                  filename=filename, nvrtc=nv)
-        except NVRTCError as e:
-            raise NVRTCError("while compiling " + ", ".join(exprs) + ":\n" + str(e), e.log) from None
-        report = parse_ptxas_report(res["log"]) if ptxas_report else {}
-        rows = []
-        for k, e in zip(ks, exprs):
-            mangled = res["lowered"][e]
-            rows.append({"key": k, "name_expression": e, "lowered": mangled, **report.get(mangled, {})})
-        return rows
-
-    jobs = jobs or os.cpu_count() or 1
-    results: list[dict] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for rows in pool.map(run, batches):
-            results.extend(rows)
-    return results
+    keys = list(selective_scan.kernel_keys() if keys is None else keys)
+    exprs = [selective_scan.name_expression(k) for k in keys]
+    results = compile_kernels(selective_scan.SOURCE_FILE, exprs, arch=arch,
+                              per_program=per_program, jobs=jobs, ptxas_report=ptxas_report,
+                              nvrtc_path=nvrtc_path)
+    return [{"key": k, "name_expression": e, **results[e]} for k, e in zip(keys, exprs)]
 
 
 def main(argv=None) -> int:

@@ -649,15 +649,11 @@ def test_resident_blocks_estimate(monkeypatch):
 
 def test_kernels_compile_for_sm90(nvrtc_path):
     keys = gpu_conv.kernel_keys(full=os.environ.get("SSMKIT_NVRTC_FULL") == "1")
-    src = compiler.kernel_source(gpu_conv.SOURCE_FILE)
-    options = list(compiler.compile_options()) + ["--gpu-architecture=sm_90",
-                                                  "--ptxas-options=-v"]
     exprs = [gpu_conv.name_expression(k) for k in keys]
-    res = _nvrtc_check.compile_program(src, exprs, options, filename=gpu_conv.SOURCE_FILE,
-                                       nvrtc=_nvrtc_check.load_nvrtc(nvrtc_path))
-    report = _nvrtc_check.parse_ptxas_report(res["log"])
+    report = _nvrtc_check.compile_kernels(gpu_conv.SOURCE_FILE, exprs, arch="sm_90",
+                                          per_program=len(exprs), nvrtc_path=nvrtc_path)
     for key, e in zip(keys, exprs):
-        r = report[res["lowered"][e]]
+        r = report[e]
         assert "registers" in r, e
         if key.kind != "update":  # the streamed kernels keep everything in registers
             # (float64, which has no speed target, may park a value or two: at most 16 bytes,

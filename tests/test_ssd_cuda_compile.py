@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 from ssmkit import _nvrtc_check
 from ssmkit._gpu import compiler, ssd
@@ -63,23 +62,11 @@ def test_representative_set_covers_every_template_value():
 
 def test_kernels_compile_for_sm90(nvrtc_path):
     names = all_names() if FULL else representative_names()
-    src = compiler.kernel_source(ssd.SOURCE_FILE)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
-                                                  "--ptxas-options=-v"]
-    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
-    batches = [names[i:i + 8] for i in range(0, len(names), 8)]
-
-    def run(batch):
-        return _nvrtc_check.compile_program(src, batch, options, filename=ssd.SOURCE_FILE, nvrtc=nv)
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(run, batches))
-    for batch, res in zip(batches, results):
-        report = _nvrtc_check.parse_ptxas_report(res["log"])
-        for name in batch:
-            mangled = res["lowered"][name]
-            assert mangled.startswith("_Z"), name
-            assert "registers" in report.get(mangled, {}), name
+    report = _nvrtc_check.compile_kernels(ssd.SOURCE_FILE, names, per_program=8,
+                                          nvrtc_path=nvrtc_path)
+    for name in names:
+        assert report[name]["lowered"].startswith("_Z"), name
+        assert "registers" in report[name], name
 
 
 # --------------------------------------------------------------------------------------
@@ -99,16 +86,11 @@ def test_mma_source_needs_no_include_path():
 def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_names()
     assert len(names) == 2 * (2 + len(ssd.MMA_WIDTHS))
-    src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
-                                                  "--ptxas-options=-v"]
-    res = _nvrtc_check.compile_program(src, names, options, filename=ssd.MMA_SOURCE_FILE,
-                                       nvrtc=_nvrtc_check.load_nvrtc(nvrtc_path))
-    report = _nvrtc_check.parse_ptxas_report(res["log"])
+    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
+                                          nvrtc_path=nvrtc_path)
     for name in names:
-        mangled = res["lowered"][name]
-        assert mangled.startswith("_Z"), name
-        entry = report.get(mangled, {})
+        entry = report[name]
+        assert entry["lowered"].startswith("_Z"), name
         assert "registers" in entry and "spill_stores" in entry, name
         # Spilled accumulators would go through local memory in the inner loop.
         assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (name, entry)
@@ -122,24 +104,12 @@ def mma_bwd_names():
 def test_mma_backward_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_bwd_names()
     assert len(names) == len(set(names)) == 2 * (4 * len(ssd.MMA_WIDTHS) + 4)
-    src = compiler.kernel_source(ssd.MMA_SOURCE_FILE)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
-                                                  "--ptxas-options=-v"]
-    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
-    batches = [names[i::2] for i in range(2)]
-
-    def run(batch):
-        return _nvrtc_check.compile_program(src, batch, options, filename=ssd.MMA_SOURCE_FILE,
-                                            nvrtc=nv)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run, batches))
-    for batch, res in zip(batches, results):
-        report = _nvrtc_check.parse_ptxas_report(res["log"])
-        for name in batch:
-            mangled = res["lowered"][name]
-            assert mangled.startswith("_Z"), name
-            entry = report.get(mangled, {})
-            assert "registers" in entry and "spill_stores" in entry, name
-            assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (
-                name, entry)
+    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names,
+                                          per_program=-(-len(names) // 2), jobs=2,
+                                          nvrtc_path=nvrtc_path)
+    for name in names:
+        entry = report[name]
+        assert entry["lowered"].startswith("_Z"), name
+        assert "registers" in entry and "spill_stores" in entry, name
+        assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (
+            name, entry)

@@ -609,26 +609,10 @@ def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
 
 def _compile(keys, nvrtc_path, per_program=4):
     """ptxas's report per key; programs of a few kernels each, compiled on parallel threads."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    nv = _nvrtc_check.load_nvrtc(nvrtc_path)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={_nvrtc_check.ARCH}",
-                                                  "--ptxas-options=-v"]
-    source = compiler.kernel_source(gsu.SOURCE_FILE)
-
-    def run(batch):
-        exprs = [gsu.name_expression(k) for k in batch]
-        res = _nvrtc_check.compile_program(source, exprs, options, filename=gsu.SOURCE_FILE,
-                                           nvrtc=nv)
-        report = _nvrtc_check.parse_ptxas_report(res["log"])
-        return {k: report[res["lowered"][e]] for k, e in zip(batch, exprs)}
-
-    batches = [keys[i:i + per_program] for i in range(0, len(keys), per_program)]
-    out = {}
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for part in pool.map(run, batches):
-            out.update(part)
-    return out
+    exprs = [gsu.name_expression(k) for k in keys]
+    report = _nvrtc_check.compile_kernels(gsu.SOURCE_FILE, exprs, per_program=per_program,
+                                          nvrtc_path=nvrtc_path)
+    return {k: report[e] for k, e in zip(keys, exprs)}
 
 
 def test_kernel_keys_cover_every_template_value():
