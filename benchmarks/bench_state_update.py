@@ -17,12 +17,13 @@ in the same run. For each configuration it reports:
 
 Before timing, the result of the public call is compared with a CuPy float32
 evaluation of the same step (relative error printed and stored). Each
-configuration is also timed with ``one_pass=()`` (every state in the general
-kernel) and ``one_pass=all`` (every vector-form state in the one-pass
-kernel), and in the general kernel with ``stage_state=()`` (every state loaded
+configuration is also timed with ``tile=()`` (no state in the tile kernel),
+``one_pass=()`` (every state in the general kernel) and ``one_pass=all``
+(every vector-form state in the one-pass kernel), and in the general kernel with ``stage_state=()`` (every state loaded
 into registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through
 the shared-memory staging ring). With
-``--sweep`` it also times the one-pass kernel under other block shapes and
+``--sweep`` it also times the one-pass kernel under other block shapes, with
+``--tile-sweep`` the tile kernel under other block shapes and tile sizes, and
 keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
 markdown table beside it.
 
@@ -65,11 +66,15 @@ CONFIGS = [
 # Always timed beside the default: every state in the general kernel, every vector-form state
 # in the one-pass kernel; in the general kernel, every state loaded into registers, and every
 # vector-form state through the staging ring.
-AB = [dict(one_pass=()), dict(one_pass=gsu.ONE_PASS_ALL), dict(one_pass=(), stage_state=()),
-      dict(one_pass=(), stage_state=(2, 4, 8))]
+AB = [dict(tile=()), dict(tile=(), one_pass=()), dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
+      dict(tile=(), one_pass=(), stage_state=()),
+      dict(tile=(), one_pass=(), stage_state=(2, 4, 8))]
 # The one-pass vector kernel under other block shapes.
 SWEEP = [dict(one_pass=gsu.ONE_PASS_ALL, threads=t, one_pass_bytes_per_thread=s)
          for t in (64, 128, 256) for s in (16, 32, 64)]
+# The tile kernel under other block shapes and tile sizes.
+TILE_SWEEP = [dict(tile=gsu.ONE_PASS_ALL, tile_threads=t, tile_bytes_per_thread=s, tile_bytes=b)
+              for t in (64, 128) for s in (16, 32, 64) for b in (8192, 16384, 32768)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
@@ -148,10 +153,11 @@ def time_config(cp, layout, st, io, batch, H, P, N):
                         calls=20)
     latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
                                                             dt_softplus=True))
+    tile = layout == 2 and (gsu._ITEMSIZE[st], gsu._ITEMSIZE[io]) in gsu.TUNING["tile"]
     plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
                            amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL,
                            one_pass=(gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
-                           in gsu.TUNING["one_pass"])
+                           in gsu.TUNING["one_pass"] and not tile, tile=tile)
     host_us = host_us_per_call(lambda: ssmkit.state_update(a["state"], **args,
                                                            dt_softplus=True))
     return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,
@@ -244,6 +250,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep", action="store_true", help="also time other block shapes")
+    parser.add_argument("--tile-sweep", action="store_true",
+                        help="also time the tile kernel under other block shapes and tile sizes")
     parser.add_argument("--configs", type=int, nargs="*", default=None,
                         help="indices into CONFIGS to time (default: all)")
     parser.add_argument("--profile", action="store_true",
@@ -260,7 +268,8 @@ def main():
     for layout, st, io, batch, H, P, N, peer in configs:
         state_bytes = batch * H * P * N * {"float64": 8, "float32": 4}.get(st, 2)
         ceiling_ms = inplace_ceiling_ms(cp, state_bytes)
-        variants = [dict()] + AB + (SWEEP if args.sweep else [])
+        variants = ([dict()] + AB + (SWEEP if args.sweep else [])
+                    + (TILE_SWEEP if args.tile_sweep else []))
         for var in variants:
             gsu.TUNING.clear()
             gsu.TUNING.update(base, **var)

@@ -753,3 +753,233 @@ ssm_state_update_vec(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The tile form (ssm_state_update_tile): Mamba-2's per-head parameters (SU_A_HEAD) and a
+// state whose channels are contiguous rows of N values (16-byte aligned), so the state of
+// a block's channels is one run of bytes. One thread copies that run into shared memory
+// with a single bulk asynchronous copy (sm_90's cp.async.bulk, completing on an mbarrier;
+// a plain block-wide copy before sm_90): the bytes a block has in flight no longer cost
+// registers or instructions, so a block's whole tile (16-32 KiB) is on its way at once and
+// the SM's other blocks compute while it arrives. The threads then walk the tile in passes
+// from shared memory (TN lanes per channel, PPT channels per thread and pass, as in
+// ssm_state_update) and store the new state straight to global memory after the last
+// token. The channels' x, z and D are staged in shared memory per token, so a pass waits
+// on nothing global. Same arguments as ssm_state_update; rows_per_block channels per
+// block; dynamic shared memory: the tile (rows_per_block * N states) then 3 *
+// rows_per_block values of the compute type.
+
+__device__ __forceinline__ unsigned int su_smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Start copying `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte
+// aligned), completing on `bar`; called by one thread. Before sm_90: nothing (su_tile_copy
+// copies with the whole block).
+__device__ __forceinline__ void su_tile_start(void* dst, const void* src, unsigned int bytes,
+                                              unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int b = su_smem_addr(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(b) : "memory");
+    // the barrier's initialisation, visible to the copy engine before the copy uses it
+    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(b), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 : : "r"(su_smem_addr(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#else
+    (void)dst; (void)src; (void)bytes; (void)bar;
+#endif
+}
+
+// Every thread: wait until the copy su_tile_start began has landed (after a __syncthreads
+// that follows su_tile_start, so the barrier is initialised). Before sm_90: the block
+// copies the tile here, and the caller's next __syncthreads publishes it.
+__device__ __forceinline__ void su_tile_finish(su_vec16* dst, const su_vec16* src, unsigned int bytes,
+                                               unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    (void)dst; (void)src; (void)bytes;
+    const unsigned int b = su_smem_addr(bar);
+    unsigned int done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b) : "memory");
+    } while (!done);
+#else
+    (void)bar;
+    for (unsigned int j = threadIdx.x; j < bytes / 16; j += blockDim.x) dst[j] = src[j];
+    __syncthreads();
+#endif
+}
+
+template <typename ST, typename IT, int CH, int PPT>
+__global__ void __launch_bounds__(256)
+ssm_state_update_tile(
+    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
+    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
+    const typename ssm_compute_of<ST>::type* __restrict__ A,
+    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
+    const typename ssm_compute_of<ST>::type* __restrict__ D,
+    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
+    IT* __restrict__ y,
+    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
+    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
+    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
+    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
+    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
+    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
+    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
+    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
+    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
+    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
+    int softplus) {
+    typedef typename ssm_compute_of<ST>::type CT;
+    typedef ssm_math<CT> M;
+    constexpr int V = su_vec<ST>::V;
+    (void)ss2; (void)ss3; (void)ds2; (void)ds3; (void)as1; (void)as2; (void)bs3; (void)cs3;
+    (void)bias1;
+
+    const int tn = 1 << log2_tn;
+    const int ln = threadIdx.x & (tn - 1);
+    const int pr = threadIdx.x >> log2_tn;
+    const int tp = blockDim.x >> log2_tn;
+    const int h = blockIdx.y;
+    const int b = b0 + blockIdx.z;
+    const int g = h / heads_per_group;
+    const int p_begin = blockIdx.x * rows_per_block;
+    const int nrows = min(P - p_begin, rows_per_block);
+    const int nv = N / V;  // vectors per channel
+
+    const IT* const xb = x + b * xs0 + h * xs2 + p_begin * xs3;
+    const IT* const db = dt + b * ds0 + h * ds2;
+    const IT* const zb = z + b * zs0 + h * zs2 + p_begin * zs3;
+    IT* const yb = y + b * ys0 + h * ys2 + p_begin * ys3;
+    const IT* const bb = Bm + b * bs0 + (ssm_i64)g * bs2;
+    const IT* const cb = Cm + b * cs0 + (ssm_i64)g * cs2;
+
+    const ssm_i64 slot = rows != nullptr ? rows[b] : (ssm_i64)b;
+    if (slot < 0) {  // padding: y = 0, no state touched
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x)
+            for (int t = 0; t < T; ++t) ssm_store(yb + t * ys1 + r * ys3, (CT)0);
+        return;
+    }
+    if (T == 0) return;
+    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 + (ssm_i64)p_begin * N);
+
+    extern __shared__ su_vec16 su_tile[];
+    __shared__ unsigned long long su_bar;
+    const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
+    // after the tile (rows_per_block channels): x, z and D of the block's channels
+    CT* const sx = reinterpret_cast<CT*>(su_tile + rows_per_block * nv);
+    CT* const sz = sx + rows_per_block;
+    CT* const sd = sz + rows_per_block;
+    if (threadIdx.x == 0) su_tile_start(su_tile, sg, tile_bytes, &su_bar);
+
+    CT bv[CH][V], cv[CH][V];
+    const CT a_head = A[h * as0] * M::kLog2e;
+    const CT bias = dt_bias != nullptr ? dt_bias[h * bias0] : CT(0);
+    for (int t = 0; t < T; ++t) {
+        // ---- this token's B, C, dt' and decay (registers) and x, z (shared memory) ----
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int n0 = (c * tn + ln) * V;
+            if (n0 < N) {
+                su_load_vec<CT, V>(bb + t * bs1 + n0, bv[c]);
+                su_load_vec<CT, V>(cb + t * cs1 + n0, cv[c]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) bv[c][k] = cv[c][k] = CT(0);
+            }
+        }
+        const CT d_raw = su_ld<CT>(db + t * ds1) + bias;
+        if (t > 0) __syncthreads();  // every pass of the last token has read x, z
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
+            sx[r] = su_ld<CT>(xb + t * xs1 + r * xs3);
+            if (z != nullptr) sz[r] = su_ld<CT>(zb + t * zs1 + r * zs3);
+            if (t == 0) sd[r] = D != nullptr ? D[h * Ds0 + (p_begin + r) * Ds1] : CT(0);
+        }
+        const CT d = softplus ? M::softplus(d_raw) : d_raw;
+        const CT decay = M::decay(d * a_head);
+        __syncthreads();
+        if (t == 0) su_tile_finish(su_tile, sg, tile_bytes, &su_bar);
+        const bool last = t + 1 == T;
+
+        // ---- passes over the tile: rows r = q0 + i * tp + pr ----
+        for (int q0 = 0; q0 < nrows; q0 += tp * PPT) {
+            CT s[PPT][CH][V];
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int r = q0 + i * tp + pr;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int j = c * tn + ln;
+                    if (r < nrows && j < nv) {
+                        su_vec<ST>::unpack(su_tile[r * nv + j], s[i][c]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
+                    }
+                }
+            }
+            CT acc[PPT];
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int r = min(q0 + i * tp + pr, nrows - 1);
+                const CT dx = d * sx[r];
+                CT sum = CT(0);
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+#pragma unroll
+                    for (int k = 0; k < V; ++k) {
+                        s[i][c][k] = s[i][c][k] * decay + dx * bv[c][k];
+                        sum += s[i][c][k] * cv[c][k];
+                    }
+                }
+                acc[i] = sum;
+            }
+            // the new state: to global memory after the last token, else back to the tile
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const int r = q0 + i * tp + pr;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int j = c * tn + ln;
+                    if (r < nrows && j < nv) {
+                        su_vec16 v;
+                        su_vec<ST>::pack(v, s[i][c]);
+                        if (last) sg[r * nv + j] = v;
+                        else su_tile[r * nv + j] = v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 16; m >= 1; m >>= 1) {
+                if (m < tn) {
+#pragma unroll
+                    for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+                }
+            }
+            // lane i of a channel finishes row i (lane 0 all of them when TN < PPT)
+            auto finish = [&](int i, CT sum) {
+                const int r = q0 + i * tp + pr;
+                if (r < nrows) {
+                    CT out = sum + sd[r] * sx[r];
+                    if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
+                    ssm_store(yb + t * ys1 + r * ys3, out);
+                }
+            };
+            if (tn >= PPT) {
+                CT sum = acc[0];
+#pragma unroll
+                for (int i = 1; i < PPT; ++i)
+                    if (ln == i) sum = acc[i];
+                if (ln < PPT) finish(ln, sum);
+            } else if (ln == 0) {
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) finish(i, acc[i]);
+            }
+        }
+    }
+}

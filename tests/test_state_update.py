@@ -548,17 +548,23 @@ def test_gpu_matches_cpu_bfloat16_state():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
-@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("kernel", ["general", "one_pass", "tile"])
 @pytest.mark.parametrize("threads,states", [(128, 64), (256, 64), (128, 16), (64, 32)])
-def test_gpu_launch_shapes(monkeypatch, threads, states, one_pass):
+def test_gpu_launch_shapes(monkeypatch, threads, states, kernel):
     # Small test problems plan one channel per thread; force the other block shapes too
     # (several channels per thread, blocks that end inside P, several chunks per lane), in
-    # the one-pass vector kernel and in the general one.
-    monkeypatch.setitem(gsu.TUNING, "one_pass", gsu.ONE_PASS_ALL if one_pass else ())
+    # each of the three kernels. The tile kernel takes the per-head cases with contiguous
+    # channels (the others fall back to the general kernel); its tiles of 3 or 40 channels
+    # end inside P and inside a pass.
+    monkeypatch.setitem(gsu.TUNING, "one_pass", gsu.ONE_PASS_ALL if kernel == "one_pass" else ())
+    monkeypatch.setitem(gsu.TUNING, "tile", gsu.ONE_PASS_ALL if kernel == "tile" else ())
     monkeypatch.setitem(gsu.TUNING, "threads", threads)
     monkeypatch.setitem(gsu.TUNING, "bytes_per_thread", states)
     monkeypatch.setitem(gsu.TUNING, "one_pass_bytes_per_thread", states)
-    if one_pass:
+    monkeypatch.setitem(gsu.TUNING, "tile_threads", threads)
+    monkeypatch.setitem(gsu.TUNING, "tile_bytes_per_thread", states)
+    monkeypatch.setitem(gsu.TUNING, "tile_bytes", 1024 if states < 64 else 40 * 1024)
+    if kernel != "general":
         monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # no thinning for small problems
     cases = [(dict(layout=2, H=2, P=20, N=128, G=2, bcast=True), "float32", "bfloat16"),
              (dict(layout=2, H=3, P=9, N=16, G=1, T=3), "float32", "float32"),
@@ -581,6 +587,7 @@ def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
     import cupy as cp
 
     monkeypatch.setitem(gsu.TUNING, "one_pass", ())  # the general kernel's ring
+    monkeypatch.setitem(gsu.TUNING, "tile", ())
     monkeypatch.setitem(gsu.TUNING, "threads", threads)
     monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # one block per head: every pass
     cases = [(dict(layout=2, H=2, P=100, N=64, G=1, bcast=True), "float32", "float32"),
@@ -617,7 +624,7 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -770,7 +777,8 @@ def fake_gpu(monkeypatch):
     log = []
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(compiler, "get_kernel", lambda f, name: _RecordingKernel(name, log))
-    monkeypatch.setattr(compiler, "device_limits", lambda: {"sm_count": 132})
+    monkeypatch.setattr(compiler, "device_limits", lambda: {"sm_count": 132,
+                                                                 "compute_capability": 90})
     monkeypatch.setattr(_state_update, "_KNOWN_CALLS", {})
     return cp, log
 
@@ -903,6 +911,7 @@ def test_call_key_covers_what_changes_the_launch(fake_gpu, monkeypatch):
     # The plan also depends on the launch preferences: a change makes known calls stale.
     ssmkit.state_update(**args, **kw)
     monkeypatch.setitem(gsu.TUNING, "threads", 256)
+    monkeypatch.setitem(gsu.TUNING, "tile_threads", 256)
     first, second, _ = _call_twice(fake_gpu, args, kw, monkeypatch)
     assert first == second and first[0][2][0] == (256,)
 

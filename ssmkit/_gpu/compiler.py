@@ -203,7 +203,8 @@ def device_limits() -> dict:
         ``sm_count``: multiprocessors; ``smem_optin``: most dynamic shared
         memory one block may opt in to (bytes); ``smem_per_sm``: shared memory
         per multiprocessor (bytes); ``max_warps_per_sm``, ``max_blocks_per_sm``,
-        ``regs_per_sm``: the other residency limits.
+        ``regs_per_sm``: the other residency limits; ``compute_capability``:
+        major * 10 + minor (90 for sm_90).
     """
     import cupy
 
@@ -218,6 +219,7 @@ def device_limits() -> dict:
             "max_warps_per_sm": int(attrs["MaxThreadsPerMultiProcessor"]) // 32,
             "max_blocks_per_sm": int(attrs.get("MaxBlocksPerMultiprocessor", 32)),
             "regs_per_sm": int(attrs["MaxRegistersPerMultiprocessor"]),
+            "compute_capability": int(cupy.cuda.Device(dev).compute_capability),
         }
         _limits[dev] = lim
     return lim

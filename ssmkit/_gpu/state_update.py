@@ -52,6 +52,10 @@ _PPT = (1, 2, 4)
 #: Largest N per state dtype: 32 lanes x 8 chunks x one 16-byte vector each.
 MAX_N = {name: 32 * _CHUNKS[-1] * v for name, v in _VEC.items()}
 
+#: Every (state, input) item-size pair: ``TUNING["one_pass"]`` that sends every vector-form
+#: call to the one-pass kernel.
+ONE_PASS_ALL = tuple((s, i) for s in (2, 4, 8) for i in (2, 4, 8))
+
 #: Launch preferences (correctness does not depend on them).
 TUNING = {
     "threads": 64,            # threads per block (a multiple of 32, at most 256): 64 measured
@@ -68,6 +72,14 @@ TUNING = {
                               # for bfloat16 (0.073 against 0.055 ms with the staging ring),
                               # bench_state_update.py
     "one_pass_bytes_per_thread": 64,  # its state bytes per thread (channels per thread 4, 2, 1)
+    "tile": ((2, 2),),        # (state, input) item sizes whose per-head vector form with
+                              # contiguous channels runs the tile kernel (ssm_state_update_tile,
+                              # sm_90): measured faster for 16-bit states and inputs (0.0519
+                              # against 0.0554 ms with the ring), slower for float32 (0.094
+                              # against 0.088 one-pass), bench_state_update.py --tile-sweep
+    "tile_bytes": 16384,      # state bytes of a tile-kernel block (whole channels, at most a head)
+    "tile_threads": 128,      # its threads per block
+    "tile_bytes_per_thread": 32,  # its state bytes per thread and pass (channels per thread)
     "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
                               # kernel, copies the passes ahead into shared memory (a cp.async
                               # ring of STAGES passes) instead of loading them into registers:
@@ -76,10 +88,6 @@ TUNING = {
                               # 0.096-0.099 ms, four runs), equal for float32 inputs (which
                               # take the one-pass kernel), bench_state_update.py
 }
-
-#: Every (state, input) item-size pair: ``TUNING["one_pass"]`` that sends every vector-form
-#: call to the one-pass kernel.
-ONE_PASS_ALL = tuple((s, i) for s in (2, 4, 8) for i in (2, 4, 8))
 
 #: Passes of state the kernel's staging ring holds (``SU_STAGES`` in state_update.cu).
 STAGES = 3
@@ -91,7 +99,7 @@ _MAX_RING_BYTES = 48 * 1024
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
 KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
-                                                 "one_pass"], defaults=(False,))
+                                                 "one_pass", "tile"], defaults=(False, False))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -107,6 +115,8 @@ _NULL = np.uint64(0)
 
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
+    if key.tile:
+        return f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}>"
     if key.one_pass:
         return (f"ssm_state_update_vec<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
                 f"{key.amode}>")
@@ -130,6 +140,7 @@ def kernel_keys(full: bool = True) -> list:
     keys = [KernelKey(s, i, ch, ppt, a, v) for s in names for i in names for ch in _CHUNKS
             for ppt in _PPT for a in _AMODES for v in (True, False)]
     keys += [k._replace(one_pass=True) for k in keys if k.vec]
+    keys += [k._replace(tile=True) for k in keys if k.vec and k.amode == A_HEAD and not k.one_pass]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -142,6 +153,7 @@ def kernel_keys(full: bool = True) -> list:
             KernelKey("float32", "float32", 8, 1, A_FULL, False),
             KernelKey("float32", "float32", 1, 4, A_FULL, True)]
     rep += [k._replace(one_pass=True) for k in rep if k.vec]
+    rep += [k._replace(tile=True) for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
     return list(dict.fromkeys(rep))
 
 
@@ -160,7 +172,8 @@ def chunks_for(N: int, state: str) -> tuple[int, int]:
 
 
 def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
-                sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False) -> dict:
+                sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False,
+                tile: bool = False) -> dict:
     """Block shape and grid for one launch.
 
     A block owns one row and head and ``rows_per_block`` consecutive channels,
@@ -183,6 +196,19 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     threads = int(tuning["threads"])
     target = tuning["blocks_per_sm"] * sm_count
     tp = threads // tn
+    if tile:
+        threads = int(tuning["tile_threads"])
+        ppt = _PPT[-1]
+        while ppt > 1 and ppt * ch * 16 > tuning["tile_bytes_per_thread"]:
+            ppt //= 2
+        row_bytes = N * _ITEMSIZE[state]
+        rows = max(1, min(P, tuning["tile_bytes"] // row_bytes))
+        while rows > 1 and batch * H * -(-P // rows) < target:
+            rows = -(-rows // 2)  # a small problem: more, smaller tiles
+        npb = -(-P // rows)
+        smem = rows * (row_bytes + 3 * (8 if state == "float64" else 4))
+        return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
+                    blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
     if one_pass:
         ppt = _PPT[-1]
         while ppt > 1 and ppt * ch * 16 > tuning["one_pass_bytes_per_thread"]:
@@ -191,7 +217,7 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
             ppt //= 2  # a small problem: more, thinner blocks
         npb = -(-P // (tp * ppt))
         return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=tp * ppt,
-                    npb=npb, blocks=batch * H * npb, ring_bytes=0, one_pass=True)
+                    npb=npb, blocks=batch * H * npb, ring_bytes=0, one_pass=True, tile=False)
     ppt = 4
     while ppt > 1 and ppt * ch * 16 > tuning["bytes_per_thread"]:
         ppt //= 2
@@ -212,14 +238,14 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     if _ITEMSIZE[state] not in tuning.get("stage_state", ()) or ring_bytes > _MAX_RING_BYTES:
         ring_bytes = 0
     return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows_per_block,
-                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes, one_pass=False)
+                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes, one_pass=False, tile=False)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass):
+def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, tile):
     del tuning_repr  # key only: TUNING may be changed
     return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count,
-                       one_pass=one_pass)
+                       one_pass=one_pass, tile=tile)
 
 
 def _dtype_name(dt) -> str:
@@ -337,11 +363,19 @@ def plan_problem(p, use) -> LaunchPlan:
     per_state = ("B", "C", "A") if amode == A_FULL else ("B", "C")
     vec = (N % V == 0 and _vector_ok(use["state"], p.shape("state"), strides["state"])
            and _bc_vector_ok(use, strides, V, N, per_state))
-    one_pass = vec and (_ITEMSIZE[st], _ITEMSIZE[io]) in TUNING["one_pass"]
-    sms = compiler.device_limits()["sm_count"]
-    plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, sms, repr(TUNING), one_pass)
-    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass)
+    limits = compiler.device_limits()
+    items = (_ITEMSIZE[st], _ITEMSIZE[io])
+    # the tile kernel: Mamba-2's per-head parameters, the channels' rows contiguous, sm_90's
+    # bulk copies
+    tile = (vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
+            and items in TUNING["tile"] and limits["compute_capability"] >= 90)
+    one_pass = vec and not tile and items in TUNING["one_pass"]
+    plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
+                        one_pass, tile)
+    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+    if tile:
+        compiler.ensure_dynamic_smem(kernel, key, plan["ring_bytes"])
 
     ints = [v for n in ("state", "x", "dt", "z", "y") for v in strides[n]]
     ints += strides["A"] + strides["B"] + strides["C"] + strides["D"] + strides["dt_bias"]
