@@ -74,7 +74,7 @@ SWEEP = [dict(one_pass=gsu.ONE_PASS_ALL, threads=t, one_pass_bytes_per_thread=s)
          for t in (64, 128, 256) for s in (16, 32, 64)]
 # The tile kernel under other block shapes and tile sizes.
 TILE_SWEEP = [dict(tile=gsu.ONE_PASS_ALL, tile_threads=t, tile_bytes_per_thread=s, tile_bytes=b)
-              for t in (64, 128) for s in (16, 32, 64) for b in (8192, 16384, 32768)]
+              for t in (64, 128, 256) for s in (16, 32) for b in (8192, 16384)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):

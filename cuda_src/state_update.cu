@@ -775,16 +775,23 @@ __device__ __forceinline__ unsigned int su_smem_addr(const void* p) {
     return a;
 }
 
-// Start copying `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte
-// aligned), completing on `bar`; called by one thread. Before sm_90: nothing (su_tile_copy
-// copies with the whole block).
-__device__ __forceinline__ void su_tile_start(void* dst, const void* src, unsigned int bytes,
+// One thread: make `bar` a barrier of one arrival (plus the copies' bytes), visible to the
+// copy engine; the block synchronises before waiting on it.
+__device__ __forceinline__ void su_tile_bar_init(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(su_smem_addr(bar)) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+#else
+    (void)bar;
+#endif
+}
+
+// One thread: arm `bar` for `bytes` (a multiple of 16) and start copying them from global
+// `src` to shared `dst` (both 16-byte aligned). Before sm_90: nothing (su_tile_wait copies).
+__device__ __forceinline__ void su_tile_issue(void* dst, const void* src, unsigned int bytes,
                                               unsigned long long* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const unsigned int b = su_smem_addr(bar);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(b) : "memory");
-    // the barrier's initialisation, visible to the copy engine before the copy uses it
-    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(b), "r"(bytes)
                  : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -794,11 +801,10 @@ __device__ __forceinline__ void su_tile_start(void* dst, const void* src, unsign
 #endif
 }
 
-// Every thread: wait until the copy su_tile_start began has landed (after a __syncthreads
-// that follows su_tile_start, so the barrier is initialised). Before sm_90: the block
-// copies the tile here, and the caller's next __syncthreads publishes it.
-__device__ __forceinline__ void su_tile_finish(su_vec16* dst, const su_vec16* src, unsigned int bytes,
-                                               unsigned long long* bar) {
+// Every thread: wait until the copy on `bar` has landed. Before sm_90 the block copies the
+// tile (`bytes` from `src` to `dst`) here instead.
+__device__ __forceinline__ void su_tile_wait(unsigned long long* bar, su_vec16* dst, const su_vec16* src,
+                                             unsigned int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     (void)dst; (void)src; (void)bytes;
     const unsigned int b = su_smem_addr(bar);
@@ -814,8 +820,18 @@ __device__ __forceinline__ void su_tile_finish(su_vec16* dst, const su_vec16* sr
 #endif
 }
 
+// Blocks of 256 threads per SM the register bound leaves room for, from an estimate of the
+// registers a thread needs (its state values, B and C, about 24 more; fitted to ptxas -v on
+// sm_90): the fewer registers, the more blocks and tiles in flight per SM. Left to itself
+// ptxas either spilled or took 80 and more (bfloat16, N = 128: 56 under this bound).
+template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
+    static constexpr int V = su_vec<ST>::V;
+    static constexpr int regs = (CH * PPT * V + 2 * CH * V) * (sizeof(ST) == 8 ? 2 : 1) + 24;
+    static constexpr int value = regs <= 64 ? 4 : regs <= 112 ? 2 : 1;
+};
+
 template <typename ST, typename IT, int CH, int PPT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, (su_tile_min_blocks<ST, CH, PPT>::value))
 ssm_state_update_tile(
     ST* __restrict__ state, const ssm_i64* __restrict__ rows,
     const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
@@ -871,11 +887,11 @@ ssm_state_update_tile(
     extern __shared__ su_vec16 su_tile[];
     __shared__ unsigned long long su_bar;
     const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
+    const int pass_rows = tp * PPT;
     // after the tile (rows_per_block channels): x, z and D of the block's channels
     CT* const sx = reinterpret_cast<CT*>(su_tile + rows_per_block * nv);
     CT* const sz = sx + rows_per_block;
     CT* const sd = sz + rows_per_block;
-    if (threadIdx.x == 0) su_tile_start(su_tile, sg, tile_bytes, &su_bar);
 
     CT bv[CH][V], cv[CH][V];
     const CT a_head = A[h * as0] * M::kLog2e;
@@ -894,6 +910,12 @@ ssm_state_update_tile(
             }
         }
         const CT d_raw = su_ld<CT>(db + t * ds1) + bias;
+        if (t == 0 && threadIdx.x == 0) {
+            // the tile's copy goes out after this thread's small loads (measured 0.051
+            // against 0.060 ms the other way round, bfloat16 peer shape)
+            su_tile_bar_init(&su_bar);
+            su_tile_issue(su_tile, sg, tile_bytes, &su_bar);
+        }
         if (t > 0) __syncthreads();  // every pass of the last token has read x, z
         for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
             sx[r] = su_ld<CT>(xb + t * xs1 + r * xs3);
@@ -903,11 +925,11 @@ ssm_state_update_tile(
         const CT d = softplus ? M::softplus(d_raw) : d_raw;
         const CT decay = M::decay(d * a_head);
         __syncthreads();
-        if (t == 0) su_tile_finish(su_tile, sg, tile_bytes, &su_bar);
         const bool last = t + 1 == T;
 
         // ---- passes over the tile: rows r = q0 + i * tp + pr ----
-        for (int q0 = 0; q0 < nrows; q0 += tp * PPT) {
+        for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
+            if (t == 0 && q0 == 0) su_tile_wait(&su_bar, su_tile, sg, tile_bytes);
             CT s[PPT][CH][V];
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {

@@ -648,16 +648,20 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                 ("float32", "float32", 128, gsu.A_FULL),
                                 ("float32", "float32", 16, gsu.A_FULL),
                                 ("bfloat16", "bfloat16", 16, gsu.A_FULL)):
-        for one_pass in (False, True):
+        for one_pass, tile in ((False, False), (True, False), (False, True)):
+            if tile and amode != gsu.A_HEAD:
+                continue
             plan = gsu.plan_launch(batch=64, H=80 if N == 128 else 1,
                                    P=64 if N == 128 else 3072, N=N, state=state, amode=amode,
-                                   one_pass=one_pass)
-            keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass))
+                                   one_pass=one_pass, tile=tile)
+            keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass,
+                                      tile))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
         if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
-            # two channels per thread under the 80-register bound: many blocks per SM
-            assert k.ppt == 2 and r["registers"] <= 80, (k, r)
+            # two channels per thread under the 80-register bound (the tile kernel: 64):
+            # many blocks per SM
+            assert k.ppt == 2 and r["registers"] <= (64 if k.tile else 80), (k, r)
 
 
 @pytest.mark.parametrize("state", ["float16", "bfloat16", "float32", "float64"])
@@ -689,6 +693,14 @@ def test_launch_plans(state):
             assert one["rows_per_block"] == (one["threads"] // one["tn"]) * one["ppt"]
             assert one["rows_per_block"] * one["npb"] >= P > one["rows_per_block"] * (one["npb"] - 1)
             assert one["ring_bytes"] == 0 and one["blocks"] == batch * H * one["npb"]
+            tile = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
+                                   tile=True)  # whole channels of one head per tile
+            rows, row_bytes = tile["rows_per_block"], N * (16 // V)
+            assert tile["tile"] and 1 <= rows <= P and tile["ppt"] in (1, 2, 4)
+            assert rows * row_bytes <= max(row_bytes, gsu.TUNING["tile_bytes"])
+            assert rows * tile["npb"] >= P > rows * (tile["npb"] - 1)
+            assert tile["ring_bytes"] == rows * (row_bytes + 3 * (8 if state == "float64" else 4))
+            assert tile["blocks"] == batch * H * tile["npb"]
             every = dict(gsu.TUNING, stage_state=(2, 4, 8))
             ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
                                    tuning=every)["ring_bytes"]
