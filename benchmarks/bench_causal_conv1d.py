@@ -79,6 +79,10 @@ def run(args):
         fwd_call = cuda_median_ms(lambda: ssmkit.causal_conv1d(x, w, b, **kw))
         p, _ = api._prepare("bench", x, w, b, "silu", None, None)
         fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
+        tile_kinds = backend.TUNING["fwd_tile"]
+        backend.TUNING["fwd_tile"] = ()  # A/B: the register kernel cc1d_fwd
+        fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
+        backend.TUNING["fwd_tile"] = tile_kinds
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
         bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
@@ -111,6 +115,8 @@ def run(args):
                    bwd_ms=round(bwd_call, 4), bwd_kernel_ms=round(bwd_kernel, 4),
                    update_ms=round(upd_call, 4), update_indexed_ms=round(upd_idx_call, 4),
                    update_kernel_ms=round(upd_kernel, 4),
+                   fwd_reg_kernel_ms=round(fwd_reg_kernel, 4),
+                   fwd_reg_kernel_of_copy=frac(fwd_bytes, fwd_reg_kernel),
                    fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes, update_bytes=upd_bytes,
                    fwd_of_copy=frac(fwd_bytes, fwd_call), fwd_kernel_of_copy=frac(fwd_bytes, fwd_kernel),
                    bwd_of_copy=frac(bwd_bytes, bwd_call), bwd_kernel_of_copy=frac(bwd_bytes, bwd_kernel),
@@ -161,13 +167,15 @@ def run(args):
               "old: built with -DCC1D_PREFETCH=0, one block per item, partials summed by CuPy "
               "(the structure of commit 548eec1); "
               "loop: the resident grid walking the items, no read-ahead, cc1d_wsum; new: the "
-              "library (read-ahead of the next item).", "",
-              "| dtype | batch | dim | L | W | fwd old | fwd loop | fwd new | bwd old | bwd loop | "
-              "bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "library (read-ahead of the next item); fwd registers: the register kernel "
+              "cc1d_fwd where the library runs cc1d_fwd_tile (TUNING['fwd_tile'] = ()).", "",
+              "| dtype | batch | dim | L | W | fwd old | fwd loop | fwd registers | fwd new | "
+              "bwd old | bwd loop | bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
             f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
+            f"{r['fwd_reg_kernel_of_copy']:.2f} | "
             f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_old_of_copy']:.2f} | "
             f"{r['bwd_loop_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} |")
     if variants:

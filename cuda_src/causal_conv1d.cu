@@ -495,6 +495,133 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 }
 
 // ---------------------------------------------------------------------------------------
+// Forward through shared memory (cc1d_fwd_tile): no seq_idx, whole 16-byte vectors (L a
+// multiple of E, aligned rows). An item is `steps` steps [t0, t0 + steps) of `rows_per_item`
+// consecutive rows (several rows only when a tile holds whole rows, steps = L, so that the
+// item is one contiguous run of x); one block per item, items numbered row groups x tiles,
+// tile fastest. One thread copies the item's x into shared memory with a bulk asynchronous
+// copy (sm_90; a block-wide copy before), while the others stage each row's taps, bias and
+// the H steps before the tile (from x, or the initial state); then the threads walk the
+// item's vectors, thread tid the vectors tid + k * CC1D_THREADS, computing each from a window
+// read out of shared memory (its own vector and the one or two before it, or the staged
+// steps at a row's start), and store y. The tile's bytes are in flight without holding
+// registers, so the registers of the arithmetic no longer bound the loads an SM keeps in
+// flight; several rows per item keep a block's bytes up when rows are short.
+// Dynamic shared memory: rows_per_item * steps elements of T, then per row W taps, the bias
+// and H edge steps in the compute type (cc1d_fwd_tile_smem).
+// ---------------------------------------------------------------------------------------
+template <typename T, int W, bool HAS_BIAS, bool SILU>
+__global__ void __launch_bounds__(CC1D_THREADS)
+cc1d_fwd_tile(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __restrict__ weight,
+              const typename ssm_compute_of<T>::type* __restrict__ bias,
+              const typename ssm_compute_of<T>::type* __restrict__ h0, T* __restrict__ y,
+              T* __restrict__ final_state, int dim, ssm_i64 L, int steps, int n_tiles,
+              int rows_per_item, ssm_i64 n_rows) {
+    typedef typename ssm_compute_of<T>::type CT;
+    constexpr int H = W - 1;
+    constexpr int E = cc1d_shape<T>::E;
+    constexpr int NP = (H + E - 1) / E;  // vectors before its own that a window reaches
+    extern __shared__ cc1d_words cc1d_dyn[];  // one type for every instantiation
+    __shared__ unsigned long long bar;
+
+    const int tid = threadIdx.x;
+    const unsigned group = blockIdx.x / (unsigned)n_tiles;
+    const int tile = (int)(blockIdx.x - group * (unsigned)n_tiles);
+    const ssm_i64 r0 = (ssm_i64)group * rows_per_item;
+    const int nr = (int)min((ssm_i64)rows_per_item, n_rows - r0);  // rows of this item
+    const ssm_i64 t0 = (ssm_i64)tile * steps;
+    const int n = (int)min((ssm_i64)steps, L - t0);  // steps per row, a multiple of E
+    const T* const src = x + r0 * L + t0;             // nr rows of n steps: contiguous
+    const unsigned int bytes = (unsigned int)(nr * n) * (unsigned int)sizeof(T);
+
+    cc1d_vec<T>* const xt = reinterpret_cast<cc1d_vec<T>*>(cc1d_dyn);
+    CT* const taps = reinterpret_cast<CT*>(cc1d_dyn) + (ssm_i64)rows_per_item * steps *
+                                                           sizeof(T) / sizeof(CT);
+    CT* const bvs = taps + rows_per_item * W;
+    CT* const edge = bvs + rows_per_item;  // [row][H]: the steps t0 - H .. t0 - 1
+    for (int i = tid; i < nr * W; i += CC1D_THREADS)
+        taps[i] = weight[((r0 + i / W) % dim) * W + i % W];
+    if (tid == 0) {  // after this thread's small loads, as in ssm_state_update_tile
+        ssm_bulk_bar_init(&bar);
+        ssm_bulk_issue(xt, src, bytes, &bar);
+    }
+    for (int i = tid; i < nr; i += CC1D_THREADS) bvs[i] = HAS_BIAS ? bias[(r0 + i) % dim] : (CT)0;
+    for (int i = tid; i < nr * H; i += CC1D_THREADS) {
+        const ssm_i64 rr = r0 + i / H, s = t0 - H + i % H;  // step s of row rr
+        CT v = 0;
+        if (s >= 0) v = ssm_load(x[rr * L + s]);
+        else if (h0 != nullptr) v = h0[rr * H + H + s];
+        edge[i] = v;
+    }
+    __syncthreads();  // the barrier's initialisation and the staged values
+    ssm_bulk_wait(&bar, xt, src, bytes);
+    const T* const xs = reinterpret_cast<const T*>(cc1d_dyn);
+
+    // vector j: row j * E / n, step lt of that row; thread tid walks j = tid + k * THREADS
+    int row = (tid * E) / n, lt = tid * E - row * n;
+    int w_row = -1;
+    CT w[W], bv = 0;
+    for (int j = tid; row < nr; j += CC1D_THREADS) {
+        if (row != w_row) {  // a new row's taps
+#pragma unroll
+            for (int k = 0; k < W; ++k) w[k] = taps[row * W + k];
+            bv = bvs[row];
+            w_row = row;
+        }
+        CT win[E + H];  // steps [lt - H, lt + E) of the row
+        const cc1d_vec<T> own = xt[j];
+#pragma unroll
+        for (int i = 0; i < E; ++i) win[H + i] = ssm_load(own.v[i]);
+        if constexpr (H > 0) {
+            if (lt >= NP * E) {  // the vectors before, whole, in the same row
+#pragma unroll
+                for (int a = 0; a < NP; ++a) {
+                    const cc1d_vec<T> pv = xt[j - NP + a];
+#pragma unroll
+                    for (int i = 0; i < E; ++i) {
+                        const int q = a * E + i - (NP * E - H);  // window position
+                        if (q >= 0) win[q] = ssm_load(pv.v[i]);
+                    }
+                }
+            } else {  // a row's first vectors: the steps before the tile from the edge
+#pragma unroll
+                for (int q = 0; q < H; ++q) {
+                    const int idx = lt - H + q;
+                    win[q] = idx >= 0 ? (CT)ssm_load(xs[j * E - lt + idx])
+                                      : edge[row * H + (idx >= 0 ? 0 : H + idx)];
+                }
+            }
+        }
+        CT out[E];
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            CT acc = bv;
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc += w[k] * win[i + k];
+            out[i] = SILU ? cc1d_act<CT>::silu(acc) : acc;
+        }
+        cc1d_store<T, CT, E>(y + (r0 + row) * L, t0 + lt, L, true, out);
+        lt += CC1D_THREADS * E;
+        while (lt >= n) {
+            lt -= n;
+            ++row;
+        }
+    }
+
+    // the final state of each row: the last H steps of xpad (x after the initial state)
+    if (H > 0 && final_state != nullptr && tile == n_tiles - 1) {
+        for (int i = tid; i < nr * H; i += CC1D_THREADS) {
+            const int q = i % H;
+            const ssm_i64 rr = r0 + i / H, s = L - H + q;
+            CT val = 0;
+            if (s >= 0) val = ssm_load(x[rr * L + s]);
+            else if (h0 != nullptr) val = h0[rr * H + H + s];
+            ssm_store(final_state + rr * H + q, val);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Backward. For the tile [t0, t0 + TILE): g = dy * silu'(z) (or dy) on [t0, t0 + TILE + H),
 // recomputing z from x; then dx[s] = sum_k w[k] g[s + H - k] (same-sequence pairs) plus the
 // final-state cotangent, per-item partials of dweight[k] = sum g[t] x[t - H + k] and of

@@ -149,13 +149,6 @@ __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __re
 struct alignas(16) ssm_v16 { unsigned int w[4]; };
 struct alignas(8) ssm_v8 { unsigned int w[2]; };
 
-// Shared-window address of a pointer into shared memory (cp.async takes it).
-__device__ __forceinline__ unsigned ssm_smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // Copy BYTES (16: both addresses 16-byte aligned, through L2 only; 8 or 4:
 // aligned to their size) from global src to shared dst, asynchronously.
 template <int BYTES>

@@ -275,3 +275,62 @@ __device__ __forceinline__ int ssm_stage_width(int nthr, int TL) {
     while (w < TL && w < 32 && w < nthr) w *= 2;
     return w;
 }
+
+// ---------------------------------------------------------------------------
+// Bulk asynchronous copies global -> shared (sm_90's cp.async.bulk, completing on an
+// mbarrier): one thread moves a whole tile, the bytes in flight cost no registers. Before
+// sm_90 the same calls copy with the whole block at the wait.
+// ---------------------------------------------------------------------------
+// Shared-window address of a pointer into shared memory (cp.async and the bulk copies take it).
+__device__ __forceinline__ unsigned int ssm_smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// One thread: make `bar` a barrier of one arrival (plus the copies' bytes), visible to the
+// copy engine; the block synchronises before waiting on it.
+__device__ __forceinline__ void ssm_bulk_bar_init(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(ssm_smem_addr(bar)) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+#else
+    (void)bar;
+#endif
+}
+
+// One thread: arm `bar` for `bytes` (a multiple of 16) and start copying them from global
+// `src` to shared `dst` (both 16-byte aligned). Before sm_90: nothing (ssm_bulk_wait copies).
+__device__ __forceinline__ void ssm_bulk_issue(void* dst, const void* src, unsigned int bytes,
+                                               unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int b = ssm_smem_addr(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(b), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#else
+    (void)dst; (void)src; (void)bytes; (void)bar;
+#endif
+}
+
+// Every thread: wait until the copy on `bar` (its first phase) has landed. Before sm_90 the
+// block copies the `bytes` from `src` to `dst` here instead (and meets at a barrier).
+__device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst, const void* src,
+                                              unsigned int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    (void)dst; (void)src; (void)bytes;
+    const unsigned int b = ssm_smem_addr(bar);
+    unsigned int done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b) : "memory");
+    } while (!done);
+#else
+    (void)bar;
+    struct alignas(16) V16 { unsigned int w[4]; };
+    for (unsigned int j = threadIdx.x; j < bytes / 16; j += blockDim.x)
+        static_cast<V16*>(dst)[j] = static_cast<const V16*>(src)[j];
+    __syncthreads();
+#endif
+}

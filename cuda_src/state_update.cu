@@ -769,57 +769,6 @@ ssm_state_update_vec(
 // block; dynamic shared memory: the tile (rows_per_block * N states) then 3 *
 // rows_per_block values of the compute type.
 
-__device__ __forceinline__ unsigned int su_smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// One thread: make `bar` a barrier of one arrival (plus the copies' bytes), visible to the
-// copy engine; the block synchronises before waiting on it.
-__device__ __forceinline__ void su_tile_bar_init(unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(su_smem_addr(bar)) : "memory");
-    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-#else
-    (void)bar;
-#endif
-}
-
-// One thread: arm `bar` for `bytes` (a multiple of 16) and start copying them from global
-// `src` to shared `dst` (both 16-byte aligned). Before sm_90: nothing (su_tile_wait copies).
-__device__ __forceinline__ void su_tile_issue(void* dst, const void* src, unsigned int bytes,
-                                              unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned int b = su_smem_addr(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(b), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 : : "r"(su_smem_addr(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
-#else
-    (void)dst; (void)src; (void)bytes; (void)bar;
-#endif
-}
-
-// Every thread: wait until the copy on `bar` has landed. Before sm_90 the block copies the
-// tile (`bytes` from `src` to `dst`) here instead.
-__device__ __forceinline__ void su_tile_wait(unsigned long long* bar, su_vec16* dst, const su_vec16* src,
-                                             unsigned int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    (void)dst; (void)src; (void)bytes;
-    const unsigned int b = su_smem_addr(bar);
-    unsigned int done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(b) : "memory");
-    } while (!done);
-#else
-    (void)bar;
-    for (unsigned int j = threadIdx.x; j < bytes / 16; j += blockDim.x) dst[j] = src[j];
-    __syncthreads();
-#endif
-}
-
 // Blocks of 256 threads per SM the register bound leaves room for, from an estimate of the
 // registers a thread needs (its state values, B and C, about 24 more; fitted to ptxas -v on
 // sm_90): the fewer registers, the more blocks and tiles in flight per SM. Left to itself
@@ -913,8 +862,8 @@ ssm_state_update_tile(
         if (t == 0 && threadIdx.x == 0) {
             // the tile's copy goes out after this thread's small loads (measured 0.051
             // against 0.060 ms the other way round, bfloat16 peer shape)
-            su_tile_bar_init(&su_bar);
-            su_tile_issue(su_tile, sg, tile_bytes, &su_bar);
+            ssm_bulk_bar_init(&su_bar);
+            ssm_bulk_issue(su_tile, sg, tile_bytes, &su_bar);
         }
         if (t > 0) __syncthreads();  // every pass of the last token has read x, z
         for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
@@ -929,7 +878,7 @@ ssm_state_update_tile(
 
         // ---- passes over the tile: rows r = q0 + i * tp + pr ----
         for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
-            if (t == 0 && q0 == 0) su_tile_wait(&su_bar, su_tile, sg, tile_bytes);
+            if (t == 0 && q0 == 0) ssm_bulk_wait(&su_bar, su_tile, sg, tile_bytes);
             CT s[PPT][CH][V];
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {

@@ -244,6 +244,44 @@ def test_gpu_warp_chunk_edges_every_width(dtype):
         check_vjp("gpu", dtype, inputs, act, seed=W)
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
+                                   for d in ("float32", "bfloat16", "float16")])
+@pytest.mark.parametrize("tile_bytes", [256, 8192])
+def test_gpu_forward_tile_kernel(dtype, tile_bytes, monkeypatch):
+    """The forward through shared memory (cc1d_fwd_tile), with small and large tiles:
+    lengths of one vector (many rows per block, the last group partial), one tile, just past
+    a tile and several tiles with a partial last one; every width, with and without bias,
+    silu, initial state; the final state. Against the reference, and against the register
+    kernel (cc1d_fwd)."""
+    import cupy
+
+    if dtype in ("bfloat16", "float16"):
+        pytest.importorskip("ml_dtypes")
+    E = 16 // np.dtype(dtype).itemsize
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile", ("float16", "bfloat16", "float32"))
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile_bytes", (tile_bytes, tile_bytes))
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile_blocks_per_sm", 0)
+    tile = tile_bytes // np.dtype(dtype).itemsize
+    plan = gpu_conv.forward_tile_plan(rows=6, L=E, width=4, dtype=dtype)
+    assert plan["rows_per_item"] > 1 and plan["rows_per_item"] * plan["n_items"] >= 6
+    rng = np.random.default_rng(tile_bytes + E)
+    for W in range(1, 9):
+        for L in (E, tile, tile + E, 3 * tile - 2 * E):
+            inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, bias=W % 3 != 0,
+                                 init=W % 2 == 0, cuts=())
+            act = "silu" if W % 4 < 2 else None
+            check_forward("gpu", dtype, inputs, act)
+            args, _ = cast(inputs, dtype, cupy)
+            outs = []
+            for kinds in (gpu_conv.TUNING["fwd_tile"], ()):
+                monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile", kinds)
+                y, final = ssmkit.causal_conv1d(**args, activation=act, return_final_state=True)
+                outs.append((to_numpy(y).astype(np.float64), to_numpy(final).astype(np.float64)))
+            monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile", ("float16", "bfloat16", "float32"))
+            np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
 # ------------------------------------------------------------------------------------------
 # Properties: carried state, decoding steps
 # ------------------------------------------------------------------------------------------
@@ -622,9 +660,9 @@ def test_gpu_refuses_widths_past_its_templates_and_mixing():
 def test_kernel_keys_cover_every_template_value():
     full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
     names = [gpu_conv.name_expression(k) for k in full]
-    assert len(set(names)) == len(names) == 642
+    assert len(set(names)) == len(names) == 642 + 128
     assert set(rep) <= set(full)
-    for kind in ("fwd", "bwd", "update", "wsum"):
+    for kind in ("fwd", "fwd_tile", "bwd", "update", "wsum"):
         for field in gpu_conv.KernelKey._fields:
             values = {getattr(k, field) for k in full if k.kind == kind}
             assert {getattr(k, field) for k in rep if k.kind == kind} == values, (kind, field)

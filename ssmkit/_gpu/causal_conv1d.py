@@ -44,13 +44,25 @@ THREADS = 128  # CC1D_THREADS in the source
 
 WIDTHS = tuple(range(1, 9))  # the template values of W
 
+#: Launch preferences (correctness does not depend on them).
+TUNING = {
+    "fwd_tile": ("float16", "bfloat16"),  # dtypes whose forward (no seq_idx, whole vectors,
+                              # sm_90) runs cc1d_fwd_tile: bfloat16 W=8 0.75 / 0.82 of copy
+                              # against 0.68 / 0.71 with cc1d_fwd, W=4 0.78 / 0.84 against
+                              # 0.79 / 0.80; float32 slower (0.85-0.89 against 0.90-0.95),
+                              # bench_causal_conv1d.py
+    "fwd_tile_bytes": (8192, 16384),  # its bytes of x per block (a tile of a row, or whole
+                              # rows) for W <= 4 and for wider filters (measured best of 4-32 KiB)
+    "fwd_tile_blocks_per_sm": 8,  # fewer rows per block until the grid has this many blocks
+}
+
 _CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
 
 KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bias", "silu",
                                                  "has_seq"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd", "bwd", "update" or "wsum"; io : numpy dtype name of x (for "wsum": of the
+kind : "fwd", "fwd_tile", "bwd", "update" or "wsum"; io : numpy dtype name of x (for "wsum": of the
 compute type, float32 or float64); width : W (1..8; 0 for "wsum", whose width is an argument);
 has_bias, silu, has_seq : the template flags (has_seq is False for "update"; all False for
 "wsum")."""
@@ -68,7 +80,7 @@ def name_expression(key: KernelKey) -> str:
     if key.kind == "wsum":
         return f"cc1d_wsum<{_CXX[key.io]}>"
     head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
-    if key.kind == "update":
+    if key.kind in ("update", "fwd_tile"):
         return head + ">"
     return head + f", {_b(key.has_seq)}>"
 
@@ -81,8 +93,8 @@ def kernel_keys(full: bool = True) -> list:
     ``cc1d_wsum`` instantiations (float and double) in either list.
     """
     keys = [KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
-    for kind in ("fwd", "bwd", "update"):
-        seqs = (False,) if kind == "update" else (False, True)
+    for kind in ("fwd", "fwd_tile", "bwd", "update"):
+        seqs = (False,) if kind in ("update", "fwd_tile") else (False, True)
         if full:
             for io, w, hb, si, sq in itertools.product(_CXX, WIDTHS, (False, True), (False, True),
                                                        seqs):
@@ -94,7 +106,7 @@ def kernel_keys(full: bool = True) -> list:
             keys.append(KernelKey(kind, "float32", w, hb, si, sq))
         for io in _CXX:
             for flag in (False, True):
-                key = KernelKey(kind, io, 4, flag, flag, flag and kind != "update")
+                key = KernelKey(kind, io, 4, flag, flag, flag and kind in ("fwd", "bwd"))
                 if key not in keys:
                     keys.append(key)
     return keys
@@ -193,6 +205,33 @@ def _grid(p):
     return io, n_tiles, p.batch * p.dim * n_tiles, 16 // np.dtype(p.io_dtype).itemsize
 
 
+def forward_tile_plan(*, rows: int, L: int, width: int, dtype, sm_count: int = 132) -> dict:
+    """Work split of ``cc1d_fwd_tile``: each block takes ``steps`` steps of ``rows_per_item``
+    consecutive rows (several only when ``steps == L``), about ``TUNING["fwd_tile_bytes"]``
+    bytes of x (the first entry for ``width`` <= 4, the second for wider filters).
+
+    Returns
+    -------
+    dict
+        ``steps``, ``rows_per_item``, ``n_tiles`` per row, ``n_items`` (blocks), ``smem``
+        (dynamic shared memory bytes: the x tile, then per row the taps, bias and W-1 edge
+        steps in the compute type).
+    """
+    item = np.dtype(dtype).itemsize
+    vec = 16 // item
+    nbytes = TUNING["fwd_tile_bytes"][0 if width <= 4 else 1]
+    budget = max(vec, nbytes // item // vec * vec)  # steps, whole vectors
+    steps = min(-(-L // vec) * vec, budget)
+    per_item = max(1, min(rows, 64, budget // steps)) if steps >= L else 1
+    n_tiles = -(-L // steps)
+    while per_item > 1 and -(-rows // per_item) * n_tiles < TUNING["fwd_tile_blocks_per_sm"] * sm_count:
+        per_item //= 2
+    compute = 8 if item == 8 else 4
+    return dict(steps=steps, rows_per_item=per_item, n_tiles=n_tiles,
+                n_items=-(-rows // per_item) * n_tiles,
+                smem=per_item * steps * item + per_item * (2 * width) * compute)
+
+
 def forward(p):
     """y (batch, dim, L) and final_state (batch, dim, W-1), both ``p.io_dtype``."""
     cp = p.xp
@@ -201,7 +240,27 @@ def forward(p):
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
     vec_ok = p.L % vec == 0 and _aligned(p.x, y)
-    key = KernelKey("fwd", io, p.width, p.bias is not None, p.silu, p.seq_idx is not None)
+    # the tile kernel: x through shared memory by bulk copies (sm_90), whole vectors only
+    tile = (vec_ok and p.seq_idx is None and io in TUNING["fwd_tile"] and p.L > 0
+            and compiler.device_limits().get("compute_capability", 0) >= 90)
+    key = KernelKey("fwd_tile" if tile else "fwd", io, p.width, p.bias is not None, p.silu,
+                    p.seq_idx is not None)
+    if tile:
+        rows = p.batch * p.dim
+        plan = forward_tile_plan(rows=rows, L=p.L, width=p.width, dtype=p.io_dtype,
+                                 sm_count=compiler.device_limits()["sm_count"])
+        if plan["n_items"] > 2**31 - 1:
+            raise ValueError(f"ssmkit GPU causal_conv1d: {plan['n_items']} tiles is more than "
+                             "the kernels index (2**31 - 1)")
+        if plan["n_items"] == 0:
+            return y, final
+        kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+        compiler.ensure_dynamic_smem(kernel, key, plan["smem"])
+        args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), y, final if H else _NULL,
+                np.int32(p.dim), np.int64(p.L), np.int32(plan["steps"]),
+                np.int32(plan["n_tiles"]), np.int32(plan["rows_per_item"]), np.int64(rows))
+        kernel((int(plan["n_items"]),), (THREADS,), args, shared_mem=plan["smem"])
+        return y, final
     args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), y,
             final if H else _NULL, np.int32(p.dim), np.int64(p.L), np.int32(n_tiles),
             np.int32(n_items), np.int32(vec_ok))
