@@ -543,7 +543,8 @@ cc1d_fwd_tile(const T* __restrict__ x, const typename ssm_compute_of<T>::type* _
         taps[i] = weight[((r0 + i / W) % dim) * W + i % W];
     if (tid == 0) {  // after this thread's small loads, as in ssm_state_update_tile
         ssm_bulk_bar_init(&bar);
-        ssm_bulk_issue(xt, src, bytes, &bar);
+        ssm_bulk_expect(&bar, bytes);
+        ssm_bulk_copy(xt, src, bytes, &bar);
     }
     for (int i = tid; i < nr; i += CC1D_THREADS) bvs[i] = HAS_BIAS ? bias[(r0 + i) % dim] : (CT)0;
     for (int i = tid; i < nr * H; i += CC1D_THREADS) {

@@ -299,23 +299,32 @@ __device__ __forceinline__ void ssm_bulk_bar_init(unsigned long long* bar) {
 #endif
 }
 
-// One thread: arm `bar` for `bytes` (a multiple of 16) and start copying them from global
-// `src` to shared `dst` (both 16-byte aligned). Before sm_90: nothing (ssm_bulk_wait copies).
-__device__ __forceinline__ void ssm_bulk_issue(void* dst, const void* src, unsigned int bytes,
-                                               unsigned long long* bar) {
+// One thread: tell `bar` that `bytes` are coming (the total of the copies it waits for,
+// issued after this call) and arrive on it.
+__device__ __forceinline__ void ssm_bulk_expect(unsigned long long* bar, unsigned int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned int b = ssm_smem_addr(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(b), "r"(bytes)
-                 : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 : : "r"(ssm_smem_addr(bar)), "r"(bytes) : "memory");
+#else
+    (void)bar; (void)bytes;
+#endif
+}
+
+// One thread: start copying `bytes` (a multiple of 16) from global `src` to shared `dst`
+// (both 16-byte aligned), completing on `bar`. Before sm_90: nothing (ssm_bulk_wait copies).
+__device__ __forceinline__ void ssm_bulk_copy(void* dst, const void* src, unsigned int bytes,
+                                              unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(bytes), "r"(ssm_smem_addr(bar)) : "memory");
 #else
     (void)dst; (void)src; (void)bytes; (void)bar;
 #endif
 }
 
-// Every thread: wait until the copy on `bar` (its first phase) has landed. Before sm_90 the
-// block copies the `bytes` from `src` to `dst` here instead (and meets at a barrier).
+// Every thread: wait until the copies on `bar` (its first phase) have landed. Before sm_90
+// the block copies the `bytes` from `src` to `dst` here instead (and meets at a barrier):
+// one wait per copy there.
 __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst, const void* src,
                                               unsigned int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -863,7 +863,8 @@ ssm_state_update_tile(
             // the tile's copy goes out after this thread's small loads (measured 0.051
             // against 0.060 ms the other way round, bfloat16 peer shape)
             ssm_bulk_bar_init(&su_bar);
-            ssm_bulk_issue(su_tile, sg, tile_bytes, &su_bar);
+            ssm_bulk_expect(&su_bar, tile_bytes);
+            ssm_bulk_copy(su_tile, sg, tile_bytes, &su_bar);
         }
         if (t > 0) __syncthreads();  // every pass of the last token has read x, z
         for (int r = threadIdx.x; r < nrows; r += blockDim.x) {

@@ -178,10 +178,11 @@ def get_kernel(filename: str, name_expression: str):
 def ensure_dynamic_smem(kernel, key, nbytes: int) -> None:
     """Allow ``kernel`` (cached under ``key``) ``nbytes`` of dynamic shared memory.
 
-    Launches above 48 KiB need the kernel's opt-in attribute raised first; it
-    is raised once per kernel to the largest size asked so far.
+    Launches whose static and dynamic shared memory add up to more than 48 KiB
+    need the kernel's opt-in attribute raised first; it is raised once per
+    kernel to the largest size asked so far.
     """
-    if nbytes <= 48 * 1024:
+    if nbytes + int(getattr(kernel, "shared_size_bytes", 0) or 0) <= 48 * 1024:
         return
     import cupy
 
