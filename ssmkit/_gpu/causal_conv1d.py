@@ -1,8 +1,11 @@
 """GPU backend of the causal convolution: the host side of ``cuda_src/causal_conv1d.cu``.
 
 Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
-(``forward``, ``backward``, ``update``). The forward is one kernel; the backward
-is two: the convolution's backward, which writes per-item partial sums of
+(``forward``, ``backward``, ``update``). The forward is one kernel: ``cc1d_fwd``,
+or on sm_90 for the dtypes of ``TUNING["fwd_tile"]`` (16-bit) without seq_idx and
+with whole 16-byte vectors ``cc1d_fwd_tile``, which brings each block's x (a tile of
+a row, or several whole short rows, :func:`forward_tile_plan`) into shared memory
+with one bulk asynchronous copy. The backward is two: the convolution's backward, which writes per-item partial sums of
 ``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over batch and tiles
 in a fixed order (no atomics: results repeat bit for bit).
 

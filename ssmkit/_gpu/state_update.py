@@ -5,11 +5,14 @@
 stride maps that read them in the Mamba-2 layout with a token axis) and
 launches one kernel that reads every array through its own strides: the
 state is updated where it lives, zero-stride broadcasts stay zero-stride, and
-no argument is copied in the usual case. Two kernels: ``ssm_state_update``
+no argument is copied in the usual case. Three kernels: ``ssm_state_update``
 (any strides; blocks walk their channels in passes, 16-bit and some 4-byte
-states through a shared-memory staging ring) and ``ssm_state_update_vec``
+states through a shared-memory staging ring), ``ssm_state_update_vec``
 (the vector form in one pass per block, for the (state, input) item sizes of
-``TUNING["one_pass"]``: float32 state and inputs).
+``TUNING["one_pass"]``: float32 state and inputs) and ``ssm_state_update_tile``
+(per-head parameters and contiguous channels on sm_90: a block's channels
+brought into shared memory by one bulk asynchronous copy, for the item sizes of
+``TUNING["tile"]``: 16-bit states and inputs).
 
 Dtypes handed to the kernel: the state as it is (ST); x, dt, z, B, C and y in
 one type IT, which is their common dtype, or the compute dtype when they
@@ -106,7 +109,8 @@ state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
 one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 (1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
 (contiguous, aligned rows, V divides N) or the general form; one_pass : the
-one-pass vector kernel ``ssm_state_update_vec`` (vec only)."""
+one-pass vector kernel ``ssm_state_update_vec`` (vec only); tile : the tile
+kernel ``ssm_state_update_tile`` (vec and A_HEAD only)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -180,7 +184,10 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     which it walks in passes of ``threads // tn * ppt`` channels (each thread:
     ``ppt`` channels of ``tn`` lanes); ``one_pass``: the plan of the one-pass
     vector kernel, one pass per block (``ppt`` from
-    ``TUNING["one_pass_bytes_per_thread"]``, no staging ring).
+    ``TUNING["one_pass_bytes_per_thread"]``, no staging ring); ``tile``: the
+    plan of the tile kernel (``threads`` from ``TUNING["tile_threads"]``, a
+    block's channels: whole rows of at most ``TUNING["tile_bytes"]``, fewer for
+    small problems).
 
     Returns
     -------
@@ -188,8 +195,9 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         ``tn`` lanes per channel, ``ch`` chunks per lane, ``ppt`` channels per
         thread and pass, ``threads`` per block, ``rows_per_block``, ``npb``
         blocks per head, ``blocks`` in all (``batch * H * npb``), ``ring_bytes``
-        of dynamic shared memory for the staging ring (0: none; used by the
-        vector form only).
+        of dynamic shared memory (the staging ring, used by the vector form
+        only, 0: none; for the tile kernel its tile and the channels' x, z, D),
+        ``one_pass`` and ``tile``: which kernel the plan is for.
     """
     tuning = TUNING if tuning is None else tuning
     tn, ch = chunks_for(N, state)
