@@ -246,6 +246,39 @@ def host_us_per_call(call, calls=200, reps=15):
     return float(np.median(times))
 
 
+def write_markdown(rows, path):
+    """The table of ``rows`` (this script's JSON rows, one run) as markdown at ``path``."""
+    r0 = rows[0]
+    lines = [f"# state_update on {r0['gpu']}, commit {r0['commit']}, {r0['date']}", "",
+             f"Copy bandwidth {r0['copy_tbps']:.2f} TB/s (device-to-device, read + write), measured in the same "
+             "run. Bytes: state read + written, x, dt (per head in Mamba-2), B, C, y. kernel: the "
+             "kernel alone, 20 launches between two events, median of 30; call: the public "
+             "function back to back (host work overlapping the kernels); latency: one public call "
+             "between two events; host us: the host side of one public call, kernel a no-op "
+             "(wall clock, median); launch us: CuPy launching the kernel, arguments prepared. "
+             "D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias as zero-stride "
+             "views. mamba_ssm: its Triton selective_state_update, peers-h200.md. in-place: "
+             "the best plain kernel that reads the state's bytes and writes them back in place "
+             "(no arithmetic), the ceiling at this size, as ms and as a fraction of copy.",
+             "",
+             "| layout | state | x | batch | H x P or dim | N | variant | kernel ms | of copy | "
+             "call ms | of copy | latency ms | host us | launch us | mamba_ssm ms | rel err y "
+             "| in-place ms | of copy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = f"{r['heads']} x {r['headdim']}" if "heads" in r else str(r["dim"])
+        lines.append(f"| {r['layout']} | {r['state_dtype']} | {r['dtype']} | {r['batch']} "
+                     f"| {shape} | {r['N']} | {r['variant']} | {r['kernel_ms']:.4f} "
+                     f"| {r['kernel_of_copy']:.2f} "
+                     f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} "
+                     f"| {r['host_us']:.1f} | {r['launch_us']:.1f} | "
+                     f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} "
+                     f"| {r['inplace_ms']:.4f} | {r['inplace_of_copy']:.2f} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -306,34 +339,7 @@ def main():
     stem = os.path.join(args.out, "state_update_h200" if "H200" in gpu else "state_update_gpu")
     with open(stem + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    lines = [f"# state_update on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}", "",
-             f"Copy bandwidth {bw:.2f} TB/s (device-to-device, read + write), measured in the same "
-             "run. Bytes: state read + written, x, dt (per head in Mamba-2), B, C, y. kernel: the "
-             "kernel alone, 20 launches between two events, median of 30; call: the public "
-             "function back to back (host work overlapping the kernels); latency: one public call "
-             "between two events; host us: the host side of one public call, kernel a no-op "
-             "(wall clock, median); launch us: CuPy launching the kernel, arguments prepared. "
-             "D, dt_bias, dt_softplus; Mamba-2 with per-head A/dt/D/dt_bias as zero-stride "
-             "views. mamba_ssm: its Triton selective_state_update, peers-h200.md. in-place: "
-             "the best plain kernel that reads the state's bytes and writes them back in place "
-             "(no arithmetic), the ceiling at this size, as ms and as a fraction of copy.",
-             "",
-             "| layout | state | x | batch | H x P or dim | N | variant | kernel ms | of copy | "
-             "call ms | of copy | latency ms | host us | launch us | mamba_ssm ms | rel err y "
-             "| in-place ms | of copy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        shape = f"{r['heads']} x {r['headdim']}" if "heads" in r else str(r["dim"])
-        lines.append(f"| {r['layout']} | {r['state_dtype']} | {r['dtype']} | {r['batch']} "
-                     f"| {shape} | {r['N']} | {r['variant']} | {r['kernel_ms']:.4f} "
-                     f"| {r['kernel_of_copy']:.2f} "
-                     f"| {r['ms']:.4f} | {r['of_copy']:.2f} | {r['latency_ms']:.4f} "
-                     f"| {r['host_us']:.1f} | {r['launch_us']:.1f} | "
-                     f"{r['mamba_ssm_ms'] if r['mamba_ssm_ms'] else '-'} | {r['rel_err_y']:.1e} "
-                     f"| {r['inplace_ms']:.4f} | {r['inplace_of_copy']:.2f} |")
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(rows, stem + ".md")
     if args.profile:
         profile_host(cp, args.out)
 
