@@ -242,6 +242,16 @@ template <> struct cc1d_raw<ssm_half> : cc1d_raw16<ssm_half> {
     }
 };
 
+// One 16-byte vector of shared memory, widened to the compute type (a bfloat16 in one
+// operation each: the upper half of a float).
+template <typename T, typename CT, int E>
+__device__ __forceinline__ void cc1d_unpack_words(const cc1d_words& w, CT (&r)[E]) {
+    cc1d_raw<T> raw;
+    if constexpr (sizeof(T) == 2) raw.u = w;
+    else raw.v = *reinterpret_cast<const cc1d_vec<T>*>(&w);
+    raw.unpack(r);
+}
+
 // Neighbours from registers. A warp's v-th vectors form chunk c = v * NWARPS + warp of the
 // tile: CHUNK = 32 E consecutive steps, lane l holding [l E, l E + E). A step k <= H before
 // (or after) a lane's vector is element (-k) mod E of the lane ceil(k / E) below (above),
@@ -570,18 +580,20 @@ cc1d_fwd_tile(const T* __restrict__ x, const typename ssm_compute_of<T>::type* _
             w_row = row;
         }
         CT win[E + H];  // steps [lt - H, lt + E) of the row
-        const cc1d_vec<T> own = xt[j];
+        CT own[E];
+        cc1d_unpack_words<T>(cc1d_dyn[j], own);
 #pragma unroll
-        for (int i = 0; i < E; ++i) win[H + i] = ssm_load(own.v[i]);
+        for (int i = 0; i < E; ++i) win[H + i] = own[i];
         if constexpr (H > 0) {
             if (lt >= NP * E) {  // the vectors before, whole, in the same row
 #pragma unroll
                 for (int a = 0; a < NP; ++a) {
-                    const cc1d_vec<T> pv = xt[j - NP + a];
+                    CT pv[E];
+                    cc1d_unpack_words<T>(cc1d_dyn[j - NP + a], pv);
 #pragma unroll
                     for (int i = 0; i < E; ++i) {
                         const int q = a * E + i - (NP * E - H);  // window position
-                        if (q >= 0) win[q] = ssm_load(pv.v[i]);
+                        if (q >= 0) win[q] = pv[i];
                     }
                 }
             } else {  // a row's first vectors: the steps before the tile from the edge
