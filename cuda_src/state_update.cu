@@ -188,6 +188,23 @@ __device__ __forceinline__ void su_load_vec(const T* p, CT* out) {
 //              decay once per head and token.
 enum { SU_A_FULL = 0, SU_A_ROW = 1, SU_A_HEAD = 2 };
 
+// The parameters of every state_update kernel (the host packs one argument list for all):
+// the arrays, then element strides: state (slot, h, p, n); x, dt, z, y (b, t, h, p); A (h, p,
+// n); B, C (b, t, g, n); D, dt_bias (h, p); then the sizes and flags.
+#define SU_KERNEL_PARAMS                                                                      \
+    ST* __restrict__ state, const ssm_i64* __restrict__ rows, const IT* __restrict__ x,      \
+        const IT* __restrict__ dt, const IT* __restrict__ z,                                 \
+        const typename ssm_compute_of<ST>::type* __restrict__ A, const IT* __restrict__ Bm,  \
+        const IT* __restrict__ Cm, const typename ssm_compute_of<ST>::type* __restrict__ D,  \
+        const typename ssm_compute_of<ST>::type* __restrict__ dt_bias, IT* __restrict__ y,   \
+        ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3, ssm_i64 xs0, ssm_i64 xs1,        \
+        ssm_i64 xs2, ssm_i64 xs3, ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,        \
+        ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3, ssm_i64 ys0, ssm_i64 ys1,        \
+        ssm_i64 ys2, ssm_i64 ys3, ssm_i64 as0, ssm_i64 as1, ssm_i64 as2, ssm_i64 bs0,        \
+        ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3, ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2,        \
+        ssm_i64 cs3, ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1, int b0, int T,  \
+        int P, int N, int heads_per_group, int log2_tn, int rows_per_block, int softplus
+
 // Registers per thread are capped at 128 (two blocks of 256 threads per SM at least): the
 // step is bound by memory and needs many loads in flight per SM. Wide states (double,
 // several chunks per lane) may take all 255 instead of spilling. A 16-bit state with one
@@ -206,26 +223,7 @@ template <typename ST, int CH, int PPT, int AMODE> struct su_min_blocks {
 template <typename ST, typename IT, int CH, int PPT, int AMODE, bool kVec>
 __global__ void __launch_bounds__(256, (su_min_blocks<ST, CH, PPT, AMODE>::value))
 ssm_state_update(
-    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
-    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
-    const typename ssm_compute_of<ST>::type* __restrict__ A,
-    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
-    const typename ssm_compute_of<ST>::type* __restrict__ D,
-    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
-    IT* __restrict__ y,
-    // element strides: state (slot, h, p, n); x, dt, z, y (b, t, h, p); A (h, p, n);
-    // B, C (b, t, g, n); D, dt_bias (h, p)
-    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
-    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
-    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
-    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
-    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
-    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
-    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
-    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
-    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
-    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
-    int softplus) {
+    SU_KERNEL_PARAMS) {
     typedef typename ssm_compute_of<ST>::type CT;
     typedef ssm_math<CT> M;
     constexpr int V = su_vec<ST>::V;
@@ -554,24 +552,7 @@ template <typename ST, int CH, int PPT, int AMODE> struct su_vec_min_blocks {
 template <typename ST, typename IT, int CH, int PPT, int AMODE>
 __global__ void __launch_bounds__(256, (su_vec_min_blocks<ST, CH, PPT, AMODE>::value))
 ssm_state_update_vec(
-    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
-    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
-    const typename ssm_compute_of<ST>::type* __restrict__ A,
-    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
-    const typename ssm_compute_of<ST>::type* __restrict__ D,
-    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
-    IT* __restrict__ y,
-    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
-    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
-    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
-    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
-    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
-    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
-    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
-    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
-    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
-    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
-    int softplus) {
+    SU_KERNEL_PARAMS) {
     typedef typename ssm_compute_of<ST>::type CT;
     typedef ssm_math<CT> M;
     constexpr int V = su_vec<ST>::V;
@@ -782,24 +763,7 @@ template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
 template <typename ST, typename IT, int CH, int PPT>
 __global__ void __launch_bounds__(256, (su_tile_min_blocks<ST, CH, PPT>::value))
 ssm_state_update_tile(
-    ST* __restrict__ state, const ssm_i64* __restrict__ rows,
-    const IT* __restrict__ x, const IT* __restrict__ dt, const IT* __restrict__ z,
-    const typename ssm_compute_of<ST>::type* __restrict__ A,
-    const IT* __restrict__ Bm, const IT* __restrict__ Cm,
-    const typename ssm_compute_of<ST>::type* __restrict__ D,
-    const typename ssm_compute_of<ST>::type* __restrict__ dt_bias,
-    IT* __restrict__ y,
-    ssm_i64 ss0, ssm_i64 ss1, ssm_i64 ss2, ssm_i64 ss3,
-    ssm_i64 xs0, ssm_i64 xs1, ssm_i64 xs2, ssm_i64 xs3,
-    ssm_i64 ds0, ssm_i64 ds1, ssm_i64 ds2, ssm_i64 ds3,
-    ssm_i64 zs0, ssm_i64 zs1, ssm_i64 zs2, ssm_i64 zs3,
-    ssm_i64 ys0, ssm_i64 ys1, ssm_i64 ys2, ssm_i64 ys3,
-    ssm_i64 as0, ssm_i64 as1, ssm_i64 as2,
-    ssm_i64 bs0, ssm_i64 bs1, ssm_i64 bs2, ssm_i64 bs3,
-    ssm_i64 cs0, ssm_i64 cs1, ssm_i64 cs2, ssm_i64 cs3,
-    ssm_i64 Ds0, ssm_i64 Ds1, ssm_i64 bias0, ssm_i64 bias1,
-    int b0, int T, int P, int N, int heads_per_group, int log2_tn, int rows_per_block,
-    int softplus) {
+    SU_KERNEL_PARAMS) {
     typedef typename ssm_compute_of<ST>::type CT;
     typedef ssm_math<CT> M;
     constexpr int V = su_vec<ST>::V;
