@@ -252,6 +252,28 @@ __device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned 
     a[3] = ssd_mma_pair(r8 + 8);
 }
 
+// acc[j] += A x B over one staged slice of KW columns (K): A the 16 rows 16 warp .. of `as`,
+// B the rows 8 j + g of `bs` (j < NT), both [row][k] shared tiles of leading dimension LD;
+// 16-column steps with base + k0 >= limit are skipped (uniform: the slice is zeros there).
+template <typename T, int NT, int KW, int LD>
+__device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigned short* as,
+                                              const unsigned short* bs, int base, int limit,
+                                              int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
+    for (int k0 = 0; k0 < KW; k0 += 16) {
+        if (base + k0 < limit) {
+            unsigned a[4];
+            ssd_mma_load_a<LD>(a, as, 16 * warp, k0, lane);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const unsigned short* q = bs + (8 * j + g) * LD + k0 + 2 * t;
+                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            }
+        }
+    }
+}
+
 // --------------------------------------------------------------------------------------
 // Chunk states on tensor cores. A block computes a 64 (p) x NW (n) tile of S_c; warp w
 // its rows 16w .. 16w + 15 (NW / 8 D tiles of 16 x 8, NW / 2 floats per thread). Per stage
@@ -430,18 +452,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
         stage_c(n0);
         ssd_mma_stage_f<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
         __syncthreads();
-#pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
-        for (int k0 = 0; k0 < KW; k0 += 16) {
-            if (n0 + k0 < N) {  // uniform; the rest of the slice is zeros
-                unsigned a[4];
-                ssd_mma_load_a<LDK>(a, cs, 16 * warp, k0, lane);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned short* q = ms + (8 * j + g) * LDK + k0 + 2 * t;
-                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-                }
-            }
-        }
+        ssd_mma_slice<T, NT, KW, LDK>(acc, cs, ms, n0, N, warp, lane);
     }
     {
         const int ra = 16 * warp + g, rb = ra + 8;
@@ -483,18 +494,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
                 ms, Bm + ((b * L + q0) * GB + gb) * N + n0, (ssm_i64)GB * N, nq, N - n0, vec,
                 nullptr, tid);
             __syncthreads();
-#pragma unroll 2
-            for (int k0 = 0; k0 < KW; k0 += 16) {
-                if (n0 + k0 < N) {
-                    unsigned a[4];
-                    ssd_mma_load_a<LDK>(a, cs, 16 * warp, k0, lane);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const unsigned short* q = ms + (8 * j + g) * LDK + k0 + 2 * t;
-                        ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-                    }
-                }
-            }
+            ssd_mma_slice<T, 8, KW, LDK>(gacc, cs, ms, n0, N, warp, lane);
         }
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
         const int ra = 16 * warp + g, rb = ra + 8;
@@ -715,18 +715,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             else
                 ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
             __syncthreads();
-#pragma unroll 2
-            for (int kk = 0; kk < KW; kk += 16) {
-                if (k0 + kk < K) {  // uniform; the rest of the slice is zeros
-                    unsigned a[4];
-                    ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
-                        ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-                    }
-                }
-            }
+            ssd_mma_slice<T, NT, KW, LDK>(acc, us, ms, k0, K, warp, lane);
         }
         {
             const int ra = 16 * warp + g, rb = ra + 8;
@@ -796,18 +785,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0, vec,
                     nullptr, tid);
                 __syncthreads();
-#pragma unroll 2
-                for (int kk = 0; kk < KW; kk += 16) {
-                    if (k0 + kk < K) {
-                        unsigned a[4];
-                        ssd_mma_load_a<LDK>(a, us, 16 * warp, kk, lane);
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) {
-                            const unsigned short* q = ms + (8 * j + g) * LDK + kk + 2 * t;
-                            ssd_mma_type<T>::mma(gacc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-                        }
-                    }
-                }
+                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ms, k0, K, warp, lane);
             }
             // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
             const int ra = 16 * warp + g, rb = ra + 8;
