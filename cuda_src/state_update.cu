@@ -745,8 +745,8 @@ ssm_state_update_vec(
 // the SM's other blocks compute while it arrives. The threads then walk the tile in passes
 // from shared memory (TN lanes per channel, PPT channels per thread and pass, as in
 // ssm_state_update) and store the new state straight to global memory after the last
-// token. The channels' x, z and D are staged in shared memory per token, so a pass waits
-// on nothing global. Same arguments as ssm_state_update; rows_per_block channels per
+// token (before it, back into the tile: several tokens read the state once). The channels'
+// x, z and D are staged in shared memory per token, so a pass waits on nothing global. Same arguments as ssm_state_update; rows_per_block channels per
 // block; dynamic shared memory: the tile (rows_per_block * N states) then 3 *
 // rows_per_block values of the compute type.
 
