@@ -244,14 +244,15 @@ def forward(p):
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
     vec_ok = p.L % vec == 0 and _aligned(p.x, y)
     # the tile kernel: x through shared memory by bulk copies (sm_90), whole vectors only
+    limits = compiler.device_limits()
     tile = (vec_ok and p.seq_idx is None and io in TUNING["fwd_tile"] and p.L > 0
-            and compiler.device_limits().get("compute_capability", 0) >= 90)
+            and limits["compute_capability"] >= 90)
     key = KernelKey("fwd_tile" if tile else "fwd", io, p.width, p.bias is not None, p.silu,
                     p.seq_idx is not None)
     if tile:
         rows = p.batch * p.dim
         plan = forward_tile_plan(rows=rows, L=p.L, width=p.width, dtype=p.io_dtype,
-                                 sm_count=compiler.device_limits()["sm_count"])
+                                 sm_count=limits["sm_count"])
         if plan["n_items"] > 2**31 - 1:
             raise ValueError(f"ssmkit GPU causal_conv1d: {plan['n_items']} tiles is more than "
                              "the kernels index (2**31 - 1)")

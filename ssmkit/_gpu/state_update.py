@@ -376,7 +376,7 @@ def plan_problem(p, use) -> LaunchPlan:
     # the tile kernel: Mamba-2's per-head parameters, the channels' rows contiguous, sm_90's
     # bulk copies
     tile = (vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
-            and items in TUNING["tile"] and limits.get("compute_capability", 0) >= 90)
+            and items in TUNING["tile"] and limits["compute_capability"] >= 90)
     one_pass = vec and not tile and items in TUNING["one_pass"]
     plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
                         one_pass, tile)
