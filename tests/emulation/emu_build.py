@@ -23,7 +23,19 @@ COMMON_REPL = [
     ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
     ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
     ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
-]
+    ('asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));',
+     'a = (unsigned)((const unsigned char*)p - emu_smem_ptr);'),
+] + [(ptx, 'emu_fail("sm_90 bulk copy");') for ptx in (
+    # The bulk copies' sm_90 branch: the host build takes the block-wide copy of the
+    # pre-sm_90 branch instead (ssm_bulk_wait), so these lines are never compiled here.
+    'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(ssm_smem_addr(bar)) : "memory");',
+    'asm volatile("fence.proxy.async.shared::cta;" : : : "memory");',
+    """asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 : : "r"(ssm_smem_addr(bar)), "r"(bytes) : "memory");""",
+    """asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(bytes), "r"(ssm_smem_addr(bar)) : "memory");""",
+    """asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b) : "memory");""")]
 
 
 def replace_all(src, repl):

@@ -1,5 +1,8 @@
 // causal_conv1d additions to the shared host emulation (emu_common.h).
 #include "emu_common.h"
+#include <algorithm>
+using std::max;
+using std::min;
 
 #define __shared__ static
 template <typename T> inline T emu_shfl_move(T v, int src_off, bool down) {

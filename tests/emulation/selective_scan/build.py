@@ -23,8 +23,6 @@ REPL = COMMON_REPL + [
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
     # cp.async (prelude_ss.h): the sm_80 branch is the one emulated.
     ('#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800', '#if 1'),
-    ('asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));',
-     'a = (unsigned)((const unsigned char*)p - emu_smem_ptr);'),
     ('asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");',
      'emu_cp_async(dst, src, 16, true);'),
     ('asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");',
