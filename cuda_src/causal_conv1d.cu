@@ -341,6 +341,18 @@ __device__ __forceinline__ void cc1d_halo_before(const T* __restrict__ xrow, con
     }
 }
 
+// Item `item`'s inputs into `in`: read ahead into `nxt` by the previous step (and the next
+// item's read ahead now) with PREFETCH, else read here.
+template <bool PREFETCH, typename In, typename F>
+__device__ __forceinline__ void cc1d_take(unsigned item, unsigned n_items, In& in, In& nxt, F& fetch) {
+    if constexpr (PREFETCH) {
+        in = nxt;
+        if (item + gridDim.x < n_items) fetch(item + gridDim.x, nxt);
+    } else {
+        fetch(item, in);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward: y, and the final state (last W-1 steps of xpad), written by the threads that
 // hold those steps. Shared memory holds only the H steps before each chunk: xprev[c H + j]
@@ -406,12 +418,7 @@ cc1d_fwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
     if (cc1d_shape<T>::PREFETCH && item < (unsigned)n_items) fetch(item, nxt);
     for (int parity = 0; item < (unsigned)n_items; item += gridDim.x, parity ^= 1) {
         In in;
-        if constexpr (cc1d_shape<T>::PREFETCH) {
-            in = nxt;
-            if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);
-        } else {
-            fetch(item, in);
-        }
+        cc1d_take<cc1d_shape<T>::PREFETCH>(item, (unsigned)n_items, in, nxt, fetch);
         const cc1d_place at(item, dim, n_tiles);
         const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
         CT* xprev = xprev_buf[parity];
@@ -725,12 +732,7 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
     if (cc1d_shape<T>::PREFETCH && item < (unsigned)n_items) fetch(item, nxt);
     for (; item < (unsigned)n_items; item += gridDim.x) {
         In in;
-        if constexpr (cc1d_shape<T>::PREFETCH) {
-            in = nxt;
-            if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);
-        } else {
-            fetch(item, in);
-        }
+        cc1d_take<cc1d_shape<T>::PREFETCH>(item, (unsigned)n_items, in, nxt, fetch);
         const cc1d_place at(item, dim, n_tiles);
         const ssm_i64 t0 = (ssm_i64)at.tile * TILE;
 

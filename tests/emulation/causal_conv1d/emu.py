@@ -86,7 +86,7 @@ if os.environ.get('EMU_MUT') == '2':  # the halo before each tile lost
 if os.environ.get('EMU_MUT') == '3':  # the backward's steps after the tile read wrongly
     MUT = [('xnext[q < 0 ? 0 : q]', 'xnext[0]')]
 if os.environ.get('EMU_MUT') == '4':  # the prefetched item handed over wrongly
-    MUT = [('if (item + gridDim.x < (unsigned)n_items) fetch(item + gridDim.x, nxt);', 'if (item + gridDim.x < (unsigned)n_items) fetch(item, nxt);')]
+    MUT = [('if (item + gridDim.x < n_items) fetch(item + gridDim.x, nxt);', 'if (item + gridDim.x < n_items) fetch(item, nxt);')]
 def build(keys, defines=()):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT: src = src.replace(a, b)
