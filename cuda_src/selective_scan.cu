@@ -110,6 +110,25 @@ struct ssm_bwd_layout {
     }
 };
 
+// Xs[t][n] (row stride BS) = load(n, t) for t < tl and n < N, zeros up to tlp and 4 NQ: rows
+// of W lanes walk consecutive steps, four states per store.
+template <typename CT, typename F>
+__device__ __forceinline__ void ssm_stage_bc_with(CT* __restrict__ Xs, int N, int NQ, int BS, int tl,
+                                                  int tlp, int r0, int rstep, int col0, int W,
+                                                  const F& load) {
+    for (int q = r0; q < NQ; q += rstep) {
+        for (int t = col0; t < tlp; t += W) {
+            CT x[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = 4 * q + e;
+                x[e] = (t < tl && n < N) ? (CT)load(n, t) : CT(0);
+            }
+            ssm_st4(Xs + t * BS + 4 * q, x);
+        }
+    }
+}
+
 // Copy one tile of a per-step B or C, (N, L) rows starting at step t0 (Xg
 // already points at [b, g, 0, t0]), into Xs[t][n] (time-major, row stride BS),
 // converting to CT. Rows n >= N and steps t >= tl are zero-filled up to NPAD
@@ -119,17 +138,8 @@ template <typename BC, typename CT>
 __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __restrict__ Xg,
                                              ssm_i64 L, int N, int NQ, int BS, int tl, int tlp,
                                              int r0, int rstep, int col0, int W) {
-    for (int q = r0; q < NQ; q += rstep) {
-        for (int t = col0; t < tlp; t += W) {
-            CT x[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int n = 4 * q + e;
-                x[e] = (t < tl && n < N) ? ssm_load(Xg[(ssm_i64)n * L + t]) : CT(0);
-            }
-            ssm_st4(Xs + t * BS + 4 * q, x);
-        }
-    }
+    ssm_stage_bc_with<CT>(Xs, N, NQ, BS, tl, tlp, r0, rstep, col0, W,
+                          [&](int n, int t) { return ssm_load(Xg[(ssm_i64)n * L + t]); });
 }
 
 // ===========================================================================
@@ -256,17 +266,9 @@ template <typename BC, typename CT>
 __device__ __forceinline__ void ssm_stage_bc_raw(CT* __restrict__ Xs, const unsigned char* __restrict__ Xr,
                                                  int R, const BC* Xg, ssm_i64 L, int N, int NQ, int BS, int tl,
                                                  int tlp, int r0, int rstep, int col0, int W) {
-    for (int q = r0; q < NQ; q += rstep) {
-        for (int t = col0; t < tlp; t += W) {
-            CT x[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int n = 4 * q + e;
-                x[e] = (t < tl && n < N) ? ssm_load(reinterpret_cast<const BC*>(Xr + n * R)[ssm_raw_shift(Xg + (ssm_i64)n * L) + t]) : CT(0);
-            }
-            ssm_st4(Xs + t * BS + 4 * q, x);
-        }
-    }
+    ssm_stage_bc_with<CT>(Xs, N, NQ, BS, tl, tlp, r0, rstep, col0, W, [&](int n, int t) {
+        return ssm_load(reinterpret_cast<const BC*>(Xr + n * R)[ssm_raw_shift(Xg + (ssm_i64)n * L) + t]);
+    });
 }
 
 // ===========================================================================
