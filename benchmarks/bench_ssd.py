@@ -101,21 +101,29 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     dtypes, the forward on CUDA cores and the forward+backward with the CUDA-core backward)."""
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
-    fwd_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
+    fwd = lambda: ssmkit.ssd(**x, **kw)  # noqa: E731
+    fwd_ms = cuda_median_ms(fwd, calls=5)
+    fwd_lat_ms = cuda_median_ms(fwd)
     dy = cupy.ones_like(x["x"])
 
     def fwd_bwd():
         _, pullback = ssmkit.ssd_vjp(**x, **kw)
         pullback(dy)
 
-    fb_ms = cuda_median_ms(fwd_bwd, reps=5)
+    fb_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
+    fb_lat_ms = cuda_median_ms(fwd_bwd, reps=5)
     fwd_old_ms = fb_old_ms = None
     if dtype in ("float16", "bfloat16"):
         with _env("SSMKIT_SSD_MMA", "0"):  # the same forward on the CUDA-core kernels
-            fwd_old_ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
+            fwd_old_ms = cuda_median_ms(fwd, calls=5)
         with _env("SSMKIT_SSD_MMA_BWD", "0"):  # the backward's products on CUDA cores
-            fb_old_ms = cuda_median_ms(fwd_bwd, reps=5)
-    return fwd_ms, fb_ms, fwd_old_ms, fb_old_ms
+            fb_old_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
+    return fwd_ms, fb_ms, fwd_old_ms, fb_old_ms, fwd_lat_ms, fb_lat_ms
+
+
+def _back_to_back(fn):
+    """Device time per call of ``fn`` over 5 back-to-back calls (see ``cuda_median_ms``)."""
+    return cuda_median_ms(fn, calls=5)
 
 
 def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
@@ -132,12 +140,14 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     lay = gpu_ssd._Layout(p)
     chunk_states = lay.chunk_state_mma(p)
     states = lay.passing(p, chunk_states)
+    cb = lay.cb_mma(p)
     y = cupy.empty(p.x.shape, dtype=p.io_dtype)
     return {
-        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p)),
-        "ssd_mma_chunk_state": cuda_median_ms(lambda: lay.chunk_state_mma(p)),
-        "ssd_state_passing": cuda_median_ms(lambda: lay.passing(p, chunk_states)),
-        "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, states, y)),
+        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p), calls=5),
+        "ssd_mma_chunk_state": cuda_median_ms(lambda: lay.chunk_state_mma(p), calls=5),
+        "ssd_state_passing": cuda_median_ms(lambda: lay.passing(p, chunk_states), calls=5),
+        "ssd_mma_cb": cuda_median_ms(lambda: lay.cb_mma(p), calls=5),
+        "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, states, y, cb), calls=5),
     }
 
 
@@ -166,23 +176,23 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)
     dyc = dy.astype(cupy.float32)
     return {
-        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p)),
-        "ycore": cuda_median_ms(
+        "layout (dt', chunk sums)": _back_to_back(lambda: gpu_ssd._Layout(p)),
+        "ycore": _back_to_back(
             lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)),
-        "adjoint chunk state (tensor cores)": cuda_median_ms(
+        "adjoint chunk state (tensor cores)": _back_to_back(
             lambda: lay.chunk_state_mma(p, dy, p.C, adjoint=True)),
-        "adjoint chunk state (CUDA cores, before)": cuda_median_ms(
+        "adjoint chunk state (CUDA cores, before)": _back_to_back(
             lambda: lay.chunk_state(p, dyc, p.C, adjoint=True)),
-        "adjoint passing": cuda_median_ms(lambda: gpu_ssd._adjoint_passing(p, lay, K, None)),
-        "GB": cuda_median_ms(
+        "adjoint passing": _back_to_back(lambda: gpu_ssd._adjoint_passing(p, lay, K, None)),
+        "GB": _back_to_back(
             lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)),
-        "dB (summed over heads)": cuda_median_ms(
+        "dB (summed over heads)": _back_to_back(
             lambda: lay.mm_mma(p, "dB", p.x, dy, p.C, dHx, groups=G, dt_out=True, Xr=p.B,
                                rowdot=xGB)),
-        "dC (summed over heads)": cuda_median_ms(
+        "dC (summed over heads)": _back_to_back(
             lambda: lay.mm_mma(p, "dC", dy, p.x, p.B, states, groups=G)),
-        "rows (dx, dcum, dD)": cuda_median_ms(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
-        "whole backward": cuda_median_ms(lambda: gpu_ssd.ssd_backward(p, states, dy, None)),
+        "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
+        "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, states, dy, None)),
     }
 
 
@@ -196,13 +206,14 @@ def run_gpu(args):
     rows = []
     table = TABLE[:2] if args.quick else TABLE
     for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
-        fwd_ms, fb_ms, fwd_old_ms, fb_old_ms = time_row(cupy, dtype, batch, L, H, P, G, N,
-                                                         chunk)
+        fwd_ms, fb_ms, fwd_old_ms, fb_old_ms, fwd_lat_ms, fb_lat_ms = time_row(
+            cupy, dtype, batch, L, H, P, G, N, chunk)
         cupy.get_default_memory_pool().free_all_blocks()
         fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
         rows.append(dict(
             op="ssd", gpu=gpu, dtype=dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
             N=N, chunk_size=chunk, fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),
+            fwd_latency_ms=round(fwd_lat_ms, 4), fwd_bwd_latency_ms=round(fb_lat_ms, 4),
             fwd_path=("tensor cores" if dtype in ("float16", "bfloat16")
                       and os.environ.get("SSMKIT_SSD_MMA", "1") != "0" else "CUDA cores"),
             fwd_cuda_cores_ms=None if fwd_old_ms is None else round(fwd_old_ms, 4),
@@ -228,8 +239,10 @@ def run_gpu(args):
         json.dump(rows, f, indent=1)
     lines = [f"# ssd on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}",
              "",
-             f"Copy bandwidth {copy_bw:.2f} TB/s, measured in the same run. Median CUDA-event "
-             "time of one call after warm-up (host work included). 'of copy': compulsory bytes "
+             f"Copy bandwidth {copy_bw:.2f} TB/s, measured in the same run. fwd / fwd+bwd: "
+             "median CUDA-event time per call over back-to-back calls after warm-up (5 forward, "
+             "3 forward+backward calls between two events); latency: one call between two "
+             "events, host work included. 'of copy': compulsory bytes "
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
              "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "
              "16-bit forwards run on tensor cores (cuda_src/ssd_mma.cu); 'fwd ms, CUDA "
@@ -237,9 +250,10 @@ def run_gpu(args):
              "products on tensor cores; 'fwd+bwd ms, CUDA-core bwd': the same call with "
              "SSMKIT_SSD_MMA_BWD=0.",
              "",
-             "| dtype | batch | L | H | P | G | N | chunk | fwd ms | of copy | x mamba_ssm | "
-             "fwd ms, CUDA cores | fwd+bwd ms | of copy | x mamba_ssm | fwd+bwd ms, CUDA-core bwd |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | batch | L | H | P | G | N | chunk | fwd ms | latency | of copy | "
+             "x mamba_ssm | fwd ms, CUDA cores | fwd+bwd ms | latency | of copy | x mamba_ssm | "
+             "fwd+bwd ms, CUDA-core bwd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pf = f"{r['mamba_ssm_fwd_ms'] / r['fwd_ms']:.2f}" if r["mamba_ssm_fwd_ms"] else "-"
         pb = (f"{r['mamba_ssm_fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if r["mamba_ssm_fwd_bwd_ms"]
@@ -249,9 +263,10 @@ def run_gpu(args):
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['L']} | {r['heads']} | {r['headdim']} | "
             f"{r['groups']} | {r['N']} | {r['chunk_size']} | {r['fwd_ms']:.3f} | "
-            f"{r['fwd_of_copy']:.3f} | {pf} | "
+            f"{r['fwd_latency_ms']:.3f} | {r['fwd_of_copy']:.3f} | {pf} | "
             f"{'-' if r['fwd_cuda_cores_ms'] is None else format(r['fwd_cuda_cores_ms'], '.3f')} | "
-            f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_of_copy']:.3f} | {pb} | {tc} |")
+            f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_latency_ms']:.3f} | "
+            f"{r['fwd_bwd_of_copy']:.3f} | {pb} | {tc} |")
     lines += ["", "Forward stages of the first row (tensor-core path), ms: " +
               ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + ".",
               "", "Backward stages of the first row (tensor-core path), ms: " +

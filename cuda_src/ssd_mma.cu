@@ -377,34 +377,99 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 }
 
 // --------------------------------------------------------------------------------------
-// Outputs on tensor cores. A block computes 64 rows (steps) of one chunk, all P <= PW
-// columns; warp w rows 16w .. 16w + 15 with PW / 8 D tiles (PW / 2 floats per thread).
-// N is staged in slices of KW columns; when N <= KW the block's C rows are staged once
-// and stay in shared memory for every product.
-//   1. y = C states[c]^T (K = N; cs = C rows, ms = state rows p), each row then scaled
-//      by [seq_t == seq_prev] exp(cum_t);
-//   2. per tile of 64 steps s up to the rows' last: G = C B^T (K = N, ms = B rows s, 8 D
-//      tiles per warp), masked and weighted in registers, rounded to T; y += G x (K = s,
-//      x staged transposed as xt[p][s]);
+// C B^T of every chunk, once per class of heads that share their B and C groups (all the
+// heads when G = 1), for ssd_mma_chunk_out: the blocks of the lower triangle, 64 x 64 each
+// (rows r of tile RT, columns s of tile QT <= RT), K = N in slices of KW. The block is
+// written in the order ssd_mma_chunk_out's warps hold it (ssd_mma_cb_at): warp w's rows
+// 16 w .. 16 w + 15 as its D tiles j < 8, one float4 {d0, d1, d2, d3} per lane and tile,
+// so that each warp reads its fragments back with coalesced 16-byte loads.
+// Grid: (batch * nc * classes, pairs = T (T + 1) / 2), T = tiles per chunk; pair p = RT
+// (RT + 1) / 2 + QT. Head h is in class h / (H / classes); cb (batch, nc, classes, pairs,
+// 4096) float.
+// --------------------------------------------------------------------------------------
+__device__ __forceinline__ ssm_i64 ssd_mma_cb_at(ssm_i64 block, int warp, int j, int lane) {
+    return block * (SSD_MMA_ROWS * SSD_MMA_ROWS) + ((warp * 8 + j) * 32 + lane) * 4;
+}
+
+template <typename T, int KW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS)
+ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __restrict__ starts,
+           float* __restrict__ cb, ssm_i64 L, int GB, int GC, int N, ssm_i64 nc, int classes) {
+    static_assert(KW % 64 == 0, "KW: a multiple of 64");
+    constexpr int LDK = KW + 8;
+    alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[r][n]
+    alignas(16) __shared__ unsigned short bs[SSD_MMA_ROWS * LDK];  // B[s][n]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ssm_i64 e = blockIdx.x;  // = (b * nc + c) * classes + k
+    const int k = (int)(e % classes);
+    const ssm_i64 bc = e / classes, b = bc / nc, c = bc - b * nc;
+    const int pair = blockIdx.y;
+    int rt = 0;
+    while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
+    const int qt = pair - rt * (rt + 1) / 2;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)rt * SSD_MMA_ROWS, q0 = t0 + (ssm_i64)qt * SSD_MMA_ROWS;
+    if (r0 >= t1) return;  // past a short chunk's end: ssd_mma_chunk_out skips it too
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const int nq = (int)(t1 - q0 < SSD_MMA_ROWS ? t1 - q0 : SSD_MMA_ROWS);
+    const int gb = k / (classes / GB), gc = k / (classes / GC);
+    const bool vec = ssd_mma_vec(8, N, Cm, Bm, Cm, Bm);
+
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int n0 = 0; n0 < N; n0 += KW) {
+        __syncthreads();  // the previous slice's reads are done
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
+            tid);
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            bs, Bm + ((b * L + q0) * GB + gb) * N + n0, (ssm_i64)GB * N, nq, N - n0, vec, nullptr,
+            tid);
+        __syncthreads();
+        ssd_mma_slice<T, 8, KW, LDK>(acc, cs, bs, n0, N, warp, lane);
+    }
+    const ssm_i64 block = e * (ssm_i64)gridDim.y + pair;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        ssm_f4 v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v.v[i] = acc[j][i];
+        *reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(block, warp, j, lane)) = v;
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// Outputs on tensor cores. A block computes 64 rows (steps) of one chunk of one head, all
+// P <= PW columns; warp w rows 16w .. 16w + 15 with PW / 8 D tiles (PW / 2 floats per
+// thread).
+//   1. y = C states[c]^T (K = N in slices of KW: cs = C rows, ms = state rows p), each row
+//      then scaled by [seq_t == seq_prev] exp(cum_t);
+//   2. per tile of 64 steps s up to the rows' last: the block of C B^T from ssd_mma_cb
+//      (read in the warps' fragment order), masked and weighted in registers, rounded to
+//      T; y += G x (K = s, x staged transposed as xt[p][s]);
 //   3. + D x, * silu(z), store.
+// C B^T is the same for every head of a class (all of them when G = 1), so it is made once
+// per chunk by ssd_mma_cb instead of once per head here.
 // Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 // 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
 template <typename T, int PW, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
-ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* __restrict__ X,
+ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const T* __restrict__ X,
                   const float* __restrict__ states, const float* __restrict__ D,
                   const T* __restrict__ z, const float* __restrict__ dte,
                   const float* __restrict__ cum, const int* __restrict__ seq,
                   const ssm_i64* __restrict__ starts, T* __restrict__ out, ssm_i64 L, int H,
-                  int P, int GB, int GC, int N, ssm_i64 nc, int tiles_per_chunk) {
+                  int P, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes) {
     static_assert(PW % 16 == 0 && PW <= 128, "PW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
-    constexpr int MS_ROWS = PW > SSD_MMA_ROWS ? PW : SSD_MMA_ROWS;
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
-    alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // state[p][n] | B[s][n]
+    alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n]
     alignas(16) __shared__ unsigned short xt[PW * LDS];            // x[s][p] as [p][s]
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
@@ -422,10 +487,12 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
     const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
     if (r0 >= t1) return;
     const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
-    const int gb = h / (H / GB), gc = h / (H / GC);
+    const int gc = h / (H / GC);
+    const int pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+    const ssm_i64 cb_blocks = ((b * nc + c) * classes + h / (H / classes)) * pairs +
+                              tile * (tile + 1) / 2;  // + the column tile
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-    const bool vec = ssd_mma_vec(P, N, Cm, Bm, X, states);
-    const bool c_resident = N <= KW;  // one slice: cs is staged once, in step 1
+    const bool vec = ssd_mma_vec(P, N, Cm, Cm, X, states);
     if (tid < SSD_MMA_ROWS) {
         const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
         cum_r[tid] = cum[(b * L + r) * H + h];
@@ -438,18 +505,13 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 
-    // Stage C[r0 .. r0 + 63][n0 .. n0 + KW - 1] into cs (zero outside).
-    auto stage_c = [&](int n0) {
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
-            tid);
-    };
-
     // 1. The entering state's contribution.
     const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();
-        stage_c(n0);
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
+            tid);
         ssd_mma_stage_f<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
         __syncthreads();
         ssd_mma_slice<T, NT, KW, LDK>(acc, cs, ms, n0, N, warp, lane);
@@ -471,30 +533,25 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const T* __restrict__ Bm, const T* _
     const ssm_i64 q_end = r0 + nr;
     for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
         const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+        __syncthreads();  // the previous reads of xt, cum_q, dt_q, seq_q are done
+        if (tid < SSD_MMA_ROWS) {
+            const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+            const ssm_i64 i = (b * L + q) * H + h;
+            cum_q[tid] = cum[i];
+            dt_q[tid] = dte[i];
+            seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+        }
+        ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS>(
+            xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
+        __syncthreads();
+        // This warp's fragments of the block.
         float gacc[8][4];
+        const ssm_i64 cbk = cb_blocks + (q0 - t0) / SSD_MMA_ROWS;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j) {
+            const ssm_f4 v = *reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(cbk, warp, j, lane));
 #pragma unroll
-            for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
-        for (int n0 = 0; n0 < N; n0 += KW) {
-            __syncthreads();  // the previous reads of ms (and of xt, cum_q, ...) are done
-            if (n0 == 0) {
-                if (tid < SSD_MMA_ROWS) {
-                    const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                    const ssm_i64 i = (b * L + q) * H + h;
-                    cum_q[tid] = cum[i];
-                    dt_q[tid] = dte[i];
-                    seq_q[tid] = ssd_mma_seq(seq, b * L + q);
-                }
-                ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS>(
-                    xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
-            }
-            if (!c_resident) stage_c(n0);
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                ms, Bm + ((b * L + q0) * GB + gb) * N + n0, (ssm_i64)GB * N, nq, N - n0, vec,
-                nullptr, tid);
-            __syncthreads();
-            ssd_mma_slice<T, 8, KW, LDK>(gacc, cs, ms, n0, N, warp, lane);
+            for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
         }
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
         const int ra = 16 * warp + g, rb = ra + 8;

@@ -82,9 +82,10 @@ class SSDProblem(ChunkedScan):
     seq_idx : array, (batch, L) int32 or None
         The state restarts from zero at each ``t`` with ``seq_idx[b, t] !=
         seq_idx[b, t - 1]`` (derived from ``cu_seqlens`` when that is given).
-    slot : array, (batch, L) int32
+    slot : numpy.ndarray, (batch, L) int32
         ``slot[b, t] >= 0``: the state after step ``t`` is final state
-        ``slot[b, t]``.
+        ``slot[b, t]``. On the host for every backend (the GPU backend reads
+        ``slot_steps``; a copy to the device would wait for its queue).
     slot_steps : numpy.ndarray, (k, 3) int64
         The same on the host: one row ``(b, t, slot)`` per such step.
     n_slots : int
@@ -310,7 +311,7 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
         dt_bias=canon(arr["dt_bias"], cd), dt_softplus=bool(dt_softplus), dt_lo=lo, dt_hi=hi,
         dt_clip=(lo, hi) != (0.0, math.inf), initial_state=canon(arr["initial_state"], cd),
         seq_idx=None if seq is None else _relabel(xp, seq),
-        slot=xp.asarray(slot_host),
+        slot=slot_host,
         slot_steps=np.stack(list(np.nonzero(slot_host >= 0)) + [slot_host[slot_host >= 0]],
                             axis=1).astype(np.int64),
         n_slots=int(n_slots), chunk_size=int(chunk_size), xp=xp)

@@ -15,7 +15,8 @@ Forward
     sequence, so each final state is a boundary state from step 3.
     For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 and 4
     run on tensor cores instead (``cuda_src/ssd_mma.cu``: ``ssd_mma_chunk_state``,
-    ``ssd_mma_chunk_out``; every option supported). ``SSMKIT_SSD_MMA=0`` in the
+    ``ssd_mma_chunk_out``, which reads each chunk's C B^T from ``ssd_mma_cb``, made once
+    for all the heads that share B and C; every option supported). ``SSMKIT_SSD_MMA=0`` in the
     environment selects the CUDA-core kernels for every call (to compare the two).
 
 Backward (from the boundary states the forward kept, nothing per step)
@@ -50,6 +51,7 @@ tensor-core products (16-bit operands, float32 sums).
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -154,6 +156,17 @@ def mma_out_name(io: str, P: int) -> str:
     return f"ssd_mma_chunk_out<{_CTYPE[io]}, {pw}, {128 if pw <= 64 else 64}>"
 
 
+def mma_cb_name(io: str) -> str:
+    """The ``ssd_mma_cb`` instance (N in slices of KW = 128)."""
+    return f"ssd_mma_cb<{_CTYPE[io]}, 128>"
+
+
+def head_classes(H: int, GB: int, GC: int) -> int:
+    """Classes of heads that read the same B group and the same C group: runs of
+    gcd(H / GB, H / GC) consecutive heads (one class for G = 1)."""
+    return H // math.gcd(H // GB, H // GC)
+
+
 def mma_state_width(N: int) -> int:
     """NW of ``ssd_mma_chunk_state``: the N columns of a block (64 or 128)."""
     return 64 if N <= 64 else 128
@@ -162,7 +175,7 @@ def mma_state_width(N: int) -> int:
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
-            + [mma_out_name(io, pw) for pw in MMA_WIDTHS])
+            + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io)])
 
 
 def uses_mma(p) -> bool:
@@ -258,6 +271,40 @@ def _check(p):
     return io, bc, ct
 
 
+_BOUNDARY_CACHE: dict = {}
+_BOUNDARY_CACHE_SIZE = 64
+
+
+def _boundaries(p, Q):
+    """Chunk boundaries and where the final states sit, as device arrays, cached per problem
+    layout: a copy from host memory waits for the GPU's queue to drain, so building them per
+    call would keep the host and the GPU from overlapping.
+
+    Returns ``nc, max_len, starts, bslot, rows, cols, slots``: ``bslot[b, j]`` the final
+    state that is the state at boundary j (or -1); final state ``slots[i]`` is the state at
+    boundary ``cols[i]`` of row ``rows[i]``. The arrays are read-only.
+    """
+    cp = p.xp
+    slots = p.slot_steps  # host (k, 3): row, step, slot of every sequence end
+    device = cp.cuda.Device().id if cp is not np else -1  # NumPy: the host emulation
+    key = (device, p.batch, p.L, Q, slots.tobytes())
+    hit = _BOUNDARY_CACHE.get(key)
+    if hit is not None:
+        return hit
+    starts = chunk_starts(p.L, Q, slots[:, 1] + 1 if len(slots) else None)
+    nc = len(starts) - 1
+    bslot = np.full((p.batch, nc + 1), -1, dtype=np.int32)
+    for row, step, slot in slots:
+        bslot[row, np.searchsorted(starts, step + 1)] = slot
+    rows, cols = np.nonzero(bslot >= 0)
+    hit = (nc, int(np.max(np.diff(starts))), cp.asarray(starts), cp.asarray(bslot),
+           cp.asarray(rows), cp.asarray(cols), cp.asarray(bslot[rows, cols]))
+    if len(_BOUNDARY_CACHE) >= _BOUNDARY_CACHE_SIZE:
+        _BOUNDARY_CACHE.pop(next(iter(_BOUNDARY_CACHE)))
+    _BOUNDARY_CACHE[key] = hit
+    return hit
+
+
 class _Layout:
     """Chunk boundaries and per-chunk values shared by the forward and the backward."""
 
@@ -266,17 +313,8 @@ class _Layout:
         self.io, self.bc, self.ct = _check(p)
         L = p.L
         self.Q = min(p.chunk_size, L)
-        slots = p.slot_steps  # host (k, 3): row, step, slot of every sequence end
-        starts = chunk_starts(L, self.Q, slots[:, 1] + 1 if len(slots) else None)
-        self.nc = len(starts) - 1
-        self.max_len = int(np.max(np.diff(starts)))
-        self.starts = cp.asarray(starts)
-        # bslot[b, j]: the final state that is the state at boundary j, or -1
-        bslot = np.full((p.batch, self.nc + 1), -1, dtype=np.int32)
-        for row, step, slot in slots:
-            bslot[row, np.searchsorted(starts, step + 1)] = slot
-        self.bslot_host = bslot
-        self.bslot = cp.asarray(bslot)
+        (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
+         self.final_slots) = _boundaries(p, self.Q)
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
         cp, cd = p.xp, p.compute_dtype
         self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
@@ -341,15 +379,33 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
-    def out_mma(self, p, states, out):
-        """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P)."""
+    def cb_mma(self, p):
+        """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
+        the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
+        order ``ssd_mma_chunk_out`` reads them."""
+        tiles = -(-self.max_len // MMA_ROWS)
+        pairs = tiles * (tiles + 1) // 2
+        GB, GC = p.B.shape[2], p.C.shape[2]
+        classes = head_classes(p.H, GB, GC)
+        cb = p.xp.empty((p.batch, self.nc, classes, pairs, MMA_ROWS * MMA_ROWS),
+                        dtype=np.float32)
+        _launch(mma_cb_name(self.io), (p.batch * self.nc * classes, pairs),
+                (p.C, p.B, self.starts, cb, np.int64(p.L), np.int32(GB), np.int32(GC),
+                 np.int32(p.N), np.int64(self.nc), np.int32(classes)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return cb
+
+    def out_mma(self, p, states, out, cb=None):
+        """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P),
+        from the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
+        cb = self.cb_mma(p) if cb is None else cb
         tiles = -(-self.max_len // MMA_ROWS)
         _launch(mma_out_name(self.io, p.P),
                 (p.batch * p.H * self.nc * tiles,),
-                (p.C, p.B, p.x, states, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
+                (p.C, cb, p.x, states, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
                  _ptr(p.seq_idx), self.starts, out, np.int64(p.L), np.int32(p.H), np.int32(p.P),
-                 np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(p.N),
-                 np.int64(self.nc), np.int32(tiles)), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc), np.int32(tiles),
+                 np.int32(cb.shape[2])), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
@@ -406,9 +462,8 @@ def ssd_forward(p, *, save_checkpoints):
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)
     final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
-    rows, cols = np.nonzero(lay.bslot_host >= 0)
-    if rows.size:
-        final[cp.asarray(lay.bslot_host[rows, cols])] = states[cp.asarray(rows), cp.asarray(cols)]
+    if lay.final_rows.size:
+        final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
     return y, final, (states if save_checkpoints else None)
 
 

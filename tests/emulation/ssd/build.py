@@ -2,7 +2,7 @@
 
 REPL swaps the inline-PTX lines and vector casts for emu_common.h / prelude_mma.h C++;
 MMA_RE swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_state / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
 
@@ -26,6 +26,8 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;', '*emu_al<ssd_mma_u4>(dst + r * LD + c) = w;'),
     ('reinterpret_cast<const ssm_f4*>(p)[0];', 'emu_al<const ssm_f4>(p)[0];'),
     ('reinterpret_cast<const ssm_f4*>(p)[1];', 'emu_al<const ssm_f4>(p)[1];'),
+    ('*reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cb + ssd_mma_cb_at('),
+    ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
 ]
 MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
 
@@ -73,9 +75,11 @@ static void emu_copy_out(EmuBuf* a, std::vector<void*>& r, int n) {
 
 STATE_T = "const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*".split(",")
 STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
-OUT_T = ("const T*,const T*,const T*,const float*,const float*,const T*,const float*,const float*,"
+OUT_T = ("const T*,const float*,const T*,const float*,const float*,const T*,const float*,const float*,"
          "const int*,const ssm_i64*,T*").split(",")
-OUT_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int"]
+OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+CB_T = "const T*,const T*,const ssm_i64*,float*".split(",")
+CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int"]
 
 
 def wrapper(sym, name, T, ptypes, stypes):
@@ -100,6 +104,7 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
                                                   STATE_T, STATE_S)
     for pw in (32, 64, 128):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
+    KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
 
 MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
