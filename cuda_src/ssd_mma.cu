@@ -83,22 +83,55 @@ __device__ __forceinline__ float ssd_mma_exp(float x) {  // exp(x) through the h
 __device__ __forceinline__ int ssd_mma_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
 struct alignas(16) ssd_mma_u4 { unsigned v[4]; };  // 8 16-bit values, one 128-bit access
+struct ssd_mma_f8 { float v[8]; };                  // 8 floats, two 128-bit accesses
 
-// 8 consecutive 16-bit values of a row as bits (times *scale, rounded, when given), zero
-// past `left`. vec: they start 16-byte aligned (one 128-bit load).
-template <typename T>
-__device__ __forceinline__ void ssd_mma_load8_16(unsigned short (&u)[8], const T* p, int left,
-                                                 bool vec, const float* scale) {
-    if (vec && left >= 8) {
-        const ssd_mma_u4 w = *reinterpret_cast<const ssd_mma_u4*>(p);
+// The staging loops below hand a block's items (8 consecutive values of a row) to its
+// threads round-robin, SSD_MMA_STAGE_BATCH items per thread at a time: every load of a batch
+// is issued before any of its values is converted and stored, so a thread keeps several
+// loads in flight instead of waiting out one memory round trip per item.
+#define SSD_MMA_STAGE_BATCH 2
+template <int ITEMS, typename Raw, typename Fetch, typename Put>
+__device__ __forceinline__ void ssd_mma_batched(int tid, Fetch fetch, Put put) {
+    for (int i0 = tid; i0 < ITEMS; i0 += SSD_MMA_STAGE_BATCH * SSD_MMA_THREADS) {
+        Raw raw[SSD_MMA_STAGE_BATCH];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            u[2 * k] = (unsigned short)(w.v[k] & 0xffffu);
-            u[2 * k + 1] = (unsigned short)(w.v[k] >> 16);
+        for (int k = 0; k < SSD_MMA_STAGE_BATCH; ++k) {
+            const int i = i0 + k * SSD_MMA_THREADS;
+            if (i < ITEMS) fetch(i, raw[k]);
         }
+#pragma unroll
+        for (int k = 0; k < SSD_MMA_STAGE_BATCH; ++k) {
+            const int i = i0 + k * SSD_MMA_THREADS;
+            if (i < ITEMS) put(i, raw[k]);
+        }
+    }
+}
+
+// 8 consecutive 16-bit values of a row as raw bits (zero past `left`; all zero when
+// `live` is false). vec: they start 16-byte aligned (one 128-bit load).
+template <typename T>
+__device__ __forceinline__ void ssd_mma_fetch16(ssd_mma_u4& w, const T* p, int left, bool vec,
+                                                bool live) {
+    if (live && vec && left >= 8) {
+        w = *reinterpret_cast<const ssd_mma_u4*>(p);
     } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) u[k] = k < left ? p[k].bits : (unsigned short)0;
+        for (int k = 0; k < 4; ++k) {
+            const unsigned lo = live && 2 * k < left ? p[2 * k].bits : 0u;
+            const unsigned hi = live && 2 * k + 1 < left ? p[2 * k + 1].bits : 0u;
+            w.v[k] = lo | (hi << 16);
+        }
+    }
+}
+
+// The 8 values of w as bits, each times *scale and rounded to T when scale is given.
+template <typename T>
+__device__ __forceinline__ void ssd_mma_unpack16(unsigned short (&u)[8], const ssd_mma_u4& w,
+                                                 const float* scale) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        u[2 * k] = (unsigned short)(w.v[k] & 0xffffu);
+        u[2 * k + 1] = (unsigned short)(w.v[k] >> 16);
     }
     if (scale) {
 #pragma unroll
@@ -110,11 +143,19 @@ __device__ __forceinline__ void ssd_mma_load8_16(unsigned short (&u)[8], const T
     }
 }
 
+// 8 values, as bits, into dst[0 .. 7] (one 128-bit store; dst 16-byte aligned).
+__device__ __forceinline__ void ssd_mma_put8(unsigned short* dst, const unsigned short (&u)[8]) {
+    ssd_mma_u4 w;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
+    *reinterpret_cast<ssd_mma_u4*>(dst) = w;
+}
+
 // Stage a ROWS x COLS slice of a row-major matrix into a shared 16-bit tile, rounded to T:
 // row r (< nrows, else zeros) starts at base + r * stride and has ncols values (zeros
 // past them). TRANS = false: dst[r * LD + c]; TRANS = true: dst[c * LD + r] (the K index
 // of the next product is r). row_scale[r] multiplies row r when given.
-// Each thread moves 8 consecutive values of a row. TRANS = false: consecutive threads take
+// Each item is 8 consecutive values of a row. TRANS = false: consecutive threads take
 // consecutive 8-value groups of a row (coalesced reads, one 128-bit store each). TRANS =
 // true: consecutive threads take consecutive rows of one 8-column group, so that a warp's
 // 16-bit stores fill 16 consecutive banks (with consecutive groups of a row, every row
@@ -126,28 +167,25 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
                                               int nrows, int ncols, bool vec,
                                               const float* row_scale, int tid) {
     constexpr int G8 = COLS / 8;
-    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
-        const int r = TRANS ? i % ROWS : i / G8;
-        const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
-        unsigned short u[8];
-        if (r < nrows) {
-            const int left = ncols - c;
-            ssd_mma_load8_16(u, base + r * stride + c, left, vec,
-                             row_scale ? row_scale + r : nullptr);
-        } else {
+    ssd_mma_batched<ROWS * G8, ssd_mma_u4>(
+        tid,
+        [&](int i, ssd_mma_u4& w) {
+            const int r = TRANS ? i % ROWS : i / G8;
+            const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
+            ssd_mma_fetch16(w, base + r * stride + c, ncols - c, vec, r < nrows);
+        },
+        [&](int i, const ssd_mma_u4& w) {
+            const int r = TRANS ? i % ROWS : i / G8;
+            const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
+            unsigned short u[8];
+            ssd_mma_unpack16<T>(u, w, row_scale && r < nrows ? row_scale + r : nullptr);
+            if (TRANS) {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) u[k] = 0;
-        }
-        if (TRANS) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) dst[(c + k) * LD + r] = u[k];
-        } else {
-            ssd_mma_u4 w;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
-            *reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;
-        }
-    }
+                for (int k = 0; k < 8; ++k) dst[(c + k) * LD + r] = u[k];
+            } else {
+                ssd_mma_put8(dst + r * LD + c, u);
+            }
+        });
 }
 
 // ssd_mma_stage with TRANS for a row-scaled 16-bit matrix kept to about twice T's precision:
@@ -161,12 +199,17 @@ __device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned
                                                     int ncols, bool vec,
                                                     const float* row_scale, int tid) {
     constexpr int G8 = COLS / 8;
-    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
-        const int r = i % ROWS, c = (i / ROWS) * 8;  // as ssd_mma_stage's TRANS order
-        unsigned short u[8], l[8];
-        if (r < nrows) {
-            ssd_mma_load8_16(u, base + r * stride + c, ncols - c, vec, nullptr);
-            const float scale = row_scale[r];
+    ssd_mma_batched<ROWS * G8, ssd_mma_u4>(
+        tid,
+        [&](int i, ssd_mma_u4& w) {
+            const int r = i % ROWS, c = (i / ROWS) * 8;  // as ssd_mma_stage's TRANS order
+            ssd_mma_fetch16(w, base + r * stride + c, ncols - c, vec, r < nrows);
+        },
+        [&](int i, const ssd_mma_u4& w) {
+            const int r = i % ROWS, c = (i / ROWS) * 8;
+            unsigned short u[8], l[8];
+            ssd_mma_unpack16<T>(u, w, nullptr);
+            const float scale = r < nrows ? row_scale[r] : 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 T v;
@@ -176,37 +219,35 @@ __device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned
                 u[k] = v.bits;
                 l[k] = ssd_mma_bits<T>(f - ssm_load(v));
             }
-        } else {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) u[k] = l[k] = 0;
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            hi[(c + k) * LD + r] = u[k];
-            lo[(c + k) * LD + r] = l[k];
-        }
-    }
+            for (int k = 0; k < 8; ++k) {
+                hi[(c + k) * LD + r] = u[k];
+                lo[(c + k) * LD + r] = l[k];
+            }
+        });
 }
 
-// 8 consecutive floats of a state row, rounded to T, as bits (zero past `left`).
-template <typename T>
-__device__ __forceinline__ void ssd_mma_load8_f(unsigned short (&u)[8], const float* p, int left,
-                                                bool vec) {
-    float f[8];
-    if (vec && left >= 8) {
+// 8 consecutive floats of a row (zero past `left`; all zero when `live` is false).
+__device__ __forceinline__ void ssd_mma_fetch_f(ssd_mma_f8& f, const float* p, int left,
+                                                bool vec, bool live) {
+    if (live && vec && left >= 8) {
         const ssm_f4 a = reinterpret_cast<const ssm_f4*>(p)[0];
         const ssm_f4 b = reinterpret_cast<const ssm_f4*>(p)[1];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            f[k] = a.v[k];
-            f[k + 4] = b.v[k];
+            f.v[k] = a.v[k];
+            f.v[k + 4] = b.v[k];
         }
     } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) f[k] = k < left ? p[k] : 0.0f;
+        for (int k = 0; k < 8; ++k) f.v[k] = live && k < left ? p[k] : 0.0f;
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void ssd_mma_round8(unsigned short (&u)[8], const ssd_mma_f8& f) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) u[k] = ssd_mma_bits<T>(f[k]);
+    for (int k = 0; k < 8; ++k) u[k] = ssd_mma_bits<T>(f.v[k]);
 }
 
 // ssd_mma_stage (TRANS = false) for float rows.
@@ -215,20 +256,18 @@ __device__ __forceinline__ void ssd_mma_stage_f(unsigned short* dst, const float
                                                 ssm_i64 stride, int nrows, int ncols, bool vec,
                                                 int tid) {
     constexpr int G8 = COLS / 8;
-    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
-        const int r = i / G8, c = (i - r * G8) * 8;
-        unsigned short u[8];
-        if (r < nrows) {
-            ssd_mma_load8_f<T>(u, base + r * stride + c, ncols - c, vec);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) u[k] = 0;
-        }
-        ssd_mma_u4 w;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w.v[k] = u[2 * k] | ((unsigned)u[2 * k + 1] << 16);
-        *reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;
-    }
+    ssd_mma_batched<ROWS * G8, ssd_mma_f8>(
+        tid,
+        [&](int i, ssd_mma_f8& f) {
+            const int r = i / G8, c = (i - r * G8) * 8;
+            ssd_mma_fetch_f(f, base + r * stride + c, ncols - c, vec, r < nrows);
+        },
+        [&](int i, const ssd_mma_f8& f) {
+            const int r = i / G8, c = (i - r * G8) * 8;
+            unsigned short u[8];
+            ssd_mma_round8<T>(u, f);
+            ssd_mma_put8(dst + r * LD + c, u);
+        });
 }
 
 // Whether every staged row of 16-bit x, B, C and float states starts 16-byte aligned.
@@ -660,18 +699,19 @@ __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const floa
                                                  ssm_i64 stride, int nk, int nv, bool vec,
                                                  int tid) {
     constexpr int G8 = VW / 8;
-    for (int i = tid; i < KW * G8; i += SSD_MMA_THREADS) {
-        const int k = i % KW, v = (i / KW) * 8;
-        unsigned short u[8];
-        if (k < nk) {
-            ssd_mma_load8_f<T>(u, base + k * stride + v, nv - v, vec);
-        } else {
+    ssd_mma_batched<KW * G8, ssd_mma_f8>(
+        tid,
+        [&](int i, ssd_mma_f8& f) {
+            const int k = i % KW, v = (i / KW) * 8;
+            ssd_mma_fetch_f(f, base + k * stride + v, nv - v, vec, k < nk);
+        },
+        [&](int i, const ssd_mma_f8& f) {
+            const int k = i % KW, v = (i / KW) * 8;
+            unsigned short u[8];
+            ssd_mma_round8<T>(u, f);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) u[j] = 0;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dst[(v + j) * LD + k] = u[j];
-    }
+            for (int j = 0; j < 8; ++j) dst[(v + j) * LD + k] = u[j];
+        });
 }
 
 // Blocks per SM: 4 (128 registers) except where ptxas would spill there (HSUM, VW <= 64;

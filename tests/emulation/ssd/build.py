@@ -23,7 +23,7 @@ from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
 REPL = COMMON_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
-    ('*reinterpret_cast<ssd_mma_u4*>(dst + r * LD + c) = w;', '*emu_al<ssd_mma_u4>(dst + r * LD + c) = w;'),
+    ('*reinterpret_cast<ssd_mma_u4*>(dst) = w;', '*emu_al<ssd_mma_u4>(dst) = w;'),
     ('reinterpret_cast<const ssm_f4*>(p)[0];', 'emu_al<const ssm_f4>(p)[0];'),
     ('reinterpret_cast<const ssm_f4*>(p)[1];', 'emu_al<const ssm_f4>(p)[1];'),
     ('*reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cb + ssd_mma_cb_at('),
