@@ -480,6 +480,34 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     }
 }
 
+// Two adjacent 16-bit values p[0], p[1] as floats (the second only when `two`); pair: one
+// 32-bit load (p 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ void ssd_mma_get2(const T* p, bool pair, bool two, float (&v)[2]) {
+    if (pair) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(p);
+        T lo, hi;
+        lo.bits = (unsigned short)(w & 0xffffu);
+        hi.bits = (unsigned short)(w >> 16);
+        v[0] = ssm_load(lo);
+        v[1] = ssm_load(hi);
+    } else {
+        v[0] = ssm_load(p[0]);
+        v[1] = two ? ssm_load(p[1]) : 0.0f;
+    }
+}
+
+// v rounded to T into p[0], p[1] (the second only when `two`); pair: one 32-bit store.
+template <typename T>
+__device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const float (&v)[2]) {
+    if (pair) {
+        *reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);
+    } else {
+        ssm_store(p, v[0]);
+        if (two) ssm_store(p + 1, v[1]);
+    }
+}
+
 // --------------------------------------------------------------------------------------
 // Outputs on tensor cores. A block computes 64 rows (steps) of one chunk of one head, all
 // P <= PW columns; warp w rows 16w .. 16w + 15 with PW / 8 D tiles (PW / 2 floats per
@@ -510,6 +538,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
     alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n]
     alignas(16) __shared__ unsigned short xt[PW * LDS];            // x[s][p] as [p][s]
+    // cum_r, cum_q: the chunk sums times log2(e), so that a decay is one exp2
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
 
@@ -534,7 +563,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     const bool vec = ssd_mma_vec(P, N, Cm, Cm, X, states);
     if (tid < SSD_MMA_ROWS) {
         const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-        cum_r[tid] = cum[(b * L + r) * H + h];
+        cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
         seq_r[tid] = ssd_mma_seq(seq, b * L + r);
     }
 
@@ -557,8 +586,8 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     }
     {
         const int ra = 16 * warp + g, rb = ra + 8;
-        const float sa = seq_r[ra] == seq_prev ? ssd_mma_exp(cum_r[ra]) : 0.0f;
-        const float sb = seq_r[rb] == seq_prev ? ssd_mma_exp(cum_r[rb]) : 0.0f;
+        const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
+        const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             acc[j][0] *= sa;
@@ -576,7 +605,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         if (tid < SSD_MMA_ROWS) {
             const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
             const ssm_i64 i = (b * L + q) * H + h;
-            cum_q[tid] = cum[i];
+            cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
             dt_q[tid] = dte[i];
             seq_q[tid] = ssd_mma_seq(seq, b * L + q);
         }
@@ -592,9 +621,12 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
             for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
         }
-        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
+        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A tile of
+        // steps wholly before the rows, without restarts, has every entry live.
         const int ra = 16 * warp + g, rb = ra + 8;
         const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+        const float la = cum_r[ra], lb = cum_r[rb];
+        const bool dense = !seq && q0 + SSD_MMA_ROWS <= r0;  // uniform over the block
         unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -602,10 +634,15 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int s = 8 * j + 2 * t + (i & 1);
-                const int r = i >= 2 ? rb : ra;
-                const ssm_i64 rt = i >= 2 ? rtb : rta;
-                const bool live = s < nq && r < nr && q0 + s <= rt && seq_q[s] == seq_r[r];
-                v[i] = live ? ssd_mma_exp(cum_r[r] - cum_q[s]) * dt_q[s] * gacc[j][i] : 0.0f;
+                const float w = ssm_math<float>::decay((i >= 2 ? lb : la) - cum_q[s]) * dt_q[s];
+                if (dense) {
+                    v[i] = w * gacc[j][i];
+                } else {
+                    const int r = i >= 2 ? rb : ra;
+                    const ssm_i64 rt = i >= 2 ? rtb : rta;
+                    const bool live = s < nq && r < nr && q0 + s <= rt && seq_q[s] == seq_r[r];
+                    v[i] = live ? w * gacc[j][i] : 0.0f;
+                }
             }
             afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
             afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
@@ -625,22 +662,33 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         }
     }
 
-    // 3. Skip connection, gate, store.
+    // 3. Skip connection, gate, store: a thread's two adjacent columns p, p + 1 at a time
+    // (one 32-bit access each when P is even and the arrays 4-byte aligned).
+    const bool pair32 = (P & 1) == 0 && (((unsigned long long)X | (unsigned long long)out |
+                                         (unsigned long long)z | (unsigned long long)D) & 3) == 0;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = 16 * warp + g + (i >= 2 ? 8 : 0);
-            const int p = 8 * j + 2 * t + (i & 1);
+        for (int half = 0; half < 2; ++half) {
+            const int r = 16 * warp + g + 8 * half;
+            const int p = 8 * j + 2 * t;
             if (r < nr && p < P) {
+                const bool two = p + 1 < P;
                 const ssm_i64 idx = ((b * L + r0 + r) * H + h) * P + p;
-                float val = acc[j][i];
-                if (D) val += D[(ssm_i64)h * P + p] * ssm_load(X[idx]);
-                if (z) {
-                    const float zv = ssm_load(z[idx]);
-                    val *= zv * ssm_math<float>::sigmoid(zv);
+                float v[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
+                if (D) {
+                    float xv[2];
+                    ssd_mma_get2(X + idx, pair32, two, xv);
+                    v[0] += D[(ssm_i64)h * P + p] * xv[0];
+                    if (two) v[1] += D[(ssm_i64)h * P + p + 1] * xv[1];
                 }
-                ssm_store(out + idx, val);
+                if (z) {
+                    float zv[2];
+                    ssd_mma_get2(z + idx, pair32, two, zv);
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) v[k] *= zv[k] * ssm_math<float>::sigmoid(zv[k]);
+                }
+                ssd_mma_set2(out + idx, pair32, two, v);
             }
         }
 }

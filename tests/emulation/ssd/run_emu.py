@@ -149,6 +149,7 @@ CASES = [
     ("float16", 1, 140, 2, 64, 1, 200, 128, {"init": True, "seq": True}),
     ("bfloat16", 2, 100, 2, 32, 2, 256, 64, {"D": "chan", "GC": 1}),
     ("bfloat16", 1, 64, 2, 64, 1, 128, 64, {"z": False}),
+    ("float16", 1, 150, 2, 9, 1, 16, 32, {"D": "chan"}),  # odd P: the scalar epilogue
 ]
 
 if __name__ == "__main__":
