@@ -480,23 +480,6 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     }
 }
 
-// Two adjacent 16-bit values p[0], p[1] as floats (the second only when `two`); pair: one
-// 32-bit load (p 4-byte aligned).
-template <typename T>
-__device__ __forceinline__ void ssd_mma_get2(const T* p, bool pair, bool two, float (&v)[2]) {
-    if (pair) {
-        const unsigned w = *reinterpret_cast<const unsigned*>(p);
-        T lo, hi;
-        lo.bits = (unsigned short)(w & 0xffffu);
-        hi.bits = (unsigned short)(w >> 16);
-        v[0] = ssm_load(lo);
-        v[1] = ssm_load(hi);
-    } else {
-        v[0] = ssm_load(p[0]);
-        v[1] = two ? ssm_load(p[1]) : 0.0f;
-    }
-}
-
 // v rounded to T into p[0], p[1] (the second only when `two`); pair: one 32-bit store.
 template <typename T>
 __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const float (&v)[2]) {
@@ -534,9 +517,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     static_assert(PW % 16 == 0 && PW <= 128, "PW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
-    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD, LDZ = PW + 8;
+    static_assert(SSD_MMA_ROWS * LDZ <= PW * LDK, "ms holds the gate's rows in step 3");
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
-    alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n]
+    alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n], then z[t][p]
     alignas(16) __shared__ unsigned short xt[PW * LDS];            // x[s][p] as [p][s]
     // cum_r, cum_q: the chunk sums times log2(e), so that a decay is one exp2
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
@@ -611,6 +595,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         }
         ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS>(
             xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
+        if (z && q0 == t0)  // the gate's rows, for step 3 (ms is free after step 1)
+            ssd_mma_stage<T, SSD_MMA_ROWS, PW, false, LDZ>(
+                ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
+                vec && ((unsigned long long)z & 15) == 0, nullptr, tid);
         __syncthreads();
         // This warp's fragments of the block.
         float gacc[8][4];
@@ -663,9 +651,9 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     }
 
     // 3. Skip connection, gate, store: a thread's two adjacent columns p, p + 1 at a time
-    // (one 32-bit access each when P is even and the arrays 4-byte aligned).
-    const bool pair32 = (P & 1) == 0 && (((unsigned long long)X | (unsigned long long)out |
-                                         (unsigned long long)z | (unsigned long long)D) & 3) == 0;
+    // (one 32-bit store when P is even and out 4-byte aligned). x comes from xt, which
+    // holds the rows' own tile after the last step of 2 (q0 = r0), and z from ms.
+    const bool pair32 = (P & 1) == 0 && ((unsigned long long)out & 3) == 0;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -677,16 +665,22 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                 const ssm_i64 idx = ((b * L + r0 + r) * H + h) * P + p;
                 float v[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
                 if (D) {
-                    float xv[2];
-                    ssd_mma_get2(X + idx, pair32, two, xv);
-                    v[0] += D[(ssm_i64)h * P + p] * xv[0];
-                    if (two) v[1] += D[(ssm_i64)h * P + p + 1] * xv[1];
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        T xv;
+                        xv.bits = xt[(p + k) * LDS + r];  // zero past P
+                        v[k] += (k == 0 || two ? D[(ssm_i64)h * P + p + k] : 0.0f) * ssm_load(xv);
+                    }
                 }
                 if (z) {
-                    float zv[2];
-                    ssd_mma_get2(z + idx, pair32, two, zv);
+                    const unsigned zw = ssd_mma_pair(ms + r * LDZ + p);  // zero past P
 #pragma unroll
-                    for (int k = 0; k < 2; ++k) v[k] *= zv[k] * ssm_math<float>::sigmoid(zv[k]);
+                    for (int k = 0; k < 2; ++k) {
+                        T zt;
+                        zt.bits = (unsigned short)(k ? zw >> 16 : zw & 0xffffu);
+                        const float zv = ssm_load(zt);
+                        v[k] *= zv * ssm_math<float>::sigmoid(zv);
+                    }
                 }
                 ssd_mma_set2(out + idx, pair32, two, v);
             }

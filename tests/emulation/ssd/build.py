@@ -27,7 +27,6 @@ REPL = COMMON_REPL + [
     ('reinterpret_cast<const ssm_f4*>(p)[0];', 'emu_al<const ssm_f4>(p)[0];'),
     ('reinterpret_cast<const ssm_f4*>(p)[1];', 'emu_al<const ssm_f4>(p)[1];'),
     ('*reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cb + ssd_mma_cb_at('),
-    ('const unsigned w = *reinterpret_cast<const unsigned*>(p);', 'const unsigned w = *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);', '*emu_al<unsigned>(p) = ssd_mma_pack<T>(v[0], v[1]);'),
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
 ]
