@@ -782,6 +782,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
     alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
     alignas(16) __shared__ unsigned short vt[VW * LDS];            // Vv[q][v] as [v][q]
+    // cum_r, cum_q (and cum_E): the chunk sums times log2(e), one exp2 per decay
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ float dt_r[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
@@ -822,11 +823,11 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     // HSUM: a loop around the body there would cost ptxas registers (spills at 128).
     auto head = [&](const int h) {
         const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
-        const float cum_E = cum[(b * L + E) * H + h];
+        const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
         __syncthreads();  // the previous head's reads of cum_r, dt_r, seq_r are done
         if (tid < SSD_MMA_ROWS) {
             const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-            cum_r[tid] = cum[(b * L + r) * H + h];
+            cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
             dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
             seq_r[tid] = ssd_mma_seq(seq, b * L + r);
         }
@@ -859,9 +860,9 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         {
             const int ra = 16 * warp + g, rb = ra + 8;
             const float sa = seq_r[ra] != seq_bound ? 0.0f
-                             : ssd_mma_exp(UPPER ? cum_E - cum_r[ra] : cum_r[ra]) * dt_r[ra];
+                             : ssm_math<float>::decay(UPPER ? cum_E - cum_r[ra] : cum_r[ra]) * dt_r[ra];
             const float sb = seq_r[rb] != seq_bound ? 0.0f
-                             : ssd_mma_exp(UPPER ? cum_E - cum_r[rb] : cum_r[rb]) * dt_r[rb];
+                             : ssm_math<float>::decay(UPPER ? cum_E - cum_r[rb] : cum_r[rb]) * dt_r[rb];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 acc[j][0] *= sa;
@@ -911,7 +912,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
                         const ssm_i64 i = (b * L + q) * H + h;
-                        cum_q[tid] = cum[i];
+                        cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
                         dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
@@ -926,9 +927,13 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 __syncthreads();
                 ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ms, k0, K, warp, lane);
             }
-            // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
+            // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A full
+            // tile of steps wholly on the far side of the rows, without restarts, has every
+            // entry live (rows past nr are not stored).
             const int ra = 16 * warp + g, rb = ra + 8;
             const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+            const bool dense = !seq && (UPPER ? q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS
+                                              : q0 + SSD_MMA_ROWS <= r0);  // uniform
             unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -937,13 +942,18 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 for (int i = 0; i < 4; ++i) {
                     const int s = 8 * j + 2 * t + (i & 1);
                     const int r = i >= 2 ? rb : ra;
-                    const ssm_i64 rt = i >= 2 ? rtb : rta;
-                    const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
-                                      (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
                     // The same operations, in the same order, as the transposed instance's.
-                    v[i] = live ? ssd_mma_exp(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
-                                      (DTW == 2 ? dt_r[r] : dt_q[s]) * gacc[j][i]
-                                : 0.0f;
+                    const float w =
+                        ssm_math<float>::decay(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
+                        (DTW == 2 ? dt_r[r] : dt_q[s]);
+                    if (dense) {
+                        v[i] = w * gacc[j][i];
+                    } else {
+                        const ssm_i64 rt = i >= 2 ? rtb : rta;
+                        const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
+                                          (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
+                        v[i] = live ? w * gacc[j][i] : 0.0f;
+                    }
                 }
                 afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
                 afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
