@@ -278,6 +278,15 @@ __device__ __forceinline__ bool ssd_mma_vec(int P, int N, const void* a, const v
     return ((P | N) & 7) == 0 && (bits & 15) == 0;
 }
 
+// Accumulators (NT D tiles of 16 x 8 per warp) set to zero.
+template <int NT>
+__device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+}
+
 // A fragment of rows m0 + g, m0 + g + 8, columns k0 + 2t .. of a [m][k] shared tile.
 template <int LD>
 __device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned short* tile,
@@ -355,10 +364,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
 
     float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    ssd_mma_zero(acc);
 
     for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
         const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
@@ -455,10 +461,7 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     const bool vec = ssd_mma_vec(8, N, Cm, Bm, Cm, Bm);
 
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    ssd_mma_zero(acc);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();  // the previous slice's reads are done
         ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
@@ -552,10 +555,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     }
 
     float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    ssd_mma_zero(acc);
 
     // 1. The entering state's contribution.
     const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
@@ -833,10 +833,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         }
 
         float acc[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+        ssd_mma_zero(acc);
 
         // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
         auto stage_u = [&](int k0) {
@@ -902,10 +899,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
             const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
             float gacc[8][4];
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) gacc[j][i] = 0.0f;
+            ssd_mma_zero(gacc);
             for (int k0 = 0; k0 < K; k0 += KW) {
                 __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
                 if (k0 == 0) {
