@@ -428,8 +428,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // written in the order ssd_mma_chunk_out's warps hold it (ssd_mma_cb_at): warp w's rows
 // 16 w .. 16 w + 15 as its D tiles j < 8, one float4 {d0, d1, d2, d3} per lane and tile,
 // so that each warp reads its fragments back with coalesced 16-byte loads.
-// Grid: (batch * nc * classes, pairs = T (T + 1) / 2), T = tiles per chunk; pair p = RT
-// (RT + 1) / 2 + QT. Head h is in class h / (H / classes); cb (batch, nc, classes, pairs,
+// Grid: (batch * nc * classes * pairs), pairs = T (T + 1) / 2 with T tiles per chunk; pair
+// p = RT (RT + 1) / 2 + QT. Head h is in class h / (H / classes); cb (batch, nc, classes, pairs,
 // 4096) float.
 // --------------------------------------------------------------------------------------
 __device__ __forceinline__ ssm_i64 ssd_mma_cb_at(ssm_i64 block, int warp, int j, int lane) {
@@ -439,16 +439,18 @@ __device__ __forceinline__ ssm_i64 ssd_mma_cb_at(ssm_i64 block, int warp, int j,
 template <typename T, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS)
 ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __restrict__ starts,
-           float* __restrict__ cb, ssm_i64 L, int GB, int GC, int N, ssm_i64 nc, int classes) {
+           float* __restrict__ cb, ssm_i64 L, int GB, int GC, int N, ssm_i64 nc, int classes,
+           int pairs) {
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int LDK = KW + 8;
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[r][n]
     alignas(16) __shared__ unsigned short bs[SSD_MMA_ROWS * LDK];  // B[s][n]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const ssm_i64 e = blockIdx.x;  // = (b * nc + c) * classes + k
+    const ssm_i64 block = blockIdx.x;  // = ((b * nc + c) * classes + k) * pairs + pair
+    const ssm_i64 e = block / pairs;   // = (b * nc + c) * classes + k
     const int k = (int)(e % classes);
     const ssm_i64 bc = e / classes, b = bc / nc, c = bc - b * nc;
-    const int pair = blockIdx.y;
+    const int pair = (int)(block - e * pairs);
     int rt = 0;
     while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
     const int qt = pair - rt * (rt + 1) / 2;
@@ -473,7 +475,6 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
         __syncthreads();
         ssd_mma_slice<T, 8, KW, LDK>(acc, cs, bs, n0, N, warp, lane);
     }
-    const ssm_i64 block = e * (ssm_i64)gridDim.y + pair;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         ssm_f4 v;

@@ -382,16 +382,18 @@ class _Layout:
     def cb_mma(self, p):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
-        order ``ssd_mma_chunk_out`` reads them."""
+        order ``ssd_mma_chunk_out`` reads them. pairs = T (T + 1) / 2 for T = ceil(chunk /
+        64): 10 blocks (160 KiB) per chunk and class at the default chunk of 256, growing
+        with the square of the chunk size."""
         tiles = -(-self.max_len // MMA_ROWS)
         pairs = tiles * (tiles + 1) // 2
         GB, GC = p.B.shape[2], p.C.shape[2]
         classes = head_classes(p.H, GB, GC)
         cb = p.xp.empty((p.batch, self.nc, classes, pairs, MMA_ROWS * MMA_ROWS),
                         dtype=np.float32)
-        _launch(mma_cb_name(self.io), (p.batch * self.nc * classes, pairs),
+        _launch(mma_cb_name(self.io), (p.batch * self.nc * classes * pairs,),
                 (p.C, p.B, self.starts, cb, np.int64(p.L), np.int32(GB), np.int32(GC),
-                 np.int32(p.N), np.int64(self.nc), np.int32(classes)),
+                 np.int32(p.N), np.int64(self.nc), np.int32(classes), np.int32(pairs)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return cb
 

@@ -80,7 +80,7 @@ OUT_T = ("const T*,const float*,const T*,const float*,const float*,const T*,cons
          "const int*,const ssm_i64*,T*").split(",")
 OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
 CB_T = "const T*,const T*,const ssm_i64*,float*".split(",")
-CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int"]
+CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 
 
 def wrapper(sym, name, T, ptypes, stypes):
