@@ -509,9 +509,10 @@ __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const fl
 // per chunk by ssd_mma_cb instead of once per head here.
 // Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
-// 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
+// 4 blocks (16 warps) per SM for PW <= 32 (128 registers), 3 for PW <= 64 (168: at 128,
+// NVRTC 12 spilled 40 bytes), 2 beyond; no spills (ptxas, sm_90).
 template <typename T, int PW, int KW>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
+__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 32 ? 4 : (PW <= 64 ? 3 : 2))
 ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const T* __restrict__ X,
                   const float* __restrict__ states, const float* __restrict__ D,
                   const T* __restrict__ z, const float* __restrict__ dte,
@@ -757,13 +758,13 @@ __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const floa
         });
 }
 
-// Blocks per SM: 4 (128 registers) except where ptxas would spill there (HSUM, VW <= 64;
-// UPPER, VW = 64: 3).
+// Blocks per SM: 4 (128 registers) for VW <= 32 without HSUM, where ptxas does not spill;
+// 3 for VW = 64 and for HSUM (at 128, NVRTC 12 spilled); 2 for VW = 128.
 template <typename T, bool UPPER, int DTW, bool MT, bool HSUM, int VW, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS,
                                   HSUM && VW <= 64 ? 3
                                   : VW <= 32       ? 4
-                                  : VW <= 64       ? (UPPER ? 3 : 4)
+                                  : VW <= 64       ? 3
                                                    : 2)
 ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __restrict__ Vv,
                  const float* __restrict__ Mm, const float* __restrict__ dte,
