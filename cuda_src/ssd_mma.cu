@@ -436,11 +436,22 @@ __device__ __forceinline__ ssm_i64 ssd_mma_cb_at(ssm_i64 block, int warp, int j,
     return block * (SSD_MMA_ROWS * SSD_MMA_ROWS) + ((warp * 8 + j) * 32 + lane) * 4;
 }
 
+// This warp's fragments of block `block` of a buffer in ssd_mma_cb's order.
+__device__ __forceinline__ void ssd_mma_cb_load(float (&gacc)[8][4], const float* cb,
+                                                ssm_i64 block, int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const ssm_f4 v = *reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(block, warp, j, lane));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
+    }
+}
+
 template <typename T, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS)
 ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __restrict__ starts,
-           float* __restrict__ cb, ssm_i64 L, int GB, int GC, int N, ssm_i64 nc, int classes,
-           int pairs) {
+           float* __restrict__ cb, float* __restrict__ cbt, ssm_i64 L, int GB, int GC, int N,
+           ssm_i64 nc, int classes, int pairs) {
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int LDK = KW + 8;
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[r][n]
@@ -481,6 +492,28 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
 #pragma unroll
         for (int i = 0; i < 4; ++i) v.v[i] = acc[j][i];
         *reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(block, warp, j, lane)) = v;
+    }
+    if (!cbt) return;
+    // The transposed block (rows s, columns r: B_s . C_r), for the backward's upper products,
+    // in the same fragment order: through shared memory (cs, free after the last slice).
+    constexpr int LDF = SSD_MMA_ROWS + 4;
+    static_assert(SSD_MMA_ROWS * LDF * 4 <= SSD_MMA_ROWS * LDK * 2, "cs holds the block");
+    float* const fs = reinterpret_cast<float*>(cs);
+    const int g = lane >> 2, t = lane & 3;
+    __syncthreads();  // every warp's reads of cs are done
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            fs[(16 * warp + g + (i >= 2 ? 8 : 0)) * LDF + 8 * j + 2 * t + (i & 1)] = acc[j][i];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        ssm_f4 v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            v.v[i] = fs[(8 * j + 2 * t + (i & 1)) * LDF + 16 * warp + g + (i >= 2 ? 8 : 0)];
+        *reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(block, warp, j, lane)) = v;
     }
 }
 
@@ -604,13 +637,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         __syncthreads();
         // This warp's fragments of the block.
         float gacc[8][4];
-        const ssm_i64 cbk = cb_blocks + (q0 - t0) / SSD_MMA_ROWS;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const ssm_f4 v = *reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(cbk, warp, j, lane));
-#pragma unroll
-            for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
-        }
+        ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane);
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A tile of
         // steps wholly before the rows, without restarts, has every entry live.
         const int ra = 16 * warp + g, rb = ra + 8;
@@ -774,7 +801,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                  const T* __restrict__ Xr, float* __restrict__ rowdot, ssm_i64 L, int H,
                  int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
                  int tiles_per_chunk, int with_diag, int XO, int head_splits,
-                 ssm_i64 part_stride, int XR, int dt_out) {
+                 ssm_i64 part_stride, int XR, int dt_out, const float* __restrict__ cbm,
+                 int classes) {
     static_assert(VW % 16 == 0 && VW <= 128, "VW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
@@ -818,6 +846,9 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                                 : ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(K, V, U, W, Vv, Mm);
     const bool u_resident = K <= KW;  // one slice: us is staged once, in step 1
+    // U W^T read from ssd_mma_cb's blocks (cbm): only the C B^T products (ycore and GB, the
+    // instances without MT), so that dB and dC carry no code for it.
+    const bool use_cb = !MT && cbm;
     const ssm_i64 off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
     float* const part = HSUM ? out + hs * part_stride : out;
 
@@ -901,8 +932,17 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
             const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
             float gacc[8][4];
-            ssd_mma_zero(gacc);
-            for (int k0 = 0; k0 < K; k0 += KW) {
+            if (use_cb) {  // uniform: U W^T = C B^T from ssd_mma_cb (UPPER: its transpose)
+                const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
+                const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+                const ssm_i64 blk =
+                    ((b * nc + c) * classes + h / (H / classes)) * cb_pairs +
+                    (UPPER ? qt * (qt + 1) / 2 + tile : tile * (tile + 1) / 2 + qt);
+                ssd_mma_cb_load(gacc, cbm, blk, warp, lane);
+            } else {
+                ssd_mma_zero(gacc);
+            }
+            for (int k0 = 0; k0 < (use_cb ? 1 : K); k0 += KW) {
                 __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
                 if (k0 == 0) {
                     if (tid < SSD_MMA_ROWS) {
@@ -916,12 +956,14 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
                         tid);
                 }
-                if (!u_resident) stage_u(k0);
-                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                    ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0, vec,
-                    nullptr, tid);
+                if (!use_cb) {
+                    if (!u_resident) stage_u(k0);
+                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                        ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0,
+                        vec, nullptr, tid);
+                }
                 __syncthreads();
-                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ms, k0, K, warp, lane);
+                if (!use_cb) ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ms, k0, K, warp, lane);
             }
             // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A full
             // tile of steps wholly on the far side of the rows, without restarts, has every

@@ -379,23 +379,27 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
-    def cb_mma(self, p):
+    def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
         order ``ssd_mma_chunk_out`` reads them. pairs = T (T + 1) / 2 for T = ceil(chunk /
         64): 10 blocks (160 KiB) per chunk and class at the default chunk of 256, growing
-        with the square of the chunk size."""
+        with the square of the chunk size. With ``transposed``, returns ``(cb, cbt)``, cbt
+        holding each block transposed (B C^T) in the same order, for the backward's upper
+        products."""
         tiles = -(-self.max_len // MMA_ROWS)
         pairs = tiles * (tiles + 1) // 2
         GB, GC = p.B.shape[2], p.C.shape[2]
         classes = head_classes(p.H, GB, GC)
-        cb = p.xp.empty((p.batch, self.nc, classes, pairs, MMA_ROWS * MMA_ROWS),
-                        dtype=np.float32)
+        shape = (p.batch, self.nc, classes, pairs, MMA_ROWS * MMA_ROWS)
+        cb = p.xp.empty(shape, dtype=np.float32)
+        cbt = p.xp.empty(shape, dtype=np.float32) if transposed else None
         _launch(mma_cb_name(self.io), (p.batch * self.nc * classes * pairs,),
-                (p.C, p.B, self.starts, cb, np.int64(p.L), np.int32(GB), np.int32(GC),
-                 np.int32(p.N), np.int64(self.nc), np.int32(classes), np.int32(pairs)),
+                (p.C, p.B, self.starts, cb, _ptr(cbt), np.int64(p.L), np.int32(GB),
+                 np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(classes),
+                 np.int32(pairs)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return cb
+        return (cb, cbt) if transposed else cb
 
     def out_mma(self, p, states, out, cb=None):
         """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P),
@@ -411,14 +415,16 @@ class _Layout:
         return out
 
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
-               dt_out=False, Xr=None, rowdot=None):
+               dt_out=False, Xr=None, rowdot=None, cb=None):
         """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv,
         float32 M; returns float32 (batch, L, H, V), or with ``groups`` = G the sums over the
         heads of each of G groups, (batch, L, G, V). ``with_diag=False`` leaves the block's
         diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each row's
         boundary term dotted with ``Xd`` (batch, L, H, V); ``rowdot`` (batch, L, H) each row
         dotted with ``Xr`` (batch, L, XR, V) per head; ``dt_out`` scales each head's row t by
-        dt'_t (after ``rowdot``)."""
+        dt'_t (after ``rowdot``). ``cb``, for U = C, W = B (ycore) or U = B, W = C (GB): the
+        blocks of U W^T from :meth:`cb_mma` (its ``cbt`` for GB), read instead of computed
+        per head."""
         cp = p.xp
         V, K = Vv.shape[3], U.shape[3]
         tiles = -(-self.max_len // MMA_ROWS)
@@ -435,7 +441,8 @@ class _Layout:
                  np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(tiles),
                  np.int32(1 if with_diag else 0), np.int32(XO), np.int32(splits),
                  np.int64(p.batch * p.L * XO * V), np.int32(1 if Xr is None else Xr.shape[2]),
-                 np.int32(1 if dt_out else 0)),
+                 np.int32(1 if dt_out else 0), _ptr(cb),
+                 np.int32(1 if cb is None else cb.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return part[0] if splits == 1 else part.sum(axis=0)
 
@@ -530,7 +537,9 @@ def _backward_mma(p, lay, states, dy, dfinal):
     # The tensor-core products leave the diagonal terms (s = t) out of the blocks; they
     # are added in float32 where needed (they cancel exactly in dcum).
     cb = _diag_cb(p, cd)
-    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)
+    # C B^T once per chunk for all heads, read by ycore and (transposed) by GB
+    cbl, cbt = lay.cb_mma(p, transposed=True)
+    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)
     # dY = dy silu'(z) enters every product rounded to the input dtype (the adjoint chunk
     # sums too, where exp(cum_t) dY_t is then split into hi + lo 16-bit parts, so K is not
     # rounded further); without z it is dy itself.
@@ -551,7 +560,8 @@ def _backward_mma(p, lay, states, dy, dfinal):
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
-    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, with_diag=False, Xd=p.x, bnd=bnd)
+    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, with_diag=False, Xd=p.x, bnd=bnd,
+                          cb=cbt)
     # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
     # arrays); dB scaled by dt' there, after its rows' dots with B:
     # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.

@@ -29,6 +29,8 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);', '*emu_al<unsigned>(p) = ssd_mma_pack<T>(v[0], v[1]);'),
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
+    ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
+    ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
 ]
 MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
 
@@ -79,14 +81,19 @@ STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 OUT_T = ("const T*,const float*,const T*,const float*,const float*,const T*,const float*,const float*,"
          "const int*,const ssm_i64*,T*").split(",")
 OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
-CB_T = "const T*,const T*,const ssm_i64*,float*".split(",")
+CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")
 CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 
 
-def wrapper(sym, name, T, ptypes, stypes):
-    ptypes = [t.replace("T*", T + "*") for t in ptypes]
-    pargs = ", ".join(f"({t})r[{i}]" for i, t in enumerate(ptypes))
+def wrapper(sym, name, T, ptypes, stypes, tail_p=(), tail_s=()):
+    """tail_p, tail_s: a pointer and a scalar that follow the scalars in the signature."""
+    np_, ns = len(ptypes), len(stypes)
+    ptypes = [t.replace("T*", T + "*") for t in list(ptypes) + list(tail_p)]
+    pargs = ", ".join(f"({t})r[{i}]" for i, t in enumerate(ptypes[:np_]))
     sargs = ", ".join(f"({t})s[{i}]" for i, t in enumerate(stypes))
+    if tail_p or tail_s:
+        sargs += "".join(f", ({t})r[{np_ + i}]" for i, t in enumerate(ptypes[np_:]))
+        sargs += "".join(f", ({t})s[{ns + i}]" for i, t in enumerate(tail_s))
     n = len(ptypes)
     return f'''
 extern "C" void {sym}(EmuBuf* a, long long* s, unsigned gx, unsigned gy, unsigned gz, unsigned block) {{
@@ -110,6 +117,7 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
 MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
         "int", "int", "ssm_i64", "int", "int"]
+MM_T2, MM_S2 = ["const float*"], ["int"]  # cbm, classes: after the scalars above
 ROWS_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const float*,"
           "const float*,T*,T*,T*,float*,float*").split(",")
 ROWS_S = ["ssm_i64", "int", "int", "int"]
@@ -117,7 +125,7 @@ from ssmkit._gpu import ssd as _gssd
 for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
     for i, name in enumerate(_gssd.mma_bwd_kernel_names(io)):
         if name.startswith("ssd_mma_chunk_mm"):
-            KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S)
+            KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S, MM_T2, MM_S2)
         elif name.startswith("ssd_mma_bwd_rows"):
             KERNELS[f"rows_{io}_{i}"] = (name, T, ROWS_T, ROWS_S)
 
