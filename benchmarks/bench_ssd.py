@@ -168,24 +168,27 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     rng = cupy.random.default_rng(1)
     dy = rng.standard_normal(p.x.shape, dtype=cupy.float32).astype(p.io_dtype)
     cb = gpu_ssd._diag_cb(p, p.compute_dtype)
-    yo = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)
+    cbl, cbt = lay.cb_mma(p, transposed=True)
+    yo = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)
     K = lay.chunk_state_mma(p, dy, p.C, adjoint=True)
     dHx, _ = gpu_ssd._adjoint_passing(p, lay, K, None)
     bnd = cupy.empty((batch, L, H), dtype=cupy.float32)
     xGB = cupy.empty((batch, L, H), dtype=cupy.float32)
-    go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)
+    go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt)
     dyc = dy.astype(cupy.float32)
     return {
         "layout (dt', chunk sums)": _back_to_back(lambda: gpu_ssd._Layout(p)),
+        "C B^T and its transpose": _back_to_back(lambda: lay.cb_mma(p, transposed=True)),
         "ycore": _back_to_back(
-            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False)),
+            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)),
         "adjoint chunk state (tensor cores)": _back_to_back(
             lambda: lay.chunk_state_mma(p, dy, p.C, adjoint=True)),
         "adjoint chunk state (CUDA cores, before)": _back_to_back(
             lambda: lay.chunk_state(p, dyc, p.C, adjoint=True)),
         "adjoint passing": _back_to_back(lambda: gpu_ssd._adjoint_passing(p, lay, K, None)),
         "GB": _back_to_back(
-            lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd)),
+            lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
+                               cb=cbt)),
         "dB (summed over heads)": _back_to_back(
             lambda: lay.mm_mma(p, "dB", p.x, dy, p.C, dHx, groups=G, dt_out=True, Xr=p.B,
                                rowdot=xGB)),

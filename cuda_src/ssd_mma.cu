@@ -86,21 +86,22 @@ struct alignas(16) ssd_mma_u4 { unsigned v[4]; };  // 8 16-bit values, one 128-b
 struct ssd_mma_f8 { float v[8]; };                  // 8 floats, two 128-bit accesses
 
 // The staging loops below hand a block's items (8 consecutive values of a row) to its
-// threads round-robin, SSD_MMA_STAGE_BATCH items per thread at a time: every load of a batch
+// threads round-robin, BATCH items per thread at a time (SSD_MMA_STAGE_BATCH unless a
+// kernel's registers are too tight for it): every load of a batch
 // is issued before any of its values is converted and stored, so a thread keeps several
 // loads in flight instead of waiting out one memory round trip per item.
 #define SSD_MMA_STAGE_BATCH 2
-template <int ITEMS, typename Raw, typename Fetch, typename Put>
+template <int ITEMS, int BATCH, typename Raw, typename Fetch, typename Put>
 __device__ __forceinline__ void ssd_mma_batched(int tid, Fetch fetch, Put put) {
-    for (int i0 = tid; i0 < ITEMS; i0 += SSD_MMA_STAGE_BATCH * SSD_MMA_THREADS) {
-        Raw raw[SSD_MMA_STAGE_BATCH];
+    for (int i0 = tid; i0 < ITEMS; i0 += BATCH * SSD_MMA_THREADS) {
+        Raw raw[BATCH];
 #pragma unroll
-        for (int k = 0; k < SSD_MMA_STAGE_BATCH; ++k) {
+        for (int k = 0; k < BATCH; ++k) {
             const int i = i0 + k * SSD_MMA_THREADS;
             if (i < ITEMS) fetch(i, raw[k]);
         }
 #pragma unroll
-        for (int k = 0; k < SSD_MMA_STAGE_BATCH; ++k) {
+        for (int k = 0; k < BATCH; ++k) {
             const int i = i0 + k * SSD_MMA_THREADS;
             if (i < ITEMS) put(i, raw[k]);
         }
@@ -162,12 +163,12 @@ __device__ __forceinline__ void ssd_mma_put8(unsigned short* dst, const unsigned
 // c + k of the tile starts in the same bank, LD = K + 8 with K a multiple of 64: a
 // COLS / 8-way conflict on each of the 8 stores); its reads of 16 bytes per row share
 // 32-byte sectors with the next group's warp.
-template <typename T, int ROWS, int COLS, bool TRANS, int LD>
+template <typename T, int ROWS, int COLS, bool TRANS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
 __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base, ssm_i64 stride,
                                               int nrows, int ncols, bool vec,
                                               const float* row_scale, int tid) {
     constexpr int G8 = COLS / 8;
-    ssd_mma_batched<ROWS * G8, ssd_mma_u4>(
+    ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_u4>(
         tid,
         [&](int i, ssd_mma_u4& w) {
             const int r = TRANS ? i % ROWS : i / G8;
@@ -193,13 +194,13 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
 // lo = round_T(v - hi) in lo[c * LD + r] (v - hi is exact in float32), so that a product
 // on hi and then on lo, accumulated in float32, sees v to about 16 bits (bfloat16) or 22
 // bits (float16) instead of 8 or 11.
-template <typename T, int ROWS, int COLS, int LD>
+template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
 __device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned short* lo,
                                                     const T* base, ssm_i64 stride, int nrows,
                                                     int ncols, bool vec,
                                                     const float* row_scale, int tid) {
     constexpr int G8 = COLS / 8;
-    ssd_mma_batched<ROWS * G8, ssd_mma_u4>(
+    ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_u4>(
         tid,
         [&](int i, ssd_mma_u4& w) {
             const int r = i % ROWS, c = (i / ROWS) * 8;  // as ssd_mma_stage's TRANS order
@@ -251,12 +252,12 @@ __device__ __forceinline__ void ssd_mma_round8(unsigned short (&u)[8], const ssd
 }
 
 // ssd_mma_stage (TRANS = false) for float rows.
-template <typename T, int ROWS, int COLS, int LD>
+template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
 __device__ __forceinline__ void ssd_mma_stage_f(unsigned short* dst, const float* base,
                                                 ssm_i64 stride, int nrows, int ncols, bool vec,
                                                 int tid) {
     constexpr int G8 = COLS / 8;
-    ssd_mma_batched<ROWS * G8, ssd_mma_f8>(
+    ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_f8>(
         tid,
         [&](int i, ssd_mma_f8& f) {
             const int r = i / G8, c = (i - r * G8) * 8;
@@ -542,10 +543,10 @@ __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const fl
 // per chunk by ssd_mma_cb instead of once per head here.
 // Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
-// 4 blocks (16 warps) per SM for PW <= 32 (128 registers), 3 for PW <= 64 (168: at 128,
-// NVRTC 12 spilled 40 bytes), 2 beyond; no spills (ptxas, sm_90).
+// 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90), with its
+// staging one item per thread at a time (two: NVRTC 12 spilled 40 bytes at PW = 64).
 template <typename T, int PW, int KW>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 32 ? 4 : (PW <= 64 ? 3 : 2))
+__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
 ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const T* __restrict__ X,
                   const float* __restrict__ states, const float* __restrict__ D,
                   const T* __restrict__ z, const float* __restrict__ dte,
@@ -596,10 +597,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK, 1>(
             cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
             tid);
-        ssd_mma_stage_f<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
+        ssd_mma_stage_f<T, PW, KW, LDK, 1>(ms, S + n0, N, P, N - n0, vec, tid);
         __syncthreads();
         ssd_mma_slice<T, NT, KW, LDK>(acc, cs, ms, n0, N, warp, lane);
     }
@@ -628,10 +629,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             dt_q[tid] = dte[i];
             seq_q[tid] = ssd_mma_seq(seq, b * L + q);
         }
-        ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS, 1>(
             xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
         if (z && q0 == t0)  // the gate's rows, for step 3 (ms is free after step 1)
-            ssd_mma_stage<T, SSD_MMA_ROWS, PW, false, LDZ>(
+            ssd_mma_stage<T, SSD_MMA_ROWS, PW, false, LDZ, 1>(
                 ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
                 vec && ((unsigned long long)z & 15) == 0, nullptr, tid);
         __syncthreads();
@@ -770,7 +771,7 @@ __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const floa
                                                  ssm_i64 stride, int nk, int nv, bool vec,
                                                  int tid) {
     constexpr int G8 = VW / 8;
-    ssd_mma_batched<KW * G8, ssd_mma_f8>(
+    ssd_mma_batched<KW * G8, SSD_MMA_STAGE_BATCH, ssd_mma_f8>(
         tid,
         [&](int i, ssd_mma_f8& f) {
             const int k = i % KW, v = (i / KW) * 8;
