@@ -1067,6 +1067,185 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 }
 
 // --------------------------------------------------------------------------------------
+// dC on tensor cores, summed over runs of heads that read one B group: ssd_mma_chunk_mm's
+// dC product (U = dY, W = x, Vv = B, M = states, HSUM) for V = N <= 128, K = P <= 128,
+//
+//   out[r, v] = sum_h ( s_r^h sum_k dY_r^h[k] S_c^h[k][v]
+//                     + sum_{q <= r} w_rq^h (dY_r^h . x_q^h) B_q[v] ),
+//   s_r^h = [seq_r == seq_prev] exp(cum_r^h),  w_rq^h = [seq_q == seq_r] exp(cum_r^h - cum_q^h) dt'_q^h.
+//
+// B does not depend on the head, so the run's masked blocks w^h (dY^h x^h^T) are summed in
+// float32 first (gsum) and multiplied by B once per tile of steps, rounded to T once: one
+// product with B per tile instead of one per head, and B staged once. The boundary term
+// goes per head through a second accumulator (acc2), scaled by s_r^h and added.
+// A block: 64 rows r of one chunk, all N columns, one run of heads; writes its partial
+// (no read-modify-write). Grid and out as ssd_mma_chunk_mm with HSUM (XO = C groups).
+// --------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
+ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __restrict__ Bm,
+                 const float* __restrict__ states, const float* __restrict__ dte,
+                 const float* __restrict__ cum, const int* __restrict__ seq,
+                 const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
+                 int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
+                 ssm_i64 part_stride) {
+    constexpr int VW = 128, KW = 64, NT = VW / 8;
+    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
+    // step 1: ms = S^T[v][k]; step 2: ws = x[q][k] and vt = B[q][v] as [v][q]
+    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
+                                                  ? VW * LDK
+                                                  : SSD_MMA_ROWS * LDK + VW * LDS];
+    unsigned short* const ms = buf;
+    unsigned short* const ws = buf;
+    unsigned short* const vt = buf + SSD_MMA_ROWS * LDK;
+    // the chunk sums times log2(e), one exp2 per decay
+    __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
+    __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 per_set = nc * tiles_per_chunk;
+    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
+    const ssm_i64 c = ctile / tiles_per_chunk;
+    const int tile = (int)(ctile - c * tiles_per_chunk);
+    const int hs = (int)(set % head_splits);
+    const ssm_i64 bo = set / head_splits;
+    const ssm_i64 b = bo / XO;
+    const int o = (int)(bo - b * XO);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
+    const int h_begin = o * h_per_o + hs * h_per_split;
+    const int h_end = h_begin + h_per_split < (o + 1) * h_per_o ? h_begin + h_per_split
+                                                                : (o + 1) * h_per_o;
+    const int gb = h_begin / (H / GB);  // the same for the whole run (checked by the host)
+    const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
+    const int ra = 16 * warp + g, rb = ra + 8;
+
+    // This block's rows r0 .. of head h: the chunk sums and restart labels.
+    auto stage_rows = [&](int h) {
+        if (tid < SSD_MMA_ROWS) {
+            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+            cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
+            seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+        }
+    };
+
+    float acc[NT][4];
+    ssd_mma_zero(acc);
+
+    // 1. The boundary terms, head by head.
+    for (int h = h_begin; h < h_end; ++h) {
+        float acc2[NT][4];
+        ssd_mma_zero(acc2);
+        const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
+        for (int k0 = 0; k0 < P; k0 += KW) {
+            __syncthreads();  // the previous reads of us, ms, cum_r, seq_r are done
+            if (k0 == 0) stage_rows(h);
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                us, dY + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
+                nullptr, tid);
+            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
+            __syncthreads();
+            ssd_mma_slice<T, NT, KW, LDK>(acc2, us, ms, k0, P, warp, lane);
+        }
+        const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
+        const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc[j][0] += sa * acc2[j][0];
+            acc[j][1] += sa * acc2[j][1];
+            acc[j][2] += sb * acc2[j][2];
+            acc[j][3] += sb * acc2[j][3];
+        }
+    }
+
+    // 2. The diagonal block, one tile of 64 steps q at a time: the heads' masked blocks
+    // summed in float32, then one product with B.
+    const ssm_i64 q_end = r0 + nr;
+    for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
+        const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+        float gsum[8][4];
+        ssd_mma_zero(gsum);
+        for (int h = h_begin; h < h_end; ++h) {
+            float gacc[8][4];
+            ssd_mma_zero(gacc);
+            for (int k0 = 0; k0 < P; k0 += KW) {
+                __syncthreads();  // the previous reads of us, ws, vt and the row arrays are done
+                if (k0 == 0) {
+                    stage_rows(h);
+                    if (tid < SSD_MMA_ROWS) {
+                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                        const ssm_i64 i = (b * L + q) * H + h;
+                        cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
+                        dt_q[tid] = dte[i];
+                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                    }
+                }
+                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    us, dY + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
+                    nullptr, tid);
+                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0, vec,
+                    nullptr, tid);
+                __syncthreads();
+                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ws, k0, P, warp, lane);
+            }
+            // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int sq = 8 * j + 2 * t + (i & 1);
+                    const int r = i >= 2 ? rb : ra;
+                    const bool live = sq < nq && r < nr && q0 + sq <= r0 + r &&
+                                      seq_q[sq] == seq_r[r];
+                    if (live)
+                        gsum[j][i] += ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq] *
+                                      gacc[j][i];
+                }
+        }
+        __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
+        ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+            vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, nullptr, tid);
+        __syncthreads();
+        unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
+            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) only.
+            if (q0 == r0 && ks > warp) break;
+            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
+                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            }
+        }
+    }
+
+    // 3. Store this run's partial.
+    float* const part = out + hs * part_stride;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = i >= 2 ? rb : ra;
+            const int v = 8 * j + 2 * t + (i & 1);
+            if (r < nr && v < N) part[((b * L + r0 + r) * XO + o) * (ssm_i64)N + v] = acc[j][i];
+        }
+}
+
+// --------------------------------------------------------------------------------------
 // The backward's per-step element-wise work on the tensor-core path, fused: one warp per
 // row (b, t, h) of P <= 128 values (lane p, p + 32, ...), dY_t = dy_t * silu'(z_t) recomputed
 // from dy and z in both passes (never stored in float32). With e_t = dt'_t (C_t . B_t) (cb),

@@ -455,19 +455,21 @@ def test_tensor_core_path_selection(monkeypatch):
     assert [gpu_ssd.mma_state_width(N) for N in (1, 64, 65, 256)] == [64, 64, 128, 128]
 
 
-def _count_calls(monkeypatch, method):
-    """Counts the calls of ``_Layout.<method>`` (to show which path ran): the tensor-core
-    output launches ("out_mma") or the backward's tensor-core products ("mm_mma")."""
+def _count_calls(monkeypatch, *methods):
+    """Counts the calls of ``_Layout.<method>`` for each method named, in one list (to show
+    which path ran): the tensor-core output launches ("out_mma") or the backward's
+    tensor-core products ("mm_mma", and "dc_mma" for dC summed over heads)."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     calls = []
-    original = getattr(gpu_ssd._Layout, method)
+    for method in methods:
+        original = getattr(gpu_ssd._Layout, method)
 
-    def spy(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
+        def spy(self, *args, _original=original, **kwargs):
+            calls.append(1)
+            return _original(self, *args, **kwargs)
 
-    monkeypatch.setattr(gpu_ssd._Layout, method, spy)
+        monkeypatch.setattr(gpu_ssd._Layout, method, spy)
     return calls
 
 
@@ -625,7 +627,7 @@ def test_tensor_core_backward_matches_reference(monkeypatch, dtype_name, case):
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_calls(monkeypatch, "mm_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
     assert len(calls) == (4 if max(P, N) <= 128 else 0)
     # The same cotangents with the switch on and off.
@@ -661,7 +663,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
     monkeypatch.setattr(gpu_ssd, "MMA_SUM_BLOCKS", sum_blocks)
-    calls = _count_calls(monkeypatch, "mm_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
     rng = np.random.default_rng(400 + sum_blocks + G)
     inputs = make_inputs(rng, batch=2, L=150, H=15, P=32, G=G, N=64, with_init=True,
                          seq_cuts=[70])
@@ -675,7 +677,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 @pytest.mark.parametrize("cu", [[0, 5, 5, 70, 129], [0, 64, 129]])
 def test_tensor_core_backward_cu_seqlens_matches_reference(monkeypatch, cu):
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_calls(monkeypatch, "mm_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
     rng = np.random.default_rng(300 + len(cu))
     inputs = make_inputs(rng, batch=1, L=129, H=4, P=24, G=2, N=40, D_form="channel",
                          with_init=True)

@@ -206,13 +206,19 @@ def mma_mm_name(kind: str, io: str, V: int) -> str:
     return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}>"
 
 
+def mma_dc_name(io: str) -> str:
+    """The ``ssd_mma_chunk_dc`` instance (dC summed over heads, the heads' blocks summed first)."""
+    return f"ssd_mma_chunk_dc<{_CTYPE[io]}>"
+
+
 def mma_bwd_kernel_names(io: str) -> list:
     """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``:
     the four chunk products at every width, the adjoint chunk state at both widths NW, and
     the two passes of the per-step element-wise work."""
     return ([mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
-            + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")])
+            + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
+            + [mma_dc_name(io)])
 
 
 # The backward's adjoint chunk sums on tensor cores (ssd_mma_chunk_state<T, NW, true>) on
@@ -446,6 +452,24 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return part[0] if splits == 1 else part.sum(axis=0)
 
+    def dc_mma(self, p, dY, states):
+        """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
+        heads' masked blocks summed before the one product with B), (batch, L, GC, N) float32.
+        Needs every C group's heads to read one B group (GC a multiple of GB)."""
+        cp = p.xp
+        GB, GC = p.B.shape[2], p.C.shape[2]
+        tiles = -(-self.max_len // MMA_ROWS)
+        blocks = p.batch * GC * self.nc * tiles
+        splits = head_splits(blocks, p.H // GC)
+        part = cp.empty((splits, p.batch, p.L, GC, p.N), dtype=p.compute_dtype)
+        _launch(mma_dc_name(self.io), (blocks * splits,),
+                (dY, p.x, p.B, states, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
+                 np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
+                 np.int32(p.N), np.int64(self.nc), np.int32(tiles), np.int32(splits),
+                 np.int64(p.batch * p.L * GC * p.N)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return part[0] if splits == 1 else part.sum(axis=0)
+
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         PN = p.P * p.N
@@ -568,7 +592,10 @@ def _backward_mma(p, lay, states, dy, dfinal):
     xGB = cp.empty((p.batch, p.L, p.H), dtype=cd)
     dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, groups=p.B.shape[2], dt_out=True, Xr=p.B,
                     rowdot=xGB)
-    dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, groups=p.C.shape[2])
+    if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
+        dC = lay.dc_mma(p, dY16, states)
+    else:
+        dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, groups=p.C.shape[2])
     post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
