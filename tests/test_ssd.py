@@ -576,8 +576,9 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS) + 4
+    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS) + 5
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
+    assert gpu_ssd.mma_dc_name("float16") in names
     assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64) == \
         "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128>"
     assert gpu_ssd.mma_mm_name("dC", "float16", 100) == \
