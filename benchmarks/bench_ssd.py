@@ -189,9 +189,7 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
         "GB": _back_to_back(
             lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
                                cb=cbt)),
-        "dB (summed over heads)": _back_to_back(
-            lambda: lay.mm_mma(p, "dB", p.x, dy, p.C, dHx, groups=G, dt_out=True, Xr=p.B,
-                               rowdot=xGB)),
+        "dB (summed over heads)": _back_to_back(lambda: lay.db_mma(p, dy, dHx, cbt, xGB)),
         "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, states)),
         "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
         "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, states, dy, None)),

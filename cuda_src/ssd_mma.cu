@@ -1246,6 +1246,249 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
 }
 
 // --------------------------------------------------------------------------------------
+// dB on tensor cores, summed over runs of heads that read one C group: ssd_mma_chunk_mm's
+// dB product (U = x, W = dY, Vv = C, M = dHx^T, HSUM, dt_out, rowdot) for N, P <= 128.
+// Per head h, with s_r^h = [seq_r == seq_E] exp(cum_E^h - cum_r^h) and
+// w_rq^h = [seq_q == seq_r] exp(cum_q^h - cum_r^h) for q >= r:
+//   o^h[r, v] = s_r^h sum_k x_r^h[k] dHx^h[k][v] + sum_{q >= r} w_rq^h (x_r^h . dY_q^h) C_q[v],
+//   rowdot[b, r, h] = o^h[r] . B_r,     out[r, v] = sum_h dt'_r^h o^h[r, v].
+// As in ssd_mma_chunk_dc, the run's masked blocks (times dt'_r^h) are summed in float32 and
+// multiplied by C once per tile of steps. The row dot of the diagonal part is taken without
+// C: sum_q round_T(w_rq^h (x_r^h . dY_q^h)) (B_r . C_q), with B_r . C_q from ssd_mma_cb's
+// transposed blocks (cbt), in the fragment positions of the masked block; the block's
+// threads add it to rowdot (their own rows, in tile order). Grid and out as
+// ssd_mma_chunk_mm with HSUM (XO = B groups); the heads of a run read one C group.
+// --------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
+ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __restrict__ Cm,
+                 const float* __restrict__ dHx, const T* __restrict__ Bm,
+                 const float* __restrict__ dte, const float* __restrict__ cum,
+                 const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                 const float* __restrict__ cbt, float* __restrict__ out,
+                 float* __restrict__ rowdot, ssm_i64 L, int H, int P, int XO, int GC, int N,
+                 ssm_i64 nc, int tiles_per_chunk, int head_splits, ssm_i64 part_stride,
+                 int classes) {
+    constexpr int VW = 128, KW = 64, NT = VW / 8;
+    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // x[r][k]
+    // step 1: ms = dHx^T[v][k]; step 2: ws = dY[q][k] and vt = C[q][v] as [v][q]
+    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
+                                                  ? VW * LDK
+                                                  : SSD_MMA_ROWS * LDK + VW * LDS];
+    unsigned short* const ms = buf;
+    unsigned short* const ws = buf;
+    unsigned short* const vt = buf + SSD_MMA_ROWS * LDK;
+    // the chunk sums times log2(e), one exp2 per decay
+    __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_r[SSD_MMA_ROWS];
+    __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 per_set = nc * tiles_per_chunk;
+    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
+    const ssm_i64 c = ctile / tiles_per_chunk;
+    const int tile = (int)(ctile - c * tiles_per_chunk);
+    const int hs = (int)(set % head_splits);
+    const ssm_i64 bo = set / head_splits;
+    const ssm_i64 b = bo / XO;
+    const int o = (int)(bo - b * XO);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
+    const int h_begin = o * h_per_o + hs * h_per_split;
+    const int h_end = h_begin + h_per_split < (o + 1) * h_per_o ? h_begin + h_per_split
+                                                                : (o + 1) * h_per_o;
+    const int gc = h_begin / (H / GC);  // the same for the whole run (checked by the host)
+    const int cls = h_begin / (H / classes);
+    const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+    const int seq_end = ssd_mma_seq(seq, b * L + E);
+    const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
+    const int ra = 16 * warp + g, rb = ra + 8;
+    const ssm_i64 row_a = b * L + r0 + (ra < nr ? ra : nr - 1);
+    const ssm_i64 row_b = b * L + r0 + (rb < nr ? rb : nr - 1);
+
+    auto stage_rows = [&](int h) {
+        if (tid < SSD_MMA_ROWS) {
+            const ssm_i64 i = (b * L + r0 + (tid < nr ? tid : nr - 1)) * H + h;
+            cum_r[tid] = cum[i] * ssm_math<float>::kLog2e;
+            dt_r[tid] = dte[i];
+            seq_r[tid] = ssd_mma_seq(seq, b * L + r0 + (tid < nr ? tid : nr - 1));
+        }
+    };
+    // The 4 lanes t of a row hold its columns: their sums, on every lane.
+    auto row_sum = [](float v) {
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        return v;
+    };
+
+    // B_r . (a row of this thread's columns v) for rows ra, rb: the row dots with B
+    // (B of the run's group o; zero past N and for rows past nr).
+    auto dot_b = [&](const float (&m)[NT][4], float& da, float& db) {
+        da = 0.0f;
+        db = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int v = 8 * j + 2 * t + i;
+                if (v < N) {
+                    da += m[j][i] * ssm_load(Bm[(row_a * XO + o) * N + v]);
+                    db += m[j][2 + i] * ssm_load(Bm[(row_b * XO + o) * N + v]);
+                }
+            }
+    };
+    float* const rd_a = rowdot + row_a * H;  // + h
+    float* const rd_b = rowdot + row_b * H;
+
+    float acc[NT][4];
+    ssd_mma_zero(acc);
+
+    // 1. The boundary terms, head by head: their row dots with B start rowdot.
+    for (int h = h_begin; h < h_end; ++h) {
+        float acc2[NT][4];
+        ssd_mma_zero(acc2);
+        const float* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
+        for (int k0 = 0; k0 < P; k0 += KW) {
+            __syncthreads();  // the previous reads of us, ms and the row arrays are done
+            if (k0 == 0) stage_rows(h);
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                us, X + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
+                nullptr, tid);
+            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
+            __syncthreads();
+            ssd_mma_slice<T, NT, KW, LDK>(acc2, us, ms, k0, P, warp, lane);
+        }
+        const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
+        const float sa = seq_r[ra] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[ra]) : 0.0f;
+        const float sb = seq_r[rb] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[rb]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc2[j][0] *= sa;
+            acc2[j][1] *= sa;
+            acc2[j][2] *= sb;
+            acc2[j][3] *= sb;
+        }
+        float da, db;
+        dot_b(acc2, da, db);
+        da = row_sum(da);
+        db = row_sum(db);
+        if (t == 0) {
+            if (ra < nr) rd_a[h] = da;
+            if (rb < nr) rd_b[h] = db;
+        }
+        const float ta = dt_r[ra], tb = dt_r[rb];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc[j][0] += ta * acc2[j][0];
+            acc[j][1] += ta * acc2[j][1];
+            acc[j][2] += tb * acc2[j][2];
+            acc[j][3] += tb * acc2[j][3];
+        }
+    }
+
+    // 2. The diagonal block, one tile of 64 steps q >= r at a time: the heads' masked blocks
+    // (times dt'_r) summed in float32, then one product with C.
+    for (ssm_i64 q0 = r0; q0 < t1; q0 += SSD_MMA_ROWS) {
+        const int nq = (int)(t1 - q0 < SSD_MMA_ROWS ? t1 - q0 : SSD_MMA_ROWS);
+        const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
+        float bc[8][4];  // B_r . C_q at this thread's fragment positions
+        ssd_mma_cb_load(bc, cbt,
+                        ((b * nc + c) * classes + cls) * cb_pairs + qt * (qt + 1) / 2 + tile,
+                        warp, lane);
+        float gsum[8][4];
+        ssd_mma_zero(gsum);
+        for (int h = h_begin; h < h_end; ++h) {
+            float gacc[8][4];
+            ssd_mma_zero(gacc);
+            for (int k0 = 0; k0 < P; k0 += KW) {
+                __syncthreads();  // the previous reads of us, ws, vt and the row arrays are done
+                if (k0 == 0) {
+                    stage_rows(h);
+                    if (tid < SSD_MMA_ROWS) {
+                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                        cum_q[tid] = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
+                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                    }
+                }
+                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    us, X + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
+                    nullptr, tid);
+                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0, vec,
+                    nullptr, tid);
+                __syncthreads();
+                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ws, k0, P, warp, lane);
+            }
+            // mask and weight as ssd_mma_chunk_mm's upper products (with the diagonal); the
+            // row dot of the rounded entries with B_r . C_q
+            float da = 0.0f, db = 0.0f;
+            const float ta = dt_r[ra], tb = dt_r[rb];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int sq = 8 * j + 2 * t + (i & 1);
+                    const int r = i >= 2 ? rb : ra;
+                    const bool live = sq < nq && r < nr && q0 + sq >= r0 + r &&
+                                      seq_q[sq] == seq_r[r];
+                    if (live) {
+                        const float m =
+                            ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i];
+                        T mr;
+                        mr.bits = ssd_mma_bits<T>(m);  // as the per-head product rounded it
+                        if (i >= 2) db += ssm_load(mr) * bc[j][i];
+                        else da += ssm_load(mr) * bc[j][i];
+                        gsum[j][i] += (i >= 2 ? tb : ta) * m;
+                    }
+                }
+            da = row_sum(da);
+            db = row_sum(db);
+            if (t == 0) {
+                if (ra < nr) rd_a[h] += da;
+                if (rb < nr) rd_b[h] += db;
+            }
+        }
+        __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
+        ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+            vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, nullptr, tid);
+        __syncthreads();
+        unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
+            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            // On the chunk's diagonal tile, warp w's rows see steps >= 16 w only.
+            if (q0 == r0 && ks < warp) continue;
+            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
+                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            }
+        }
+    }
+
+    // 3. Store this run's partial.
+    float* const part = out + hs * part_stride;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = i >= 2 ? rb : ra;
+            const int v = 8 * j + 2 * t + (i & 1);
+            if (r < nr && v < N) part[((b * L + r0 + r) * XO + o) * (ssm_i64)N + v] = acc[j][i];
+        }
+}
+
+// --------------------------------------------------------------------------------------
 // The backward's per-step element-wise work on the tensor-core path, fused: one warp per
 // row (b, t, h) of P <= 128 values (lane p, p + 32, ...), dY_t = dy_t * silu'(z_t) recomputed
 // from dy and z in both passes (never stored in float32). With e_t = dt'_t (C_t . B_t) (cb),

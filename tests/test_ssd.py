@@ -576,9 +576,9 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS) + 5
+    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS) + 6
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
-    assert gpu_ssd.mma_dc_name("float16") in names
+    assert gpu_ssd.mma_dc_name("float16") in names and gpu_ssd.mma_db_name("float16") in names
     assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64) == \
         "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128>"
     assert gpu_ssd.mma_mm_name("dC", "float16", 100) == \
@@ -628,7 +628,7 @@ def test_tensor_core_backward_matches_reference(monkeypatch, dtype_name, case):
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma", "db_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
     assert len(calls) == (4 if max(P, N) <= 128 else 0)
     # The same cotangents with the switch on and off.
@@ -664,7 +664,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
     monkeypatch.setattr(gpu_ssd, "MMA_SUM_BLOCKS", sum_blocks)
-    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma", "db_mma")
     rng = np.random.default_rng(400 + sum_blocks + G)
     inputs = make_inputs(rng, batch=2, L=150, H=15, P=32, G=G, N=64, with_init=True,
                          seq_cuts=[70])
@@ -678,7 +678,7 @@ def test_tensor_core_backward_head_runs_match_reference(monkeypatch, sum_blocks,
 @pytest.mark.parametrize("cu", [[0, 5, 5, 70, 129], [0, 64, 129]])
 def test_tensor_core_backward_cu_seqlens_matches_reference(monkeypatch, cu):
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
-    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma")
+    calls = _count_calls(monkeypatch, "mm_mma", "dc_mma", "db_mma")
     rng = np.random.default_rng(300 + len(cu))
     inputs = make_inputs(rng, batch=1, L=129, H=4, P=24, G=2, N=40, D_form="channel",
                          with_init=True)

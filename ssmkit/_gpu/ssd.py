@@ -211,6 +211,11 @@ def mma_dc_name(io: str) -> str:
     return f"ssd_mma_chunk_dc<{_CTYPE[io]}>"
 
 
+def mma_db_name(io: str) -> str:
+    """The ``ssd_mma_chunk_db`` instance (dB summed over heads, the heads' blocks summed first)."""
+    return f"ssd_mma_chunk_db<{_CTYPE[io]}>"
+
+
 def mma_bwd_kernel_names(io: str) -> list:
     """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``:
     the four chunk products at every width, the adjoint chunk state at both widths NW, and
@@ -218,7 +223,7 @@ def mma_bwd_kernel_names(io: str) -> list:
     return ([mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
-            + [mma_dc_name(io)])
+            + [mma_dc_name(io), mma_db_name(io)])
 
 
 # The backward's adjoint chunk sums on tensor cores (ssd_mma_chunk_state<T, NW, true>) on
@@ -470,6 +475,26 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return part[0] if splits == 1 else part.sum(axis=0)
 
+    def db_mma(self, p, dY, dHx, cbt, rowdot):
+        """dB summed over each B group's heads on tensor cores (``ssd_mma_chunk_db``: the
+        heads' masked blocks, times dt', summed before the one product with C), (batch, L,
+        GB, N) float32; ``rowdot`` (batch, L, H) receives each head's row dot with B before
+        the dt' scaling (x_s . (G B)_s). ``cbt``: the transposed blocks of :meth:`cb_mma`.
+        Needs every B group's heads to read one C group (GB a multiple of GC)."""
+        cp = p.xp
+        GB, GC = p.B.shape[2], p.C.shape[2]
+        tiles = -(-self.max_len // MMA_ROWS)
+        blocks = p.batch * GB * self.nc * tiles
+        splits = head_splits(blocks, p.H // GB)
+        part = cp.empty((splits, p.batch, p.L, GB, p.N), dtype=p.compute_dtype)
+        _launch(mma_db_name(self.io), (blocks * splits,),
+                (p.x, dY, p.C, dHx, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, cbt,
+                 part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
+                 np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(tiles),
+                 np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return part[0] if splits == 1 else part.sum(axis=0)
+
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         PN = p.P * p.N
@@ -590,8 +615,11 @@ def _backward_mma(p, lay, states, dy, dfinal):
     # arrays); dB scaled by dt' there, after its rows' dots with B:
     # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
     xGB = cp.empty((p.batch, p.L, p.H), dtype=cd)
-    dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, groups=p.B.shape[2], dt_out=True, Xr=p.B,
-                    rowdot=xGB)
+    if p.B.shape[2] % p.C.shape[2] == 0:  # each B group's heads read one C group
+        dB = lay.db_mma(p, dY16, dHx, cbt, xGB)
+    else:
+        dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, groups=p.B.shape[2], dt_out=True,
+                        Xr=p.B, rowdot=xGB)
     if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
         dC = lay.dc_mma(p, dY16, states)
     else:

@@ -121,6 +121,9 @@ MM_T2, MM_S2 = ["const float*"], ["int"]  # cbm, classes: after the scalars abov
 DC_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const int*,"
         "const ssm_i64*,float*").split(",")
 DC_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int", "ssm_i64"]
+DB_T = ("const T*,const T*,const T*,const float*,const T*,const float*,const float*,const int*,"
+        "const ssm_i64*,const float*,float*,float*").split(",")
+DB_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int", "ssm_i64", "int"]
 ROWS_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const float*,"
           "const float*,T*,T*,T*,float*,float*").split(",")
 ROWS_S = ["ssm_i64", "int", "int", "int"]
@@ -129,6 +132,8 @@ for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
     for i, name in enumerate(_gssd.mma_bwd_kernel_names(io)):
         if name.startswith("ssd_mma_chunk_mm"):
             KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S, MM_T2, MM_S2)
+        elif name.startswith("ssd_mma_chunk_db"):
+            KERNELS[f"db_{io}"] = (name, T, DB_T, DB_S)
         elif name.startswith("ssd_mma_chunk_dc"):
             KERNELS[f"dc_{io}"] = (name, T, DC_T, DC_S)
         elif name.startswith("ssd_mma_bwd_rows"):

@@ -107,7 +107,7 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     dfinal = rng.standard_normal(final.shape).astype(np.float32)
     g = gssd.ssd_backward(p, ckpt, dy, dfinal)
     el = time.time() - t
-    assert sum("ssd_mma_chunk_mm" in n or "ssd_mma_chunk_dc" in n for n in calls) == (4 if mma else 0), calls
+    assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (4 if mma else 0), calls
     assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
     if h0 is not None:
         for slot, row in passthrough:
