@@ -1067,6 +1067,107 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 }
 
 // --------------------------------------------------------------------------------------
+// What ssd_mma_chunk_dc and ssd_mma_chunk_db share: a block is 64 rows r0 .. of chunk c and
+// a run of output group o's heads [h_begin, h_end) (grid as ssd_mma_chunk_mm with HSUM);
+// its products run over K = P in slices of 64 (SSD_MMA_SUM_KW) and V = N <= 128 columns.
+// --------------------------------------------------------------------------------------
+#define SSD_MMA_SUM_VW 128
+#define SSD_MMA_SUM_KW 64
+struct ssd_mma_run {
+    ssm_i64 b, c, t0, t1, r0;
+    int tile, o, hs, nr, h_begin, h_end;
+};
+
+// The block's rows and heads; false when the rows lie past the chunk's end.
+__device__ __forceinline__ bool ssd_mma_run_at(ssd_mma_run& R, const ssm_i64* starts, int H,
+                                               int XO, ssm_i64 nc, int tiles_per_chunk,
+                                               int head_splits) {
+    const ssm_i64 per_set = nc * tiles_per_chunk;
+    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
+    R.c = ctile / tiles_per_chunk;
+    R.tile = (int)(ctile - R.c * tiles_per_chunk);
+    R.hs = (int)(set % head_splits);
+    const ssm_i64 bo = set / head_splits;
+    R.b = bo / XO;
+    R.o = (int)(bo - R.b * XO);
+    R.t0 = starts[R.c];
+    R.t1 = starts[R.c + 1];
+    R.r0 = R.t0 + (ssm_i64)R.tile * SSD_MMA_ROWS;
+    if (R.r0 >= R.t1) return false;
+    R.nr = (int)(R.t1 - R.r0 < SSD_MMA_ROWS ? R.t1 - R.r0 : SSD_MMA_ROWS);
+    const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
+    R.h_begin = R.o * h_per_o + R.hs * h_per_split;
+    R.h_end = R.h_begin + h_per_split < (R.o + 1) * h_per_o ? R.h_begin + h_per_split
+                                                             : (R.o + 1) * h_per_o;
+    return true;
+}
+
+// acc += A Bt^T over K = P in slices: A the block's nr rows of a (row stride lda) staged
+// into us, Bt staged into bs by stage_b(k0) (its slice k0 ..); before_first() runs with the
+// first slice's staging (after the barrier that ends the previous reads).
+template <typename T, int NT, typename StageB, typename First>
+__device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigned short* us,
+                                                    const unsigned short* bs, const T* a,
+                                                    ssm_i64 lda, int nr, int P, bool vec,
+                                                    StageB stage_b, First before_first,
+                                                    int tid, int warp, int lane) {
+    constexpr int KW = SSD_MMA_SUM_KW, LDK = KW + 8;
+    for (int k0 = 0; k0 < P; k0 += KW) {
+        __syncthreads();  // the previous reads of us, bs and the row arrays are done
+        if (k0 == 0) before_first();
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(us, a + k0, lda, nr, P - k0, vec, nullptr,
+                                                       tid);
+        stage_b(k0);
+        __syncthreads();
+        ssd_mma_slice<T, NT, KW, LDK>(acc, us, bs, k0, P, warp, lane);
+    }
+}
+
+// acc += round_T(gsum) Vt, the summed masked block (rows r, K = q) times the tile's Vv rows
+// staged as vt[v][q]. On the chunk's diagonal tile warp w's rows see q < 16 (w + 1) (lower)
+// or q >= 16 w (upper) only: the other fragments are zeros.
+template <typename T, bool UPPER, int NT>
+__device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const float (&gsum)[8][4],
+                                                    const unsigned short* vt, bool diagonal_tile,
+                                                    int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
+        afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        if (diagonal_tile && (UPPER ? ks < warp : ks > warp)) continue;
+        const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const unsigned short* q = vt + (8 * j + g) * SSD_MMA_LD + 16 * ks + 2 * t;
+            ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+        }
+    }
+}
+
+// The run's partial: acc's rows r < nr, columns v < N into part (batch, L, XO, N).
+template <int NT>
+__device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc)[NT][4],
+                                                  const ssd_mma_run& R, ssm_i64 L, int XO, int N,
+                                                  int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * warp + g + (i >= 2 ? 8 : 0);
+            const int v = 8 * j + 2 * t + (i & 1);
+            if (r < R.nr && v < N)
+                part[((R.b * L + R.r0 + r) * XO + R.o) * (ssm_i64)N + v] = acc[j][i];
+        }
+}
+
+// --------------------------------------------------------------------------------------
 // dC on tensor cores, summed over runs of heads that read one B group: ssd_mma_chunk_mm's
 // dC product (U = dY, W = x, Vv = B, M = states, HSUM) for V = N <= 128, K = P <= 128,
 //
@@ -1089,8 +1190,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
                  ssm_i64 part_stride) {
-    constexpr int VW = 128, KW = 64, NT = VW / 8;
-    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8, LDS = SSD_MMA_LD;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
     // step 1: ms = S^T[v][k]; step 2: ws = x[q][k] and vt = B[q][v] as [v][q]
     alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
@@ -1104,28 +1204,15 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 per_set = nc * tiles_per_chunk;
-    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
-    const ssm_i64 c = ctile / tiles_per_chunk;
-    const int tile = (int)(ctile - c * tiles_per_chunk);
-    const int hs = (int)(set % head_splits);
-    const ssm_i64 bo = set / head_splits;
-    const ssm_i64 b = bo / XO;
-    const int o = (int)(bo - b * XO);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
-    if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
-    const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
-    const int h_begin = o * h_per_o + hs * h_per_split;
-    const int h_end = h_begin + h_per_split < (o + 1) * h_per_o ? h_begin + h_per_split
-                                                                : (o + 1) * h_per_o;
-    const int gb = h_begin / (H / GB);  // the same for the whole run (checked by the host)
+    const int t = lane & 3;
+    ssd_mma_run R;
+    if (!ssd_mma_run_at(R, starts, H, XO, nc, tiles_per_chunk, head_splits)) return;
+    const ssm_i64 b = R.b, t0 = R.t0, r0 = R.r0;
+    const int nr = R.nr;
+    const int gb = R.h_begin / (H / GB);  // the same for the whole run (checked by the host)
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
-    const int ra = 16 * warp + g, rb = ra + 8;
+    const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
 
     // This block's rows r0 .. of head h: the chunk sums and restart labels.
     auto stage_rows = [&](int h) {
@@ -1140,20 +1227,17 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     ssd_mma_zero(acc);
 
     // 1. The boundary terms, head by head.
-    for (int h = h_begin; h < h_end; ++h) {
+    for (int h = R.h_begin; h < R.h_end; ++h) {
         float acc2[NT][4];
         ssd_mma_zero(acc2);
-        const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
-        for (int k0 = 0; k0 < P; k0 += KW) {
-            __syncthreads();  // the previous reads of us, ms, cum_r, seq_r are done
-            if (k0 == 0) stage_rows(h);
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                us, dY + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
-                nullptr, tid);
-            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
-            __syncthreads();
-            ssd_mma_slice<T, NT, KW, LDK>(acc2, us, ms, k0, P, warp, lane);
-        }
+        const float* S = states + ((b * (nc + 1) + R.c) * H + h) * ((ssm_i64)P * N);
+        ssd_mma_run_product<T>(
+            acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+            [&](int k0) {
+                ssd_mma_stage_ft<T, VW, SSD_MMA_SUM_KW, LDK>(ms, S + (ssm_i64)k0 * N, N, P - k0,
+                                                             N, vec, tid);
+            },
+            [&] { stage_rows(h); }, tid, warp, lane);
         const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
         const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
 #pragma unroll
@@ -1172,12 +1256,17 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
         float gsum[8][4];
         ssd_mma_zero(gsum);
-        for (int h = h_begin; h < h_end; ++h) {
+        for (int h = R.h_begin; h < R.h_end; ++h) {
             float gacc[8][4];
             ssd_mma_zero(gacc);
-            for (int k0 = 0; k0 < P; k0 += KW) {
-                __syncthreads();  // the previous reads of us, ws, vt and the row arrays are done
-                if (k0 == 0) {
+            ssd_mma_run_product<T>(
+                gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                [&](int k0) {
+                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, false, LDK>(
+                        ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
+                        vec, nullptr, tid);
+                },
+                [&] {
                     stage_rows(h);
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
@@ -1186,16 +1275,8 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         dt_q[tid] = dte[i];
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
-                }
-                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                    us, dY + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
-                    nullptr, tid);
-                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                    ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0, vec,
-                    nullptr, tid);
-                __syncthreads();
-                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ws, k0, P, warp, lane);
-            }
+                },
+                tid, warp, lane);
             // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal)
 #pragma unroll
             for (int j = 0; j < 8; ++j)
@@ -1214,35 +1295,11 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
             vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, nullptr, tid);
         __syncthreads();
-        unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
-            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) only.
-            if (q0 == r0 && ks > warp) break;
-            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-            }
-        }
+        ssd_mma_run_times_v<T, false>(acc, gsum, vt, q0 == r0, warp, lane);
     }
 
     // 3. Store this run's partial.
-    float* const part = out + hs * part_stride;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = i >= 2 ? rb : ra;
-            const int v = 8 * j + 2 * t + (i & 1);
-            if (r < nr && v < N) part[((b * L + r0 + r) * XO + o) * (ssm_i64)N + v] = acc[j][i];
-        }
+    ssd_mma_run_store(out + R.hs * part_stride, acc, R, L, XO, N, warp, lane);
 }
 
 // --------------------------------------------------------------------------------------
@@ -1269,8 +1326,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                  float* __restrict__ rowdot, ssm_i64 L, int H, int P, int XO, int GC, int N,
                  ssm_i64 nc, int tiles_per_chunk, int head_splits, ssm_i64 part_stride,
                  int classes) {
-    constexpr int VW = 128, KW = 64, NT = VW / 8;
-    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8, LDS = SSD_MMA_LD;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // x[r][k]
     // step 1: ms = dHx^T[v][k]; step 2: ws = dY[q][k] and vt = C[q][v] as [v][q]
     alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
@@ -1284,30 +1340,17 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 per_set = nc * tiles_per_chunk;
-    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
-    const ssm_i64 c = ctile / tiles_per_chunk;
-    const int tile = (int)(ctile - c * tiles_per_chunk);
-    const int hs = (int)(set % head_splits);
-    const ssm_i64 bo = set / head_splits;
-    const ssm_i64 b = bo / XO;
-    const int o = (int)(bo - b * XO);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
-    if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
-    const int h_per_o = H / XO, h_per_split = (h_per_o + head_splits - 1) / head_splits;
-    const int h_begin = o * h_per_o + hs * h_per_split;
-    const int h_end = h_begin + h_per_split < (o + 1) * h_per_o ? h_begin + h_per_split
-                                                                : (o + 1) * h_per_o;
-    const int gc = h_begin / (H / GC);  // the same for the whole run (checked by the host)
-    const int cls = h_begin / (H / classes);
+    const int t = lane & 3;
+    ssd_mma_run R;
+    if (!ssd_mma_run_at(R, starts, H, XO, nc, tiles_per_chunk, head_splits)) return;
+    const ssm_i64 b = R.b, c = R.c, t0 = R.t0, t1 = R.t1, E = t1 - 1, r0 = R.r0;
+    const int nr = R.nr, o = R.o;
+    const int gc = R.h_begin / (H / GC);  // the same for the whole run (checked by the host)
+    const int cls = R.h_begin / (H / classes);
     const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const int seq_end = ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
-    const int ra = 16 * warp + g, rb = ra + 8;
+    const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
     const ssm_i64 row_a = b * L + r0 + (ra < nr ? ra : nr - 1);
     const ssm_i64 row_b = b * L + r0 + (rb < nr ? rb : nr - 1);
 
@@ -1325,7 +1368,6 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         return v;
     };
-
     // B_r . (a row of this thread's columns v) for rows ra, rb: the row dots with B
     // (B of the run's group o; zero past N and for rows past nr).
     auto dot_b = [&](const float (&m)[NT][4], float& da, float& db) {
@@ -1349,20 +1391,17 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     ssd_mma_zero(acc);
 
     // 1. The boundary terms, head by head: their row dots with B start rowdot.
-    for (int h = h_begin; h < h_end; ++h) {
+    for (int h = R.h_begin; h < R.h_end; ++h) {
         float acc2[NT][4];
         ssd_mma_zero(acc2);
         const float* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
-        for (int k0 = 0; k0 < P; k0 += KW) {
-            __syncthreads();  // the previous reads of us, ms and the row arrays are done
-            if (k0 == 0) stage_rows(h);
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                us, X + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
-                nullptr, tid);
-            ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
-            __syncthreads();
-            ssd_mma_slice<T, NT, KW, LDK>(acc2, us, ms, k0, P, warp, lane);
-        }
+        ssd_mma_run_product<T>(
+            acc2, us, ms, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+            [&](int k0) {
+                ssd_mma_stage_ft<T, VW, SSD_MMA_SUM_KW, LDK>(ms, M + (ssm_i64)k0 * N, N, P - k0,
+                                                             N, vec, tid);
+            },
+            [&] { stage_rows(h); }, tid, warp, lane);
         const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
         const float sa = seq_r[ra] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[ra]) : 0.0f;
         const float sb = seq_r[rb] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[rb]) : 0.0f;
@@ -1398,32 +1437,29 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
         float bc[8][4];  // B_r . C_q at this thread's fragment positions
         ssd_mma_cb_load(bc, cbt,
-                        ((b * nc + c) * classes + cls) * cb_pairs + qt * (qt + 1) / 2 + tile,
+                        ((b * nc + c) * classes + cls) * cb_pairs + qt * (qt + 1) / 2 + R.tile,
                         warp, lane);
         float gsum[8][4];
         ssd_mma_zero(gsum);
-        for (int h = h_begin; h < h_end; ++h) {
+        for (int h = R.h_begin; h < R.h_end; ++h) {
             float gacc[8][4];
             ssd_mma_zero(gacc);
-            for (int k0 = 0; k0 < P; k0 += KW) {
-                __syncthreads();  // the previous reads of us, ws, vt and the row arrays are done
-                if (k0 == 0) {
+            ssd_mma_run_product<T>(
+                gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                [&](int k0) {
+                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, false, LDK>(
+                        ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
+                        vec, nullptr, tid);
+                },
+                [&] {
                     stage_rows(h);
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
                         cum_q[tid] = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
-                }
-                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                    us, X + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec,
-                    nullptr, tid);
-                ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
-                    ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0, vec,
-                    nullptr, tid);
-                __syncthreads();
-                ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ws, k0, P, warp, lane);
-            }
+                },
+                tid, warp, lane);
             // mask and weight as ssd_mma_chunk_mm's upper products (with the diagonal); the
             // row dot of the rounded entries with B_r . C_q
             float da = 0.0f, db = 0.0f;
@@ -1457,35 +1493,11 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
             vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, nullptr, tid);
         __syncthreads();
-        unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
-            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            // On the chunk's diagonal tile, warp w's rows see steps >= 16 w only.
-            if (q0 == r0 && ks < warp) continue;
-            const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
-            }
-        }
+        ssd_mma_run_times_v<T, true>(acc, gsum, vt, q0 == r0, warp, lane);
     }
 
     // 3. Store this run's partial.
-    float* const part = out + hs * part_stride;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = i >= 2 ? rb : ra;
-            const int v = 8 * j + 2 * t + (i & 1);
-            if (r < nr && v < N) part[((b * L + r0 + r) * XO + o) * (ssm_i64)N + v] = acc[j][i];
-        }
+    ssd_mma_run_store(out + R.hs * part_stride, acc, R, L, XO, N, warp, lane);
 }
 
 // --------------------------------------------------------------------------------------
