@@ -457,16 +457,22 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return part[0] if splits == 1 else part.sum(axis=0)
 
+    def _head_runs(self, p, groups):
+        """The launch of a product summed over each of ``groups`` groups' heads in runs:
+        tiles per chunk, blocks per run, runs (head_splits) and the runs' partials
+        (splits, batch, L, groups, N) float32, summed by the caller."""
+        tiles = -(-self.max_len // MMA_ROWS)
+        blocks = p.batch * groups * self.nc * tiles
+        splits = head_splits(blocks, p.H // groups)
+        part = p.xp.empty((splits, p.batch, p.L, groups, p.N), dtype=p.compute_dtype)
+        return tiles, blocks, splits, part
+
     def dc_mma(self, p, dY, states):
         """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
         heads' masked blocks summed before the one product with B), (batch, L, GC, N) float32.
         Needs every C group's heads to read one B group (GC a multiple of GB)."""
-        cp = p.xp
         GB, GC = p.B.shape[2], p.C.shape[2]
-        tiles = -(-self.max_len // MMA_ROWS)
-        blocks = p.batch * GC * self.nc * tiles
-        splits = head_splits(blocks, p.H // GC)
-        part = cp.empty((splits, p.batch, p.L, GC, p.N), dtype=p.compute_dtype)
+        tiles, blocks, splits, part = self._head_runs(p, GC)
         _launch(mma_dc_name(self.io), (blocks * splits,),
                 (dY, p.x, p.B, states, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
@@ -481,12 +487,8 @@ class _Layout:
         GB, N) float32; ``rowdot`` (batch, L, H) receives each head's row dot with B before
         the dt' scaling (x_s . (G B)_s). ``cbt``: the transposed blocks of :meth:`cb_mma`.
         Needs every B group's heads to read one C group (GB a multiple of GC)."""
-        cp = p.xp
         GB, GC = p.B.shape[2], p.C.shape[2]
-        tiles = -(-self.max_len // MMA_ROWS)
-        blocks = p.batch * GB * self.nc * tiles
-        splits = head_splits(blocks, p.H // GB)
-        part = cp.empty((splits, p.batch, p.L, GB, p.N), dtype=p.compute_dtype)
+        tiles, blocks, splits, part = self._head_runs(p, GB)
         _launch(mma_db_name(self.io), (blocks * splits,),
                 (p.x, dY, p.C, dHx, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, cbt,
                  part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
