@@ -527,17 +527,35 @@ def ssd_forward(p, *, save_checkpoints):
     return y, final, (states if save_checkpoints else None)
 
 
+_GROUP_PAIRS_CACHE: dict = {}
+
+
+def _group_pairs(p):
+    """The distinct (B group, C group) pairs of the heads and each head's pair, as device
+    index arrays, cached per (device, H, GB, GC): built per call, their copies to the device
+    would wait for its queue (see _boundaries)."""
+    cp = p.xp
+    device = cp.cuda.Device().id if cp is not np else -1  # NumPy: the host emulation
+    key = (device, p.H, p.B.shape[2], p.C.shape[2])
+    hit = _GROUP_PAIRS_CACHE.get(key)
+    if hit is None:
+        hb = np.arange(p.H) // (p.H // p.B.shape[2])
+        hc = np.arange(p.H) // (p.H // p.C.shape[2])
+        pairs, head_pair = np.unique(np.stack([hb, hc], axis=1), axis=0, return_inverse=True)
+        hit = (cp.asarray(pairs[:, 0]), cp.asarray(pairs[:, 1]),
+               cp.asarray(head_pair.reshape(-1)))
+        _GROUP_PAIRS_CACHE[key] = hit
+    return hit
+
+
 def _diag_cb(p, cd):
     """C_t . B_t for every head, (batch, L, H) in the compute dtype: the diagonal of each
     head's C B^T block (head h reads group h / (H / G) of B and of C)."""
     cp = p.xp
-    hb = np.arange(p.H) // (p.H // p.B.shape[2])
-    hc = np.arange(p.H) // (p.H // p.C.shape[2])
-    pairs, head_pair = np.unique(np.stack([hb, hc], axis=1), axis=0, return_inverse=True)
+    pair_b, pair_c, head_pair = _group_pairs(p)
     # cast first: the 16-bit arrays are only read, not gathered (groups are few)
-    cb = (p.B.astype(cd)[:, :, cp.asarray(pairs[:, 0])]
-          * p.C.astype(cd)[:, :, cp.asarray(pairs[:, 1])]).sum(axis=-1)
-    return cp.ascontiguousarray(cb[:, :, cp.asarray(head_pair.reshape(-1))])
+    cb = (p.B.astype(cd)[:, :, pair_b] * p.C.astype(cd)[:, :, pair_c]).sum(axis=-1)
+    return cp.ascontiguousarray(cb[:, :, head_pair])
 
 
 def _adjoint_passing(p, lay, K, dfinal):
