@@ -282,6 +282,12 @@ def _check(p):
     return io, bc, ct
 
 
+def _device_id(xp) -> int:
+    """The current device, for keys of the per-device caches (-1 for NumPy: the host
+    emulation of the kernels)."""
+    return xp.cuda.Device().id if xp is not np else -1
+
+
 _BOUNDARY_CACHE: dict = {}
 _BOUNDARY_CACHE_SIZE = 64
 
@@ -297,7 +303,7 @@ def _boundaries(p, Q):
     """
     cp = p.xp
     slots = p.slot_steps  # host (k, 3): row, step, slot of every sequence end
-    device = cp.cuda.Device().id if cp is not np else -1  # NumPy: the host emulation
+    device = _device_id(cp)
     key = (device, p.batch, p.L, Q, slots.tobytes())
     hit = _BOUNDARY_CACHE.get(key)
     if hit is not None:
@@ -535,7 +541,7 @@ def _group_pairs(p):
     index arrays, cached per (device, H, GB, GC): built per call, their copies to the device
     would wait for its queue (see _boundaries)."""
     cp = p.xp
-    device = cp.cuda.Device().id if cp is not np else -1  # NumPy: the host emulation
+    device = _device_id(cp)
     key = (device, p.H, p.B.shape[2], p.C.shape[2])
     hit = _GROUP_PAIRS_CACHE.get(key)
     if hit is None:
