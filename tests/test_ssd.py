@@ -601,6 +601,52 @@ def test_head_splits_cover_every_head_once():
     assert gpu_ssd.head_splits(256, 80) == 8  # the peer configuration: 8 runs of 10 heads
 
 
+def test_head_classes_share_their_groups():
+    """The classes of heads ssd_mma_cb makes C B^T for: every head of a class reads the same B
+    group and the same C group, and two heads of different classes differ in one of them
+    wherever the groups nest (one divides the other, as models use them)."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    for H, GB, GC in ((80, 1, 1), (8, 2, 1), (8, 1, 4), (8, 8, 8), (6, 2, 3), (12, 4, 2)):
+        classes = gpu_ssd.head_classes(H, GB, GC)
+        assert H % classes == 0
+        size = H // classes
+        pairs = [(h // (H // GB), h // (H // GC)) for h in range(H)]
+        for k in range(classes):
+            assert len(set(pairs[k * size:(k + 1) * size])) == 1, (H, GB, GC, k)
+        if GB % GC == 0 or GC % GB == 0:
+            assert classes == max(GB, GC) == len(set(pairs)), (H, GB, GC)
+    assert gpu_ssd.head_classes(80, 1, 1) == 1  # the peer configuration: one class
+
+
+def test_boundaries_are_cached_per_layout():
+    """The chunk boundaries and final-state positions are built once per layout (a copy to
+    the device per call would wait for its queue) and are those of chunk_starts."""
+    import dataclasses
+
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    @dataclasses.dataclass
+    class _Problem:
+        batch: int
+        L: int
+        slot_steps: np.ndarray
+        xp: object = np
+
+    rows = np.array([[0, 99, 0], [1, 99, 1]], dtype=np.int64)  # each row's end: its final state
+    p = _Problem(2, 100, rows)
+    first = gpu_ssd._boundaries(p, 32)
+    assert gpu_ssd._boundaries(_Problem(2, 100, rows.copy()), 32) is first
+    nc, max_len, starts, bslot, frows, fcols, fslots = first
+    assert nc == 4 and max_len == 32 and starts.tolist() == [0, 32, 64, 96, 100]
+    assert bslot[:, -1].tolist() == [0, 1] and (bslot[:, :-1] == -1).all()
+    assert frows.tolist() == [0, 1] and fcols.tolist() == [4, 4] and fslots.tolist() == [0, 1]
+    # packed sequences ending at steps 9 and 99 of one row: a boundary at 10 as well
+    packed = gpu_ssd._boundaries(_Problem(1, 100, np.array([[0, 9, 0], [0, 99, 1]])), 32)
+    assert packed is not first and packed[2].tolist() == [0, 10, 32, 64, 96, 100]
+    assert packed[3].tolist() == [[-1, 0, -1, -1, -1, 1]]
+
+
 def _gradients(arrays, opts, dy, dfin):
     _, pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
     return pullback(dy, dfin)
