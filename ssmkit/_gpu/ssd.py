@@ -332,6 +332,7 @@ class _Layout:
         self.Q = min(p.chunk_size, L)
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
          self.final_slots) = _boundaries(p, self.Q)
+        self.mma_tiles = -(-self.max_len // MMA_ROWS)  # tiles of 64 steps per chunk (ssd_mma.cu)
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
         cp, cd = p.xp, p.compute_dtype
         self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
@@ -404,7 +405,7 @@ class _Layout:
         with the square of the chunk size. With ``transposed``, returns ``(cb, cbt)``, cbt
         holding each block transposed (B C^T) in the same order, for the backward's upper
         products."""
-        tiles = -(-self.max_len // MMA_ROWS)
+        tiles = self.mma_tiles
         pairs = tiles * (tiles + 1) // 2
         GB, GC = p.B.shape[2], p.C.shape[2]
         classes = head_classes(p.H, GB, GC)
@@ -422,12 +423,11 @@ class _Layout:
         """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P),
         from the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
         cb = self.cb_mma(p) if cb is None else cb
-        tiles = -(-self.max_len // MMA_ROWS)
         _launch(mma_out_name(self.io, p.P),
-                (p.batch * p.H * self.nc * tiles,),
+                (p.batch * p.H * self.nc * self.mma_tiles,),
                 (p.C, cb, p.x, states, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
                  _ptr(p.seq_idx), self.starts, out, np.int64(p.L), np.int32(p.H), np.int32(p.P),
-                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc), np.int32(tiles),
+                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(cb.shape[2])), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
@@ -442,50 +442,45 @@ class _Layout:
         dt'_t (after ``rowdot``). ``cb``, for U = C, W = B (ycore) or U = B, W = C (GB): the
         blocks of U W^T from :meth:`cb_mma` (its ``cbt`` for GB), read instead of computed
         per head."""
-        cp = p.xp
         V, K = Vv.shape[3], U.shape[3]
-        tiles = -(-self.max_len // MMA_ROWS)
         if (groups is not None) != MMA_BWD_KINDS[kind][3]:
             raise ValueError(f"ssd (GPU): the {kind} product sums over heads only with groups")
         XO = p.H if groups is None else groups
-        blocks = p.batch * XO * self.nc * tiles
-        splits = head_splits(blocks, p.H // XO)
-        part = cp.empty((splits, p.batch, p.L, XO, V), dtype=p.compute_dtype)
+        blocks, splits, part = self._head_runs(p, XO, V)
         _launch(mma_mm_name(kind, self.io, V), (blocks * splits,),
                 (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  _ptr(Xd), _ptr(bnd), _ptr(Xr), _ptr(rowdot), np.int64(p.L), np.int32(p.H),
                  np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(Vv.shape[2]), np.int32(K),
-                 np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(tiles),
+                 np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(self.mma_tiles),
                  np.int32(1 if with_diag else 0), np.int32(XO), np.int32(splits),
                  np.int64(p.batch * p.L * XO * V), np.int32(1 if Xr is None else Xr.shape[2]),
                  np.int32(1 if dt_out else 0), _ptr(cb),
                  np.int32(1 if cb is None else cb.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return part[0] if splits == 1 else part.sum(axis=0)
+        return _sum_runs(part)
 
-    def _head_runs(self, p, groups):
-        """The launch of a product summed over each of ``groups`` groups' heads in runs:
-        tiles per chunk, blocks per run, runs (head_splits) and the runs' partials
-        (splits, batch, L, groups, N) float32, summed by the caller."""
-        tiles = -(-self.max_len // MMA_ROWS)
-        blocks = p.batch * groups * self.nc * tiles
+    def _head_runs(self, p, groups, V):
+        """The launch of a product over each of ``groups`` groups' heads (one head per group
+        when groups = H), in runs: blocks per run, runs (head_splits) and the runs' partials
+        (splits, batch, L, groups, V) in the compute dtype, for :func:`_sum_runs`."""
+        blocks = p.batch * groups * self.nc * self.mma_tiles
         splits = head_splits(blocks, p.H // groups)
-        part = p.xp.empty((splits, p.batch, p.L, groups, p.N), dtype=p.compute_dtype)
-        return tiles, blocks, splits, part
+        part = p.xp.empty((splits, p.batch, p.L, groups, V), dtype=p.compute_dtype)
+        return blocks, splits, part
 
     def dc_mma(self, p, dY, states):
         """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
         heads' masked blocks summed before the one product with B), (batch, L, GC, N) float32.
         Needs every C group's heads to read one B group (GC a multiple of GB)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
-        tiles, blocks, splits, part = self._head_runs(p, GC)
+        blocks, splits, part = self._head_runs(p, GC, p.N)
         _launch(mma_dc_name(self.io), (blocks * splits,),
                 (dY, p.x, p.B, states, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
-                 np.int32(p.N), np.int64(self.nc), np.int32(tiles), np.int32(splits),
+                 np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
                  np.int64(p.batch * p.L * GC * p.N)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return part[0] if splits == 1 else part.sum(axis=0)
+        return _sum_runs(part)
 
     def db_mma(self, p, dY, dHx, cbt, rowdot):
         """dB summed over each B group's heads on tensor cores (``ssd_mma_chunk_db``: the
@@ -494,14 +489,14 @@ class _Layout:
         the dt' scaling (x_s . (G B)_s). ``cbt``: the transposed blocks of :meth:`cb_mma`.
         Needs every B group's heads to read one C group (GB a multiple of GC)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
-        tiles, blocks, splits, part = self._head_runs(p, GB)
+        blocks, splits, part = self._head_runs(p, GB, p.N)
         _launch(mma_db_name(self.io), (blocks * splits,),
                 (p.x, dY, p.C, dHx, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, cbt,
                  part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
-                 np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(tiles),
+                 np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return part[0] if splits == 1 else part.sum(axis=0)
+        return _sum_runs(part)
 
     def passing(self, p, chunk_states):
         states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
@@ -531,6 +526,11 @@ def ssd_forward(p, *, save_checkpoints):
     if lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
     return y, final, (states if save_checkpoints else None)
+
+
+def _sum_runs(part):
+    """The sum of a head-summing product's run partials (the first axis), in run order."""
+    return part[0] if part.shape[0] == 1 else part.sum(axis=0)
 
 
 _GROUP_PAIRS_CACHE: dict = {}
