@@ -11,22 +11,31 @@ Each figure is a CUDA-event median over back-to-back calls after warm-up, for
 the public call (``call``: argument checks and the launch included) and for the
 kernel alone (``kernel``: the backend function on a prepared problem; for the
 backward, the kernel plus ``cc1d_wsum``, which sums its per-item partials of
-dweight/dbias). Beside them, for A/B, the same source built with
-``-DCC1D_PREFETCH=0`` (no read-ahead of the next item) launched two ways:
-``old``, one block per item with the partials summed by CuPy reductions as the
-host did before (``partial.sum(axis=(0, 2))`` and two copies), which is the
-structure of commit 548eec1; and ``loop``, the resident grid of blocks walking
-the items with ``cc1d_wsum``, without the read-ahead. Writes
-``results/causal_conv1d_h200.json`` (a list of rows) and a markdown table beside it.
+dweight/dbias). Beside them, for A/B in the same run, the backend with the other
+kernels chosen through ``TUNING``: for bfloat16 the forward's tile kernel
+(``fwd_mma`` off) and register kernel (``fwd_mma`` and ``fwd_tile`` off), the
+backward's register kernel (``bwd_mma`` off).
+
+``--history`` adds the earlier A/B: the source built with ``-DCC1D_PREFETCH=0``
+(no read-ahead of the next item) launched two ways: ``old``, one block per item
+with the partials summed by CuPy reductions as the host did before
+(``partial.sum(axis=(0, 2))`` and two copies), which is the structure of commit
+548eec1; and ``loop``, the resident grid of blocks walking the items with
+``cc1d_wsum``, without the read-ahead. ``--mma-sweep`` times the tensor-core
+kernels built with other read-ahead depths (``-DCC1D_MMA_AHEAD``) and spans.
+Writes ``results/causal_conv1d_h200.json`` (a list of rows) and a markdown table
+beside it.
 
 Usage::
 
-    python benchmarks/bench_causal_conv1d.py [--quick] [--tiles] [--out DIR]
+    python benchmarks/bench_causal_conv1d.py [--quick] [--tiles] [--history] [--mma-sweep]
+                                             [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -47,6 +56,17 @@ cuda_median_ms = functools.partial(timing.cuda_median_ms, calls=5)  # this scrip
 SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]
 DTYPES = ["float32", "bfloat16"]
 WIDTHS = [4, 8]
+
+
+@contextlib.contextmanager
+def tuning(backend, **values):
+    """``backend.TUNING`` with ``values`` for the duration."""
+    saved = {k: backend.TUNING[k] for k in values}
+    backend.TUNING.update(values)
+    try:
+        yield
+    finally:
+        backend.TUNING.update(saved)
 
 
 def run(args):
@@ -79,18 +99,20 @@ def run(args):
         fwd_call = cuda_median_ms(lambda: ssmkit.causal_conv1d(x, w, b, **kw))
         p, _ = api._prepare("bench", x, w, b, "silu", None, None)
         fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
-        tile_kinds = backend.TUNING["fwd_tile"]
-        backend.TUNING["fwd_tile"] = ()  # A/B: the register kernel cc1d_fwd
-        fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
-        backend.TUNING["fwd_tile"] = tile_kinds
+        with tuning(backend, fwd_mma=()):  # A/B: the tile kernel (16-bit)
+            fwd_tile_kernel = cuda_median_ms(lambda: backend.forward(p))
+        with tuning(backend, fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
+            fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
         bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
-        ab = ab_kernels(p, dy)
+        with tuning(backend, bwd_mma=()):  # the register kernel cc1d_bwd
+            bwd_reg_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
+        ab = ab_kernels(p, dy) if args.history else {}
         print(f"{np.dtype(dtype).name} {batch}x{dim}x{L} W={W}: fwd {fwd_call:.4f} ms "
-              f"(kernel {fwd_kernel:.4f}, old {ab['fwd_old']:.4f}, loop {ab['fwd_loop']:.4f}), "
-              f"bwd {bwd_call:.4f} ms (kernel {bwd_kernel:.4f}, old {ab['bwd_old']:.4f}, "
-              f"loop {ab['bwd_loop']:.4f})", flush=True)
+              f"(kernel {fwd_kernel:.4f}, tile {fwd_tile_kernel:.4f}, registers "
+              f"{fwd_reg_kernel:.4f}), bwd {bwd_call:.4f} ms (kernel {bwd_kernel:.4f}, "
+              f"registers {bwd_reg_kernel:.4f}) {ab}", flush=True)
 
         # One decoding step for the same channels: rows by index from a pool twice the batch,
         # or without indices from the pool's first rows.
@@ -117,21 +139,28 @@ def run(args):
                    update_kernel_ms=round(upd_kernel, 4),
                    fwd_reg_kernel_ms=round(fwd_reg_kernel, 4),
                    fwd_reg_kernel_of_copy=frac(fwd_bytes, fwd_reg_kernel),
+                   fwd_tile_kernel_ms=round(fwd_tile_kernel, 4),
+                   fwd_tile_kernel_of_copy=frac(fwd_bytes, fwd_tile_kernel),
+                   bwd_reg_kernel_ms=round(bwd_reg_kernel, 4),
+                   bwd_reg_kernel_of_copy=frac(bwd_bytes, bwd_reg_kernel),
                    fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes, update_bytes=upd_bytes,
                    fwd_of_copy=frac(fwd_bytes, fwd_call), fwd_kernel_of_copy=frac(fwd_bytes, fwd_kernel),
                    bwd_of_copy=frac(bwd_bytes, bwd_call), bwd_kernel_of_copy=frac(bwd_bytes, bwd_kernel),
                    update_kernel_of_copy=frac(upd_bytes, upd_kernel),
-                   fwd_old_ms=round(ab["fwd_old"], 4), bwd_old_ms=round(ab["bwd_old"], 4),
-                   fwd_loop_ms=round(ab["fwd_loop"], 4), bwd_loop_ms=round(ab["bwd_loop"], 4),
-                   fwd_old_of_copy=frac(fwd_bytes, ab["fwd_old"]),
-                   bwd_old_of_copy=frac(bwd_bytes, ab["bwd_old"]),
-                   fwd_loop_of_copy=frac(fwd_bytes, ab["fwd_loop"]),
-                   bwd_loop_of_copy=frac(bwd_bytes, ab["bwd_loop"]),
                    copy_tbps=round(copy_bw, 3), commit=commit(),
                    date=datetime.date.today().isoformat())
+        for k, ms in ab.items():
+            row[k + "_ms"] = round(ms, 4)
+            row[k + "_of_copy"] = frac(fwd_bytes if k.startswith("fwd") else bwd_bytes, ms)
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    sweep = []
+    if args.mma_sweep:
+        try:
+            sweep = mma_variants(copy_bw)
+        except Exception as e:  # an experiment: never lose the table above to it
+            print(f"mma variants failed: {e!r}", flush=True)
     variants = []
     if args.tiles:
         try:
@@ -152,7 +181,8 @@ def run(args):
              "'of copy' = (compulsory bytes / time) / copy "
              "bandwidth; bytes: forward x + y, backward dy + x + dx (+ weight grads), update x + y "
              "+ state read and written. activation silu, bias; update: one token, pool 2 x batch.",
-             "", "Command: `python3 benchmarks/bench_causal_conv1d.py`.",
+             "", "Command: `python3 benchmarks/bench_causal_conv1d.py "
+             + " ".join(a for a in sys.argv[1:] if not a.startswith("/")).strip() + "`.",
              "",
              "| dtype | batch | dim | L | W | fwd ms | of copy | kernel of copy | bwd ms | of copy | "
              "kernel of copy | update ms | indexed ms | kernel ms |",
@@ -163,21 +193,41 @@ def run(args):
             f"{r['fwd_ms']:.3f} | {r['fwd_of_copy']:.2f} | {r['fwd_kernel_of_copy']:.2f} | "
             f"{r['bwd_ms']:.3f} | {r['bwd_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} | "
             f"{r['update_ms']:.4f} | {r['update_indexed_ms']:.4f} | {r['update_kernel_ms']:.4f} |")
-    lines += ["", "A/B, kernel alone, fraction of copy bandwidth. "
-              "old: built with -DCC1D_PREFETCH=0, one block per item, partials summed by CuPy "
-              "(the structure of commit 548eec1); "
-              "loop: the resident grid walking the items, no read-ahead, cc1d_wsum; new: the "
-              "library (read-ahead of the next item); fwd registers: the register kernel "
-              "cc1d_fwd where the library runs cc1d_fwd_tile (TUNING['fwd_tile'] = ()).", "",
-              "| dtype | batch | dim | L | W | fwd old | fwd loop | fwd registers | fwd new | "
-              "bwd old | bwd loop | bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "A/B, kernel alone, fraction of copy bandwidth, in the same run: the library "
+              "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
+              "(fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_mma off); "
+              "bwd registers: cc1d_bwd (bwd_mma off). float32 runs the register kernels in "
+              "every column.", "",
+              "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd new | "
+              "bwd registers | bwd new |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
-            f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
-            f"{r['fwd_reg_kernel_of_copy']:.2f} | "
-            f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_old_of_copy']:.2f} | "
-            f"{r['bwd_loop_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} |")
+            f"{r['fwd_reg_kernel_of_copy']:.2f} | {r['fwd_tile_kernel_of_copy']:.2f} | "
+            f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_reg_kernel_of_copy']:.2f} | "
+            f"{r['bwd_kernel_of_copy']:.2f} |")
+    if args.history:
+        lines += ["", "Earlier A/B (kernel alone, fraction of copy): old: built with "
+                  "-DCC1D_PREFETCH=0, one block per item, partials summed by CuPy (the structure "
+                  "of commit 548eec1); loop: the resident grid walking the items, no read-ahead, "
+                  "cc1d_wsum.", "",
+                  "| dtype | batch | dim | L | W | fwd old | fwd loop | bwd old | bwd loop |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
+                f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
+                f"{r['bwd_old_of_copy']:.2f} | {r['bwd_loop_of_copy']:.2f} |")
+    if sweep:
+        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_AHEAD (chunks read ahead) and "
+                  "launched with other spans (kernel alone; the backward without cc1d_wsum; the "
+                  "library: AHEAD 2, TUNING['mma_span']):", "",
+                  "| dtype | batch | dim | L | W | ahead | span | fwd ms | of copy | bwd ms | "
+                  "of copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for v in sweep:
+            lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
+                         f"| {v['ahead']} | {v['span']} | {v['fwd_ms']:.4f} | "
+                         f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
                   "vectors for 4-byte types, 2 for the others):", "",
@@ -256,6 +306,56 @@ def ab_kernels(p, dy):
     return out
 
 
+def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
+                 aheads=(1, 2, 3, 4), spans=(256, 512, 1024, 2048)):
+    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) built with each read-ahead
+    depth (-DCC1D_MMA_AHEAD) and launched with each span."""
+    import cupy
+    import ml_dtypes
+
+    from ssmkit._gpu import causal_conv1d as backend
+    from ssmkit._gpu import compiler
+
+    rng = cupy.random.default_rng(2)
+    src = compiler.kernel_source(backend.SOURCE_FILE)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    out = []
+    keys = {(kind, W): backend.name_expression(backend.KernelKey(kind, dtype.name, W, True, True,
+                                                                 False))
+            for kind in ("fwd_mma", "bwd_mma") for W in widths}
+    for ahead in aheads:
+        opts = compiler.compile_options() + (f"-DCC1D_MMA_AHEAD={ahead}",)
+        mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
+        for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
+            x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+            dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+            w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
+            b = rng.standard_normal(dim, dtype=cupy.float32)
+            y, dx = cupy.empty_like(x), cupy.empty_like(x)
+            final = cupy.empty((batch, dim, W - 1), dtype=dtype)
+            act = x.size * dtype.itemsize
+            fwd, bwd = (mod.get_function(keys[k, W]) for k in ("fwd_mma", "bwd_mma"))
+            for span in spans:
+                n_spans = -(-L // span)
+                n_items = batch * dim * n_spans
+                grid = (-(-n_items // 4),)
+                partial = cupy.empty((batch, dim, n_spans, W + 1), dtype=cupy.float32)
+                tail = (np.int32(dim), np.int64(L), np.int32(span), np.int32(n_spans),
+                        np.int64(n_items))
+                fwd_ms = cuda_median_ms(lambda: fwd(grid, (backend.THREADS,),
+                                                    (x, w, b, y, final) + tail))
+                bwd_ms = cuda_median_ms(lambda: bwd(grid, (backend.THREADS,),
+                                                    (x, w, b, dy, np.uint64(0), dx, partial)
+                                                    + tail))
+                v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, ahead=ahead,
+                         span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                         fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
+                         bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
+                out.append(v)
+                print(json.dumps(v), flush=True)
+    return out
+
+
 def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
     """Time the raw kernels compiled with other tile shapes (-DCC1D_THREADS, -DCC1D_VPT)."""
     import cupy
@@ -308,6 +408,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the first shape only")
     parser.add_argument("--tiles", action="store_true",
                         help="also time other tile shapes (-DCC1D_THREADS, -DCC1D_VPT)")
+    parser.add_argument("--history", action="store_true",
+                        help="also the earlier A/B builds (-DCC1D_PREFETCH=0, old and loop)")
+    parser.add_argument("--mma-sweep", action="store_true",
+                        help="also the tensor-core kernels with other read-ahead depths and spans")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     run(parser.parse_args())
 

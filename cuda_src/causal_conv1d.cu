@@ -930,6 +930,318 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 }
 
 // ---------------------------------------------------------------------------------------
+// On tensor cores: cc1d_fwd_mma and cc1d_bwd_mma, for 16-bit types without seq_idx or
+// initial state, L even and rows 4-byte aligned (the host sends every other case to the
+// kernels above).
+//
+// cc1d_bwd does 3W FFMA per element (the recomputed pre-activation z, dx, dweight) and
+// runs out of issue slots in bfloat16 (0.50 of copy at W = 8). Here the sums are mma.sync
+// products; per element there remain silu or silu', a few conversions, loads and stores.
+//
+// A warp owns one span of one row (items: rows x spans, span fastest) and walks it in
+// chunks of 128 steps (the backward from the last to the first). A chunk is 16 rows of 8
+// steps (row j: steps 8j .. 8j+7), and lane (g, t) = (lane / 4, lane % 4) holds steps
+// 8g + 2t, +1 and 64 + 8g + 2t, +1: the accumulator layout of mma.sync, so that x, y, dy
+// and dx move as one 32-bit word per lane and half chunk, and z comes out where dy is.
+//   z  = bias + X Wz,  X[j][k] = x at step 8j - 8 + k (the row before and the row),
+//                      Wz[k][n] = w[k - n + H - 8] (zero off the taps);
+//   dx = G Wd,         G[j][k] = g at step 8j + k (the row and the row after),
+//                      Wd[k][n] = w[n + H - k];
+//   P += X^T G8,       G8[j][n] = g at step 8j + n; dweight[kk] = sum_n P[n + kk + 8 - H][n]
+//                      (the operands transposed in registers by movmatrix).
+// The neighbouring rows of X and G come from lanes 4 apart by one shuffle per word; the
+// row before the chunk is read with it (lanes 28-31), the row after is the first row of
+// the chunk walked before (kept by lanes 0-3). The backward's walk starts with the 8
+// steps after the span when they hold a step < L, for their g only.
+//
+// Precision: x and dy are exact in the 16-bit type; the taps and g are split into a
+// rounded high part and the rounded residual (hi + lo = v to about 2^-16 relative), and
+// z = X Wz_hi + X Wz_lo, dx = Ghi Wd_hi + Glo Wd_hi + Ghi Wd_lo, P from Ghi and Glo,
+// all accumulated in float: dx and y to the 16-bit rounding, dweight and dbias to about
+// 1e-5 (cc1d_bwd: 1e-7).
+// partial: (batch, dim, n_spans, W + 1) as in cc1d_bwd, a span in place of a tile.
+// ---------------------------------------------------------------------------------------
+#define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
+#ifndef CC1D_MMA_AHEAD
+#define CC1D_MMA_AHEAD 2  // chunks whose loads are in flight while one is computed
+#endif
+
+// Two 16-bit values of a row at an even step s, as one word (zero before 0 and at or past
+// L, which is even).
+template <typename T>
+__device__ __forceinline__ unsigned cc1d_word(const T* __restrict__ row, ssm_i64 s, ssm_i64 L) {
+    return (s >= 0 && s < L) ? *reinterpret_cast<const unsigned*>(row + s) : 0u;
+}
+
+// The two values of a word (the lower step in the low half), and back (round to nearest).
+template <typename T> struct cc1d_word16;
+template <> struct cc1d_word16<ssm_bf16> {
+    static __device__ __forceinline__ float lo(unsigned w) { return ssm_bits_to_float(w << 16); }
+    static __device__ __forceinline__ float hi(unsigned w) { return ssm_bits_to_float(w & 0xffff0000u); }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned w;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+        return w;
+    }
+};
+template <> struct cc1d_word16<ssm_half> {
+    static __device__ __forceinline__ float lo(unsigned w) { return ssm_load(ssm_half{(unsigned short)(w & 0xffffu)}); }
+    static __device__ __forceinline__ float hi(unsigned w) { return ssm_load(ssm_half{(unsigned short)(w >> 16)}); }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned w;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+        return w;
+    }
+};
+
+// Two floats as a rounded word (hi) and the rounded residual (lo).
+template <typename T>
+__device__ __forceinline__ void cc1d_split(float a, float b, unsigned& hi, unsigned& lo) {
+    typedef cc1d_word16<T> V;
+    hi = V::pack(a, b);
+    lo = V::pack(a - V::lo(hi), b - V::hi(hi));
+}
+
+// The transpose of an 8 x 8 matrix of 16-bit values held as one word per lane (row
+// lane / 4, columns 2 (lane % 4), +1), in the same layout.
+__device__ __forceinline__ unsigned cc1d_trans(unsigned a) {
+    unsigned d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+
+// The taps as B operands, Wz (DX false) or Wd: lane (g, t) holds column n = g, rows k = 2t,
+// 2t + 1 (word 0) and 2t + 8, 2t + 9 (word 1); b[0] the rounded taps, b[1] the residuals.
+// (Read from memory by a run-time index: a register array picked by comparisons went to
+// local memory.)
+template <typename T, int W, bool DX>
+__device__ __forceinline__ void cc1d_mma_taps(const float* __restrict__ wrow, int g, int t,
+                                              unsigned (&b)[2][2]) {
+    constexpr int H = W - 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int k = 2 * t + 8 * i + e;
+            const int kk = DX ? g + H - k : k - g + H - 8;
+            v[e] = (kk >= 0 && kk < W) ? wrow[kk] : 0.0f;
+        }
+        cc1d_split<T>(v[0], v[1], b[0][i], b[1][i]);
+    }
+}
+
+// A warp's item: span `sp` of row `row`, its first step and chunks.
+struct cc1d_mma_span {
+    ssm_i64 row, t0;
+    int d, nc;
+    __device__ __forceinline__ cc1d_mma_span(ssm_i64 item, int n_spans, int span, int dim, ssm_i64 L) {
+        row = item / n_spans;
+        d = (int)(row % dim);
+        t0 = (item - row * n_spans) * (ssm_i64)span;
+        nc = (int)((min((ssm_i64)span, L - t0) + CC1D_MMA_CHUNK - 1) / CC1D_MMA_CHUNK);
+    }
+};
+
+// X of a chunk from the lane's x words (x0, x1: its rows g and g + 8) and those of the
+// lane 4 below; lanes 0-3 take rows 7 and -1 from lanes 28-31 (xb: the row before).
+__device__ __forceinline__ void cc1d_mma_x(unsigned x0, unsigned x1, unsigned xb, int lane,
+                                           unsigned (&ax)[4]) {
+    const int g = lane >> 2, below = (lane + 28) & 31;
+    ax[0] = __shfl_sync(0xffffffffu, g == 7 ? xb : x0, below);  // row g - 1
+    ax[1] = __shfl_sync(0xffffffffu, g == 7 ? x0 : x1, below);  // row g + 7
+    ax[2] = x0;
+    ax[3] = x1;
+}
+
+template <typename T, int W, bool HAS_BIAS, bool SILU>
+__global__ void __launch_bounds__(CC1D_THREADS)
+cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
+             const float* __restrict__ bias, T* __restrict__ y, T* __restrict__ final_state,
+             int dim, ssm_i64 L, int span, int n_spans, ssm_i64 n_items) {
+    typedef cc1d_word16<T> V;
+    constexpr int H = W - 1;
+    constexpr int CHUNK = CC1D_MMA_CHUNK;
+    constexpr int AHEAD = CC1D_MMA_AHEAD;
+    static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 item = (ssm_i64)blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
+    if (item >= n_items) return;  // whole warps
+    const cc1d_mma_span at(item, n_spans, span, dim, L);
+    const T* const xr = x + at.row * L;
+    T* const yr = y + at.row * L;
+    unsigned bz[2][2];
+    cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
+    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+
+    struct In { unsigned x0, x1, xb; };
+    auto fetch = [&](int c, In& in) {
+        const ssm_i64 s = at.t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
+        in.x0 = cc1d_word(xr, s, L);
+        in.x1 = cc1d_word(xr, s + 64, L);
+        in.xb = g == 7 ? cc1d_word(xr, s - 64, L) : 0u;  // step 128 c - 8 + 2t
+    };
+    In ring[AHEAD];
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i)
+        if (i < at.nc) fetch(i, ring[i]);
+#pragma unroll 1
+    for (int c = 0; c < at.nc; ++c) {
+        const In cur = ring[0];
+#pragma unroll
+        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
+        if (c + AHEAD < at.nc) fetch(c + AHEAD, ring[AHEAD - 1]);
+        unsigned ax[4];
+        cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
+        float z[4] = {bv, bv, bv, bv};
+        ssm_mma16<T>::run(z, ax, bz[0][0], bz[0][1]);
+        ssm_mma16<T>::run(z, ax, bz[1][0], bz[1][1]);
+        if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) z[i] = cc1d_act<float>::silu(z[i]);
+        }
+        const ssm_i64 s = at.t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
+        if (s < L) *reinterpret_cast<unsigned*>(yr + s) = V::pack(z[0], z[1]);
+        if (s + 64 < L) *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
+    }
+    // the final state: the last H steps of x (zeros before step 0: no initial state)
+    if (H > 0 && final_state != nullptr && at.t0 + span >= L && lane < H) {
+        const ssm_i64 s = L - H + lane;
+        final_state[at.row * H + lane] = s >= 0 ? xr[s] : T{0};
+    }
+}
+
+template <typename T, int W, bool HAS_BIAS, bool SILU>
+__global__ void __launch_bounds__(CC1D_THREADS)
+cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
+             const float* __restrict__ bias, const T* __restrict__ dy,
+             const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
+             int dim, ssm_i64 L, int span, int n_spans, ssm_i64 n_items) {
+    typedef cc1d_word16<T> V;
+    typedef ssm_mma16<T> MMA;
+    constexpr int H = W - 1;
+    constexpr int CHUNK = CC1D_MMA_CHUNK;
+    constexpr int AHEAD = CC1D_MMA_AHEAD;
+    constexpr int NWARPS = CC1D_THREADS / 32;
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
+    __shared__ float pshare[NWARPS][16 * 8];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const ssm_i64 item = (ssm_i64)blockIdx.x * NWARPS + warp;
+    if (item >= n_items) return;  // whole warps: nothing below waits for the block
+    const cc1d_mma_span at(item, n_spans, span, dim, L);
+    const ssm_i64 row = at.row, t0 = at.t0;
+    const int nc = at.nc;
+    const T* const xr = x + row * L;
+    const T* const dyr = dy + row * L;
+    T* const dxr = dx + row * L;
+    unsigned bz[2][2], bd[2][2];
+    cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
+    cc1d_mma_taps<T, W, true>(weight + (ssm_i64)at.d * W, g, t, bd);
+    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+    const bool with_dfinal = H > 0 && dfinal != nullptr;
+
+    // One chunk's words: x and dy of the lane's two pairs, and (lanes 28-31) x of the row
+    // before the chunk. Chunk nc (after the span) only needs row 0 and the row before.
+    struct In { unsigned x0, x1, dy0, dy1, xb; };
+    auto fetch = [&](int c, In& in) {
+        const ssm_i64 s = t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
+        const bool whole = c < nc;
+        in.x0 = (whole || g == 0) ? cc1d_word(xr, s, L) : 0u;
+        in.dy0 = (whole || g == 0) ? cc1d_word(dyr, s, L) : 0u;
+        in.x1 = whole ? cc1d_word(xr, s + 64, L) : 0u;
+        in.dy1 = whole ? cc1d_word(dyr, s + 64, L) : 0u;
+        in.xb = g == 7 ? cc1d_word(xr, s - 64, L) : 0u;  // step 128 c - 8 + 2t
+    };
+
+    const int first = t0 + (ssm_i64)nc * CHUNK < L ? nc : nc - 1;
+    In ring[AHEAD];
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i)
+        if (first - i >= 0) fetch(first - i, ring[i]);
+
+    unsigned nh = 0u, nl = 0u;  // lanes 0-3: g of the row after the chunk (pair t), hi and lo
+    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float db = 0.0f;
+#pragma unroll 1
+    for (int c = first; c >= 0; --c) {
+        const In cur = ring[0];
+#pragma unroll
+        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
+        if (c - AHEAD >= 0) fetch(c - AHEAD, ring[AHEAD - 1]);
+
+        unsigned ax[4];
+        cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
+        float z[4] = {bv, bv, bv, bv};
+        MMA::run(z, ax, bz[0][0], bz[0][1]);
+        MMA::run(z, ax, bz[1][0], bz[1][1]);
+        float gv[4] = {V::lo(cur.dy0), V::hi(cur.dy0), V::lo(cur.dy1), V::hi(cur.dy1)};
+        if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) gv[i] *= cc1d_act<float>::dsilu(z[i]);
+        }
+        unsigned gh[2], gl[2];
+        cc1d_split<T>(gv[0], gv[1], gh[0], gl[0]);
+        cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
+
+        if (c < nc) {
+            db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
+            // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes
+            // 0-3, rows 8 and 16, the latter from the chunk after)
+            const int above = (lane + 4) & 31;
+            const unsigned ah[4] = {gh[0], gh[1], __shfl_sync(FULL, g == 0 ? gh[1] : gh[0], above),
+                                    __shfl_sync(FULL, g == 0 ? nh : gh[1], above)};
+            const unsigned al[4] = {gl[0], gl[1], __shfl_sync(FULL, g == 0 ? gl[1] : gl[0], above),
+                                    __shfl_sync(FULL, g == 0 ? nl : gl[1], above)};
+            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            MMA::run(o, ah, bd[0][0], bd[0][1]);
+            MMA::run(o, al, bd[0][0], bd[0][1]);
+            MMA::run(o, ah, bd[1][0], bd[1][1]);
+            const ssm_i64 c0 = t0 + (ssm_i64)c * CHUNK, s = c0 + 8 * g + 2 * t;
+            if (with_dfinal && c0 + CHUNK > L - H) {  // the final state's steps [L - H, L)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const ssm_i64 f = s + 64 * (i >> 1) + (i & 1) - (L - H);
+                    if (f >= 0 && f < H) o[i] += dfinal[row * H + f];
+                }
+            }
+            if (s < L) *reinterpret_cast<unsigned*>(dxr + s) = V::pack(o[0], o[1]);
+            if (s + 64 < L) *reinterpret_cast<unsigned*>(dxr + s + 64) = V::pack(o[2], o[3]);
+
+            // dweight: P += X^T G8, both operands transposed 8 x 8 block by block
+            const unsigned xt[4] = {cc1d_trans(ax[0]), cc1d_trans(ax[2]), cc1d_trans(ax[1]),
+                                    cc1d_trans(ax[3])};
+            MMA::run(P, xt, cc1d_trans(gh[0]), cc1d_trans(gh[1]));
+            MMA::run(P, xt, cc1d_trans(gl[0]), cc1d_trans(gl[1]));
+        }
+        nh = gh[0];
+        nl = gl[0];
+    }
+
+    // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
+    float* const ps = pshare[warp];
+    ps[g * 8 + 2 * t] = P[0];
+    ps[g * 8 + 2 * t + 1] = P[1];
+    ps[(g + 8) * 8 + 2 * t] = P[2];
+    ps[(g + 8) * 8 + 2 * t + 1] = P[3];
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) db += __shfl_xor_sync(FULL, db, m);
+    __syncwarp();
+    float* const out = partial + item * (W + 1);
+    if (lane < W) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) sum += ps[(n + lane + 8 - H) * 8 + n];
+        out[lane] = sum;
+    } else if (lane == W) {
+        out[W] = db;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // dweight[d, k] = sum over b and tiles of partial[b, d, tile, k], and dbias[d] the same of
 // entry W: one thread per (d, k), summing b-major then tile, a fixed order (no atomics).
 // ---------------------------------------------------------------------------------------

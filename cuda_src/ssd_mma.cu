@@ -37,28 +37,6 @@
 // Row strides are K + 8 values (K a multiple of 64): the 8 rows g = lane / 4 of a fragment
 // read then fall 4 banks apart, and the 4 lanes t of a row on the next banks.
 
-template <typename T> struct ssd_mma_type;
-template <> struct ssd_mma_type<ssm_bf16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct ssd_mma_type<ssm_half> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
 // A float rounded to T (round to nearest even), as its bits.
 template <typename T>
 __device__ __forceinline__ unsigned short ssd_mma_bits(float v) {
@@ -317,7 +295,7 @@ __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigne
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const unsigned short* q = bs + (8 * j + g) * LD + k0 + 2 * t;
-                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
             }
         }
     }
@@ -404,8 +382,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
                 for (int j = 0; j < NT; ++j) {
                     const unsigned short* q = bt + (8 * j + g) * SSD_MMA_LD + k0 + 2 * t;
                     const unsigned b0 = ssd_mma_pair(q), b1 = ssd_mma_pair(q + 8);
-                    ssd_mma_type<T>::mma(acc[j], a, b0, b1);
-                    if (SPLIT) ssd_mma_type<T>::mma(acc[j], al, b0, b1);  // hi, then lo
+                    ssm_mma16<T>::run(acc[j], a, b0, b1);
+                    if (SPLIT) ssm_mma16<T>::run(acc[j], al, b0, b1);  // hi, then lo
                 }
             }
         }
@@ -675,7 +653,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const unsigned short* q = xt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
             }
         }
     }
@@ -1006,7 +984,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                     const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                    ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                    ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
                 }
             }
         }
@@ -1145,7 +1123,7 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const unsigned short* q = vt + (8 * j + g) * SSD_MMA_LD + 16 * ks + 2 * t;
-            ssd_mma_type<T>::mma(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
         }
     }
 }

@@ -343,3 +343,32 @@ __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst
     __syncthreads();
 #endif
 }
+
+// ---------------------------------------------------------------------------
+// Tensor cores (sm_80+): D += A B for one warp, mma.sync m16n8k16 with 16-bit A and B
+// and float32 accumulators, in the PTX ISA fragment layout (g = lane / 4, t = lane % 4):
+// a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0, d1 = D[g][2t..2t+1], d2, d3 = D[g+8][..];
+// the lower index in the low half of a register.
+// ---------------------------------------------------------------------------
+template <typename T> struct ssm_mma16;
+template <> struct ssm_mma16<ssm_bf16> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct ssm_mma16<ssm_half> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};

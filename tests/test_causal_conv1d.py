@@ -282,6 +282,91 @@ def test_gpu_forward_tile_kernel(dtype, tile_bytes, monkeypatch):
             np.testing.assert_array_equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
+                                   for d in ("bfloat16", "float16")])
+@pytest.mark.parametrize("span", [128, 384])
+def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
+    """The forward and backward on tensor cores (cc1d_fwd_mma, cc1d_bwd_mma) with spans of
+    one and three chunks: lengths of one word, at and around the 128-step chunk and the
+    span, every width, with and without bias and silu, the final state and its cotangent;
+    against the reference (the weight gradients to float32 accuracy, not the 16-bit one) and
+    against cc1d_fwd_tile / cc1d_bwd. An initial state, seq_idx or an odd length take the
+    other kernels."""
+    import cupy
+
+    pytest.importorskip("ml_dtypes")
+    both = ("bfloat16", "float16")
+    monkeypatch.setitem(gpu_conv.TUNING, "mma_span", span)
+    monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
+    rng = np.random.default_rng(span)
+    for W in range(1, 9):
+        for L in (2, 126, 128, 130, span + 2, 3 * span - 6, 1000):
+            inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, bias=W % 3 != 0, cuts=())
+            act = "silu" if (W + L) % 3 else None
+            args, exact = cast(inputs, dtype, cupy)
+            p, _ = gpu_conv_problem(args, act)
+            dy = as_dtype(rng.standard_normal((2, 3, L)), dtype)
+            dfinal = rng.standard_normal((2, 3, W - 1)).astype("float32") if L % 4 else None
+            runs = []
+            for kinds in (both, ()):
+                monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", kinds)
+                monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", kinds)
+                assert gpu_conv._takes_mma("bwd", p, p.x) == bool(kinds)
+                (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
+                                                                return_final_state=True)
+                grads = pullback(cupy.asarray(dy),
+                                 None if dfinal is None else cupy.asarray(dfinal))
+                runs.append((to_numpy(y).astype(np.float64), to_numpy(final), grads))
+            (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
+                **exact, activation=act, return_final_state=True)
+            g_ref = pullback_ref(dy.astype(np.float64),
+                                 None if dfinal is None else dfinal.astype(np.float64))
+            (y, final, mma), (y_old, final_old, old) = runs
+            assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype], (W, L)
+            assert rel_err(y, y_old) <= FORWARD_RTOL[dtype], (W, L)
+            np.testing.assert_array_equal(final, final_old)
+            assert rel_err(mma.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
+            assert rel_err(mma.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
+            assert rel_err(mma.weight, g_ref.weight) <= 1e-4, (W, L)
+            if args["bias"] is not None:
+                assert rel_err(mma.bias, g_ref.bias) <= 1e-4, (W, L)
+    # the cases left to the other kernels
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", both)
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", both)
+    for kw in (dict(init=True), dict(cuts=(3,)), dict(L=9)):
+        inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 10, **kw})
+        args, _ = cast(inputs, dtype, cupy)
+        p, _ = gpu_conv_problem(args, "silu")
+        assert not gpu_conv._takes_mma("fwd", p, p.x)
+        assert not gpu_conv._takes_mma("bwd", p, p.x)
+
+
+def gpu_conv_problem(args, act):
+    """The backend's problem for ``args`` (as the public functions prepare it)."""
+    from ssmkit import _causal_conv1d
+
+    return _causal_conv1d._prepare("causal_conv1d", args["x"], args["weight"], args["bias"],
+                                   act, args["initial_state"], args["seq_idx"])
+
+
+def test_mma_plan():
+    """cc1d_bwd_mma's spans: whole 128-step chunks, TUNING's span at most, shorter while the
+    rows alone give too few warps, and the items and blocks that follow."""
+    plan = gpu_conv.mma_plan(rows=24576, L=2048, sm_count=132)
+    assert plan == dict(span=1024, n_spans=2, n_items=49152, blocks=12288)
+    plan = gpu_conv.mma_plan(rows=24576, L=130, sm_count=132)
+    assert plan["span"] == 256 and plan["n_spans"] == 1
+    plan = gpu_conv.mma_plan(rows=4, L=1 << 20, sm_count=132)
+    assert plan["span"] == 256 and plan["n_items"] == 4 * 4096 and plan["blocks"] == 4096
+    plan = gpu_conv.mma_plan(rows=64, L=4096, sm_count=132)  # 8448 warps wanted
+    assert plan["span"] == 128 and plan["n_spans"] == 32
+    for rows, L in ((1, 1), (3, 127), (5, 129), (1000, 5000)):
+        plan = gpu_conv.mma_plan(rows=rows, L=L, sm_count=132)
+        assert plan["span"] % 128 == 0 and plan["n_spans"] * plan["span"] >= L
+        assert (plan["n_spans"] - 1) * plan["span"] < L
+        assert plan["blocks"] * 4 >= plan["n_items"] == rows * plan["n_spans"]
+
+
 # ------------------------------------------------------------------------------------------
 # Properties: carried state, decoding steps
 # ------------------------------------------------------------------------------------------
@@ -660,9 +745,9 @@ def test_gpu_refuses_widths_past_its_templates_and_mixing():
 def test_kernel_keys_cover_every_template_value():
     full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
     names = [gpu_conv.name_expression(k) for k in full]
-    assert len(set(names)) == len(names) == 642 + 128
+    assert len(set(names)) == len(names) == 642 + 128 + 128
     assert set(rep) <= set(full)
-    for kind in ("fwd", "fwd_tile", "bwd", "update", "wsum"):
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update", "wsum"):
         for field in gpu_conv.KernelKey._fields:
             values = {getattr(k, field) for k in full if k.kind == kind}
             assert {getattr(k, field) for k in rep if k.kind == kind} == values, (kind, field)

@@ -1,13 +1,18 @@
 """GPU backend of the causal convolution: the host side of ``cuda_src/causal_conv1d.cu``.
 
 Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
-(``forward``, ``backward``, ``update``). The forward is one kernel: ``cc1d_fwd``,
-or on sm_90 for the dtypes of ``TUNING["fwd_tile"]`` (16-bit) without seq_idx and
-with whole 16-byte vectors ``cc1d_fwd_tile``, which brings each block's x (a tile of
-a row, or several whole short rows, :func:`forward_tile_plan`) into shared memory
-with one bulk asynchronous copy. The backward is two: the convolution's backward, which writes per-item partial sums of
-``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over batch and tiles
-in a fixed order (no atomics: results repeat bit for bit).
+(``forward``, ``backward``, ``update``).
+
+* The forward is one kernel: for the dtypes of ``TUNING["fwd_mma"]`` (bfloat16) without
+  seq_idx or initial state, with L even, ``cc1d_fwd_mma`` on tensor cores (a warp per span
+  of a row, :func:`mma_plan`); else on sm_90 for the dtypes of ``TUNING["fwd_tile"]``
+  (16-bit) without seq_idx and with whole 16-byte vectors ``cc1d_fwd_tile``, which brings
+  each block's x (a tile of a row, or several whole short rows, :func:`forward_tile_plan`)
+  into shared memory with one bulk asynchronous copy; else ``cc1d_fwd``.
+* The backward is two: the convolution's backward (``cc1d_bwd_mma`` under the same
+  conditions with ``TUNING["bwd_mma"]``, else ``cc1d_bwd``), which writes per-item (tile
+  or span) partial sums of ``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over
+  batch and items in a fixed order (no atomics: results repeat bit for bit).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys` lists
 them and :func:`name_expression` spells one as the C++ template name that CuPy
@@ -40,7 +45,8 @@ import numpy as np
 from . import compiler
 
 __all__ = ["forward", "backward", "update", "KernelKey", "kernel_keys",
-           "name_expression", "tile_steps", "resident_blocks", "WIDTHS", "SOURCE_FILE"]
+           "name_expression", "tile_steps", "resident_blocks", "mma_plan", "WIDTHS",
+           "SOURCE_FILE"]
 
 SOURCE_FILE = "causal_conv1d.cu"
 THREADS = 128  # CC1D_THREADS in the source
@@ -57,6 +63,10 @@ TUNING = {
     "fwd_tile_bytes": (8192, 16384),  # its bytes of x per block (a tile of a row, or whole
                               # rows) for W <= 4 and for wider filters (measured best of 4-32 KiB)
     "fwd_tile_blocks_per_sm": 8,  # fewer rows per block until the grid has this many blocks
+    "fwd_mma": ("bfloat16",),  # dtypes whose forward / backward (no seq_idx or initial
+    "bwd_mma": ("bfloat16",),  # state, L even, sm_80) run cc1d_fwd_mma / cc1d_bwd_mma
+    "mma_span": 1024,         # steps of a row per warp in those (a multiple of 128) ...
+    "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
 
 _CXX = {"float16": "ssm_half", "bfloat16": "ssm_bf16", "float32": "float", "float64": "double"}
@@ -65,10 +75,11 @@ KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bia
                                                  "has_seq"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd", "fwd_tile", "bwd", "update" or "wsum"; io : numpy dtype name of x (for "wsum": of the
-compute type, float32 or float64); width : W (1..8; 0 for "wsum", whose width is an argument);
-has_bias, silu, has_seq : the template flags (has_seq is False for "update"; all False for
-"wsum")."""
+kind : "fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update" or "wsum"; io : numpy dtype
+name of x (for "wsum": of the compute type, float32 or float64); width : W (1..8; 0 for
+"wsum", whose width is an argument);
+has_bias, silu, has_seq : the template flags (has_seq is False for "update", "fwd_tile" and
+the "_mma" kinds; all False for "wsum"); the "_mma" kinds are 16-bit only."""
 
 _NULL = np.uint64(0)
 
@@ -83,7 +94,7 @@ def name_expression(key: KernelKey) -> str:
     if key.kind == "wsum":
         return f"cc1d_wsum<{_CXX[key.io]}>"
     head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
-    if key.kind in ("update", "fwd_tile"):
+    if key.kind in ("update", "fwd_tile", "fwd_mma", "bwd_mma"):
         return head + ">"
     return head + f", {_b(key.has_seq)}>"
 
@@ -91,23 +102,24 @@ def name_expression(key: KernelKey) -> str:
 def kernel_keys(full: bool = True) -> list:
     """Every instantiation (``full``), or a representative set covering every template value.
 
-    The representative set: every width with float32 and the flags cycling through
-    their combinations, and every dtype at width 4 with all flags off and all on; both
-    ``cc1d_wsum`` instantiations (float and double) in either list.
+    The representative set: every width with float32 (bfloat16 for the "_mma" kinds) and the
+    flags cycling through their combinations, and every dtype at width 4 with all flags off
+    and all on; both ``cc1d_wsum`` instantiations (float and double) in either list.
     """
     keys = [KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
-    for kind in ("fwd", "fwd_tile", "bwd", "update"):
-        seqs = (False,) if kind in ("update", "fwd_tile") else (False, True)
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update"):
+        seqs = (False, True) if kind in ("fwd", "bwd") else (False,)
+        ios = ("float16", "bfloat16") if kind.endswith("_mma") else tuple(_CXX)
         if full:
-            for io, w, hb, si, sq in itertools.product(_CXX, WIDTHS, (False, True), (False, True),
+            for io, w, hb, si, sq in itertools.product(ios, WIDTHS, (False, True), (False, True),
                                                        seqs):
                 keys.append(KernelKey(kind, io, w, hb, si, sq))
             continue
         combos = list(itertools.product((False, True), (False, True), seqs))
         for w in WIDTHS:
             hb, si, sq = combos[w % len(combos)]
-            keys.append(KernelKey(kind, "float32", w, hb, si, sq))
-        for io in _CXX:
+            keys.append(KernelKey(kind, "float32" if "float32" in ios else ios[-1], w, hb, si, sq))
+        for io in ios:
             for flag in (False, True):
                 key = KernelKey(kind, io, 4, flag, flag, flag and kind in ("fwd", "bwd"))
                 if key not in keys:
@@ -242,6 +254,10 @@ def forward(p):
     H = p.width - 1
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
+    if _takes_mma("fwd", p, p.x, y):
+        _launch_mma("fwd_mma", p, _mma_plan(p), (p.x, p.weight, _ptr(p.bias), y,
+                                                 final if H else _NULL))
+        return y, final
     vec_ok = p.L % vec == 0 and _aligned(p.x, y)
     # the tile kernel: x through shared memory by bulk copies (sm_90), whole vectors only
     limits = compiler.device_limits()
@@ -272,6 +288,54 @@ def forward(p):
     return y, final
 
 
+MMA_CHUNK = 128  # CC1D_MMA_CHUNK in the source: steps per warp and round of products
+
+
+def mma_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
+    """Work split of ``cc1d_fwd_mma`` and ``cc1d_bwd_mma``: each warp walks ``span`` steps of
+    one row (a multiple of 128, ``TUNING["mma_span"]`` at most, halved while there are fewer
+    spans than ``TUNING["mma_warps_per_sm"]`` per multiprocessor).
+
+    Returns
+    -------
+    dict
+        ``span``, ``n_spans`` per row, ``n_items`` (rows x spans, one warp each) and
+        ``blocks`` (of ``THREADS`` threads).
+    """
+    span = max(MMA_CHUNK, min(-(-L // MMA_CHUNK), TUNING["mma_span"] // MMA_CHUNK) * MMA_CHUNK)
+    while span > MMA_CHUNK and rows * -(-L // span) < TUNING["mma_warps_per_sm"] * sm_count:
+        span = max(MMA_CHUNK, span // 2 // MMA_CHUNK * MMA_CHUNK)
+    n_spans = -(-L // span)
+    n_items = rows * n_spans
+    return dict(span=span, n_spans=n_spans, n_items=n_items, blocks=-(-n_items // (THREADS // 32)))
+
+
+def _mma_plan(p) -> dict:
+    return mma_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
+
+
+def _launch_mma(kind, p, plan, arrays):
+    """Launch ``cc1d_<kind>`` ("fwd_mma" or "bwd_mma") over ``plan``'s spans: ``arrays``,
+    then dim, L, the span, spans per row and items."""
+    if plan["blocks"] > 2**31 - 1:
+        raise ValueError(f"ssmkit GPU causal_conv1d: {plan['blocks']} blocks is more than one "
+                         "launch takes")
+    key = KernelKey(kind, _dtype_name(p.io_dtype), p.width, p.bias is not None, p.silu, False)
+    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+    kernel((int(plan["blocks"]),), (THREADS,),
+           arrays + (np.int32(p.dim), np.int64(p.L), np.int32(plan["span"]),
+                     np.int32(plan["n_spans"]), np.int64(plan["n_items"])))
+
+
+def _takes_mma(kind, p, *arrays) -> bool:
+    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``):
+    16-bit, no seq_idx or initial state, L even, the arrays 4-byte aligned, sm_80."""
+    return (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
+            and p.initial_state is None and p.L > 0 and p.L % 2 == 0
+            and all(a.data.ptr % 4 == 0 for a in arrays)
+            and compiler.device_limits()["compute_capability"] >= 80)
+
+
 def backward(p, dy, dfinal_state):
     """Gradients dict(x, weight, bias, initial_state) (see the backend contract)."""
     cp = p.xp
@@ -280,14 +344,21 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
-    vec_ok = p.L % vec == 0 and _aligned(p.x, dy, dx)
-    key = KernelKey("bwd", io, W, p.bias is not None, p.silu, p.seq_idx is not None)
-    args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), dy,
-            _ptr(dfinal_state if H else None), dx, _ptr(dh0 if H else None), partial,
-            np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(n_items),
-            np.int32(vec_ok))
-    _launch_items(key, n_items, args)
+    if _takes_mma("bwd", p, p.x, dy, dx):
+        plan = _mma_plan(p)
+        n_tiles = plan["n_spans"]
+        partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
+        _launch_mma("bwd_mma", p, plan, (p.x, p.weight, _ptr(p.bias), dy,
+                                         _ptr(dfinal_state if H else None), dx, partial))
+    else:
+        partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
+        vec_ok = p.L % vec == 0 and _aligned(p.x, dy, dx)
+        key = KernelKey("bwd", io, W, p.bias is not None, p.silu, p.seq_idx is not None)
+        args = (p.x, p.weight, _ptr(p.bias), _ptr(p.initial_state), _ptr(p.seq_idx), dy,
+                _ptr(dfinal_state if H else None), dx, _ptr(dh0 if H else None), partial,
+                np.int32(p.dim), np.int64(p.L), np.int32(n_tiles), np.int32(n_items),
+                np.int32(vec_ok))
+        _launch_items(key, n_items, args)
     dweight = cp.empty((p.dim, W), dtype=cd)
     dbias = cp.empty((p.dim,), dtype=cd) if p.bias is not None else None
     wsum = KernelKey("wsum", np.dtype(cd).name, 0, False, False, False)

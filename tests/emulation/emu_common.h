@@ -2,6 +2,7 @@
 // time, one std::thread per CUDA thread, std::barrier for __syncthreads and for
 // warp shuffles. Test tool only. Shared by every kernel family's prelude (each
 // build passes -I tests/emulation).
+#pragma once
 #include <math.h>
 #include <cstring>
 #include <cstdio>

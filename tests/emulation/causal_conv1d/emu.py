@@ -11,11 +11,15 @@ the others one block per item.
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
         EMU_W=4 python3 tests/emulation/causal_conv1d/emu.py float32 [values_per_thread]
 
-Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1..4 plants
+Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1..8 plants
 a known bug to see the check fail (1: chunk edge after, 2: tile halo lost, 3: the backward's
-steps after the tile, 4: the read-ahead fetches the wrong item).
+steps after the tile, 4: the read-ahead fetches the wrong item; for `emu.py mma`, the
+tensor-core kernels: 5: the row after a chunk, 6: the row before a chunk, 7: the taps'
+residuals, 8: the forward skips a span's last chunk).
+
+    python3 tests/emulation/causal_conv1d/emu.py mma [bfloat16,float16]   # cc1d_*_mma
 """
-import ctypes, os, sys, itertools
+import ctypes, os, re, sys, itertools
 import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -36,7 +40,15 @@ REPL = COMMON_REPL + [
     ('''asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                      :: "l"(row + t), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");''',
      'if (((unsigned long)(row + t)) % 16) emu_fail("misaligned store"); memcpy((void*)(row + t), w, 16);'),
+    # cc1d_bwd_mma
+    ('? *reinterpret_cast<const unsigned*>(row + s) : 0u;', '? *emu_al<const unsigned>(row + s) : 0u;'),
+    ('*reinterpret_cast<unsigned*>(dxr + ', '*emu_al<unsigned>(dxr + '),
+    ('asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2bf(lo), emu_f2bf(hi));'),
+    ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
+    ('asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));', 'd = emu_movmatrix_trans(a);'),
 ]
+# mma.sync blocks (ssm_common.cuh's ssm_mma16) become the emulated product
+MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
 LAUNCH = r'''
 template <typename F>
 static void emu_launch(F call, unsigned grid, unsigned block) {
@@ -44,6 +56,8 @@ static void emu_launch(F call, unsigned grid, unsigned block) {
         blockIdx.x = bi; blockDim.x = block; gridDim.x = grid;
         std::barrier<> bar(block); emu_block_barrier = &bar;
         unsigned nw = (block + 31) / 32;
+        std::vector<EmuMmaX> mx(nw);
+        emu_mmax = mx.data();
         std::vector<std::unique_ptr<std::barrier<>>> wb;
         std::vector<EmuWarp> warps(nw);
         for (unsigned w = 0; w < nw; ++w) {
@@ -67,6 +81,16 @@ def wrapper(key, i):
     emu_launch([=] {{ {name}((const {ct}*)p[0], ({ct}*)p[1], ({ct}*)p[2], (int)s[0], (int)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
 }}
 '''
+    if key.kind == "fwd_mma":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], ({io}*)p[3], ({io}*)p[4], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (ssm_i64)s[4]); }}, grid, CC1D_THREADS);
+}}
+'''
+    if key.kind == "bwd_mma":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (ssm_i64)s[4]); }}, grid, CC1D_THREADS);
+}}
+'''
     if key.kind == "fwd":
         return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
     emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], ({io}*)p[5], ({io}*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
@@ -87,10 +111,20 @@ if os.environ.get('EMU_MUT') == '3':  # the backward's steps after the tile read
     MUT = [('xnext[q < 0 ? 0 : q]', 'xnext[0]')]
 if os.environ.get('EMU_MUT') == '4':  # the prefetched item handed over wrongly
     MUT = [('if (item + gridDim.x < n_items) fetch(item + gridDim.x, nxt);', 'if (item + gridDim.x < n_items) fetch(item, nxt);')]
+if os.environ.get('EMU_MUT') == '5':  # cc1d_bwd_mma: the row after the chunk lost
+    MUT = [('__shfl_sync(FULL, g == 0 ? nh : gh[1], above)', '__shfl_sync(FULL, g == 0 ? 0u : gh[1], above)')]
+if os.environ.get('EMU_MUT') == '6':  # cc1d_bwd_mma: the row before the chunk lost
+    MUT = [('g == 7 ? cur.xb : cur.x0', 'g == 7 ? 0u : cur.x0')]
+if os.environ.get('EMU_MUT') == '7':  # cc1d_bwd_mma: the taps' residuals dropped
+    MUT = [('MMA::run(z, ax, bz[1][0], bz[1][1]);', '')]
+if os.environ.get('EMU_MUT') == '8':  # cc1d_fwd_mma: the last chunk of a span skipped
+    MUT = [('for (int c = 0; c < at.nc; ++c) {', 'for (int c = 0; c + 1 < at.nc; ++c) {')]
 def build(keys, defines=()):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT: src = src.replace(a, b)
     src = replace_all(src, REPL)
+    src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
+    assert n == 2, n
     text = "".join(f"#define {d}\n" for d in defines) + '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k, i) for i, k in enumerate(keys))
     so = compile_so("causal_conv1d", text, asan=True, opt="-O1", include_dir=HERE)
     lib = ctypes.CDLL(so)
@@ -168,8 +202,76 @@ def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misali
     if init and H: errs["dh0"] = rel(dh0, g.initial_state)
     return errs
 
+def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
+    """cc1d_fwd_mma and cc1d_bwd_mma with spans of ``span`` steps against the reference; the
+    weight gradients through the emulated cc1d_wsum."""
+    H = W - 1
+    x = to_io(rng.standard_normal((batch, dim, L)), io)
+    w = (rng.standard_normal((dim, W)) / np.sqrt(W)).astype(np.float32)
+    b = rng.standard_normal(dim).astype(np.float32) if bias else None
+    act = "silu" if silu else None
+    (yr, fr), pb = reference.causal_conv1d_vjp(x.astype(np.float64), w.astype(np.float64),
+                                               None if b is None else b.astype(np.float64),
+                                               activation=act, return_final_state=True)
+    dy = to_io(rng.standard_normal(yr.shape), io)
+    dfin = rng.standard_normal(fr.shape).astype(np.float32) if (with_dfinal and H) else None
+    n_spans = -(-L // span)
+    n_items = batch * dim * n_spans
+    y = np.full_like(x, np.nan)
+    fin = np.full((batch, dim, H), np.nan, x.dtype)
+    run(fns[cc.KernelKey("fwd_mma", io, W, bias, silu, False)], [x, w, b, y, fin if H else None],
+        [dim, L, span, n_spans, n_items], -(-n_items // 4))
+    errs = {"y": rel(y.astype(np.float64), yr)}
+    if H:
+        errs["final"] = rel(fin.astype(np.float64), fr)
+    dx = np.full_like(x, np.nan)
+    part = np.full((batch, dim, n_spans, W + 1), np.nan, np.float32)
+    key = cc.KernelKey("bwd_mma", io, W, bias, silu, False)
+    run(fns[key], [x, w, b, dy, dfin, dx, part], [dim, L, span, n_spans, n_items], -(-n_items // 4))
+    dw = np.full((dim, W), np.nan, np.float32)
+    db = np.full(dim, np.nan, np.float32) if bias else None
+    run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
+        [batch, dim, n_spans, W], -(-dim * (W + 1) // 128))
+    g = pb(dy.astype(np.float64), None if dfin is None else dfin.astype(np.float64))
+    errs.update(dx=rel(dx.astype(np.float64), g.x), dw=rel(dw, g.weight))
+    if bias: errs["db"] = rel(db, g.bias)
+    return errs
+
+
+def main_mma(ios):
+    """``emu.py mma [dtypes]``: cc1d_fwd_mma and cc1d_bwd_mma over lengths at and around the chunk (128),
+    the span and L < W, spans of 128, 256 and 384 steps, every width and flag."""
+    rng = np.random.default_rng(1)
+    widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
+    keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_mma", "bwd_mma")
+            for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
+    keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
+    fns = build(keys)
+    worst, fails = {}, 0
+    tol = {"float16": 2e-3, "bfloat16": 1.5e-2}  # a 16-bit dx: its rounding, 2^-9 / 2^-12
+    for io in ios:
+        for W in widths:
+            for j, (L, span) in enumerate([(2, 128), (4, 128), (8, 128), (126, 128), (128, 128),
+                                           (130, 128), (254, 128), (258, 256), (384, 128),
+                                           (390, 384), (512 + 6, 256), (1000, 384)]):
+                hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
+                errs = case_mma(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
+                for name, e in errs.items():
+                    t = tol[io] if name in ("dx", "y") else (0 if name == "final" else 1e-4)
+                    worst[(io, name)] = max(worst.get((io, name), 0), e)
+                    if not e <= t:
+                        fails += 1
+                        print("FAIL", io, W, L, span, hb, si, name, e)
+    for k, e in sorted(worst.items()): print(k, f"{e:.2e}")
+    print("fails", fails)
+    sys.exit(1 if fails else 0)
+
+
 TOL_F = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
 TOL_G = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "mma":
+    main_mma(sys.argv[2].split(",") if len(sys.argv) > 2 else ["bfloat16", "float16"])
 
 if __name__ == "__main__":
     ios = sys.argv[1].split(",") if len(sys.argv) > 1 else ["float32", "float64", "bfloat16"]
