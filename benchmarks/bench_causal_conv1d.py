@@ -101,6 +101,8 @@ def run(args):
         fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
         with tuning(backend, fwd_mma=()):  # A/B: the tile kernel (16-bit)
             fwd_tile_kernel = cuda_median_ms(lambda: backend.forward(p))
+        with tuning(backend, fwd_mma=("bfloat16",)):  # the tensor-core kernel (bfloat16)
+            fwd_mma_kernel = cuda_median_ms(lambda: backend.forward(p))
         with tuning(backend, fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
             fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
@@ -141,6 +143,8 @@ def run(args):
                    fwd_reg_kernel_of_copy=frac(fwd_bytes, fwd_reg_kernel),
                    fwd_tile_kernel_ms=round(fwd_tile_kernel, 4),
                    fwd_tile_kernel_of_copy=frac(fwd_bytes, fwd_tile_kernel),
+                   fwd_mma_kernel_ms=round(fwd_mma_kernel, 4),
+                   fwd_mma_kernel_of_copy=frac(fwd_bytes, fwd_mma_kernel),
                    bwd_reg_kernel_ms=round(bwd_reg_kernel, 4),
                    bwd_reg_kernel_of_copy=frac(bwd_bytes, bwd_reg_kernel),
                    fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes, update_bytes=upd_bytes,
@@ -196,14 +200,16 @@ def run(args):
     lines += ["", "A/B, kernel alone, fraction of copy bandwidth, in the same run: the library "
               "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
               "(fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_mma off); "
+              "fwd mma: cc1d_fwd_mma for bfloat16 (fwd_mma on); "
               "bwd registers: cc1d_bwd (bwd_mma off). float32 runs the register kernels in "
               "every column.", "",
-              "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd new | "
-              "bwd registers | bwd new |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd mma | fwd new | "
+              "bwd registers | bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
             f"{r['fwd_reg_kernel_of_copy']:.2f} | {r['fwd_tile_kernel_of_copy']:.2f} | "
+            f"{r['fwd_mma_kernel_of_copy']:.2f} | "
             f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_reg_kernel_of_copy']:.2f} | "
             f"{r['bwd_kernel_of_copy']:.2f} |")
     if args.history:
@@ -219,14 +225,15 @@ def run(args):
                 f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
                 f"{r['bwd_old_of_copy']:.2f} | {r['bwd_loop_of_copy']:.2f} |")
     if sweep:
-        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_AHEAD (chunks read ahead) and "
+        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_AHEAD (the forward's chunks read "
+                  "ahead into registers) and -DCC1D_MMA_RING (the backward's shared ring slots), "
                   "launched with other spans (kernel alone; the backward without cc1d_wsum; the "
-                  "library: AHEAD 2, TUNING['mma_span']):", "",
-                  "| dtype | batch | dim | L | W | ahead | span | fwd ms | of copy | bwd ms | "
-                  "of copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "library: AHEAD 2, RING 6, TUNING['mma_span']):", "",
+                  "| dtype | batch | dim | L | W | ahead | ring | span | fwd ms | of copy | bwd ms "
+                  "| of copy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
             lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
-                         f"| {v['ahead']} | {v['span']} | {v['fwd_ms']:.4f} | "
+                         f"| {v['ahead']} | {v['ring']} | {v['span']} | {v['fwd_ms']:.4f} | "
                          f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
@@ -307,9 +314,11 @@ def ab_kernels(p, dy):
 
 
 def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
-                 aheads=(1, 2, 3, 4), spans=(256, 512, 1024, 2048)):
-    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) built with each read-ahead
-    depth (-DCC1D_MMA_AHEAD) and launched with each span."""
+                 depths=((1, 4), (2, 6), (3, 8)), spans=(512, 1024, 2048)):
+    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) built with each pair of
+    depths (-DCC1D_MMA_AHEAD: chunks the forward reads ahead into registers;
+    -DCC1D_MMA_RING: the backward's shared ring slots) and launched with each span (the
+    backward on a resident grid of blocks, as the library launches it)."""
     import cupy
     import ml_dtypes
 
@@ -323,8 +332,12 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
     keys = {(kind, W): backend.name_expression(backend.KernelKey(kind, dtype.name, W, True, True,
                                                                  False))
             for kind in ("fwd_mma", "bwd_mma") for W in widths}
-    for ahead in aheads:
-        opts = compiler.compile_options() + (f"-DCC1D_MMA_AHEAD={ahead}",)
+    from cupy.cuda import driver
+
+    sm_count = compiler.device_limits()["sm_count"]
+    for ahead, ring in depths:
+        opts = compiler.compile_options() + (f"-DCC1D_MMA_AHEAD={ahead}",
+                                             f"-DCC1D_MMA_RING={ring}")
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
             x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
@@ -335,20 +348,22 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
             final = cupy.empty((batch, dim, W - 1), dtype=dtype)
             act = x.size * dtype.itemsize
             fwd, bwd = (mod.get_function(keys[k, W]) for k in ("fwd_mma", "bwd_mma"))
+            resident = sm_count * driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                bwd.ptr, backend.THREADS, 0)
             for span in spans:
                 n_spans = -(-L // span)
                 n_items = batch * dim * n_spans
                 grid = (-(-n_items // 4),)
                 partial = cupy.empty((batch, dim, n_spans, W + 1), dtype=cupy.float32)
-                tail = (np.int32(dim), np.int64(L), np.int32(span), np.int32(n_spans),
-                        np.int64(n_items))
+                tail = (np.int32(dim), np.int64(L), np.int32(span), np.int32(n_spans))
                 fwd_ms = cuda_median_ms(lambda: fwd(grid, (backend.THREADS,),
-                                                    (x, w, b, y, final) + tail))
-                bwd_ms = cuda_median_ms(lambda: bwd(grid, (backend.THREADS,),
+                                                    (x, w, b, y, final) + tail
+                                                    + (np.int64(n_items),)))
+                bwd_ms = cuda_median_ms(lambda: bwd((min(grid[0], resident),), (backend.THREADS,),
                                                     (x, w, b, dy, np.uint64(0), dx, partial)
-                                                    + tail))
+                                                    + tail + (np.int32(n_items),)))
                 v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, ahead=ahead,
-                         span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                         ring=ring, span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
                          fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
                          bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
                 out.append(v)

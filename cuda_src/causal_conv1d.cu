@@ -1112,73 +1112,140 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     }
 }
 
+// Asynchronous 16-byte copies global -> shared (sm_80's cp.async), zero-filled where
+// `valid` is false (no byte is read then); a thread's copies are committed as a group, and
+// cc1d_cp_wait<N> waits until at most N of its groups are in flight.
+__device__ __forceinline__ void cc1d_cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cc1d_cp_commit() { asm volatile("cp.async.commit_group;" : : : "memory"); }
+template <int N> __device__ __forceinline__ void cc1d_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" : : "n"(N) : "memory");
+}
+
+// One warp's walk of the backward: items item0, item0 + stride, ... (rows x spans, span
+// fastest), each from the chunk after the span (when it holds a step < L: its g only) down
+// to chunk 0. `item` >= n_items: the walk is over.
+struct cc1d_mma_walk {
+    unsigned item, stride, n_items;
+    int c, nc;       // the chunk and the span's chunk count
+    unsigned row;    // the item's row (b * dim + d)
+    long long t0;    // its first step
+    __device__ __forceinline__ void enter(int n_spans, int span, ssm_i64 L) {
+        if (item >= n_items) return;
+        row = item / (unsigned)n_spans;
+        t0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
+        nc = (int)((min((ssm_i64)span, L - t0) + CC1D_MMA_CHUNK - 1) / CC1D_MMA_CHUNK);
+        c = t0 + (ssm_i64)nc * CC1D_MMA_CHUNK < L ? nc : nc - 1;
+    }
+    __device__ __forceinline__ void next(int n_spans, int span, ssm_i64 L) {
+        if (c > 0) {
+            --c;
+        } else {
+            item += stride;
+            enter(n_spans, span, L);
+        }
+    }
+};
+
+// The backward: a resident grid of warps, each walking its items (cc1d_mma_walk) with the
+// chunks' x and dy brought into a ring of CC1D_MMA_RING shared slots by cp.async, the ring
+// minus one chunk ahead of the chunk computed (also across items), so that a warp keeps
+// 2-3 KB of loads in flight without holding them in registers. Rows 16-byte aligned, L a
+// multiple of 8 (whole 16-byte pieces: a piece is all before L or all past it).
+// At most 64 registers (8 blocks of 4 warps per SM; shared memory allows 15): left to
+// itself ptxas took 56 and spilled 4 bytes at W = 2 with bias and silu.
+#ifndef CC1D_MMA_RING
+#define CC1D_MMA_RING 6
+#endif
 template <typename T, int W, bool HAS_BIAS, bool SILU>
-__global__ void __launch_bounds__(CC1D_THREADS)
+__global__ void __launch_bounds__(CC1D_THREADS, 8)
 cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
              const float* __restrict__ bias, const T* __restrict__ dy,
              const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
-             int dim, ssm_i64 L, int span, int n_spans, ssm_i64 n_items) {
+             int dim, ssm_i64 L, int span, int n_spans, int n_items) {
     typedef cc1d_word16<T> V;
     typedef ssm_mma16<T> MMA;
     constexpr int H = W - 1;
     constexpr int CHUNK = CC1D_MMA_CHUNK;
-    constexpr int AHEAD = CC1D_MMA_AHEAD;
+    constexpr int RING = CC1D_MMA_RING;
     constexpr int NWARPS = CC1D_THREADS / 32;
     constexpr unsigned FULL = 0xffffffffu;
     static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
+    static_assert(RING >= 2, "one slot computed, at least one filling");
+    // A slot: a chunk's x (64 words), dy (64 words), and the x row before it (4 words).
+    struct alignas(16) Slot { unsigned x[64], dy[64], xb[4]; };
+    __shared__ Slot ring[NWARPS][RING];
     __shared__ float pshare[NWARPS][16 * 8];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 item = (ssm_i64)blockIdx.x * NWARPS + warp;
-    if (item >= n_items) return;  // whole warps: nothing below waits for the block
-    const cc1d_mma_span at(item, n_spans, span, dim, L);
-    const ssm_i64 row = at.row, t0 = at.t0;
-    const int nc = at.nc;
-    const T* const xr = x + row * L;
-    const T* const dyr = dy + row * L;
-    T* const dxr = dx + row * L;
-    unsigned bz[2][2], bd[2][2];
-    cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
-    cc1d_mma_taps<T, W, true>(weight + (ssm_i64)at.d * W, g, t, bd);
-    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
-    const bool with_dfinal = H > 0 && dfinal != nullptr;
+    Slot* const slots = ring[warp];
 
-    // One chunk's words: x and dy of the lane's two pairs, and (lanes 28-31) x of the row
-    // before the chunk. Chunk nc (after the span) only needs row 0 and the row before.
-    struct In { unsigned x0, x1, dy0, dy1, xb; };
-    auto fetch = [&](int c, In& in) {
-        const ssm_i64 s = t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
-        const bool whole = c < nc;
-        in.x0 = (whole || g == 0) ? cc1d_word(xr, s, L) : 0u;
-        in.dy0 = (whole || g == 0) ? cc1d_word(dyr, s, L) : 0u;
-        in.x1 = whole ? cc1d_word(xr, s + 64, L) : 0u;
-        in.dy1 = whole ? cc1d_word(dyr, s + 64, L) : 0u;
-        in.xb = g == 7 ? cc1d_word(xr, s - 64, L) : 0u;  // step 128 c - 8 + 2t
+    // Copies of chunk `at.c` of item `at.item` into slot `k` (nothing past the walk's end):
+    // lanes 0-15 the 16 pieces of x, lanes 16-31 those of dy, lane 0 the row before.
+    auto fill = [&](const cc1d_mma_walk& at, int k) {
+        if (at.item < at.n_items) {
+            const ssm_i64 c0 = at.t0 + (ssm_i64)at.c * CHUNK;
+            const int j = lane & 15;
+            const T* src = (lane < 16 ? x : dy) + (ssm_i64)at.row * L;
+            const ssm_i64 s = c0 + 8 * j;
+            cc1d_cp16((lane < 16 ? slots[k].x : slots[k].dy) + 4 * j, src + (s < L ? s : 0), s < L);
+            if (lane == 0) cc1d_cp16(slots[k].xb, x + (ssm_i64)at.row * L + (c0 >= 8 ? c0 - 8 : 0),
+                                     c0 >= 8);
+        }
+        cc1d_cp_commit();  // (an empty group past the end: the wait below counts groups)
     };
 
-    const int first = t0 + (ssm_i64)nc * CHUNK < L ? nc : nc - 1;
-    In ring[AHEAD];
+    cc1d_mma_walk at, ahead;
+    at.item = blockIdx.x * NWARPS + warp;
+    at.stride = gridDim.x * NWARPS;
+    at.n_items = (unsigned)n_items;
+    at.enter(n_spans, span, L);
+    ahead = at;
 #pragma unroll
-    for (int i = 0; i < AHEAD; ++i)
-        if (first - i >= 0) fetch(first - i, ring[i]);
+    for (int k = 0; k < RING - 1; ++k) {
+        fill(ahead, k);
+        ahead.next(n_spans, span, L);
+    }
 
-    unsigned nh = 0u, nl = 0u;  // lanes 0-3: g of the row after the chunk (pair t), hi and lo
-    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float db = 0.0f;
+    // The item's state: taps as B operands, bias, the running dweight / dbias sums, and g of
+    // the row after the chunk (lanes 0-3: pair t, hi and lo).
+    unsigned bz[2][2], bd[2][2];
+    float bv = 0.0f, P[4], db;
+    unsigned nh, nl;
+    auto start_item = [&]() {
+        const int d = (int)(at.row % (unsigned)dim);
+        cc1d_mma_taps<T, W, false>(weight + (ssm_i64)d * W, g, t, bz);
+        cc1d_mma_taps<T, W, true>(weight + (ssm_i64)d * W, g, t, bd);
+        if (HAS_BIAS) bv = bias[d];
+        P[0] = P[1] = P[2] = P[3] = 0.0f;
+        db = 0.0f;
+        nh = nl = 0u;
+    };
+    if (at.item < at.n_items) start_item();
+
+    int slot = 0, free_slot = RING - 1;
 #pragma unroll 1
-    for (int c = first; c >= 0; --c) {
-        const In cur = ring[0];
-#pragma unroll
-        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
-        if (c - AHEAD >= 0) fetch(c - AHEAD, ring[AHEAD - 1]);
+    while (at.item < at.n_items) {
+        __syncwarp();  // every lane has read the slot refilled now (the previous chunk's)
+        fill(ahead, free_slot);
+        ahead.next(n_spans, span, L);
+        free_slot = free_slot + 1 == RING ? 0 : free_slot + 1;
+        cc1d_cp_wait<RING - 1>();  // this lane's copies of the chunk below have landed ...
+        __syncwarp();              // ... and every lane's
+        const Slot& cur = slots[slot];
+        slot = slot + 1 == RING ? 0 : slot + 1;
 
+        const unsigned x0 = cur.x[4 * g + t], x1 = cur.x[32 + 4 * g + t];
         unsigned ax[4];
-        cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
+        cc1d_mma_x(x0, x1, g == 7 ? cur.xb[t] : 0u, lane, ax);
         float z[4] = {bv, bv, bv, bv};
         MMA::run(z, ax, bz[0][0], bz[0][1]);
         MMA::run(z, ax, bz[1][0], bz[1][1]);
-        float gv[4] = {V::lo(cur.dy0), V::hi(cur.dy0), V::lo(cur.dy1), V::hi(cur.dy1)};
+        const unsigned dy0 = cur.dy[4 * g + t], dy1 = cur.dy[32 + 4 * g + t];
+        float gv[4] = {V::lo(dy0), V::hi(dy0), V::lo(dy1), V::hi(dy1)};
         if constexpr (SILU) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) gv[i] *= cc1d_act<float>::dsilu(z[i]);
@@ -1187,7 +1254,7 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         cc1d_split<T>(gv[0], gv[1], gh[0], gl[0]);
         cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
 
-        if (c < nc) {
+        if (at.c < at.nc) {
             db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
             // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes
             // 0-3, rows 8 and 16, the latter from the chunk after)
@@ -1200,14 +1267,15 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
             MMA::run(o, ah, bd[0][0], bd[0][1]);
             MMA::run(o, al, bd[0][0], bd[0][1]);
             MMA::run(o, ah, bd[1][0], bd[1][1]);
-            const ssm_i64 c0 = t0 + (ssm_i64)c * CHUNK, s = c0 + 8 * g + 2 * t;
-            if (with_dfinal && c0 + CHUNK > L - H) {  // the final state's steps [L - H, L)
+            const ssm_i64 c0 = at.t0 + (ssm_i64)at.c * CHUNK, s = c0 + 8 * g + 2 * t;
+            if (H > 0 && dfinal != nullptr && c0 + CHUNK > L - H) {  // final-state steps
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const ssm_i64 f = s + 64 * (i >> 1) + (i & 1) - (L - H);
-                    if (f >= 0 && f < H) o[i] += dfinal[row * H + f];
+                    if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)at.row * H + f];
                 }
             }
+            T* const dxr = dx + (ssm_i64)at.row * L;
             if (s < L) *reinterpret_cast<unsigned*>(dxr + s) = V::pack(o[0], o[1]);
             if (s + 64 < L) *reinterpret_cast<unsigned*>(dxr + s + 64) = V::pack(o[2], o[3]);
 
@@ -1219,26 +1287,32 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         }
         nh = gh[0];
         nl = gl[0];
-    }
 
-    // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
-    float* const ps = pshare[warp];
-    ps[g * 8 + 2 * t] = P[0];
-    ps[g * 8 + 2 * t + 1] = P[1];
-    ps[(g + 8) * 8 + 2 * t] = P[2];
-    ps[(g + 8) * 8 + 2 * t + 1] = P[3];
+        if (at.c == 0) {  // the item's partials: dweight[kk] from P's diagonals, dbias
+            float* const ps = pshare[warp];
+            ps[g * 8 + 2 * t] = P[0];
+            ps[g * 8 + 2 * t + 1] = P[1];
+            ps[(g + 8) * 8 + 2 * t] = P[2];
+            ps[(g + 8) * 8 + 2 * t + 1] = P[3];
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) db += __shfl_xor_sync(FULL, db, m);
-    __syncwarp();
-    float* const out = partial + item * (W + 1);
-    if (lane < W) {
-        float sum = 0.0f;
+            for (int m = 16; m > 0; m >>= 1) db += __shfl_xor_sync(FULL, db, m);
+            __syncwarp();
+            float* const out = partial + (ssm_i64)at.item * (W + 1);
+            if (lane < W) {
+                float sum = 0.0f;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) sum += ps[(n + lane + 8 - H) * 8 + n];
-        out[lane] = sum;
-    } else if (lane == W) {
-        out[W] = db;
+                for (int n = 0; n < 8; ++n) sum += ps[(n + lane + 8 - H) * 8 + n];
+                out[lane] = sum;
+            } else if (lane == W) {
+                out[W] = db;
+            }
+            __syncwarp();  // pshare read before the next item writes it
+        }
+        const unsigned done = at.item;
+        at.next(n_spans, span, L);
+        if (at.item != done && at.item < at.n_items) start_item();
     }
+    cc1d_cp_wait<0>();  // (only empty groups are left)
 }
 
 // ---------------------------------------------------------------------------------------

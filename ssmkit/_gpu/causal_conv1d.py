@@ -63,9 +63,11 @@ TUNING = {
     "fwd_tile_bytes": (8192, 16384),  # its bytes of x per block (a tile of a row, or whole
                               # rows) for W <= 4 and for wider filters (measured best of 4-32 KiB)
     "fwd_tile_blocks_per_sm": 8,  # fewer rows per block until the grid has this many blocks
-    "fwd_mma": ("bfloat16",),  # dtypes whose forward / backward (no seq_idx or initial
-    "bwd_mma": ("bfloat16",),  # state, L even, sm_80) run cc1d_fwd_mma / cc1d_bwd_mma
-    "mma_span": 1024,         # steps of a row per warp in those (a multiple of 128) ...
+    "fwd_mma": (),            # dtypes whose forward runs cc1d_fwd_mma (no seq_idx or initial
+                              # state, L even, sm_80): none, bfloat16 measured 0.60-0.78 of
+                              # copy against 0.65-0.85 with cc1d_fwd_tile
+    "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same, L % 8 == 0)
+    "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
 
@@ -316,24 +318,38 @@ def _mma_plan(p) -> dict:
 
 def _launch_mma(kind, p, plan, arrays):
     """Launch ``cc1d_<kind>`` ("fwd_mma" or "bwd_mma") over ``plan``'s spans: ``arrays``,
-    then dim, L, the span, spans per row and items."""
-    if plan["blocks"] > 2**31 - 1:
-        raise ValueError(f"ssmkit GPU causal_conv1d: {plan['blocks']} blocks is more than one "
-                         "launch takes")
+    then dim, L, the span, spans per row and items. The forward takes a warp per item; the
+    backward's warps walk the items, at most one resident wave of blocks."""
     key = KernelKey(kind, _dtype_name(p.io_dtype), p.width, p.bias is not None, p.silu, False)
-    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
-    kernel((int(plan["blocks"]),), (THREADS,),
+    name = name_expression(key)
+    kernel = compiler.get_kernel(SOURCE_FILE, name)
+    blocks = plan["blocks"]
+    if kind == "bwd_mma":
+        import cupy
+
+        where = (cupy.cuda.runtime.getDevice(), name)
+        if where not in _resident:
+            _resident[where] = resident_blocks(kernel)
+        blocks = min(blocks, _resident[where])
+    items = np.int32(plan["n_items"]) if kind == "bwd_mma" else np.int64(plan["n_items"])
+    kernel((int(blocks),), (THREADS,),
            arrays + (np.int32(p.dim), np.int64(p.L), np.int32(plan["span"]),
-                     np.int32(plan["n_spans"]), np.int64(plan["n_items"])))
+                     np.int32(plan["n_spans"]), items))
 
 
 def _takes_mma(kind, p, *arrays) -> bool:
     """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``):
-    16-bit, no seq_idx or initial state, L even, the arrays 4-byte aligned, sm_80."""
-    return (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
-            and p.initial_state is None and p.L > 0 and p.L % 2 == 0
-            and all(a.data.ptr % 4 == 0 for a in arrays)
-            and compiler.device_limits()["compute_capability"] >= 80)
+    16-bit, no seq_idx or initial state, sm_80; the forward with L even and the arrays
+    4-byte aligned, the backward (whose cp.async copies move 16-byte pieces) with L a
+    multiple of 8, ``arrays`` 16-byte aligned and fewer than 2**31 spans in all."""
+    if not (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
+            and p.initial_state is None and p.L > 0
+            and compiler.device_limits()["compute_capability"] >= 80):
+        return False
+    if kind == "fwd":
+        return p.L % 2 == 0 and all(a.data.ptr % 4 == 0 for a in arrays)
+    return (p.L % 8 == 0 and _aligned(*arrays)
+            and _mma_plan(p)["n_items"] < 2**31)
 
 
 def backward(p, dy, dfinal_state):
@@ -344,7 +360,7 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    if _takes_mma("bwd", p, p.x, dy, dx):
+    if _takes_mma("bwd", p, p.x, dy):
         plan = _mma_plan(p)
         n_tiles = plan["n_spans"]
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
