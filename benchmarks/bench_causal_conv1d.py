@@ -225,15 +225,14 @@ def run(args):
                 f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
                 f"{r['bwd_old_of_copy']:.2f} | {r['bwd_loop_of_copy']:.2f} |")
     if sweep:
-        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_AHEAD (the forward's chunks read "
-                  "ahead into registers) and -DCC1D_MMA_RING (the backward's shared ring slots), "
-                  "launched with other spans (kernel alone; the backward without cc1d_wsum; the "
-                  "library: AHEAD 2, RING 6, TUNING['mma_span']):", "",
-                  "| dtype | batch | dim | L | W | ahead | ring | span | fwd ms | of copy | bwd ms "
-                  "| of copy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_AHEAD (chunks read ahead into "
+                  "registers) and launched with other spans (kernel alone; the backward without "
+                  "cc1d_wsum; the library: AHEAD 1, TUNING['mma_span']):", "",
+                  "| dtype | batch | dim | L | W | ahead | span | fwd ms | of copy | bwd ms "
+                  "| of copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
             lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
-                         f"| {v['ahead']} | {v['ring']} | {v['span']} | {v['fwd_ms']:.4f} | "
+                         f"| {v['ahead']} | {v['span']} | {v['fwd_ms']:.4f} | "
                          f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
@@ -314,11 +313,10 @@ def ab_kernels(p, dy):
 
 
 def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
-                 depths=((1, 4), (2, 6), (3, 8)), spans=(512, 1024, 2048)):
-    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) built with each pair of
-    depths (-DCC1D_MMA_AHEAD: chunks the forward reads ahead into registers;
-    -DCC1D_MMA_RING: the backward's shared ring slots) and launched with each span (the
-    backward on a resident grid of blocks, as the library launches it)."""
+                 aheads=(1, 2), spans=(512, 1024, 2048, 4096)):
+    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) built with each read-ahead
+    depth (-DCC1D_MMA_AHEAD: chunks read ahead into registers) and launched with each
+    span."""
     import cupy
     import ml_dtypes
 
@@ -332,12 +330,8 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
     keys = {(kind, W): backend.name_expression(backend.KernelKey(kind, dtype.name, W, True, True,
                                                                  False))
             for kind in ("fwd_mma", "bwd_mma") for W in widths}
-    from cupy.cuda import driver
-
-    sm_count = compiler.device_limits()["sm_count"]
-    for ahead, ring in depths:
-        opts = compiler.compile_options() + (f"-DCC1D_MMA_AHEAD={ahead}",
-                                             f"-DCC1D_MMA_RING={ring}")
+    for ahead in aheads:
+        opts = compiler.compile_options() + (f"-DCC1D_MMA_AHEAD={ahead}",)
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
             x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
@@ -348,22 +342,20 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
             final = cupy.empty((batch, dim, W - 1), dtype=dtype)
             act = x.size * dtype.itemsize
             fwd, bwd = (mod.get_function(keys[k, W]) for k in ("fwd_mma", "bwd_mma"))
-            resident = sm_count * driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                bwd.ptr, backend.THREADS, 0)
             for span in spans:
                 n_spans = -(-L // span)
                 n_items = batch * dim * n_spans
                 grid = (-(-n_items // 4),)
                 partial = cupy.empty((batch, dim, n_spans, W + 1), dtype=cupy.float32)
-                tail = (np.int32(dim), np.int64(L), np.int32(span), np.int32(n_spans))
+                tail = (np.int32(dim), np.int32(L), np.int32(span), np.int32(n_spans),
+                        np.int32(n_items))
                 fwd_ms = cuda_median_ms(lambda: fwd(grid, (backend.THREADS,),
-                                                    (x, w, b, y, final) + tail
-                                                    + (np.int64(n_items),)))
-                bwd_ms = cuda_median_ms(lambda: bwd((min(grid[0], resident),), (backend.THREADS,),
+                                                    (x, w, b, y, final) + tail))
+                bwd_ms = cuda_median_ms(lambda: bwd(grid, (backend.THREADS,),
                                                     (x, w, b, dy, np.uint64(0), dx, partial)
-                                                    + tail + (np.int32(n_items),)))
+                                                    + tail))
                 v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, ahead=ahead,
-                         ring=ring, span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                         span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
                          fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
                          bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
                 out.append(v)

@@ -963,14 +963,18 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
 #ifndef CC1D_MMA_AHEAD
-#define CC1D_MMA_AHEAD 2  // chunks whose loads are in flight while one is computed
+#define CC1D_MMA_AHEAD 1  // chunks whose loads are in flight while one is computed
 #endif
 
-// Two 16-bit values of a row at an even step s, as one word (zero before 0 and at or past
-// L, which is even).
+// Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
+// 0 and at or past L (which is even).
 template <typename T>
-__device__ __forceinline__ unsigned cc1d_word(const T* __restrict__ row, ssm_i64 s, ssm_i64 L) {
-    return (s >= 0 && s < L) ? *reinterpret_cast<const unsigned*>(row + s) : 0u;
+__device__ __forceinline__ unsigned cc1d_ld_word(const T* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+template <typename T>
+__device__ __forceinline__ unsigned cc1d_word(const T* __restrict__ row, int s, int L) {
+    return (s >= 0 && s < L) ? cc1d_ld_word(row + s) : 0u;
 }
 
 // The two values of a word (the lower step in the low half), and back (round to nearest).
@@ -1031,15 +1035,48 @@ __device__ __forceinline__ void cc1d_mma_taps(const float* __restrict__ wrow, in
     }
 }
 
-// A warp's item: span `sp` of row `row`, its first step and chunks.
+// A warp's item (rows x spans, span fastest): its row's pointer offset, channel, first
+// step and chunks. Steps are ints (the host keeps L and the item count below 2^31).
 struct cc1d_mma_span {
-    ssm_i64 row, t0;
-    int d, nc;
-    __device__ __forceinline__ cc1d_mma_span(ssm_i64 item, int n_spans, int span, int dim, ssm_i64 L) {
-        row = item / n_spans;
-        d = (int)(row % dim);
-        t0 = (item - row * n_spans) * (ssm_i64)span;
-        nc = (int)((min((ssm_i64)span, L - t0) + CC1D_MMA_CHUNK - 1) / CC1D_MMA_CHUNK);
+    ssm_i64 base;  // row * L
+    unsigned row;
+    int d, t0, nc;
+    __device__ __forceinline__ cc1d_mma_span(unsigned item, int n_spans, int span, int dim, int L) {
+        row = item / (unsigned)n_spans;
+        d = (int)(row % (unsigned)dim);
+        t0 = (int)(item - row * (unsigned)n_spans) * span;
+        nc = (min(span, L - t0) + CC1D_MMA_CHUNK - 1) / CC1D_MMA_CHUNK;
+        base = (ssm_i64)row * L;
+    }
+};
+
+// The words of one chunk a lane reads: x and dy at its steps s = c0 + 8g + 2t and s + 64,
+// and (lanes 28-31) x of the row before the chunk, at s - 64. Chunks wholly inside
+// [8, L) read without a bound check (one test per chunk, the same for the whole warp).
+// ROW0: only the chunk's row 0 (lanes 0-3) and the row before are wanted.
+struct cc1d_mma_words {
+    unsigned x0, x1, xb, dy0, dy1;
+    template <typename T, bool DY>
+    __device__ __forceinline__ void load(const T* __restrict__ xr, const T* __restrict__ dyr,
+                                         int c0, int L, int g, int t, bool row0) {
+        const int s = c0 + 8 * g + 2 * t;
+        if (c0 >= 8 && c0 + CC1D_MMA_CHUNK <= L && !row0) {
+            x0 = cc1d_ld_word(xr + s);
+            x1 = cc1d_ld_word(xr + s + 64);
+            xb = g == 7 ? cc1d_ld_word(xr + s - 64) : 0u;
+            if (DY) {
+                dy0 = cc1d_ld_word(dyr + s);
+                dy1 = cc1d_ld_word(dyr + s + 64);
+            }
+        } else {
+            x0 = (!row0 || g == 0) ? cc1d_word(xr, s, L) : 0u;
+            x1 = row0 ? 0u : cc1d_word(xr, s + 64, L);
+            xb = g == 7 ? cc1d_word(xr, s - 64, L) : 0u;
+            if (DY) {
+                dy0 = (!row0 || g == 0) ? cc1d_word(dyr, s, L) : 0u;
+                dy1 = row0 ? 0u : cc1d_word(dyr, s + 64, L);
+            }
+        }
     }
 };
 
@@ -1054,11 +1091,13 @@ __device__ __forceinline__ void cc1d_mma_x(unsigned x0, unsigned x1, unsigned xb
     ax[3] = x1;
 }
 
+// A warp per item (the grid covers them all); the next CC1D_MMA_AHEAD chunks' words are
+// read while one chunk is computed.
 template <typename T, int W, bool HAS_BIAS, bool SILU>
 __global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
              const float* __restrict__ bias, T* __restrict__ y, T* __restrict__ final_state,
-             int dim, ssm_i64 L, int span, int n_spans, ssm_i64 n_items) {
+             int dim, int L, int span, int n_spans, int n_items) {
     typedef cc1d_word16<T> V;
     constexpr int H = W - 1;
     constexpr int CHUNK = CC1D_MMA_CHUNK;
@@ -1066,32 +1105,26 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 item = (ssm_i64)blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
-    if (item >= n_items) return;  // whole warps
+    const unsigned item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
+    if (item >= (unsigned)n_items) return;  // whole warps
     const cc1d_mma_span at(item, n_spans, span, dim, L);
-    const T* const xr = x + at.row * L;
-    T* const yr = y + at.row * L;
+    const T* const xr = x + at.base;
+    T* const yr = y + at.base;
     unsigned bz[2][2];
     cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
     const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
 
-    struct In { unsigned x0, x1, xb; };
-    auto fetch = [&](int c, In& in) {
-        const ssm_i64 s = at.t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
-        in.x0 = cc1d_word(xr, s, L);
-        in.x1 = cc1d_word(xr, s + 64, L);
-        in.xb = g == 7 ? cc1d_word(xr, s - 64, L) : 0u;  // step 128 c - 8 + 2t
-    };
-    In ring[AHEAD];
+    cc1d_mma_words ring[AHEAD];
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i)
-        if (i < at.nc) fetch(i, ring[i]);
+        if (i < at.nc) ring[i].load<T, false>(xr, xr, at.t0 + i * CHUNK, L, g, t, false);
 #pragma unroll 1
     for (int c = 0; c < at.nc; ++c) {
-        const In cur = ring[0];
+        const cc1d_mma_words cur = ring[0];
 #pragma unroll
         for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
-        if (c + AHEAD < at.nc) fetch(c + AHEAD, ring[AHEAD - 1]);
+        if (c + AHEAD < at.nc)
+            ring[AHEAD - 1].load<T, false>(xr, xr, at.t0 + (c + AHEAD) * CHUNK, L, g, t, false);
         unsigned ax[4];
         cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
@@ -1101,151 +1134,75 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
 #pragma unroll
             for (int i = 0; i < 4; ++i) z[i] = cc1d_act<float>::silu(z[i]);
         }
-        const ssm_i64 s = at.t0 + (ssm_i64)c * CHUNK + 8 * g + 2 * t;
-        if (s < L) *reinterpret_cast<unsigned*>(yr + s) = V::pack(z[0], z[1]);
-        if (s + 64 < L) *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
+        const int c0 = at.t0 + c * CHUNK, s = c0 + 8 * g + 2 * t;
+        if (c0 + CHUNK <= L || s < L) *reinterpret_cast<unsigned*>(yr + s) = V::pack(z[0], z[1]);
+        if (c0 + CHUNK <= L || s + 64 < L)
+            *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
     }
     // the final state: the last H steps of x (zeros before step 0: no initial state)
     if (H > 0 && final_state != nullptr && at.t0 + span >= L && lane < H) {
-        const ssm_i64 s = L - H + lane;
-        final_state[at.row * H + lane] = s >= 0 ? xr[s] : T{0};
+        const int s = L - H + lane;
+        final_state[(ssm_i64)at.row * H + lane] = s >= 0 ? xr[s] : T{0};
     }
 }
 
-// Asynchronous 16-byte copies global -> shared (sm_80's cp.async), zero-filled where
-// `valid` is false (no byte is read then); a thread's copies are committed as a group, and
-// cc1d_cp_wait<N> waits until at most N of its groups are in flight.
-__device__ __forceinline__ void cc1d_cp16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cc1d_cp_commit() { asm volatile("cp.async.commit_group;" : : : "memory"); }
-template <int N> __device__ __forceinline__ void cc1d_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" : : "n"(N) : "memory");
-}
-
-// One warp's walk of the backward: items item0, item0 + stride, ... (rows x spans, span
-// fastest), each from the chunk after the span (when it holds a step < L: its g only) down
-// to chunk 0. `item` >= n_items: the walk is over.
-struct cc1d_mma_walk {
-    unsigned item, stride, n_items;
-    int c, nc;       // the chunk and the span's chunk count
-    unsigned row;    // the item's row (b * dim + d)
-    long long t0;    // its first step
-    __device__ __forceinline__ void enter(int n_spans, int span, ssm_i64 L) {
-        if (item >= n_items) return;
-        row = item / (unsigned)n_spans;
-        t0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
-        nc = (int)((min((ssm_i64)span, L - t0) + CC1D_MMA_CHUNK - 1) / CC1D_MMA_CHUNK);
-        c = t0 + (ssm_i64)nc * CC1D_MMA_CHUNK < L ? nc : nc - 1;
-    }
-    __device__ __forceinline__ void next(int n_spans, int span, ssm_i64 L) {
-        if (c > 0) {
-            --c;
-        } else {
-            item += stride;
-            enter(n_spans, span, L);
-        }
-    }
-};
-
-// The backward: a resident grid of warps, each walking its items (cc1d_mma_walk) with the
-// chunks' x and dy brought into a ring of CC1D_MMA_RING shared slots by cp.async, the ring
-// minus one chunk ahead of the chunk computed (also across items), so that a warp keeps
-// 2-3 KB of loads in flight without holding them in registers. Rows 16-byte aligned, L a
-// multiple of 8 (whole 16-byte pieces: a piece is all before L or all past it).
-// At most 64 registers (8 blocks of 4 warps per SM; shared memory allows 15): left to
-// itself ptxas took 56 and spilled 4 bytes at W = 2 with bias and silu.
-#ifndef CC1D_MMA_RING
-#define CC1D_MMA_RING 6
-#endif
 template <typename T, int W, bool HAS_BIAS, bool SILU>
-__global__ void __launch_bounds__(CC1D_THREADS, 8)
+__global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
              const float* __restrict__ bias, const T* __restrict__ dy,
              const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
-             int dim, ssm_i64 L, int span, int n_spans, int n_items) {
+             int dim, int L, int span, int n_spans, int n_items) {
     typedef cc1d_word16<T> V;
     typedef ssm_mma16<T> MMA;
     constexpr int H = W - 1;
     constexpr int CHUNK = CC1D_MMA_CHUNK;
-    constexpr int RING = CC1D_MMA_RING;
+    constexpr int AHEAD = CC1D_MMA_AHEAD;
     constexpr int NWARPS = CC1D_THREADS / 32;
     constexpr unsigned FULL = 0xffffffffu;
     static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
-    static_assert(RING >= 2, "one slot computed, at least one filling");
-    // A slot: a chunk's x (64 words), dy (64 words), and the x row before it (4 words).
-    struct alignas(16) Slot { unsigned x[64], dy[64], xb[4]; };
-    __shared__ Slot ring[NWARPS][RING];
     __shared__ float pshare[NWARPS][16 * 8];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    Slot* const slots = ring[warp];
-
-    // Copies of chunk `at.c` of item `at.item` into slot `k` (nothing past the walk's end):
-    // lanes 0-15 the 16 pieces of x, lanes 16-31 those of dy, lane 0 the row before.
-    auto fill = [&](const cc1d_mma_walk& at, int k) {
-        if (at.item < at.n_items) {
-            const ssm_i64 c0 = at.t0 + (ssm_i64)at.c * CHUNK;
-            const int j = lane & 15;
-            const T* src = (lane < 16 ? x : dy) + (ssm_i64)at.row * L;
-            const ssm_i64 s = c0 + 8 * j;
-            cc1d_cp16((lane < 16 ? slots[k].x : slots[k].dy) + 4 * j, src + (s < L ? s : 0), s < L);
-            if (lane == 0) cc1d_cp16(slots[k].xb, x + (ssm_i64)at.row * L + (c0 >= 8 ? c0 - 8 : 0),
-                                     c0 >= 8);
-        }
-        cc1d_cp_commit();  // (an empty group past the end: the wait below counts groups)
-    };
-
-    cc1d_mma_walk at, ahead;
-    at.item = blockIdx.x * NWARPS + warp;
-    at.stride = gridDim.x * NWARPS;
-    at.n_items = (unsigned)n_items;
-    at.enter(n_spans, span, L);
-    ahead = at;
-#pragma unroll
-    for (int k = 0; k < RING - 1; ++k) {
-        fill(ahead, k);
-        ahead.next(n_spans, span, L);
-    }
-
-    // The item's state: taps as B operands, bias, the running dweight / dbias sums, and g of
-    // the row after the chunk (lanes 0-3: pair t, hi and lo).
+    const unsigned item = blockIdx.x * NWARPS + warp;
+    if (item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
+    const cc1d_mma_span at(item, n_spans, span, dim, L);
+    const int t0 = at.t0, nc = at.nc;
+    const T* const xr = x + at.base;
+    const T* const dyr = dy + at.base;
+    T* const dxr = dx + at.base;
     unsigned bz[2][2], bd[2][2];
-    float bv = 0.0f, P[4], db;
-    unsigned nh, nl;
-    auto start_item = [&]() {
-        const int d = (int)(at.row % (unsigned)dim);
-        cc1d_mma_taps<T, W, false>(weight + (ssm_i64)d * W, g, t, bz);
-        cc1d_mma_taps<T, W, true>(weight + (ssm_i64)d * W, g, t, bd);
-        if (HAS_BIAS) bv = bias[d];
-        P[0] = P[1] = P[2] = P[3] = 0.0f;
-        db = 0.0f;
-        nh = nl = 0u;
-    };
-    if (at.item < at.n_items) start_item();
+    cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
+    cc1d_mma_taps<T, W, true>(weight + (ssm_i64)at.d * W, g, t, bd);
+    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+    const bool with_dfinal = H > 0 && dfinal != nullptr;
 
-    int slot = 0, free_slot = RING - 1;
+    // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
+    // nc - 1 down to 0, the next AHEAD chunks' words read ahead.
+    const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
+    cc1d_mma_words ring[AHEAD];
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i)
+        if (first - i >= 0)
+            ring[i].load<T, true>(xr, dyr, t0 + (first - i) * CHUNK, L, g, t, first - i == nc);
+
+    unsigned nh = 0u, nl = 0u;  // lanes 0-3: g of the row after the chunk (pair t), hi and lo
+    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float db = 0.0f;
 #pragma unroll 1
-    while (at.item < at.n_items) {
-        __syncwarp();  // every lane has read the slot refilled now (the previous chunk's)
-        fill(ahead, free_slot);
-        ahead.next(n_spans, span, L);
-        free_slot = free_slot + 1 == RING ? 0 : free_slot + 1;
-        cc1d_cp_wait<RING - 1>();  // this lane's copies of the chunk below have landed ...
-        __syncwarp();              // ... and every lane's
-        const Slot& cur = slots[slot];
-        slot = slot + 1 == RING ? 0 : slot + 1;
+    for (int c = first; c >= 0; --c) {
+        const cc1d_mma_words cur = ring[0];
+#pragma unroll
+        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
+        if (c - AHEAD >= 0)
+            ring[AHEAD - 1].load<T, true>(xr, dyr, t0 + (c - AHEAD) * CHUNK, L, g, t, false);
 
-        const unsigned x0 = cur.x[4 * g + t], x1 = cur.x[32 + 4 * g + t];
         unsigned ax[4];
-        cc1d_mma_x(x0, x1, g == 7 ? cur.xb[t] : 0u, lane, ax);
+        cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
         MMA::run(z, ax, bz[0][0], bz[0][1]);
         MMA::run(z, ax, bz[1][0], bz[1][1]);
-        const unsigned dy0 = cur.dy[4 * g + t], dy1 = cur.dy[32 + 4 * g + t];
-        float gv[4] = {V::lo(dy0), V::hi(dy0), V::lo(dy1), V::hi(dy1)};
+        float gv[4] = {V::lo(cur.dy0), V::hi(cur.dy0), V::lo(cur.dy1), V::hi(cur.dy1)};
         if constexpr (SILU) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) gv[i] *= cc1d_act<float>::dsilu(z[i]);
@@ -1254,7 +1211,7 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         cc1d_split<T>(gv[0], gv[1], gh[0], gl[0]);
         cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
 
-        if (at.c < at.nc) {
+        if (c < nc) {
             db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
             // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes
             // 0-3, rows 8 and 16, the latter from the chunk after)
@@ -1267,17 +1224,17 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
             MMA::run(o, ah, bd[0][0], bd[0][1]);
             MMA::run(o, al, bd[0][0], bd[0][1]);
             MMA::run(o, ah, bd[1][0], bd[1][1]);
-            const ssm_i64 c0 = at.t0 + (ssm_i64)at.c * CHUNK, s = c0 + 8 * g + 2 * t;
-            if (H > 0 && dfinal != nullptr && c0 + CHUNK > L - H) {  // final-state steps
+            const int c0 = t0 + c * CHUNK, s = c0 + 8 * g + 2 * t;
+            if (with_dfinal && c0 + CHUNK > L - H) {  // the final state's steps [L - H, L)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const ssm_i64 f = s + 64 * (i >> 1) + (i & 1) - (L - H);
+                    const int f = s + 64 * (i >> 1) + (i & 1) - (L - H);
                     if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)at.row * H + f];
                 }
             }
-            T* const dxr = dx + (ssm_i64)at.row * L;
-            if (s < L) *reinterpret_cast<unsigned*>(dxr + s) = V::pack(o[0], o[1]);
-            if (s + 64 < L) *reinterpret_cast<unsigned*>(dxr + s + 64) = V::pack(o[2], o[3]);
+            if (c0 + CHUNK <= L || s < L) *reinterpret_cast<unsigned*>(dxr + s) = V::pack(o[0], o[1]);
+            if (c0 + CHUNK <= L || s + 64 < L)
+                *reinterpret_cast<unsigned*>(dxr + s + 64) = V::pack(o[2], o[3]);
 
             // dweight: P += X^T G8, both operands transposed 8 x 8 block by block
             const unsigned xt[4] = {cc1d_trans(ax[0]), cc1d_trans(ax[2]), cc1d_trans(ax[1]),
@@ -1287,32 +1244,26 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         }
         nh = gh[0];
         nl = gl[0];
-
-        if (at.c == 0) {  // the item's partials: dweight[kk] from P's diagonals, dbias
-            float* const ps = pshare[warp];
-            ps[g * 8 + 2 * t] = P[0];
-            ps[g * 8 + 2 * t + 1] = P[1];
-            ps[(g + 8) * 8 + 2 * t] = P[2];
-            ps[(g + 8) * 8 + 2 * t + 1] = P[3];
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1) db += __shfl_xor_sync(FULL, db, m);
-            __syncwarp();
-            float* const out = partial + (ssm_i64)at.item * (W + 1);
-            if (lane < W) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 8; ++n) sum += ps[(n + lane + 8 - H) * 8 + n];
-                out[lane] = sum;
-            } else if (lane == W) {
-                out[W] = db;
-            }
-            __syncwarp();  // pshare read before the next item writes it
-        }
-        const unsigned done = at.item;
-        at.next(n_spans, span, L);
-        if (at.item != done && at.item < at.n_items) start_item();
     }
-    cc1d_cp_wait<0>();  // (only empty groups are left)
+
+    // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
+    float* const ps = pshare[warp];
+    ps[g * 8 + 2 * t] = P[0];
+    ps[g * 8 + 2 * t + 1] = P[1];
+    ps[(g + 8) * 8 + 2 * t] = P[2];
+    ps[(g + 8) * 8 + 2 * t + 1] = P[3];
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) db += __shfl_xor_sync(FULL, db, m);
+    __syncwarp();
+    float* const out = partial + (ssm_i64)item * (W + 1);
+    if (lane < W) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) sum += ps[(n + lane + 8 - H) * 8 + n];
+        out[lane] = sum;
+    } else if (lane == W) {
+        out[W] = db;
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ TUNING = {
     "fwd_mma": (),            # dtypes whose forward runs cc1d_fwd_mma (no seq_idx or initial
                               # state, L even, sm_80): none, bfloat16 measured 0.60-0.78 of
                               # copy against 0.65-0.85 with cc1d_fwd_tile
-    "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same, L % 8 == 0)
+    "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
@@ -317,38 +317,23 @@ def _mma_plan(p) -> dict:
 
 
 def _launch_mma(kind, p, plan, arrays):
-    """Launch ``cc1d_<kind>`` ("fwd_mma" or "bwd_mma") over ``plan``'s spans: ``arrays``,
-    then dim, L, the span, spans per row and items. The forward takes a warp per item; the
-    backward's warps walk the items, at most one resident wave of blocks."""
+    """Launch ``cc1d_<kind>`` ("fwd_mma" or "bwd_mma"), a warp per span of :func:`mma_plan`:
+    ``arrays``, then dim, L, the span, spans per row and items."""
     key = KernelKey(kind, _dtype_name(p.io_dtype), p.width, p.bias is not None, p.silu, False)
-    name = name_expression(key)
-    kernel = compiler.get_kernel(SOURCE_FILE, name)
-    blocks = plan["blocks"]
-    if kind == "bwd_mma":
-        import cupy
-
-        where = (cupy.cuda.runtime.getDevice(), name)
-        if where not in _resident:
-            _resident[where] = resident_blocks(kernel)
-        blocks = min(blocks, _resident[where])
-    items = np.int32(plan["n_items"]) if kind == "bwd_mma" else np.int64(plan["n_items"])
-    kernel((int(blocks),), (THREADS,),
-           arrays + (np.int32(p.dim), np.int64(p.L), np.int32(plan["span"]),
-                     np.int32(plan["n_spans"]), items))
+    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
+    kernel((int(plan["blocks"]),), (THREADS,),
+           arrays + (np.int32(p.dim), np.int32(p.L), np.int32(plan["span"]),
+                     np.int32(plan["n_spans"]), np.int32(plan["n_items"])))
 
 
 def _takes_mma(kind, p, *arrays) -> bool:
     """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``):
-    16-bit, no seq_idx or initial state, sm_80; the forward with L even and the arrays
-    4-byte aligned, the backward (whose cp.async copies move 16-byte pieces) with L a
-    multiple of 8, ``arrays`` 16-byte aligned and fewer than 2**31 spans in all."""
-    if not (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
-            and p.initial_state is None and p.L > 0
-            and compiler.device_limits()["compute_capability"] >= 80):
-        return False
-    if kind == "fwd":
-        return p.L % 2 == 0 and all(a.data.ptr % 4 == 0 for a in arrays)
-    return (p.L % 8 == 0 and _aligned(*arrays)
+    16-bit, no seq_idx or initial state, L even, ``arrays`` 4-byte aligned, sm_80; the
+    kernels count steps and spans in 32 bits."""
+    return (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
+            and p.initial_state is None and 0 < p.L < 2**31 and p.L % 2 == 0
+            and all(a.data.ptr % 4 == 0 for a in arrays)
+            and compiler.device_limits()["compute_capability"] >= 80
             and _mma_plan(p)["n_items"] < 2**31)
 
 
@@ -360,7 +345,7 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    if _takes_mma("bwd", p, p.x, dy):
+    if _takes_mma("bwd", p, p.x, dy, dx):
         plan = _mma_plan(p)
         n_tiles = plan["n_spans"]
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)

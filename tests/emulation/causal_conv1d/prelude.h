@@ -55,25 +55,3 @@ inline unsigned emu_movmatrix_trans(unsigned a) {
     return d;
 }
 
-// cp.async with zero fill and wait_group N (cc1d_bwd_mma's ring): the source is read at
-// issue, the destination holds 0xff bytes (16-bit NaNs) until the issuing thread's wait
-// retires the group, so a slot read too early or refilled too soon fails the comparison.
-#include <deque>
-struct EmuCp { unsigned char* dst; unsigned char data[16]; };
-thread_local std::vector<EmuCp> emu_cp_open;
-thread_local std::deque<std::vector<EmuCp>> emu_cp_groups;
-inline void emu_cp16(void* dst, const void* src, bool valid) {
-    if (((unsigned long)dst) % 16 || (valid && ((unsigned long)src) % 16)) emu_fail("cp.async: misaligned");
-    EmuCp c;
-    c.dst = (unsigned char*)dst;
-    if (valid) memcpy(c.data, src, 16); else memset(c.data, 0, 16);
-    memset(dst, 0xff, 16);
-    emu_cp_open.push_back(c);
-}
-inline void emu_cp_commit16() { emu_cp_groups.push_back(std::move(emu_cp_open)); emu_cp_open.clear(); }
-inline void emu_cp_wait16(int n) {
-    while ((int)emu_cp_groups.size() > n) {
-        for (auto& c : emu_cp_groups.front()) memcpy(c.dst, c.data, 16);
-        emu_cp_groups.pop_front();
-    }
-}
