@@ -1,8 +1,9 @@
 """A/B of causal_conv1d's backward between source trees, in one GPU session.
 
 Run in each tree (``cd TREE && PYTHONPATH=$PWD python3 /path/ab_cc1d_trees.py LABEL``): times
-the tree's ``backend.backward`` (kernel plus cc1d_wsum) and ``backend.forward`` on the
-bfloat16 shapes of bench_causal_conv1d.py (bias, silu), as CUDA-event medians of
+the tree's ``backend.backward`` (kernel plus cc1d_wsum; also with ``TUNING["bwd_mma"]``
+off, the register kernel) and ``backend.forward`` on the bfloat16 shapes of
+bench_causal_conv1d.py (bias, silu; widths from $AB_WIDTHS, default 4,8), as CUDA-event medians of
 back-to-back calls, and prints one ``ABROW`` JSON line per shape with the fraction of the
 copy bandwidth measured in the same process, and the host time of one call (wall clock
 over 100 calls, the GPU running behind).
@@ -19,7 +20,7 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(os.getc
 import timing  # noqa: E402
 
 SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]
-WIDTHS = [4, 8]
+WIDTHS = [int(w) for w in os.environ.get("AB_WIDTHS", "4,8").split(",")]
 
 
 def main(label):
@@ -41,6 +42,10 @@ def main(label):
         act = x.size * 2
         fwd = timing.cuda_median_ms(lambda: backend.forward(p), calls=5)
         bwd = timing.cuda_median_ms(lambda: backend.backward(p, dy, None), calls=5)
+        saved = backend.TUNING.get("bwd_mma")
+        backend.TUNING["bwd_mma"] = ()  # the tree's register kernel, cc1d_bwd
+        bwd_reg = timing.cuda_median_ms(lambda: backend.backward(p, dy, None), calls=5)
+        backend.TUNING["bwd_mma"] = saved
         host = {}  # the host side of one call (wall clock, the GPU running behind)
         for name, fn in (("fwd", lambda: backend.forward(p)),
                          ("bwd", lambda: backend.backward(p, dy, None))):
@@ -55,6 +60,8 @@ def main(label):
                                          fwd_ms=round(fwd, 4), fwd_of_copy=frac(2 * act, fwd),
                                          bwd_ms=round(bwd, 4),
                                          bwd_of_copy=frac(3 * act + 2 * dim * (W + 1) * 4, bwd),
+                                         bwd_reg_of_copy=frac(3 * act + 2 * dim * (W + 1) * 4,
+                                                              bwd_reg),
                                          fwd_host_us=round(host["fwd"], 1),
                                          bwd_host_us=round(host["bwd"], 1),
                                          copy_tbps=round(copy_bw, 3))), flush=True)

@@ -962,9 +962,6 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // partial: (batch, dim, n_spans, W + 1) as in cc1d_bwd, a span in place of a tile.
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
-#ifndef CC1D_MMA_AHEAD
-#define CC1D_MMA_AHEAD 1  // chunks whose loads are in flight while one is computed
-#endif
 
 // Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
 // 0 and at or past L (which is even).
@@ -1091,8 +1088,7 @@ __device__ __forceinline__ void cc1d_mma_x(unsigned x0, unsigned x1, unsigned xb
     ax[3] = x1;
 }
 
-// A warp per item (the grid covers them all); the next CC1D_MMA_AHEAD chunks' words are
-// read while one chunk is computed.
+// A warp per item (the grid covers them all).
 template <typename T, int W, bool HAS_BIAS, bool SILU>
 __global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
@@ -1101,7 +1097,6 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     typedef cc1d_word16<T> V;
     constexpr int H = W - 1;
     constexpr int CHUNK = CC1D_MMA_CHUNK;
-    constexpr int AHEAD = CC1D_MMA_AHEAD;
     static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -1114,17 +1109,7 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     cc1d_mma_taps<T, W, false>(weight + (ssm_i64)at.d * W, g, t, bz);
     const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
 
-    cc1d_mma_words ring[AHEAD];
-#pragma unroll
-    for (int i = 0; i < AHEAD; ++i)
-        if (i < at.nc) ring[i].load<T, false>(xr, xr, at.t0 + i * CHUNK, L, g, t, false);
-#pragma unroll 1
-    for (int c = 0; c < at.nc; ++c) {
-        const cc1d_mma_words cur = ring[0];
-#pragma unroll
-        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
-        if (c + AHEAD < at.nc)
-            ring[AHEAD - 1].load<T, false>(xr, xr, at.t0 + (c + AHEAD) * CHUNK, L, g, t, false);
+    auto step = [&](const cc1d_mma_words& cur, int c) {
         unsigned ax[4];
         cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
@@ -1138,6 +1123,18 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         if (c0 + CHUNK <= L || s < L) *reinterpret_cast<unsigned*>(yr + s) = V::pack(z[0], z[1]);
         if (c0 + CHUNK <= L || s + 64 < L)
             *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
+    };
+    // Two buffers in turn: a chunk's words are read while the one before is computed.
+    cc1d_mma_words b0, b1;
+    b0.load<T, false>(xr, xr, at.t0, L, g, t, false);
+#pragma unroll 1
+    for (int c = 0;;) {
+        if (c + 1 < at.nc) b1.load<T, false>(xr, xr, at.t0 + (c + 1) * CHUNK, L, g, t, false);
+        step(b0, c);
+        if (++c == at.nc) break;
+        if (c + 1 < at.nc) b0.load<T, false>(xr, xr, at.t0 + (c + 1) * CHUNK, L, g, t, false);
+        step(b1, c);
+        if (++c == at.nc) break;
     }
     // the final state: the last H steps of x (zeros before step 0: no initial state)
     if (H > 0 && final_state != nullptr && at.t0 + span >= L && lane < H) {
@@ -1146,8 +1143,11 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     }
 }
 
+#ifndef CC1D_MMA_BWD_BLOCKS
+#define CC1D_MMA_BWD_BLOCKS 1  // blocks per SM the register budget must allow (1: no bound)
+#endif
 template <typename T, int W, bool HAS_BIAS, bool SILU>
-__global__ void __launch_bounds__(CC1D_THREADS)
+__global__ void __launch_bounds__(CC1D_THREADS, CC1D_MMA_BWD_BLOCKS)
 cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
              const float* __restrict__ bias, const T* __restrict__ dy,
              const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
@@ -1156,7 +1156,6 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     typedef ssm_mma16<T> MMA;
     constexpr int H = W - 1;
     constexpr int CHUNK = CC1D_MMA_CHUNK;
-    constexpr int AHEAD = CC1D_MMA_AHEAD;
     constexpr int NWARPS = CC1D_THREADS / 32;
     constexpr unsigned FULL = 0xffffffffu;
     static_assert(W >= 1 && W <= 8, "a row's window is the row and the 8 steps before it");
@@ -1177,26 +1176,10 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
     const bool with_dfinal = H > 0 && dfinal != nullptr;
 
-    // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
-    // nc - 1 down to 0, the next AHEAD chunks' words read ahead.
-    const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
-    cc1d_mma_words ring[AHEAD];
-#pragma unroll
-    for (int i = 0; i < AHEAD; ++i)
-        if (first - i >= 0)
-            ring[i].load<T, true>(xr, dyr, t0 + (first - i) * CHUNK, L, g, t, first - i == nc);
-
     unsigned nh = 0u, nl = 0u;  // lanes 0-3: g of the row after the chunk (pair t), hi and lo
     float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float db = 0.0f;
-#pragma unroll 1
-    for (int c = first; c >= 0; --c) {
-        const cc1d_mma_words cur = ring[0];
-#pragma unroll
-        for (int i = 0; i + 1 < AHEAD; ++i) ring[i] = ring[i + 1];
-        if (c - AHEAD >= 0)
-            ring[AHEAD - 1].load<T, true>(xr, dyr, t0 + (c - AHEAD) * CHUNK, L, g, t, false);
-
+    auto step = [&](const cc1d_mma_words& cur, int c) {
         unsigned ax[4];
         cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
@@ -1244,6 +1227,22 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         }
         nh = gh[0];
         nl = gl[0];
+    };
+    // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
+    // nc - 1 down to 0; two buffers in turn, a chunk's words read while the one after it is
+    // computed. (A register array shifted each step made every step wait, at the copy, for
+    // the load it had just issued.)
+    const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
+    cc1d_mma_words b0, b1;
+    b0.load<T, true>(xr, dyr, t0 + first * CHUNK, L, g, t, first == nc);
+#pragma unroll 1
+    for (int c = first;;) {
+        if (c > 0) b1.load<T, true>(xr, dyr, t0 + (c - 1) * CHUNK, L, g, t, false);
+        step(b0, c);
+        if (--c < 0) break;
+        if (c > 0) b0.load<T, true>(xr, dyr, t0 + (c - 1) * CHUNK, L, g, t, false);
+        step(b1, c);
+        if (--c < 0) break;
     }
 
     // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
