@@ -1143,8 +1143,10 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     }
 }
 
+// Blocks per SM the backward's register budget must allow: 8 (64 registers) measured 0.69
+// of copy against 0.60 without a bound (78 registers), bench_causal_conv1d.py --mma-sweep.
 #ifndef CC1D_MMA_BWD_BLOCKS
-#define CC1D_MMA_BWD_BLOCKS 1  // blocks per SM the register budget must allow (1: no bound)
+#define CC1D_MMA_BWD_BLOCKS 8
 #endif
 template <typename T, int W, bool HAS_BIAS, bool SILU>
 __global__ void __launch_bounds__(CC1D_THREADS, CC1D_MMA_BWD_BLOCKS)

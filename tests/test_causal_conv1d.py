@@ -297,6 +297,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     pytest.importorskip("ml_dtypes")
     both = ("bfloat16", "float16")
     monkeypatch.setitem(gpu_conv.TUNING, "mma_span", span)
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma_min_width", 1)
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
     rng = np.random.default_rng(span)
     for W in range(1, 9):

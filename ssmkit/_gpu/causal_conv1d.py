@@ -67,6 +67,9 @@ TUNING = {
                               # state, L even, sm_80): none, bfloat16 measured 0.60-0.78 of
                               # copy against 0.65-0.85 with cc1d_fwd_tile
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
+    "bwd_mma_min_width": 6,   # ... for widths from this one: bfloat16 cc1d_bwd_mma 0.60 of copy
+                              # at every width (W = 8 0.69 alone), cc1d_bwd 0.74-0.79 at W 2-3,
+                              # 0.70-0.75 at 4, 0.61-0.64 at 5, 0.58-0.60 at 6, 0.50-0.53 at 8
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
@@ -327,9 +330,11 @@ def _launch_mma(kind, p, plan, arrays):
 
 
 def _takes_mma(kind, p, *arrays) -> bool:
-    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``):
-    16-bit, no seq_idx or initial state, L even, ``arrays`` 4-byte aligned, sm_80; the
-    kernels count steps and spans in 32 bits."""
+    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``, the
+    backward from ``TUNING["bwd_mma_min_width"]``): 16-bit, no seq_idx or initial state, L
+    even, ``arrays`` 4-byte aligned, sm_80; the kernels count steps and spans in 32 bits."""
+    if kind == "bwd" and p.width < TUNING["bwd_mma_min_width"]:
+        return False
     return (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
             and p.initial_state is None and 0 < p.L < 2**31 and p.L % 2 == 0
             and all(a.data.ptr % 4 == 0 for a in arrays)
