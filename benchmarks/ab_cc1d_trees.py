@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 
-# timing.py from the timed tree (the working directory), or beside this script
-sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(os.getcwd(), "benchmarks")]
+# the timed tree (the working directory) first: Python puts this script's folder at the
+# front, which holds another tree when the script is copied beside them
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benchmarks"),
+                os.path.dirname(os.path.abspath(__file__))]
 import timing  # noqa: E402
 
 SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]

@@ -186,7 +186,7 @@ def run(args):
              "bandwidth; bytes: forward x + y, backward dy + x + dx (+ weight grads), update x + y "
              "+ state read and written. activation silu, bias; update: one token, pool 2 x batch.",
              "", "Command: `python3 benchmarks/bench_causal_conv1d.py "
-             + " ".join(a for a in sys.argv[1:] if not a.startswith("/")).strip() + "`.",
+             + " ".join("DIR" if a.startswith("/") else a for a in sys.argv[1:]).strip() + "`.",
              "",
              "| dtype | batch | dim | L | W | fwd ms | of copy | kernel of copy | bwd ms | of copy | "
              "kernel of copy | update ms | indexed ms | kernel ms |",
@@ -227,7 +227,7 @@ def run(args):
     if sweep:
         lines += ["", "Tensor-core kernels built with -DCC1D_MMA_BWD_BLOCKS (the backward's "
                   "register bound, blocks per SM) and launched with other spans (kernel alone; the "
-                  "backward without cc1d_wsum; the library: no bound, TUNING['mma_span']):", "",
+                  "backward without cc1d_wsum; the library: 8 blocks, TUNING['mma_span']):", "",
                   "| dtype | batch | dim | L | W | bwd blocks | span | fwd ms | of copy | bwd ms "
                   "| of copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
