@@ -962,6 +962,9 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // partial: (batch, dim, n_spans, W + 1) as in cc1d_bwd, a span in place of a tile.
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
+#ifndef CC1D_MMA_BUFS
+#define CC1D_MMA_BUFS 2  // chunks' words in registers: one computed, the others in flight
+#endif
 
 // Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
 // 0 and at or past L (which is even).
@@ -1124,17 +1127,27 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         if (c0 + CHUNK <= L || s + 64 < L)
             *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
     };
-    // Two buffers in turn: a chunk's words are read while the one before is computed.
-    cc1d_mma_words b0, b1;
-    b0.load<T, false>(xr, xr, at.t0, L, g, t, false);
+    // CC1D_MMA_BUFS buffers in turn: the next BUFS - 1 chunks' words are read while one
+    // chunk is computed (buffer indices fixed at compile time: no register copies).
+    constexpr int NB = CC1D_MMA_BUFS;
+    cc1d_mma_words buf[NB];
+#pragma unroll
+    for (int i = 0; i + 1 < NB; ++i)
+        if (i < at.nc) buf[i].load<T, false>(xr, xr, at.t0 + i * CHUNK, L, g, t, false);
+    bool more = true;
 #pragma unroll 1
-    for (int c = 0;;) {
-        if (c + 1 < at.nc) b1.load<T, false>(xr, xr, at.t0 + (c + 1) * CHUNK, L, g, t, false);
-        step(b0, c);
-        if (++c == at.nc) break;
-        if (c + 1 < at.nc) b0.load<T, false>(xr, xr, at.t0 + (c + 1) * CHUNK, L, g, t, false);
-        step(b1, c);
-        if (++c == at.nc) break;
+    for (int c = 0; more;) {
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const int ahead = c + NB - 1;
+            if (ahead < at.nc)
+                buf[(k + NB - 1) % NB].load<T, false>(xr, xr, at.t0 + ahead * CHUNK, L, g, t, false);
+            step(buf[k], c);
+            if (++c == at.nc) {
+                more = false;
+                break;
+            }
+        }
     }
     // the final state: the last H steps of x (zeros before step 0: no initial state)
     if (H > 0 && final_state != nullptr && at.t0 + span >= L && lane < H) {
@@ -1231,20 +1244,30 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         nl = gl[0];
     };
     // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
-    // nc - 1 down to 0; two buffers in turn, a chunk's words read while the one after it is
-    // computed. (A register array shifted each step made every step wait, at the copy, for
-    // the load it had just issued.)
+    // nc - 1 down to 0; CC1D_MMA_BUFS buffers in turn, the next BUFS - 1 chunks' words read
+    // while one is computed. (A register array shifted each step made every step wait, at
+    // the copy, for the load it had just issued.)
     const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
-    cc1d_mma_words b0, b1;
-    b0.load<T, true>(xr, dyr, t0 + first * CHUNK, L, g, t, first == nc);
+    constexpr int NB = CC1D_MMA_BUFS;
+    cc1d_mma_words buf[NB];
+#pragma unroll
+    for (int i = 0; i + 1 < NB; ++i)
+        if (first - i >= 0) buf[i].load<T, true>(xr, dyr, t0 + (first - i) * CHUNK, L, g, t,
+                                                 first - i == nc);
+    bool more = true;
 #pragma unroll 1
-    for (int c = first;;) {
-        if (c > 0) b1.load<T, true>(xr, dyr, t0 + (c - 1) * CHUNK, L, g, t, false);
-        step(b0, c);
-        if (--c < 0) break;
-        if (c > 0) b0.load<T, true>(xr, dyr, t0 + (c - 1) * CHUNK, L, g, t, false);
-        step(b1, c);
-        if (--c < 0) break;
+    for (int c = first; more;) {
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const int ahead = c - (NB - 1);
+            if (ahead >= 0)
+                buf[(k + NB - 1) % NB].load<T, true>(xr, dyr, t0 + ahead * CHUNK, L, g, t, false);
+            step(buf[k], c);
+            if (--c < 0) {
+                more = false;
+                break;
+            }
+        }
     }
 
     // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
