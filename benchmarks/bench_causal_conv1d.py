@@ -225,15 +225,16 @@ def run(args):
                 f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
                 f"{r['bwd_old_of_copy']:.2f} | {r['bwd_loop_of_copy']:.2f} |")
     if sweep:
-        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_BUFS (chunks' words in "
-                  "registers) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, blocks per "
-                  "SM), launched with other spans (kernel alone; the backward without cc1d_wsum; "
-                  "the library: the source's defaults, TUNING['mma_span']):", "",
-                  "| dtype | batch | dim | L | W | bufs | bwd blocks | span | fwd ms | of copy | "
-                  "bwd ms | of copy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_FWD_BUFS / _BWD_BUFS (chunks' "
+                  "words in registers) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, "
+                  "blocks per SM), launched with other spans (kernel alone; the backward without "
+                  "cc1d_wsum; the library: the source's defaults, TUNING['mma_span']):", "",
+                  "| dtype | batch | dim | L | W | fwd bufs | bwd bufs | bwd blocks | span | fwd ms "
+                  "| of copy | bwd ms | of copy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
             lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
-                         f"| {v['bufs']} | {v['bwd_blocks']} | {v['span']} | {v['fwd_ms']:.4f} | "
+                         f"| {v['fwd_bufs']} | {v['bwd_bufs']} | {v['bwd_blocks']} | {v['span']} | {v['fwd_ms']:.4f} | "
                          f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
@@ -314,11 +315,11 @@ def ab_kernels(p, dy):
 
 
 def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
-                 builds=((2, 8), (3, 6), (4, 5)), spans=(1024, 2048, 4096)):
-    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) for each build (bufs, blocks):
-    -DCC1D_MMA_BUFS (chunks' words in registers, all but one in flight) and
-    -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, blocks per SM; 1: none), launched
-    with each span."""
+                 builds=((4, 2, 8), (6, 3, 6), (8, 4, 5)), spans=(1024, 2048, 4096)):
+    """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) for each build (fwd bufs, bwd
+    bufs, bwd blocks): -DCC1D_MMA_FWD_BUFS / _BWD_BUFS (chunks' words in registers, all but
+    one in flight) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, blocks per SM;
+    1: none), launched with each span."""
     import cupy
     import ml_dtypes
 
@@ -332,8 +333,9 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
     keys = {(kind, W): backend.name_expression(backend.KernelKey(kind, dtype.name, W, True, True,
                                                                  False))
             for kind in ("fwd_mma", "bwd_mma") for W in widths}
-    for bufs, bwd_blocks in builds:
-        opts = compiler.compile_options() + (f"-DCC1D_MMA_BUFS={bufs}",
+    for fwd_bufs, bwd_bufs, bwd_blocks in builds:
+        opts = compiler.compile_options() + (f"-DCC1D_MMA_FWD_BUFS={fwd_bufs}",
+                                             f"-DCC1D_MMA_BWD_BUFS={bwd_bufs}",
                                              f"-DCC1D_MMA_BWD_BLOCKS={bwd_blocks}")
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
@@ -357,8 +359,8 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
                 bwd_ms = cuda_median_ms(lambda: bwd(grid, (backend.THREADS,),
                                                     (x, w, b, dy, np.uint64(0), dx, partial)
                                                     + tail))
-                v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, bufs=bufs,
-                         bwd_blocks=bwd_blocks, span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L,
+                         fwd_bufs=fwd_bufs, bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
                          fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
                          bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
                 out.append(v)

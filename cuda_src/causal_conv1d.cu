@@ -962,8 +962,15 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // partial: (batch, dim, n_spans, W + 1) as in cc1d_bwd, a span in place of a tile.
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
-#ifndef CC1D_MMA_BUFS
-#define CC1D_MMA_BUFS 2  // chunks' words in registers: one computed, the others in flight
+// Chunks' words in registers, one computed and the others in flight, in the forward and
+// the backward (bench_causal_conv1d.py --mma-sweep, bfloat16: the forward 0.75-0.77 of copy
+// with 2, 0.80-0.85 with 3, 0.82-0.88 with 4; the backward 0.66-0.67 with 2 at 8 blocks per
+// SM, 0.62-0.65 with 3 at 6, 0.59-0.63 with 4 at 5: its warps count for more than its loads).
+#ifndef CC1D_MMA_FWD_BUFS
+#define CC1D_MMA_FWD_BUFS 4
+#endif
+#ifndef CC1D_MMA_BWD_BUFS
+#define CC1D_MMA_BWD_BUFS 2
 #endif
 
 // Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
@@ -1127,9 +1134,9 @@ cc1d_fwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         if (c0 + CHUNK <= L || s + 64 < L)
             *reinterpret_cast<unsigned*>(yr + s + 64) = V::pack(z[2], z[3]);
     };
-    // CC1D_MMA_BUFS buffers in turn: the next BUFS - 1 chunks' words are read while one
+    // CC1D_MMA_FWD_BUFS buffers in turn: the next BUFS - 1 chunks' words are read while one
     // chunk is computed (buffer indices fixed at compile time: no register copies).
-    constexpr int NB = CC1D_MMA_BUFS;
+    constexpr int NB = CC1D_MMA_FWD_BUFS;
     cc1d_mma_words buf[NB];
 #pragma unroll
     for (int i = 0; i + 1 < NB; ++i)
@@ -1244,11 +1251,11 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         nl = gl[0];
     };
     // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
-    // nc - 1 down to 0; CC1D_MMA_BUFS buffers in turn, the next BUFS - 1 chunks' words read
-    // while one is computed. (A register array shifted each step made every step wait, at
-    // the copy, for the load it had just issued.)
+    // nc - 1 down to 0; CC1D_MMA_BWD_BUFS buffers in turn, the next BUFS - 1 chunks' words
+    // read while one is computed. (A register array shifted each step made every step wait,
+    // at the copy, for the load it had just issued.)
     const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
-    constexpr int NB = CC1D_MMA_BUFS;
+    constexpr int NB = CC1D_MMA_BWD_BUFS;
     cc1d_mma_words buf[NB];
 #pragma unroll
     for (int i = 0; i + 1 < NB; ++i)

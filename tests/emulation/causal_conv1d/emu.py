@@ -254,7 +254,7 @@ def main_mma(ios):
     keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_mma", "bwd_mma")
             for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
     keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
-    # EMU_DEFINES="CC1D_MMA_BUFS 3": the source built with other settings
+    # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_BUFS 3": the source built with other settings
     fns = build(keys, [d for d in os.environ.get("EMU_DEFINES", "").split(",") if d])
     worst, fails = {}, 0
     tol = {"float16": 2e-3, "bfloat16": 1.5e-2}  # a 16-bit dx: its rounding, 2^-9 / 2^-12
