@@ -260,8 +260,9 @@ def forward(p):
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
     if _takes_mma("fwd", p, p.x, y):
-        _launch_mma("fwd_mma", p, _mma_plan(p), (p.x, p.weight, _ptr(p.bias), y,
-                                                 final if H else _NULL))
+        kernel, grid, scalars, _ = _mma_launch("fwd", p)
+        kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), y, final if H else _NULL)
+               + scalars)
         return y, final
     vec_ok = p.L % vec == 0 and _aligned(p.x, y)
     # the tile kernel: x through shared memory by bulk copies (sm_90), whole vectors only
@@ -315,31 +316,48 @@ def mma_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
     return dict(span=span, n_spans=n_spans, n_items=n_items, blocks=-(-n_items // (THREADS // 32)))
 
 
-def _mma_plan(p) -> dict:
-    return mma_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
+_mma_launches: dict = {}  # (device, kind, shape, flags, TUNING) -> _mma_launch's answer
 
 
-def _launch_mma(kind, p, plan, arrays):
-    """Launch ``cc1d_<kind>`` ("fwd_mma" or "bwd_mma"), a warp per span of :func:`mma_plan`:
-    ``arrays``, then dim, L, the span, spans per row and items."""
-    key = KernelKey(kind, _dtype_name(p.io_dtype), p.width, p.bias is not None, p.silu, False)
-    kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
-    kernel((int(plan["blocks"]),), (THREADS,),
-           arrays + (np.int32(p.dim), np.int32(p.L), np.int32(plan["span"]),
-                     np.int32(plan["n_spans"]), np.int32(plan["n_items"])))
+def _mma_launch(kind, p):
+    """How ``cc1d_<kind>_mma`` ("fwd" or "bwd") runs ``p``, cached per shape, flags and
+    ``TUNING``: (kernel, grid, scalar arguments, spans per row), or None where the other
+    kernels take it (not in ``TUNING[kind + "_mma"]``, the backward below
+    ``TUNING["bwd_mma_min_width"]``; seq_idx or an initial state; L odd or not below
+    2**31; before sm_80; 2**31 spans or more: the kernels count in 32 bits). The arrays'
+    4-byte alignment is the caller's to check."""
+    import cupy
+
+    tune = (TUNING[kind + "_mma"], TUNING["mma_span"], TUNING["mma_warps_per_sm"],
+            TUNING["bwd_mma_min_width"])
+    key = (cupy.cuda.runtime.getDevice(), kind, p.io_dtype, p.width, p.bias is not None, p.silu,
+           p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
+    if key in _mma_launches:
+        return _mma_launches[key]
+    limits = compiler.device_limits()
+    entry = None
+    if (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"]
+            and (kind == "fwd" or p.width >= TUNING["bwd_mma_min_width"])
+            and p.seq_idx is None and p.initial_state is None and 0 < p.L < 2**31
+            and p.L % 2 == 0 and limits["compute_capability"] >= 80):
+        plan = mma_plan(rows=p.batch * p.dim, L=p.L, sm_count=limits["sm_count"])
+        if plan["n_items"] < 2**31:
+            name = name_expression(KernelKey(kind + "_mma", _dtype_name(p.io_dtype), p.width,
+                                             p.bias is not None, p.silu, False))
+            scalars = (np.int32(p.dim), np.int32(p.L), np.int32(plan["span"]),
+                       np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
+            entry = (compiler.get_kernel(SOURCE_FILE, name), (int(plan["blocks"]),), scalars,
+                     plan["n_spans"])
+    if len(_mma_launches) >= 256:  # a bound for programs that see many shapes
+        _mma_launches.clear()
+    _mma_launches[key] = entry
+    return entry
 
 
 def _takes_mma(kind, p, *arrays) -> bool:
-    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores (``TUNING[kind + "_mma"]``, the
-    backward from ``TUNING["bwd_mma_min_width"]``): 16-bit, no seq_idx or initial state, L
-    even, ``arrays`` 4-byte aligned, sm_80; the kernels count steps and spans in 32 bits."""
-    if kind == "bwd" and p.width < TUNING["bwd_mma_min_width"]:
-        return False
-    return (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"] and p.seq_idx is None
-            and p.initial_state is None and 0 < p.L < 2**31 and p.L % 2 == 0
-            and all(a.data.ptr % 4 == 0 for a in arrays)
-            and compiler.device_limits()["compute_capability"] >= 80
-            and _mma_plan(p)["n_items"] < 2**31)
+    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores for ``p`` and ``arrays``
+    (:func:`_mma_launch`, and the arrays 4-byte aligned)."""
+    return _mma_launch(kind, p) is not None and all(a.data.ptr % 4 == 0 for a in arrays)
 
 
 def backward(p, dy, dfinal_state):
@@ -351,11 +369,10 @@ def backward(p, dy, dfinal_state):
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
     if _takes_mma("bwd", p, p.x, dy, dx):
-        plan = _mma_plan(p)
-        n_tiles = plan["n_spans"]
+        kernel, grid, scalars, n_tiles = _mma_launch("bwd", p)
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
-        _launch_mma("bwd_mma", p, plan, (p.x, p.weight, _ptr(p.bias), dy,
-                                         _ptr(dfinal_state if H else None), dx, partial))
+        kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), dy,
+                                  _ptr(dfinal_state if H else None), dx, partial) + scalars)
     else:
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
         vec_ok = p.L % vec == 0 and _aligned(p.x, dy, dx)
