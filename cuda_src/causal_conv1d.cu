@@ -963,11 +963,12 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
 // Chunks' words in registers, one computed and the others in flight, in the forward and
-// the backward (bench_causal_conv1d.py --mma-sweep, bfloat16: the forward 0.75-0.77 of copy
-// with 2, 0.80-0.85 with 3, 0.82-0.88 with 4; the backward 0.66-0.67 with 2 at 8 blocks per
-// SM, 0.62-0.65 with 3 at 6, 0.59-0.63 with 4 at 5: its warps count for more than its loads).
+// the backward (bench_causal_conv1d.py --mma-sweep, bfloat16, kernel alone: the forward
+// 0.75-0.77 of copy with 2, 0.80-0.85 with 3, 0.82-0.88 with 4, 0.84-0.88 with 6 and 8; the
+// backward 0.66-0.67 with 2 at 8 blocks per SM, 0.62-0.65 with 3 at 6, 0.59-0.63 with 4 at
+// 5: its warps count for more than its loads).
 #ifndef CC1D_MMA_FWD_BUFS
-#define CC1D_MMA_FWD_BUFS 4
+#define CC1D_MMA_FWD_BUFS 6
 #endif
 #ifndef CC1D_MMA_BWD_BUFS
 #define CC1D_MMA_BWD_BUFS 2

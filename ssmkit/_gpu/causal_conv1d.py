@@ -63,9 +63,10 @@ TUNING = {
     "fwd_tile_bytes": (8192, 16384),  # its bytes of x per block (a tile of a row, or whole
                               # rows) for W <= 4 and for wider filters (measured best of 4-32 KiB)
     "fwd_tile_blocks_per_sm": 8,  # fewer rows per block until the grid has this many blocks
-    "fwd_mma": (),            # dtypes whose forward runs cc1d_fwd_mma (no seq_idx or initial
-                              # state, L even, sm_80): none, bfloat16 measured 0.60-0.78 of
-                              # copy against 0.65-0.85 with cc1d_fwd_tile
+    "fwd_mma": ("bfloat16",),  # dtypes whose forward runs cc1d_fwd_mma (no seq_idx or initial
+                              # state, L even, sm_80): bfloat16 0.73-0.85 of copy against
+                              # 0.68-0.85 with cc1d_fwd_tile (W = 8: 0.75 / 0.84 against
+                              # 0.68 / 0.82), bench_causal_conv1d.py
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
     "bwd_mma_min_width": 6,   # ... for widths from this one: bfloat16 cc1d_bwd_mma 0.60 of copy
                               # at every width (W = 8 0.69 alone), cc1d_bwd 0.74-0.79 at W 2-3,
