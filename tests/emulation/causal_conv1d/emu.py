@@ -124,7 +124,7 @@ if os.environ.get('EMU_MUT') == '9':  # the tensor-core kernels: chunks past L r
     MUT = [('if (c0 >= 8 && c0 + CC1D_MMA_CHUNK <= L && !row0) {', 'if (c0 >= 8 && !row0) {')]
 if os.environ.get('EMU_MUT') == '8':  # cc1d_fwd_mma: the last chunk of a span skipped
     MUT = [('for (int c = 0; c < at.nc; ++c) {', 'for (int c = 0; c + 1 < at.nc; ++c) {')]
-def build(keys, defines=()):
+def build(keys, defines=(), asan=True):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT:
         assert a in src, "EMU_MUT: text not in the source: " + a
@@ -133,7 +133,7 @@ def build(keys, defines=()):
     src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
     assert n == 2, n
     text = "".join(f"#define {d}\n" for d in defines) + '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k, i) for i, k in enumerate(keys))
-    so = compile_so("causal_conv1d", text, asan=True, opt="-O1", include_dir=HERE)
+    so = compile_so("causal_conv1d", text, asan=asan, opt="-O1", include_dir=HERE)
     lib = ctypes.CDLL(so)
     return {k: getattr(lib, f"k{i}") for i, k in enumerate(keys)}
 
@@ -245,35 +245,44 @@ def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
     return errs
 
 
-def main_mma(ios):
-    """``emu.py mma [dtypes]``: cc1d_fwd_mma and cc1d_bwd_mma over even lengths
-    at and around the chunk (128),
-    the span and L < W, spans of 128, 256 and 384 steps, every width and flag."""
-    rng = np.random.default_rng(1)
-    widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
+MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128), (254, 128),
+             (264, 256), (384, 128), (390, 384), (512 + 6, 256), (1000, 384)]  # (L, span)
+
+
+def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
+    """cc1d_fwd_mma and cc1d_bwd_mma over ``cases`` (even lengths at and around the chunk
+    (128), the span and L < W; spans of 128, 256 and 384 steps), each width of ``widths``,
+    the flags cycling; returns (worst error per (dtype, output), failures)."""
+    rng = np.random.default_rng(seed)
     keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_mma", "bwd_mma")
             for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
     keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
-    # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_BUFS 3": the source built with other settings
-    fns = build(keys, [d for d in os.environ.get("EMU_DEFINES", "").split(",") if d])
-    worst, fails = {}, 0
+    fns = build(keys, defines, asan=asan)
+    worst, fails = {}, []
     tol = {"float16": 2e-3, "bfloat16": 1.5e-2}  # a 16-bit dx: its rounding, 2^-9 / 2^-12
     for io in ios:
         for W in widths:
-            for j, (L, span) in enumerate([(2, 128), (8, 128), (126, 128), (128, 128),
-                                           (130, 128), (136, 128), (254, 128), (264, 256),
-                                           (384, 128), (390, 384), (512 + 6, 256),
-                                           (1000, 384)]):
+            for j, (L, span) in enumerate(cases):
                 hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
                 errs = case_mma(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
                 for name, e in errs.items():
                     t = tol[io] if name in ("dx", "y") else (0 if name == "final" else 1e-4)
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
                     if not e <= t:
-                        fails += 1
-                        print("FAIL", io, W, L, span, hb, si, name, e)
+                        fails.append((io, W, L, span, hb, si, name, e))
+    return worst, fails
+
+
+def main_mma(ios):
+    """``emu.py mma [dtypes]``: :func:`run_mma` over every width (EMU_W to choose)."""
+    widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
+    # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_BUFS 3": the source built with other settings
+    worst, fails = run_mma(ios, widths,
+                           defines=[d for d in os.environ.get("EMU_DEFINES", "").split(",") if d])
+    for f in fails:
+        print("FAIL", *f)
     for k, e in sorted(worst.items()): print(k, f"{e:.2e}")
-    print("fails", fails)
+    print("fails", len(fails))
     sys.exit(1 if fails else 0)
 
 
