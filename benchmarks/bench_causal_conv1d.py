@@ -58,6 +58,15 @@ DTYPES = ["float32", "bfloat16"]
 WIDTHS = [4, 8]
 
 
+def _experiment(name, fn, *args):
+    """``fn(*args)``, or [] when it fails: an experiment never loses the main table."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        print(f"{name} failed: {e!r}", flush=True)
+        return []
+
+
 @contextlib.contextmanager
 def tuning(backend, **values):
     """``backend.TUNING`` with ``values`` for the duration."""
@@ -159,18 +168,8 @@ def run(args):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    sweep = []
-    if args.mma_sweep:
-        try:
-            sweep = mma_variants(copy_bw)
-        except Exception as e:  # an experiment: never lose the table above to it
-            print(f"mma variants failed: {e!r}", flush=True)
-    variants = []
-    if args.tiles:
-        try:
-            variants = tile_variants(copy_bw)
-        except Exception as e:  # an experiment: never lose the table above to it
-            print(f"tile variants failed: {e!r}", flush=True)
+    sweep = _experiment("mma variants", mma_variants, copy_bw) if args.mma_sweep else []
+    variants = _experiment("tile variants", tile_variants, copy_bw) if args.tiles else []
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "causal_conv1d_h200" if "H200" in gpu else "causal_conv1d_gpu")
@@ -234,7 +233,8 @@ def run(args):
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
             lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
-                         f"| {v['fwd_bufs']} | {v['bwd_bufs']} | {v['bwd_blocks']} | {v['span']} | {v['fwd_ms']:.4f} | "
+                         f"| {v['fwd_bufs']} | {v['bwd_bufs']} | {v['bwd_blocks']} | {v['span']} "
+                         f"| {v['fwd_ms']:.4f} | "
                          f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
         lines += ["", "Other tile shapes (kernel alone, same bytes; the library uses 128 threads x 4 "
@@ -314,6 +314,19 @@ def ab_kernels(p, dy):
     return out
 
 
+def _raw_arrays(rng, batch, dim, L, W, dtype):
+    """Inputs and outputs for launching the kernels directly: x, dy (dtype), taps, bias
+    (float32), y, dx and the final state."""
+    import cupy
+
+    x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+    dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
+    w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
+    b = rng.standard_normal(dim, dtype=cupy.float32)
+    final = cupy.empty((batch, dim, W - 1), dtype=dtype)
+    return x, dy, w, b, cupy.empty_like(x), cupy.empty_like(x), final
+
+
 def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
                  builds=((4, 2, 8), (6, 3, 6), (8, 4, 5)), spans=(1024, 2048, 4096)):
     """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) for each build (fwd bufs, bwd
@@ -339,12 +352,7 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
                                              f"-DCC1D_MMA_BWD_BLOCKS={bwd_blocks}")
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
-            x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
-            dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
-            w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
-            b = rng.standard_normal(dim, dtype=cupy.float32)
-            y, dx = cupy.empty_like(x), cupy.empty_like(x)
-            final = cupy.empty((batch, dim, W - 1), dtype=dtype)
+            x, dy, w, b, y, dx, final = _raw_arrays(rng, batch, dim, L, W, dtype)
             act = x.size * dtype.itemsize
             fwd, bwd = (mod.get_function(keys[k, W]) for k in ("fwd_mma", "bwd_mma"))
             for span in spans:
@@ -360,7 +368,8 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
                                                     (x, w, b, dy, np.uint64(0), dx, partial)
                                                     + tail))
                 v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L,
-                         fwd_bufs=fwd_bufs, bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+                         fwd_bufs=fwd_bufs, bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span,
+                         fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
                          fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
                          bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
                 out.append(v)
@@ -380,12 +389,7 @@ def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
     src = compiler.kernel_source(backend.SOURCE_FILE)
     out = []
     for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
-        x = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
-        dy = rng.standard_normal((batch, dim, L), dtype=cupy.float32).astype(dtype)
-        w = rng.standard_normal((dim, W), dtype=cupy.float32) / W
-        b = rng.standard_normal(dim, dtype=cupy.float32)
-        y, dx = cupy.empty_like(x), cupy.empty_like(x)
-        final = cupy.empty((batch, dim, W - 1), dtype=dtype)
+        x, dy, w, b, y, dx, final = _raw_arrays(rng, batch, dim, L, W, dtype)
         act = x.size * dtype.itemsize
         for threads, vpt in ((128, 2), (128, 1), (128, 4), (256, 1), (256, 2)):
             tile = threads * vpt * (16 // dtype.itemsize)
