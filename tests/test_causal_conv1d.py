@@ -350,6 +350,51 @@ def gpu_conv_problem(args, act):
                                    act, args["initial_state"], args["seq_idx"])
 
 
+def test_mma_launch_rules(monkeypatch):
+    """Which problems the tensor-core kernels take (without a GPU: the device, its limits and
+    the compiler are stand-ins), and that a launch is prepared once per shape and TUNING."""
+    import sys
+    import types
+
+    from ssmkit import _causal_conv1d
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    limits = dict(sm_count=132, compute_capability=90)
+    monkeypatch.setattr(compiler, "device_limits", lambda: limits)
+    built = []
+    monkeypatch.setattr(compiler, "get_kernel", lambda f, name: built.append(name) or name)
+    monkeypatch.setattr(gpu_conv, "_mma_launches", {})
+    pytest.importorskip("ml_dtypes")
+    import ml_dtypes
+
+    def problem(L=2048, W=8, dtype=ml_dtypes.bfloat16, init=False, seq=False):
+        return _causal_conv1d.CausalConv1dProblem(  # shapes and dtypes are all that matter
+            x=np.zeros((2, 3, L), dtype=dtype), weight=np.zeros((3, W), np.float32),
+            bias=np.zeros(3, np.float32), initial_state=np.zeros((2, 3, W - 1)) if init else None,
+            seq_idx=np.zeros((2, L), np.int32) if seq else None, silu=True, xp=np)
+
+    # six rows: spans of 128 steps, to have warps for the device
+    kernel, grid, scalars, n_spans = gpu_conv._mma_launch("bwd", problem())
+    assert kernel == "cc1d_bwd_mma<ssm_bf16, 8, true, true>" and n_spans == 16
+    assert grid == (24,) and [int(v) for v in scalars] == [3, 2048, 128, 16, 96]
+    assert gpu_conv._mma_launch("bwd", problem(W=5)) is None  # below bwd_mma_min_width
+    assert gpu_conv._mma_launch("fwd", problem(W=5)) is not None
+    for kw in (dict(L=2047), dict(init=True), dict(seq=True), dict(dtype=np.float32),
+               dict(dtype=np.float16)):
+        assert gpu_conv._mma_launch("fwd", problem(**kw)) is None, kw
+    limits["compute_capability"] = 75
+    assert gpu_conv._mma_launch("fwd", problem(L=1000)) is None
+    limits["compute_capability"] = 90
+    n = len(built)
+    gpu_conv._mma_launch("bwd", problem())  # cached: nothing prepared again
+    assert len(built) == n
+    monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)  # TUNING is part of the key
+    assert gpu_conv._mma_launch("bwd", problem())[3] == 1  # one span of 2048
+    assert gpu_conv._mma_launch("fwd", problem(L=4098))[3] == 3
+
+
 def test_mma_plan():
     """cc1d_bwd_mma's spans: whole 128-step chunks, TUNING's span at most, shorter while the
     rows alone give too few warps, and the items and blocks that follow."""
