@@ -384,6 +384,10 @@ def test_mma_launch_rules(monkeypatch):
     for kw in (dict(L=2047), dict(init=True), dict(seq=True), dict(dtype=np.float32),
                dict(dtype=np.float16)):
         assert gpu_conv._mma_launch("fwd", problem(**kw)) is None, kw
+    # steps in 32 bits: a step plus two spans stays below 2**31 (shape only: nothing allocated)
+    big = problem(L=2)
+    object.__setattr__(big, "x", np.lib.stride_tricks.as_strided(big.x, (2, 3, 2**31 - 4096)))
+    assert gpu_conv._mma_launch("fwd", big) is None
     limits["compute_capability"] = 75
     assert gpu_conv._mma_launch("fwd", problem(L=1000)) is None
     limits["compute_capability"] = 90

@@ -324,9 +324,9 @@ def _mma_launch(kind, p):
     """How ``cc1d_<kind>_mma`` ("fwd" or "bwd") runs ``p``, cached per shape, flags and
     ``TUNING``: (kernel, grid, scalar arguments, spans per row), or None where the other
     kernels take it (not in ``TUNING[kind + "_mma"]``, the backward below
-    ``TUNING["bwd_mma_min_width"]``; seq_idx or an initial state; L odd or not below
-    2**31; before sm_80; 2**31 spans or more: the kernels count in 32 bits). The arrays'
-    4-byte alignment is the caller's to check."""
+    ``TUNING["bwd_mma_min_width"]``; seq_idx or an initial state; L odd, or so large that a
+    step plus two spans would pass 2**31; before sm_80; 2**31 spans or more: the kernels
+    count in 32 bits). The arrays' 4-byte alignment is the caller's to check."""
     import cupy
 
     tune = (TUNING[kind + "_mma"], TUNING["mma_span"], TUNING["mma_warps_per_sm"],
@@ -339,8 +339,9 @@ def _mma_launch(kind, p):
     entry = None
     if (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"]
             and (kind == "fwd" or p.width >= TUNING["bwd_mma_min_width"])
-            and p.seq_idx is None and p.initial_state is None and 0 < p.L < 2**31
-            and p.L % 2 == 0 and limits["compute_capability"] >= 80):
+            and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
+            and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
+            and limits["compute_capability"] >= 80):
         plan = mma_plan(rows=p.batch * p.dim, L=p.L, sm_count=limits["sm_count"])
         if plan["n_items"] < 2**31:
             name = name_expression(KernelKey(kind + "_mma", _dtype_name(p.io_dtype), p.width,
