@@ -68,9 +68,11 @@ TUNING = {
                               # 0.68-0.85 with cc1d_fwd_tile (W = 8: 0.75 / 0.84 against
                               # 0.68 / 0.82), bench_causal_conv1d.py
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
-    "bwd_mma_min_width": 6,   # ... for widths from this one: bfloat16 cc1d_bwd_mma 0.60 of copy
-                              # at every width (W = 8 0.69 alone), cc1d_bwd 0.74-0.79 at W 2-3,
-                              # 0.70-0.75 at 4, 0.61-0.64 at 5, 0.58-0.60 at 6, 0.50-0.53 at 8
+    "bwd_mma_min_width": 6,   # ... for widths from this one: cc1d_bwd_mma costs the same at
+                              # every width, cc1d_bwd falls with it (bfloat16: 0.74-0.79 of
+                              # copy at W 2-3, 0.70-0.75 at 4, 0.61-0.64 at 5, 0.50-0.53 at 8);
+                              # at W = 6 0.62 / 0.66 against cc1d_bwd's 0.58 / 0.61, W = 4
+                              # 0.63 / 0.68 against 0.70 / 0.73 (CAUSAL_CONV1D.md)
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
