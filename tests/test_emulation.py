@@ -1,24 +1,30 @@
-"""The tensor-core convolution kernels on the CPU, through the host emulation.
+"""Tensor-core kernels on the CPU, through the host emulation.
 
-CI has no GPU; tests/emulation builds the CUDA source as C++ with the warp-level operations
-(mma.sync, movmatrix, shuffles) emulated per the PTX ISA and checks cc1d_fwd_mma and
-cc1d_bwd_mma against the float64 reference on a few lengths around the chunk and span edges.
-The full sweep (every width and both 16-bit types) is
-``python3 tests/emulation/causal_conv1d/emu.py mma``.
+CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-level operations
+(mma.sync, movmatrix, shuffles, barriers) emulated per the PTX ISA, and checks:
+
+* cc1d_fwd_mma and cc1d_bwd_mma against the float64 reference on a few lengths around the
+  chunk and span edges (the full sweep: ``python3 tests/emulation/causal_conv1d/emu.py mma``);
+* the SSD forward and backward (ssmkit._gpu.ssd's host code, run with NumPy arrays, and its
+  tensor-core kernels) on a few cases of ``tests/emulation/ssd/run_emu.py`` and
+  ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
+                               reason="needs g++ (C++20) for the emulation")
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20) for the emulation")
+@needs_gxx
 def test_tensor_core_convolution_kernels_in_emulation():
     pytest.importorskip("ml_dtypes")
     sys.path.insert(0, os.path.join(HERE, "emulation", "causal_conv1d"))
@@ -30,3 +36,15 @@ def test_tensor_core_convolution_kernels_in_emulation():
     worst, fails = emu.run_mma(["bfloat16"], [3, 8], cases=cases, asan=False)
     assert not fails, fails
     assert {name for _, name in worst} == {"y", "final", "dx", "dw", "db"}
+
+
+@needs_gxx
+@pytest.mark.parametrize("script, cases", [
+    ("run_emu.py", ["0", "8"]),  # bfloat16; packed sequences (cu_seqlens) with initial states
+    ("run_emu_bwd.py", ["14", "18"]),  # float16 seq_idx, initial state, D per channel; head runs
+])
+def test_ssd_in_emulation(script, cases):
+    pytest.importorskip("ml_dtypes")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "emulation", "ssd", script), *cases],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
