@@ -7,7 +7,10 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   chunk and span edges (the full sweep: ``python3 tests/emulation/causal_conv1d/emu.py mma``);
 * the SSD forward and backward (ssmkit._gpu.ssd's host code, run with NumPy arrays, and its
   tensor-core kernels) on a few cases of ``tests/emulation/ssd/run_emu.py`` and
-  ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts).
+  ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts);
+* the selective scan's kernels and host code, forward and every gradient, on the quick case
+  list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
+  small N, every option).
 """
 
 from __future__ import annotations
@@ -47,4 +50,13 @@ def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")
     run = subprocess.run([sys.executable, os.path.join(HERE, "emulation", "ssd", script), *cases],
                          capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+@needs_gxx
+def test_selective_scan_in_emulation():
+    env = dict(os.environ, ASAN="0")  # (the full sweeps run under AddressSanitizer by hand)
+    script = os.path.join(HERE, "emulation", "selective_scan", "sweep.py")
+    run = subprocess.run([sys.executable, script, "quick"], capture_output=True, text=True,
+                         timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

@@ -5,6 +5,7 @@ Each family's build script adds its own replacements (its kernels' PTX and vecto
 prelude header and its extern "C" wrappers, then calls :func:`compile_so`.
 """
 import hashlib
+import re
 import os
 import subprocess
 import tempfile
@@ -36,6 +37,22 @@ COMMON_REPL = [
                  : : "r"(ssm_smem_addr(dst)), "l"(src), "r"(bytes), "r"(ssm_smem_addr(bar)) : "memory");""",
     """asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done) : "r"(b) : "memory");""")]
+
+
+# The two mma.sync blocks of ssm_common.cuh's ssm_mma16 (bfloat16, float16 operands).
+MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
+
+
+def replace_mma(src, emulate=True):
+    """``src`` with both mma.sync blocks replaced: by emu_mma (ssd/prelude_mma.h, the PTX ISA
+    fragment layout) where the kernels use them, else by a failure should one run."""
+    def sub(m):
+        if not emulate:
+            return 'emu_fail("mma.sync is not emulated in this build");'
+        return f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);"
+    src, n = MMA_RE.subn(sub, src)
+    assert n == 2, f"expected the two mma.sync blocks of ssm_mma16, found {n}"
+    return src
 
 
 def replace_all(src, repl):

@@ -20,7 +20,7 @@ checks).
 
     python3 tests/emulation/causal_conv1d/emu.py mma [bfloat16,float16]   # cc1d_*_mma
 """
-import ctypes, os, re, sys, itertools
+import ctypes, os, sys, itertools
 import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -28,7 +28,7 @@ sys.path.insert(0, REPO); sys.path.insert(0, os.path.join(REPO, "tests"))
 from ssmkit._gpu import compiler, causal_conv1d as cc
 from ssmkit import reference
 sys.path.insert(0, os.path.dirname(HERE))
-from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
+from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 REPL = COMMON_REPL + [
     ('extern __shared__ cc1d_words cc1d_dyn[];', 'cc1d_words* const cc1d_dyn = reinterpret_cast<cc1d_words*>(emu_smem_ptr);'),
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));', 'e = emu_ex2_ftz(z * -1.4426950408889634f);'),
@@ -50,8 +50,7 @@ REPL = COMMON_REPL + [
     ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
     ('asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));', 'd = emu_movmatrix_trans(a);'),
 ]
-# mma.sync blocks (ssm_common.cuh's ssm_mma16) become the emulated product
-MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
+
 LAUNCH = r'''
 template <typename F>
 static void emu_launch(F call, unsigned grid, unsigned block) {
@@ -130,8 +129,7 @@ def build(keys, defines=(), asan=True):
         assert a in src, "EMU_MUT: text not in the source: " + a
         src = src.replace(a, b)
     src = replace_all(src, REPL)
-    src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
-    assert n == 2, n
+    src = replace_mma(src)  # ssm_common.cuh's mma.sync blocks: the emulated product
     text = "".join(f"#define {d}\n" for d in defines) + '#include "prelude.h"\n' + src + LAUNCH + "".join(wrapper(k, i) for i, k in enumerate(keys))
     so = compile_so("causal_conv1d", text, asan=asan, opt="-O1", include_dir=HERE)
     lib = ctypes.CDLL(so)

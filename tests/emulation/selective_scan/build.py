@@ -13,7 +13,7 @@ sys.path.insert(0, REPO)
 from ssmkit._gpu import compiler, selective_scan as ss
 
 sys.path.insert(0, os.path.dirname(HERE))
-from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
+from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 
 REPL = COMMON_REPL + [
     ('const ssm_f4 t = *reinterpret_cast<const ssm_f4*>(p);', 'const ssm_f4 t = *emu_al<const ssm_f4>(p);'),
@@ -129,6 +129,7 @@ def build(keys, asan=True, opt="-O1"):
         assert a in src, "mutation target not in the source: " + a
         src = src.replace(a, b)
     src = replace_all(src, REPL)
+    src = replace_mma(src, emulate=False)  # ssm_common.cuh's tensor-core wrapper, unused here
     left = [ln for ln in src.splitlines() if re.search(r"\basm\b", ln)]
     assert not left, "inline PTX left unemulated: " + "; ".join(left)
     text = '#include "prelude_ss.h"\n' + src + LAUNCH + "".join(wrapper(k) for k in keys)

@@ -1,7 +1,8 @@
 """Build a host emulation (.so) of cuda_src/ssd_mma.cu: the same text with its PTX replaced.
 
 REPL swaps the inline-PTX lines and vector casts for emu_common.h / prelude_mma.h C++;
-MMA_RE swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA fragment layout). Every
+replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
+fragment layout). Every
 ssd_mma_chunk_state / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
@@ -18,7 +19,7 @@ sys.path.insert(0, REPO)
 from ssmkit._gpu import compiler
 
 sys.path.insert(0, os.path.dirname(HERE))
-from emu_build import COMMON_REPL, compile_so, replace_all  # noqa: E402
+from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 
 REPL = COMMON_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
@@ -32,7 +33,6 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
 ]
-MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
 
 LAUNCH = r'''
 struct EmuBuf { void* p; long long n; };
@@ -149,8 +149,7 @@ def build(asan=False, opt="-O2"):
         src = src.replace(old, new, 1)
     src = replace_all(src, REPL)
     assert "reinterpret_cast<const ssd_mma_u4" not in src and "reinterpret_cast<ssd_mma_u4" not in src
-    src, n = MMA_RE.subn(lambda m: f"emu_mma<{'true' if m.group(1) == 'bf16' else 'false'}>(d, a, b0, b1);", src)
-    assert n == 2, n
+    src = replace_mma(src)
     assert "asm" not in src.replace("emu_", ""), [l for l in src.splitlines() if "asm" in l]
     text = '#include "prelude_mma.h"\n' + src + LAUNCH + "".join(
         wrapper("emu_" + k, *v) for k, v in KERNELS.items())
