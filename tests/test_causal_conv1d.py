@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ssmkit
@@ -87,6 +87,10 @@ def check_vjp(backend, dtype, inputs, activation, seed=0):
                                                          else "float32")
     grads = pullback(xp.asarray(dy), xp.asarray(dfinal))
     grads_ref = pullback_ref(dy.astype(np.float64), dfinal.astype(np.float64))
+    # The same sums without the cotangents' signs: a gradient that cancels to near zero
+    # (a bias gradient of three steps, say) is held to the size of what was summed, which is
+    # what floating-point sums guarantee, not to its own tiny size.
+    grads_abs = pullback_ref(np.abs(dy.astype(np.float64)), np.abs(dfinal.astype(np.float64)))
     for name in GRAD_FIELDS:
         g, g_ref = getattr(grads, name), getattr(grads_ref, name)
         if args[name] is None:
@@ -94,7 +98,9 @@ def check_vjp(backend, dtype, inputs, activation, seed=0):
             continue
         assert g.shape == args[name].shape and g.dtype == args[name].dtype, name
         if g_ref.size:
-            assert rel_err(g, g_ref) <= GRAD_RTOL[dtype], name
+            scale = max(np.linalg.norm(g_ref), np.linalg.norm(getattr(grads_abs, name)))
+            err = np.linalg.norm(to_numpy(g).astype(np.float64) - g_ref)
+            assert err <= GRAD_RTOL[dtype] * (scale if scale > 0 else 1.0), (name, err, scale)
 
 
 # ------------------------------------------------------------------------------------------
@@ -203,6 +209,9 @@ def conv_cases(draw):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @settings(max_examples=20, **SETTINGS)
 @given(args=conv_cases())
+# a bias gradient that cancels to 3e-4 over three steps (found by hypothesis in CI)
+@example(args=(dict(batch=1, dim=1, L=3, W=6, bias=True, init=False, cuts=(2,), seq_scale=1),
+               "silu", 2179))
 def test_forward_and_vjp_match_reference(backend, dtype, args):
     case, act, seed = args
     inputs = make_inputs(np.random.default_rng(seed), **case)
