@@ -550,6 +550,8 @@ def _group_pairs(p):
         pairs, head_pair = np.unique(np.stack([hb, hc], axis=1), axis=0, return_inverse=True)
         hit = (cp.asarray(pairs[:, 0]), cp.asarray(pairs[:, 1]),
                cp.asarray(head_pair.reshape(-1)))
+        if len(_GROUP_PAIRS_CACHE) >= _BOUNDARY_CACHE_SIZE:  # bounded like the boundaries
+            _GROUP_PAIRS_CACHE.pop(next(iter(_GROUP_PAIRS_CACHE)))
         _GROUP_PAIRS_CACHE[key] = hit
     return hit
 
