@@ -314,6 +314,16 @@ def ab_kernels(p, dy):
     return out
 
 
+def _variant_row(copy_bw, act, fwd_ms, bwd_ms, **fields):
+    """One row of a sweep of raw kernels, printed: ``fields``, the times and their fractions
+    of copy (forward x + y, backward x + dy + dx: ``act`` bytes each)."""
+    row = dict(fields, fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
+               fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
+               bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def _raw_arrays(rng, batch, dim, L, W, dtype):
     """Inputs and outputs for launching the kernels directly: x, dy (dtype), taps, bias
     (float32), y, dx and the final state."""
@@ -367,13 +377,9 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
                 bwd_ms = cuda_median_ms(lambda: bwd(grid, (backend.THREADS,),
                                                     (x, w, b, dy, np.uint64(0), dx, partial)
                                                     + tail))
-                v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L,
-                         fwd_bufs=fwd_bufs, bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span,
-                         fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
-                         fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
-                         bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
-                out.append(v)
-                print(json.dumps(v), flush=True)
+                out.append(_variant_row(copy_bw, act, fwd_ms, bwd_ms, dtype=dtype.name, width=W,
+                                        batch=batch, dim=dim, L=L, fwd_bufs=fwd_bufs,
+                                        bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span))
     return out
 
 
@@ -410,12 +416,8 @@ def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
             bwd_ms = cuda_median_ms(lambda: bwd(grid, (threads,), (
                 x, w, b, np.uint64(0), np.uint64(0), dy, np.uint64(0), dx, np.uint64(0),
                 partial) + common))
-            v = dict(dtype=dtype.name, width=W, batch=batch, dim=dim, L=L, threads=threads, vpt=vpt,
-                     fwd_ms=round(fwd_ms, 4), bwd_ms=round(bwd_ms, 4),
-                     fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3),
-                     bwd_of_copy=round(3 * act / (bwd_ms * 1e-3) / 1e12 / copy_bw, 3))
-            out.append(v)
-            print(json.dumps(v), flush=True)
+            out.append(_variant_row(copy_bw, act, fwd_ms, bwd_ms, dtype=dtype.name, width=W,
+                                    batch=batch, dim=dim, L=L, threads=threads, vpt=vpt))
     return out
 
 
