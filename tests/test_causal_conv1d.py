@@ -321,7 +321,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
             for kinds in (both, ()):
                 monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", kinds)
                 monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", kinds)
-                assert gpu_conv._takes_mma("bwd", p, p.x) == bool(kinds)
+                assert (gpu_conv._mma_for("bwd", p, p.x) is not None) == bool(kinds)
                 (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
                                                                 return_final_state=True)
                 grads = pullback(cupy.asarray(dy),
@@ -347,8 +347,8 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
         inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 10, **kw})
         args, _ = cast(inputs, dtype, cupy)
         p, _ = gpu_conv_problem(args, "silu")
-        assert not gpu_conv._takes_mma("fwd", p, p.x)
-        assert not gpu_conv._takes_mma("bwd", p, p.x)
+        assert gpu_conv._mma_for("fwd", p, p.x) is None
+        assert gpu_conv._mma_for("bwd", p, p.x) is None
 
 
 def gpu_conv_problem(args, act):

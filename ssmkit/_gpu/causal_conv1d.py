@@ -262,8 +262,9 @@ def forward(p):
     H = p.width - 1
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
-    if _takes_mma("fwd", p, p.x, y):
-        kernel, grid, scalars, _ = _mma_launch("fwd", p)
+    launch = _mma_for("fwd", p, p.x, y)
+    if launch is not None:
+        kernel, grid, scalars, _ = launch
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), y, final if H else _NULL)
                + scalars)
         return y, final
@@ -358,10 +359,11 @@ def _mma_launch(kind, p):
     return entry
 
 
-def _takes_mma(kind, p, *arrays) -> bool:
-    """Whether ``kind`` ("fwd" or "bwd") runs on tensor cores for ``p`` and ``arrays``
-    (:func:`_mma_launch`, and the arrays 4-byte aligned)."""
-    return _mma_launch(kind, p) is not None and all(a.data.ptr % 4 == 0 for a in arrays)
+def _mma_for(kind, p, *arrays):
+    """:func:`_mma_launch`'s answer where ``kind`` ("fwd" or "bwd") runs on tensor cores for
+    ``p`` and ``arrays`` (which must also be 4-byte aligned), else None."""
+    launch = _mma_launch(kind, p)
+    return launch if launch is not None and all(a.data.ptr % 4 == 0 for a in arrays) else None
 
 
 def backward(p, dy, dfinal_state):
@@ -372,8 +374,9 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    if _takes_mma("bwd", p, p.x, dy, dx):
-        kernel, grid, scalars, n_tiles = _mma_launch("bwd", p)
+    launch = _mma_for("bwd", p, p.x, dy, dx)
+    if launch is not None:
+        kernel, grid, scalars, n_tiles = launch
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), dy,
                                   _ptr(dfinal_state if H else None), dx, partial) + scalars)
