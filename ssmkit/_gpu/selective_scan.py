@@ -109,6 +109,12 @@ TUNING = {
     # 2x1536x32768, split: 3.42 against 2.69 ms; float32: 1-2% slower), benchmarks/NOTES.md.
     # SSMKIT_FWD_ASYNC=1 / 0 in the environment (read at import) sets True / False.
     "fwd_async": {"1": True, "0": False}.get(os.environ.get("SSMKIT_FWD_ASYNC", ""), "auto"),
+    # True: where they apply (float compute, B and C per step, N <= 128, rows 16-byte aligned and
+    # L and the chunk multiples of _ring_quantum), the forward kernels that scan raw tiles from
+    # a ring of two shared stages with all staging and output done per warp
+    # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring); False: always the kernels above.
+    # SSMKIT_FWD_RING=0 in the environment (read at import) sets False.
+    "fwd_ring": os.environ.get("SSMKIT_FWD_RING", "1") != "0",
     # Time segments (see _split_time): split when the grid fills less than
     # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
     # segments are whole chunks and at least min_seg_steps long (each costs a
@@ -127,13 +133,18 @@ KernelKey.__doc__ = """One kernel instantiation.
 kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
-False), or "carry" (the segment carry, templated on the compute type only: io = bc =
+False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of raw tiles:
+``TUNING["fwd_ring"]``; float compute, per-step B and C only), or "carry" (the segment carry, templated on the compute type only: io = bc =
 the compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
+_RING_KINDS = ("fwd_ring", "fwd_sum_ring")
+# Registers per thread of the ring kernels (NVRTC for sm_90, the most over their
+# instantiations), by NPT; only used to estimate how many blocks share an SM.
+_RING_REGS = {4: 80, 8: 176}
 
 
 def _dtype_name(dt) -> str:
@@ -200,6 +211,11 @@ def kernel_keys(full: bool = True) -> list:
                 for bv in (True, False):
                     for cv in (True, False):
                         keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
+    for kind in _RING_KINDS:
+        for io, bc in _dtype_pairs():
+            for npt, nsplit in splits[_COMPUTE[io]]:
+                if _COMPUTE[io] == "float32" and npt in _RING_REGS:
+                    keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split); the
@@ -211,7 +227,7 @@ def kernel_keys(full: bool = True) -> list:
     f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
     per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
     return [k for k in keys
-            if k.kind == "carry"
+            if k.kind == "carry" or k.kind in _RING_KINDS
             or (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
             or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))]
 
@@ -221,6 +237,8 @@ def name_expression(key: KernelKey) -> str:
     ct = _COMPUTE[key.io]
     if key.kind == "carry":
         return f"ssm_seg_carry<{_CXX[ct]}>"
+    if key.kind in _RING_KINDS:
+        return f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {key.npt}, {key.nsplit}>"
     b = lambda v: "true" if v else "false"  # noqa: E731
     return (f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {_CXX[ct]}, {key.npt}, "
             f"{key.nsplit}, {b(key.b_per_step)}, {b(key.c_per_step)}>")
@@ -250,6 +268,24 @@ def _fwd_smem_bytes(ch, tl, npad, bv, cv, itemsize, raw=None):
         row = _round_up(tl * max(raw), 16) + 16
         nbytes += 2 * (3 * ch + npad * (int(bv) + int(cv))) * row
     return nbytes
+
+
+def _ring_group(nsplit):
+    """Steps per scan group of the ring kernels (mirrors ssm_ring_group)."""
+    return max(4, nsplit)
+
+
+def _ring_quantum(io, bc, nsplit):
+    """Granule of the ring kernels' tile starts and lengths, in steps (mirrors ssm_ring_quantum):
+    16 bytes of u/delta/z and of B/C, and a scan group."""
+    return max(16 // _ITEMSIZE[io], 16 // _ITEMSIZE[bc], _ring_group(nsplit))
+
+
+def _ring_smem_bytes(ch, tl, npad, io, bc, summary=False):
+    """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout)."""
+    pio, pbc = tl * _ITEMSIZE[io] + 16, tl * _ITEMSIZE[bc] + 16
+    stage = (2 if summary else 3) * ch * pio + (1 if summary else 2) * npad * pbc
+    return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4)
 
 
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
@@ -444,6 +480,44 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
                 nseg=nseg, seg_len=seg_len, async_=use_async)
 
 
+def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
+    """Launch shape of the ring forward kernels, or None where they do not apply.
+
+    They apply with float32 compute (u in float16, bfloat16 or float32), B and C
+    per step (``gb``, ``gc`` > 0), N <= 128 and L and the chunk (``min(chunk_size,
+    L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
+    arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
+    plus ``sum_smem`` (bytes of the summary kernel) and ``ring`` True.
+    """
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 128 or L < 1:
+        return None
+    lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
+    npt, nsplit = state_split(N, "float32")
+    q = _ring_quantum(io, bc, nsplit)
+    cmax = max(1, min(chunk_size, L))
+    if L % q or cmax % q or npt not in _RING_REGS:
+        return None
+    npad = npt * nsplit
+
+    def choose(nseg):
+        return _choose_tiles(
+            batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
+            tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
+            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
+            warps_by_regs=lim["regs_per_sm"] // (_RING_REGS[npt] * 32),
+            size=lambda c, t: _ring_smem_bytes(c, t, npad, io, bc), lim=lim,
+            what=f"the forward with N={N}", nseg=nseg)
+
+    try:
+        ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
+                                                             sm_count=lim["sm_count"])
+    except NotImplementedError:
+        return None
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
+                nseg=nseg, seg_len=seg_len, async_=True, ring=True,
+                sum_smem=_ring_smem_bytes(ch, tl, npad, io, bc, summary=True))
+
+
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
     """Launch shape of the backward kernel (see :func:`plan_forward`).
 
@@ -554,18 +628,33 @@ def _carry(p, plan, init, local, sumdt, reverse):
 
 
 def _plan(p, which):
-    """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel)."""
+    """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel);
+    None where ``which`` = "fwd_ring" does not apply to its shape."""
     import cupy
 
-    return dict(_cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
+    plan = _cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
                              p.chunk_size, _dtype_name(p.compute_dtype),
                              cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
-                             _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)))
+                             _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
+    return None if plan is None else dict(plan)
+
+
+def _aligned16(*arrays):
+    """Whether every array given (None: skipped) starts on a 16-byte boundary."""
+    for a in arrays:
+        if a is not None:
+            ptr = a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+            if ptr % 16:
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)
 def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, tuning, io=None, bc=None):
     del device, tuning  # key only: the limits are the device's, and TUNING may be changed
+    if which == "fwd_ring":
+        return plan_forward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
+                                 io=io, bc=bc, **compiler.device_limits())
     if which == "fwd":
         return plan_forward(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
                             compute=compute, io=io, bc=bc, **compiler.device_limits())
@@ -598,7 +687,10 @@ def selective_scan_forward(p, *, save_checkpoints):
     final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
     ckpt = (cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype)
             if save_checkpoints else None)
-    plan = _plan(p, "fwd")
+    plan = _plan(p, "fwd_ring") if TUNING["fwd_ring"] else None
+    if plan is None or not _aligned16(p.u, p.delta, p.z, p.B, p.C, y):
+        plan = _plan(p, "fwd")
+    ring = plan.get("ring", False)
     bv, cv = p.groups(p.B) > 0, p.groups(p.C) > 0
     flags = ((_HAS_D if p.D is not None else 0) | (_HAS_Z if p.z is not None else 0)
              | (_HAS_BIAS if p.delta_bias is not None else 0)
@@ -612,14 +704,16 @@ def selective_scan_forward(p, *, save_checkpoints):
         # needed), then the carry: the state entering every segment.
         local = cp.empty((nseg, batch, dim, N), dtype=p.compute_dtype)
         sumdt = cp.empty((nseg, batch, dim), dtype=p.compute_dtype)
-        key = KernelKey("fwd_sum" if plan["async_"] else "fwd_sum_direct", io, bc, plan["npt"],
-                        plan["nsplit"], bv, cv)
+        key = KernelKey("fwd_sum_ring" if ring else "fwd_sum" if plan["async_"] else "fwd_sum_direct",
+                        io, bc, plan["npt"], plan["nsplit"], bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, plan) + (
                 np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
-        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
+        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1),
+                          smem=plan["sum_smem"] if ring else plan["smem"]), args)
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
-    key = KernelKey("fwd" if plan["async_"] else "fwd_direct", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+    key = KernelKey("fwd_ring" if ring else "fwd" if plan["async_"] else "fwd_direct", io, bc, plan["npt"],
+                    plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
             np.int32(flags),) + _seg_args(plan)

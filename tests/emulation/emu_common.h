@@ -32,6 +32,7 @@ EmuWarp* emu_warps = nullptr;
 
 [[noreturn]] inline void emu_fail(const char* what) { fprintf(stderr, "EMU FAILURE: %s (block %u thread %u)\n", what, blockIdx.x, threadIdx.x); fflush(stderr); abort(); }
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / 32].bar->arrive_and_wait(); }
 [[noreturn]] inline void __trap() { emu_fail("__trap"); }
 
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int m) {
@@ -55,6 +56,7 @@ inline unsigned short emu_f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
     return (unsigned short)(u >> 16);
 }
+inline float __fdividef(float a, float b) { return a / b; }
 inline float emu_ex2_ftz(float x) { float r = exp2f(x); return (fabsf(r) < 1.17549435e-38f) ? 0.0f : r; }
 
 template <typename V, typename P> inline V* emu_al(P* p) {

@@ -37,7 +37,6 @@ template <typename T> inline T __shfl_sync(unsigned mask, T v, int src) {
     Wp.bar->arrive_and_wait();
     return (T)r;
 }
-inline void __syncwarp() { emu_warps[threadIdx.x / 32].bar->arrive_and_wait(); }
 // movmatrix.sync.aligned.m8n8.trans.b16: lane (g, t) gets elements (2t, g) and (2t + 1, g) of
 // the matrix whose row r, columns 2u, 2u + 1 are lane 4r + u's word.
 inline unsigned emu_movmatrix_trans(unsigned a) {

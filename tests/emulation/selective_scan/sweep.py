@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or n | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes, not for CI.
 """
@@ -30,6 +30,22 @@ if which == "quick":
         (2, 4, 70, 1, "float32", None, 1, 1, full, 64),
         (1, 4, 133, 3, "float32", None, 2, 2, full, 1000),
         (2, 4, 20, 8, "float32", None, 1, 1, full, 3),
+    ]
+elif which == "ring":
+    # Shapes the ring forward kernels take (L and the chunk multiples of 16 bytes and of the
+    # scan group): every IO/BC pair, chunk carries, segments (SEGS), N from 1 to 128.
+    for io, bc in (("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", None),
+                   ("float16", "float32")):
+        cases.append((2, 8, 48, 16, io, bc, 1, 1, full, 16))
+        cases.append((1, 6, 40, 5, io, bc, 3, 2, none, 8))
+    cases += [
+        (2, 8, 64, 16, "float32", None, 1, 1, full, 4),
+        (1, 4, 8, 16, "float32", None, 1, 1, full, 1000),
+        (2, 16, 96, 16, "float32", None, 2, 1, full, 32),
+        (1, 4, 32, 64, "float32", None, 1, 2, full, 16),
+        (1, 2, 48, 128, "bfloat16", None, 1, 1, full, 16),
+        (1, 4, 24, 1, "float32", None, 1, 1, full, 12),
+        (1, 4, 24, 32, "float32", None, 1, 1, full, 8),
     ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
