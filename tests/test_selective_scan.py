@@ -362,6 +362,54 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
+    """The ring forward kernels (shapes they take: L and the chunk multiples of 8 steps, B and
+    C per step; N from 1 to 128, tiny chunks so checkpoints and tiles carry, with and without
+    time segments) equal the reference, and they ran; a misaligned view falls back."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    kinds = []
+    launch = gpu_scan._launch
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
+                                                                      launch(key, plan, args)))
+    cases = [
+        (dict(batch=2, dim=6, L=200, N=16, b_form="step", c_form="group", groups=2,
+              with_init=True), 16),
+        (dict(batch=1, dim=4, L=48, N=1, b_form="step", c_form="step", with_init=False), 8),
+        (dict(batch=2, dim=3, L=40, N=5, b_form="group", c_form="step", groups=3,
+              with_init=True, with_z=False, softplus=False), 8),
+        (dict(batch=1, dim=2, L=64, N=64, b_form="step", c_form="step", with_init=True), 32),
+        (dict(batch=1, dim=2, L=32, N=128, b_form="step", c_form="step", with_init=True), None),
+        (dict(batch=3, dim=8, L=8, N=16, b_form="step", c_form="step", with_init=True), None),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        kinds.clear()
+        _check_forward("gpu", dtype, case, chunk, 700 + seed)
+        assert "fwd_ring" in kinds, kinds
+        _check_vjp("gpu", dtype, case, chunk, 700 + seed)
+    # A view starting 2 elements into its buffer is not 16-byte aligned: the other kernels.
+    case = dict(batch=1, dim=2, L=64, N=16, b_form="step", c_form="step")
+    inputs, exact = cast_inputs(random_scan_inputs(np.random.default_rng(5), **case), dtype,
+                                xp_for("gpu"))
+    xp = xp_for("gpu")
+    flat = xp.zeros(2 + inputs["u"].size, dtype=inputs["u"].dtype)
+    flat[2:] = inputs["u"].ravel()
+    inputs["u"] = flat[2:].reshape(inputs["u"].shape)  # contiguous, 2 elements off
+    kinds.clear()
+    y = ssmkit.selective_scan(**inputs, delta_softplus=True)
+    assert "fwd_ring" not in kinds and kinds, kinds
+    y_ref = reference.selective_scan(**exact, delta_softplus=True)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [2, 3, 7])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):
