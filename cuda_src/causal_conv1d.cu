@@ -140,12 +140,7 @@ __device__ __forceinline__ void cc1d_store(T* __restrict__ row, ssm_i64 t, ssm_i
 // +inf and s to 0: silu(z) is then 0 instead of a value below 1e-36.
 template <typename CT> struct cc1d_act;
 template <> struct cc1d_act<float> {
-    static __device__ __forceinline__ float sigmoid(float z) {
-        float e, s;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));
-        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));
-        return s;
-    }
+    static __device__ __forceinline__ float sigmoid(float z) { return ssm_math<float>::sigmoid_fast(z); }
     static __device__ __forceinline__ float silu(float z) { return z * sigmoid(z); }
     static __device__ __forceinline__ float dsilu(float z) {
         const float s = sigmoid(z);

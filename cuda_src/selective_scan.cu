@@ -668,126 +668,101 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 }
 
 // ===========================================================================
-// Forward through a ring of raw tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
+// Forward through a ring of tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
 // The same work and parameters as ssm_scan_fwd / ssm_scan_fwd_sum, for the
-// common case only: float compute (IO float, half or bfloat16), B and C given
-// per step, NPT 4 or 8, every row and tile 16-byte aligned (the host checks:
-// base pointers 16-byte aligned; L, the chunk and TL multiples of
+// common Mamba-1 case only: float compute (IO float, half or bfloat16), B and C
+// given per step, N <= 16 (NPT 4), every row and tile 16-byte aligned (the host
+// checks: base pointers 16-byte aligned; L, the chunk and TL multiples of
 // ssm_ring_quantum). Where the other kernels spend most of their instructions
-// (about 22 per state and step at N = 16, bfloat16), in block-wide staging and
-// output passes of one element per thread with 64-bit offsets and barriers
-// between them, these
-//   - copy each next tile's rows as stored (u, delta, z, B, C) with 16-byte
-//     cp.async into the second of two stages while this tile is scanned: one
-//     __syncthreads per tile, no transposition;
-//   - leave all else to each warp for its own 32 / NSPLIT channels, so one
+// (about 22 per state and step at N = 16, bfloat16) in block-wide staging and
+// output passes of one element per thread with 64-bit offsets, and in
+// converting B and C in every thread, these
+//   - copy each next tile's rows of u, delta and z as stored, with 16-byte
+//     cp.async, into the second of two stages while this tile is scanned; load
+//     its B and C into registers then, and at the tile's end store them widened
+//     to float in the layout the scan reads (groups of 4 steps: [step / 4][n][4]),
+//     so each lane reads 4 steps of a state with one 16-byte access at an
+//     address known at compile time from the group's: one __syncthreads per tile;
+//   - leave all else to each warp for its own 32 / NSPLIT channels, so that one
 //     warp's staging or output overlaps another's scan: dt = softplus(delta +
-//     bias) and dt * u for the tile into the warp's dtu rows, the scan GS steps
-//     at a time with B and C read as vectors of GS steps straight from the
-//     stage, one reduce-scatter per group into the warp's y rows, then
-//     y = (sum + D u) silu(z) written 16 bytes per lane, coalesced.
+//     bias) and dt u into the warp's rows, the scan 4 steps at a time with one
+//     reduce-scatter per group into the warp's y rows, then y = (sum + D u) silu(z)
+//     written 16 bytes per lane, coalesced;
+//   - take softplus and the sigmoid from the hardware approximations
+//     (ssm_math<float>::softplus_fast, sigmoid_fast).
 // Same recurrence in the same order per state as the other forward kernels;
-// sums over states may differ in rounding (another order of the lanes' adds).
+// sums over states, softplus and silu may differ in the last bits.
 // ===========================================================================
 
-// Steps per scan group: at least 4 (B and C come as vectors of GS steps), at
-// least NSPLIT (one reduce-scatter per group).
-template <int NSPLIT> __host__ __device__ constexpr int ssm_ring_group() { return NSPLIT > 4 ? NSPLIT : 4; }
-
 // Granule of every tile start and length, in steps: 16 bytes of IO and of BC,
-// and a scan group. ssmkit/_gpu/selective_scan.py mirrors it (_ring_quantum).
-template <typename IO, typename BC, int NSPLIT> __host__ __device__ constexpr int ssm_ring_quantum() {
-    constexpr int a = 16 / (int)sizeof(IO), b = 16 / (int)sizeof(BC), g = ssm_ring_group<NSPLIT>();
-    constexpr int ab = a > b ? a : b;  // powers of two: the lcm is the largest
-    return ab > g ? ab : g;
+// and a scan group of 4 steps. ssmkit/_gpu/selective_scan.py mirrors it
+// (_ring_quantum).
+template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_quantum() {
+    constexpr int a = 16 / (int)sizeof(IO), b = 16 / (int)sizeof(BC);
+    return a > b ? (a > 4 ? a : 4) : (b > 4 ? b : 4);
 }
 
 // Shared memory of the ring kernels, in bytes (ssmkit/_gpu/selective_scan.py
 // mirrors it: _ring_smem_bytes). Two stages, each: CH rows of u, of delta and
-// (not SUM) of z, then NPAD rows of B and (not SUM) of C; a row holds TL
-// elements and 16 bytes more, so consecutive rows start four banks apart. Rows
-// n >= N of B and C are zero. Then per channel a row of TL {dt, dt u} pairs
-// (pitch 2 TL + 4 floats) and (not SUM) a row of TL partial outputs (pitch
-// TL + 4 floats).
+// (not SUM) of z, a row holding TL elements and 16 bytes more (so consecutive
+// rows start four banks apart); then B and (not SUM) C in float, as TL / 4
+// groups of NPAD x 4 (rows n >= N zero). Then per channel a row of TL
+// {dt, dt u} pairs (pitch 2 TL + 4 floats) and (not SUM) a row of TL partial
+// outputs (pitch TL + 4 floats).
 struct ssm_ring_layout {
-    int pio, pbc, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, total;
-    __host__ __device__ ssm_ring_layout(int CH, int TL, int NPAD, int io_size, int bc_size, bool sum) {
+    int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, total;
+    __host__ __device__ ssm_ring_layout(int CH, int TL, int NPAD, int io_size, bool sum) {
         pio = TL * io_size + 16;
-        pbc = TL * bc_size + 16;
         o_dt = CH * pio;
         o_z = 2 * CH * pio;
         o_B = (sum ? 2 : 3) * CH * pio;
-        o_C = o_B + NPAD * pbc;
-        stage = o_C + (sum ? 0 : NPAD * pbc);
+        o_C = o_B + NPAD * TL * 4;
+        stage = o_C + (sum ? 0 : NPAD * TL * 4);
         o_dtu = 2 * stage;
         o_ys = o_dtu + CH * (2 * TL + 4) * 4;
         total = o_ys + (sum ? 0 : CH * (TL + 4) * 4);
     }
 };
 
-// 16 bytes of shared memory, as four words (one 128-bit access).
+// 16 bytes as four words (one 128-bit access).
 struct alignas(16) ssm_u4 { unsigned v[4]; };
-struct alignas(8) ssm_u2 { unsigned v[2]; };
-__device__ __forceinline__ ssm_u4 ssm_lds16(const void* p) { return *reinterpret_cast<const ssm_u4*>(p); }
-__device__ __forceinline__ ssm_u2 ssm_lds8(const void* p) { return *reinterpret_cast<const ssm_u2*>(p); }
+__device__ __forceinline__ ssm_u4 ssm_ld16(const void* p) { return *reinterpret_cast<const ssm_u4*>(p); }
+__device__ __forceinline__ void ssm_st16(void* p, const ssm_u4& q) { *reinterpret_cast<ssm_u4*>(p) = q; }
 
-// Widen the two 16-bit values of word w (low half first).
-__device__ __forceinline__ void ssm_unpack2(const ssm_bf16*, unsigned w, float& lo, float& hi) {
-    lo = ssm_bits_to_float(w << 16);
-    hi = ssm_bits_to_float(w & 0xffff0000u);
-}
-__device__ __forceinline__ void ssm_unpack2(const ssm_half*, unsigned w, float& lo, float& hi) {
-    ssm_half a, b;
-    a.bits = (unsigned short)(w & 0xffffu);
-    b.bits = (unsigned short)(w >> 16);
-    lo = ssm_load(a);
-    hi = ssm_load(b);
-}
-
-// K consecutive values of T at p (16-byte aligned if K * sizeof(T) >= 16, else
-// 8-byte aligned; K * sizeof(T) a multiple of 8), widened to float.
-template <int K, typename T>
-__device__ __forceinline__ void ssm_ld_widen(float (&r)[K], const T* p) {
-    constexpr int BYTES = K * (int)sizeof(T);
-    static_assert(BYTES % 8 == 0, "ssm_ld_widen: whole 8-byte words only");
-    unsigned w[BYTES / 4];
-    if constexpr (BYTES % 16 == 0) {
+// Widen the 16 / sizeof(T) values of T in q to float.
+__device__ __forceinline__ void ssm_widen16(float (&r)[4], const float*, const ssm_u4& q) {
 #pragma unroll
-        for (int i = 0; i < BYTES / 16; ++i) {
-            const ssm_u4 q = ssm_lds16(reinterpret_cast<const unsigned char*>(p) + 16 * i);
-            w[4 * i] = q.v[0]; w[4 * i + 1] = q.v[1]; w[4 * i + 2] = q.v[2]; w[4 * i + 3] = q.v[3];
-        }
-    } else {
+    for (int i = 0; i < 4; ++i) r[i] = ssm_bits_to_float(q.v[i]);
+}
+__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_bf16*, const ssm_u4& q) {
 #pragma unroll
-        for (int i = 0; i < BYTES / 8; ++i) {
-            const ssm_u2 q = ssm_lds8(reinterpret_cast<const unsigned char*>(p) + 8 * i);
-            w[2 * i] = q.v[0]; w[2 * i + 1] = q.v[1];
-        }
+    for (int i = 0; i < 4; ++i) {
+        r[2 * i] = ssm_bits_to_float(q.v[i] << 16);
+        r[2 * i + 1] = ssm_bits_to_float(q.v[i] & 0xffff0000u);
     }
-    if constexpr (sizeof(T) == 4) {
+}
+__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_half*, const ssm_u4& q) {
 #pragma unroll
-        for (int i = 0; i < K; ++i) r[i] = ssm_bits_to_float(w[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < K / 2; ++i) ssm_unpack2((const T*)nullptr, w[i], r[2 * i], r[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) {
+        ssm_half a, b;
+        a.bits = (unsigned short)(q.v[i] & 0xffffu);
+        b.bits = (unsigned short)(q.v[i] >> 16);
+        r[2 * i] = ssm_load(a);
+        r[2 * i + 1] = ssm_load(b);
     }
 }
 
-// Narrow K = 16 / sizeof(T) floats to T and store them as one 16-byte access.
-template <typename T, int K>
-__device__ __forceinline__ void ssm_st_narrow16(T* p, const float (&v)[K]) {
-    static_assert(K * sizeof(T) == 16, "ssm_st_narrow16: 16 bytes");
-    if constexpr (sizeof(T) == 4) {
-        ssm_st4(reinterpret_cast<float*>(p), v);
-    } else {
-        T tmp[K];
+// Narrow 16 / sizeof(T) floats to T and store them with one 16-byte access.
+__device__ __forceinline__ void ssm_narrow16(float* p, const float (&v)[4]) { ssm_st4(p, v); }
+template <typename T>
+__device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
+    T tmp[8];
 #pragma unroll
-        for (int i = 0; i < K; ++i) ssm_store(&tmp[i], v[i]);
-        ssm_u4 q;
+    for (int i = 0; i < 8; ++i) ssm_store(&tmp[i], v[i]);
+    ssm_u4 q;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q.v[i] = (unsigned)tmp[2 * i].bits | ((unsigned)tmp[2 * i + 1].bits << 16);
-        *reinterpret_cast<ssm_u4*>(p) = q;
-    }
+    for (int i = 0; i < 4; ++i) q.v[i] = (unsigned)tmp[2 * i].bits | ((unsigned)tmp[2 * i + 1].bits << 16);
+    ssm_st16(p, q);
 }
 
 // Steps in the tile starting at t: up to TL, never across a chunk's or the
@@ -798,39 +773,86 @@ __device__ __forceinline__ int ssm_ring_tile_len(ssm_i64 t, ssm_i64 chunk, ssm_i
     return (int)((e - t) < TL ? (e - t) : TL);
 }
 
-// Issue the cp.async copies of the tile [t, t + tl) into stage st (one commit
-// group; an empty one when tl <= 0). Every row piece is 16 bytes.
-template <typename IO, typename BC, bool SUM>
-__device__ __forceinline__ void ssm_ring_copy(unsigned char* st, const ssm_ring_layout& lay,
-                                              const IO* u, const IO* delta, const IO* z, const BC* Bg,
-                                              const BC* Cg, ssm_i64 row0, ssm_i64 L, int CH, int N,
+// B and C of one tile on their way to a stage, in 16-byte pieces: piece i of
+// the (SUM ? 1 : 2) N rows x tl / V pieces (B's rows first). A thread moves
+// pieces tid, tid + nthr, ...: the first BCR of them held in registers from
+// load(), during the scan of the tile before, to store() at its end; any
+// further ones (blocks of few threads) loaded at store().
+template <typename BC, bool SUM>
+struct ssm_ring_bc {
+    static constexpr int BCR = 4;
+    static constexpr int V = 16 / sizeof(BC);  // steps per piece
+    ssm_u4 q[BCR];
+
+    static __device__ __forceinline__ const BC* src(const BC* Bg, const BC* Cg, ssm_i64 L, int N, ssm_i64 t,
+                                                    int ppr, int i) {
+        const int r = i / ppr, k = i - r * ppr;
+        return (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t + k * V;
+    }
+    // Piece i widened to float, into groups of 4 steps: [step / 4][n][4].
+    static __device__ __forceinline__ void put(unsigned char* st, const ssm_ring_layout& lay, int N, int NPAD,
+                                               int ppr, int i, const ssm_u4& q) {
+        const int r = i / ppr, k = i - r * ppr;
+        const int n = r < N ? r : r - N;
+        float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) + ((k * V / 4) * NPAD + n) * 4;
+        float f[V];
+        ssm_widen16(f, (const BC*)nullptr, q);
+#pragma unroll
+        for (int m = 0; m < V / 4; ++m) ssm_st4(dst + m * NPAD * 4, f + 4 * m);
+    }
+    __device__ __forceinline__ void load(const BC* Bg, const BC* Cg, ssm_i64 L, int N, ssm_i64 t, int tl,
+                                         int tid, int nthr) {
+        const int ppr = tl / V, n_all = (SUM ? 1 : 2) * N * ppr;
+#pragma unroll
+        for (int j = 0; j < BCR; ++j)
+            if (tid + j * nthr < n_all) q[j] = ssm_ld16(src(Bg, Cg, L, N, t, ppr, tid + j * nthr));
+    }
+    __device__ __forceinline__ void store(unsigned char* st, const ssm_ring_layout& lay, const BC* Bg,
+                                          const BC* Cg, ssm_i64 L, int N, int NPAD, ssm_i64 t, int tl,
+                                          int tid, int nthr) const {
+        const int ppr = tl / V, n_all = (SUM ? 1 : 2) * N * ppr;
+#pragma unroll
+        for (int j = 0; j < BCR; ++j)
+            if (tid + j * nthr < n_all) put(st, lay, N, NPAD, ppr, tid + j * nthr, q[j]);
+#pragma unroll 1
+        for (int i = tid + BCR * nthr; i < n_all; i += nthr)
+            put(st, lay, N, NPAD, ppr, i, ssm_ld16(src(Bg, Cg, L, N, t, ppr, i)));
+    }
+};
+
+// Issue the cp.async copies of the rows of u, delta and (not SUM, has_z) z of
+// the tile [t, t + tl) into stage st, and commit them as one group (an empty
+// one when tl <= 0). Row r of array a (0 u, 1 delta, 2 z) is at row0 + r L.
+// Pieces of 16 bytes, walked without divisions: a thread starts at piece
+// (r, k) = (tid / ppr, tid % ppr) of each array and steps nthr pieces at a time.
+template <typename IO, bool SUM>
+__device__ __forceinline__ void ssm_ring_copy(unsigned char* st, const ssm_ring_layout& lay, const IO* u,
+                                              const IO* delta, const IO* z, ssm_i64 row0, ssm_i64 L, int CH,
                                               ssm_i64 t, int tl, bool has_z, int tid, int nthr) {
     if (tl > 0) {
-        const int pio = tl * (int)sizeof(IO) / 16;  // pieces per row
-        const int nio = (SUM || !has_z ? 2 : 3) * CH * pio;
+        const int ppr = tl * (int)sizeof(IO) / 16;
+        const int rstep = nthr / ppr, kstep = nthr - rstep * ppr;
+        const int r0 = tid / ppr, k0 = tid - r0 * ppr;
+#pragma unroll
+        for (int a = 0; a < (SUM ? 2 : 3); ++a) {
+            if (a == 2 && !has_z) break;
+            const IO* const g = (a == 0 ? u : a == 1 ? delta : z) + row0 + t;
+            unsigned char* const s = st + a * lay.o_dt;
+            int r = r0, k = k0;
 #pragma unroll 1
-        for (int i = tid; i < nio; i += nthr) {
-            const int r = i / pio, k = i - r * pio;
-            const int which = r / CH, c = r - which * CH;
-            const IO* src = (which == 0 ? u : which == 1 ? delta : z) + row0 + (ssm_i64)c * L + t;
-            ssm_cp_async<16>(st + which * lay.o_dt + c * lay.pio + 16 * k,
-                             reinterpret_cast<const unsigned char*>(src) + 16 * k);
-        }
-        const int pbc = tl * (int)sizeof(BC) / 16;
-        const int nbc = (SUM ? 1 : 2) * N * pbc;
-#pragma unroll 1
-        for (int i = tid; i < nbc; i += nthr) {
-            const int r = i / pbc, k = i - r * pbc;
-            const int which = r / N, n = r - which * N;
-            const BC* src = (which == 0 ? Bg : Cg) + (ssm_i64)n * L + t;
-            ssm_cp_async<16>(st + (which == 0 ? lay.o_B : lay.o_C) + n * lay.pbc + 16 * k,
-                             reinterpret_cast<const unsigned char*>(src) + 16 * k);
+            while (r < CH) {
+                ssm_cp_async<16>(s + r * lay.pio + 16 * k,
+                                 reinterpret_cast<const unsigned char*>(g + (ssm_i64)r * L) + 16 * k);
+                r += rstep;
+                k += kstep;
+                if (k >= ppr) { k -= ppr; ++r; }
+            }
         }
     }
     ssm_cp_commit();
 }
 
-template <typename IO, typename BC, int NPT, int NSPLIT, bool SUM>
+template <typename IO, typename BC, int NSPLIT, bool SUM>
 __device__ __forceinline__ void
 ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
                   const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
@@ -841,21 +863,21 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                   int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
     static_assert(ssm_same<float, typename ssm_compute_of<IO>::type>::value, "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert((NPT == 4 || NPT == 8) && (NSPLIT & (NSPLIT - 1)) == 0 && NSPLIT <= 32, "bad config");
+    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
-    constexpr int NPAD = NPT * NSPLIT;
-    constexpr int GS = ssm_ring_group<NSPLIT>();
-    constexpr int Q = ssm_ring_quantum<IO, BC, NSPLIT>();
+    constexpr int NPT = 4, NPAD = NPT * NSPLIT, GS = 4;
+    constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;       // channels per warp
     constexpr int VIO = 16 / sizeof(IO);   // steps per 16-byte piece of IO
+    constexpr int R = ssm_rs_len(GS, NSPLIT / 2);  // step sums a lane keeps per group
 
     const int nthr = CH * NSPLIT;  // == blockDim.x
     const int tid = threadIdx.x;
     const int c = tid / NSPLIT, s = tid % NSPLIT;
     const int lane = tid & 31;
-    const int cw0 = (tid >> 5) * CPW;                              // the warp's first channel
-    const int cwn = (CH - cw0) < CPW ? (CH - cw0) : CPW;           // and how many it has
-    const int wl = (nthr - (tid & ~31)) < 32 ? (nthr - (tid & ~31)) : 32;  // lanes in this warp
+    const int cw0 = (tid >> 5) * CPW;                                      // the warp's first channel,
+    const int cwn = (CH - cw0) < CPW ? (CH - cw0) : CPW;                   // its channels
+    const int wl = (nthr - (tid & ~31)) < 32 ? (nthr - (tid & ~31)) : 32;  // and lanes
     const int ntile = dim / CH;
     const int rows = batch * ntile;
     const int seg = seg0 + (int)(blockIdx.x / rows);
@@ -867,7 +889,7 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
     const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
 
-    const ssm_ring_layout lay(CH, TL, NPAD, sizeof(IO), sizeof(BC), SUM);
+    const ssm_ring_layout lay(CH, TL, NPAD, sizeof(IO), SUM);
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || TL % Q != 0 ||
         L % Q != 0 || chunk % Q != 0 || dim % CH != 0 || N > NPAD || GB <= 0 || dim % GB != 0 ||
         (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0 || seg < 0 ||
@@ -885,12 +907,17 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const bool softplus = flags & SSM_SOFTPLUS;
     const bool save_ckpt = flags & SSM_SAVE_CKPT;
 
-    // Rows n >= N of B and C stay zero in both stages (the copies never write them).
-    for (int i = tid; i < 2 * (SUM ? 1 : 2) * (NPAD - N); i += nthr) {
-        const int st = i / ((SUM ? 1 : 2) * (NPAD - N)), r = i % ((SUM ? 1 : 2) * (NPAD - N));
-        const int which = r / (NPAD - N), n = N + r % (NPAD - N);
-        unsigned* row = reinterpret_cast<unsigned*>(sm + st * lay.stage + (which ? lay.o_C : lay.o_B) + n * lay.pbc);
-        for (int k = 0; k < lay.pbc / 4; ++k) row[k] = 0u;
+    // States n >= N of B and C stay zero in both stages (stores write n < N only).
+    if (N < NPAD) {
+        const int per = (SUM ? 1 : 2) * (TL / 4) * (NPAD - N);  // float4 slots per stage
+        for (int i = tid; i < 2 * per; i += nthr) {
+            const int st = i / per, r = i - st * per;
+            const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
+            const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
+            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            ssm_st4(reinterpret_cast<float*>(sm + st * lay.stage + (which ? lay.o_C : lay.o_B)) + (g * NPAD + n) * 4,
+                    zero);
+        }
     }
 
     float A2[NPT], h[NPT];
@@ -910,13 +937,20 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 row0 = ((ssm_i64)b * dim + d0) * L;  // u, delta, z, y: row of channel d0
     const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
-    ssm_ring_copy<IO, BC, SUM>(sm, lay, u, delta, z, Bg, Cg, row0, L, CH, N, t_begin,
-                               ssm_ring_tile_len(t_begin, chunk, t_end, TL), has_z, tid, nthr);
+    ssm_ring_bc<BC, SUM> bc;
+    {
+        const int tl0 = ssm_ring_tile_len(t_begin, chunk, t_end, TL);
+        ssm_ring_copy<IO, SUM>(sm, lay, u, delta, z, row0, L, CH, t_begin, tl0, has_z, tid, nthr);
+        bc.load(Bg, Cg, L, N, t_begin, tl0, tid, nthr);
+        bc.store(sm, lay, Bg, Cg, L, N, NPAD, t_begin, tl0, tid, nthr);
+    }
 
     int stage = 0;
 #pragma unroll 1
     for (ssm_i64 t0 = t_begin; t0 < t_end;) {
         const int tl = ssm_ring_tile_len(t0, chunk, t_end, TL);
+        const ssm_i64 tn = t0 + tl;
+        const int tln = tn < t_end ? ssm_ring_tile_len(tn, chunk, t_end, TL) : 0;
         if (!SUM && save_ckpt && t0 % chunk == 0) {  // the state entering chunk t0 / chunk
             float* const dst = ckpt + (((t0 / chunk) * batch + b) * (ssm_i64)dim + d) * N;
 #pragma unroll
@@ -924,13 +958,10 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 if (s * NPT + k < N) dst[s * NPT + k] = h[k];
         }
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
-        __syncthreads();    // everyone's have; everyone is done with the other stage
-        {
-            const ssm_i64 tn = t0 + tl;
-            ssm_ring_copy<IO, BC, SUM>(sm + (stage ^ 1) * lay.stage, lay, u, delta, z, Bg, Cg, row0, L, CH,
-                                       N, tn, tn < t_end ? ssm_ring_tile_len(tn, chunk, t_end, TL) : 0,
-                                       has_z, tid, nthr);
-        }
+        __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
+        ssm_ring_copy<IO, SUM>(sm + (stage ^ 1) * lay.stage, lay, u, delta, z, row0, L, CH, tn, tln, has_z,
+                               tid, nthr);
+        bc.load(Bg, Cg, L, N, tn, tln, tid, nthr);
         const unsigned char* const st = sm + stage * lay.stage;
 
         // dt and dt u of the warp's channels, VIO steps per lane at a time.
@@ -941,14 +972,14 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 const int r = i / ppr, t = (i - r * ppr) * VIO;
                 const int cc = cw0 + r;
                 float uu[VIO], dd[VIO];
-                ssm_ld_widen<VIO>(uu, reinterpret_cast<const IO*>(st + cc * lay.pio) + t);
-                ssm_ld_widen<VIO>(dd, reinterpret_cast<const IO*>(st + lay.o_dt + cc * lay.pio) + t);
+                ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
+                ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.o_dt + cc * lay.pio + t * sizeof(IO)));
                 const float bias = has_bias ? dbias[d0 + cc] : 0.0f;
                 float pr[2 * VIO];
 #pragma unroll
                 for (int j = 0; j < VIO; ++j) {
                     float dt = dd[j] + bias;
-                    if (softplus) dt = M::softplus(dt);
+                    if (softplus) dt = M::softplus_fast(dt);
                     pr[2 * j] = dt;
                     pr[2 * j + 1] = dt * uu[j];
                 }
@@ -959,31 +990,34 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         }
         __syncwarp(wmask);
 
-        // The scan, GS steps at a time.
+        // The scan, 4 steps at a time. B and C of group g, state n: [g][n][4].
         {
-            const float* const drow = dtu + c * (2 * TL + 4);
-            const BC* const Brow = reinterpret_cast<const BC*>(st + lay.o_B + s * NPT * lay.pbc);
-            const BC* const Crow = reinterpret_cast<const BC*>(st + lay.o_C + s * NPT * lay.pbc);
-            const int bstride = lay.pbc / (int)sizeof(BC);  // elements between B (C) rows
+            const float* drow = dtu + c * (2 * TL + 4);
+            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
+            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
+            float* yrow = ys + c * (TL + 4);
 #pragma unroll 1
             for (int g0 = 0; g0 < tl; g0 += GS) {
                 float pr[2 * GS];
-#pragma unroll
-                for (int j = 0; j < 2 * GS; j += 4) ssm_ld4(pr + j, drow + 2 * g0 + j);
+                ssm_ld4(pr, drow);
+                ssm_ld4(pr + 4, drow + 4);
                 float acc[GS];
 #pragma unroll
                 for (int j = 0; j < GS; ++j) acc[j] = 0.0f;
 #pragma unroll
                 for (int k = 0; k < NPT; ++k) {
-                    float bv[GS], cv[GS];
-                    ssm_ld_widen<GS>(bv, Brow + k * bstride + g0);
-                    if constexpr (!SUM) ssm_ld_widen<GS>(cv, Crow + k * bstride + g0);
+                    float bv[4], cv[4];
+                    ssm_ld4(bv, Bq + 4 * k);
+                    if constexpr (!SUM) ssm_ld4(cv, Cq + 4 * k);
 #pragma unroll
                     for (int j = 0; j < GS; ++j) {
                         h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
                         if constexpr (!SUM) acc[j] += cv[j] * h[k];
                     }
                 }
+                drow += 2 * GS;
+                Bq += NPAD * 4;
+                Cq += NPAD * 4;
                 if constexpr (SUM) {
 #pragma unroll
                     for (int j = 0; j < GS; ++j) sdt += pr[2 * j];
@@ -991,11 +1025,11 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     int off = 0;
                     bool own = true;
                     ssm_reduce_scatter<GS, NSPLIT / 2>::run(acc, s, wmask, off, own);
-                    constexpr int R = ssm_rs_len(GS, NSPLIT / 2);
                     if (own) {
 #pragma unroll
-                        for (int j = 0; j < R; ++j) ys[c * (TL + 4) + g0 + off + j] = acc[j];
+                        for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
                     }
+                    yrow += GS;
                 }
             }
         }
@@ -1011,21 +1045,23 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 float yv[VIO], uu[VIO];
 #pragma unroll
                 for (int j = 0; j < VIO; j += 4) ssm_ld4(yv + j, ys + cc * (TL + 4) + t + j);
-                ssm_ld_widen<VIO>(uu, reinterpret_cast<const IO*>(st + cc * lay.pio) + t);
+                ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 const float Dd = has_D ? D[d0 + cc] : 0.0f;
 #pragma unroll
                 for (int j = 0; j < VIO; ++j) yv[j] += Dd * uu[j];
                 if (has_z) {
                     float zz[VIO];
-                    ssm_ld_widen<VIO>(zz, reinterpret_cast<const IO*>(st + lay.o_z + cc * lay.pio) + t);
+                    ssm_widen16(zz, (const IO*)nullptr, ssm_ld16(st + lay.o_z + cc * lay.pio + t * sizeof(IO)));
 #pragma unroll
-                    for (int j = 0; j < VIO; ++j)
-                        yv[j] *= zz[j] * __fdividef(1.0f, 1.0f + M::decay(-zz[j] * M::kLog2e));
+                    for (int j = 0; j < VIO; ++j) yv[j] *= zz[j] * M::sigmoid_fast(zz[j]);
                 }
-                ssm_st_narrow16(y + row0 + (ssm_i64)cc * L + t0 + t, yv);
+                ssm_narrow16(y + row0 + (ssm_i64)cc * L + t0 + t, yv);
             }
         }
-        t0 += tl;
+        // The next tile's B and C into the other stage (its last readers, the
+        // previous tile's scan, passed this tile's barrier).
+        bc.store(sm + (stage ^ 1) * lay.stage, lay, Bg, Cg, L, N, NPAD, tn, tln, tid, nthr);
+        t0 = tn;
         stage ^= 1;
     }
     ssm_cp_wait_all();  // the empty last group
@@ -1045,34 +1081,26 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     }
 }
 
+#define SSM_RING_PARAMS                                                                                 \
+    const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,                   \
+        const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,                \
+        const float* __restrict__ D, const float* __restrict__ dbias, const float* __restrict__ h0,     \
+        IO* __restrict__ y, float* __restrict__ hfinal, float* __restrict__ ckpt,                       \
+        float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L,    \
+        int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
+
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS)
-ssm_scan_fwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
-                  const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
-                  const float* __restrict__ D, const float* __restrict__ dbias, const float* __restrict__ h0,
-                  IO* __restrict__ y, float* __restrict__ hfinal, float* __restrict__ ckpt,
-                  float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N,
-                  ssm_i64 L, int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len,
-                  int nseg, int seg0) {
-    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, false>(u, delta, z, A, B, C, D, dbias, h0, y, hfinal, ckpt, seg_h,
-                                                  seg_dt, batch, dim, N, L, GB, GC, chunk, TL, CH, flags,
-                                                  seg_len, nseg, seg0);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS)
-ssm_scan_fwd_sum_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
-                      const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
-                      const float* __restrict__ D, const float* __restrict__ dbias, const float* __restrict__ h0,
-                      IO* __restrict__ y, float* __restrict__ hfinal, float* __restrict__ ckpt,
-                      float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N,
-                      ssm_i64 L, int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len,
-                      int nseg, int seg0) {
-    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, true>(u, delta, z, A, B, C, D, dbias, h0, y, hfinal, ckpt, seg_h,
-                                                 seg_dt, batch, dim, N, L, GB, GC, chunk, TL, CH, flags,
-                                                 seg_len, nseg, seg0);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:

@@ -10,7 +10,7 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts);
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
-  small N, every option).
+  small N, every option) and on its ring list (the shapes the ring forward kernels take).
 """
 
 from __future__ import annotations
@@ -54,9 +54,11 @@ def test_ssd_in_emulation(script, cases):
 
 
 @needs_gxx
-def test_selective_scan_in_emulation():
+@pytest.mark.parametrize("which", ["quick", "ring"])  # ring: the ring forward kernels' shapes
+def test_selective_scan_in_emulation(which):
+    pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0")  # (the full sweeps run under AddressSanitizer by hand)
     script = os.path.join(HERE, "emulation", "selective_scan", "sweep.py")
-    run = subprocess.run([sys.executable, script, "quick"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

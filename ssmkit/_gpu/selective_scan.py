@@ -109,7 +109,7 @@ TUNING = {
     # 2x1536x32768, split: 3.42 against 2.69 ms; float32: 1-2% slower), benchmarks/NOTES.md.
     # SSMKIT_FWD_ASYNC=1 / 0 in the environment (read at import) sets True / False.
     "fwd_async": {"1": True, "0": False}.get(os.environ.get("SSMKIT_FWD_ASYNC", ""), "auto"),
-    # True: where they apply (float compute, B and C per step, N <= 128, rows 16-byte aligned and
+    # True: where they apply (float compute, B and C per step, N <= 16, rows 16-byte aligned and
     # L and the chunk multiples of _ring_quantum), the forward kernels that scan raw tiles from
     # a ring of two shared stages with all staging and output done per warp
     # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring); False: always the kernels above.
@@ -144,7 +144,7 @@ _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct
 _RING_KINDS = ("fwd_ring", "fwd_sum_ring")
 # Registers per thread of the ring kernels (NVRTC for sm_90, the most over their
 # instantiations), by NPT; only used to estimate how many blocks share an SM.
-_RING_REGS = {4: 80, 8: 176}
+_RING_REGS = {4: 128}
 
 
 def _dtype_name(dt) -> str:
@@ -270,21 +270,17 @@ def _fwd_smem_bytes(ch, tl, npad, bv, cv, itemsize, raw=None):
     return nbytes
 
 
-def _ring_group(nsplit):
-    """Steps per scan group of the ring kernels (mirrors ssm_ring_group)."""
-    return max(4, nsplit)
-
-
-def _ring_quantum(io, bc, nsplit):
-    """Granule of the ring kernels' tile starts and lengths, in steps (mirrors ssm_ring_quantum):
-    16 bytes of u/delta/z and of B/C, and a scan group."""
-    return max(16 // _ITEMSIZE[io], 16 // _ITEMSIZE[bc], _ring_group(nsplit))
+def _ring_quantum(io, bc):
+    """Granule of the ring kernels' tile starts and lengths, in steps (mirrors
+    ssm_ring_quantum): 16 bytes of u/delta/z and of B/C, and a scan group of 4 steps."""
+    return max(16 // _ITEMSIZE[io], 16 // _ITEMSIZE[bc], 4)
 
 
 def _ring_smem_bytes(ch, tl, npad, io, bc, summary=False):
     """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout)."""
-    pio, pbc = tl * _ITEMSIZE[io] + 16, tl * _ITEMSIZE[bc] + 16
-    stage = (2 if summary else 3) * ch * pio + (1 if summary else 2) * npad * pbc
+    del bc  # B and C are widened to float in shared memory
+    pio = tl * _ITEMSIZE[io] + 16
+    stage = (2 if summary else 3) * ch * pio + (1 if summary else 2) * npad * tl * 4
     return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4)
 
 
@@ -484,16 +480,16 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
     They apply with float32 compute (u in float16, bfloat16 or float32), B and C
-    per step (``gb``, ``gc`` > 0), N <= 128 and L and the chunk (``min(chunk_size,
+    per step (``gb``, ``gc`` > 0), N <= 16 and L and the chunk (``min(chunk_size,
     L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
     plus ``sum_smem`` (bytes of the summary kernel) and ``ring`` True.
     """
-    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 128 or L < 1:
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or L < 1:
         return None
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, "float32")
-    q = _ring_quantum(io, bc, nsplit)
+    q = _ring_quantum(io, bc)
     cmax = max(1, min(chunk_size, L))
     if L % q or cmax % q or npt not in _RING_REGS:
         return None

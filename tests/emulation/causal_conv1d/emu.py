@@ -31,8 +31,6 @@ sys.path.insert(0, os.path.dirname(HERE))
 from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 REPL = COMMON_REPL + [
     ('extern __shared__ cc1d_words cc1d_dyn[];', 'cc1d_words* const cc1d_dyn = reinterpret_cast<cc1d_words*>(emu_smem_ptr);'),
-    ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));', 'e = emu_ex2_ftz(z * -1.4426950408889634f);'),
-    ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));', 's = emu_rcp_ftz(1.0f + e);'),
     ('asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));', 'r = emu_rcp64(d);'),
     ('for (int i = 0; i < 4; ++i) asm("mov.b32 %0, %1;" : "=r"(w[i]) : "f"(r[i]));', 'for (int i = 0; i < 4; ++i) memcpy(&w[i], &r[i], 4);'),
     ('asm("mov.b64 {%0, %1}, %2;" : "=r"(w[2 * i]), "=r"(w[2 * i + 1]) : "d"(r[i]));', 'memcpy(&w[2 * i], &r[i], 8);'),

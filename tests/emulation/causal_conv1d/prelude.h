@@ -18,7 +18,6 @@ template <typename T> inline T emu_shfl_move(T v, int src_off, bool down) {
 }
 template <typename T> inline T __shfl_up_sync(unsigned, T v, int d) { return emu_shfl_move(v, d, false); }
 template <typename T> inline T __shfl_down_sync(unsigned, T v, int d) { return emu_shfl_move(v, d, true); }
-inline float emu_rcp_ftz(float x) { float r = 1.0f / x; return (fabsf(r) < 1.17549435e-38f) ? 0.0f : r; }
 inline unsigned emu_pack2(unsigned short lo, unsigned short hi) { return (unsigned)lo | ((unsigned)hi << 16); }
 // a reciprocal good to about 2^-20 only, as a hardware approximation might be: the Newton steps must fix it
 inline double emu_rcp64(double d) { double r = 1.0 / d; return r * (1.0 + 0x1p-20); }

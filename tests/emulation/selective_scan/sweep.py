@@ -32,8 +32,9 @@ if which == "quick":
         (2, 4, 20, 8, "float32", None, 1, 1, full, 3),
     ]
 elif which == "ring":
-    # Shapes the ring forward kernels take (L and the chunk multiples of 16 bytes and of the
-    # scan group): every IO/BC pair, chunk carries, segments (SEGS), N from 1 to 128.
+    # Shapes the ring forward kernels take (N <= 16, B and C per step, L and the chunk multiples
+    # of 16 bytes and of 4 steps): every IO/BC pair, chunk carries, segments (SEGS), N 1 to 16,
+    # blocks of one channel (G = dim) and of several warps.
     for io, bc in (("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", None),
                    ("float16", "float32")):
         cases.append((2, 8, 48, 16, io, bc, 1, 1, full, 16))
@@ -42,10 +43,10 @@ elif which == "ring":
         (2, 8, 64, 16, "float32", None, 1, 1, full, 4),
         (1, 4, 8, 16, "float32", None, 1, 1, full, 1000),
         (2, 16, 96, 16, "float32", None, 2, 1, full, 32),
-        (1, 4, 32, 64, "float32", None, 1, 2, full, 16),
-        (1, 2, 48, 128, "bfloat16", None, 1, 1, full, 16),
         (1, 4, 24, 1, "float32", None, 1, 1, full, 12),
-        (1, 4, 24, 32, "float32", None, 1, 1, full, 8),
+        (1, 4, 24, 2, "float32", None, 4, 4, full, 8),
+        (1, 64, 32, 16, "bfloat16", None, 1, 1, full, 32),
+        (1, 40, 80, 9, "float32", None, 1, 1, full, 40),
     ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
