@@ -678,11 +678,12 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 // output passes of one element per thread with 64-bit offsets, and in
 // converting B and C in every thread, these
 //   - copy each next tile's rows of u, delta and z as stored, with 16-byte
-//     cp.async, into the second of two stages while this tile is scanned; load
-//     its B and C into registers then, and at the tile's end store them widened
-//     to float in the layout the scan reads (groups of 4 steps: [step / 4][n][4]),
-//     so each lane reads 4 steps of a state with one 16-byte access at an
-//     address known at compile time from the group's: one __syncthreads per tile;
+//     cp.async, into the second of two stages while this tile is scanned, and
+//     its B and C into the layout the scan reads, in float (groups of 4 steps:
+//     [step / 4][n][4]; 16-bit B and C are copied as stored and widened there by
+//     the same threads at the tile's end), so each lane reads 4 steps of a state
+//     with one 16-byte access at an address known at compile time from the
+//     group's: one __syncthreads per tile;
 //   - leave all else to each warp for its own 32 / NSPLIT channels, so that one
 //     warp's staging or output overlaps another's scan: dt = softplus(delta +
 //     bias) and dt u into the warp's rows, the scan 4 steps at a time with one
@@ -708,10 +709,11 @@ template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_q
 // rows start four banks apart); then B and (not SUM) C in float, as TL / 4
 // groups of NPAD x 4 (rows n >= N zero). Then per channel a row of TL
 // {dt, dt u} pairs (pitch 2 TL + 4 floats) and (not SUM) a row of TL partial
-// outputs (pitch TL + 4 floats).
+// outputs (pitch TL + 4 floats); last, for 16-bit B and C, their rows as
+// stored (N of B, then N of C; TL elements each), one tile at a time.
 struct ssm_ring_layout {
-    int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, total;
-    __host__ __device__ ssm_ring_layout(int CH, int TL, int NPAD, int io_size, bool sum) {
+    int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, o_raw, total;
+    __host__ __device__ ssm_ring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, bool sum) {
         pio = TL * io_size + 16;
         o_dt = CH * pio;
         o_z = 2 * CH * pio;
@@ -720,7 +722,8 @@ struct ssm_ring_layout {
         stage = o_C + (sum ? 0 : NPAD * TL * 4);
         o_dtu = 2 * stage;
         o_ys = o_dtu + CH * (2 * TL + 4) * 4;
-        total = o_ys + (sum ? 0 : CH * (TL + 4) * 4);
+        o_raw = o_ys + (sum ? 0 : CH * (TL + 4) * 4);
+        total = o_raw + (bc_size == 2 ? (sum ? 1 : 2) * N * TL * 2 : 0);
     }
 };
 
@@ -765,91 +768,165 @@ __device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
     ssm_st16(p, q);
 }
 
-// Steps in the tile starting at t: up to TL, never across a chunk's or the
-// segment's end (seg_end).
-__device__ __forceinline__ int ssm_ring_tile_len(ssm_i64 t, ssm_i64 chunk, ssm_i64 seg_end, int TL) {
-    ssm_i64 e = (t / chunk + 1) * chunk;
-    e = e < seg_end ? e : seg_end;
-    return (int)((e - t) < TL ? (e - t) : TL);
-}
-
-// B and C of one tile on their way to a stage, in 16-byte pieces: piece i of
-// the (SUM ? 1 : 2) N rows x tl / V pieces (B's rows first). A thread moves
-// pieces tid, tid + nthr, ...: the first BCR of them held in registers from
-// load(), during the scan of the tile before, to store() at its end; any
-// further ones (blocks of few threads) loaded at store().
-template <typename BC, bool SUM>
-struct ssm_ring_bc {
-    static constexpr int BCR = 4;
-    static constexpr int V = 16 / sizeof(BC);  // steps per piece
-    ssm_u4 q[BCR];
-
-    static __device__ __forceinline__ const BC* src(const BC* Bg, const BC* Cg, ssm_i64 L, int N, ssm_i64 t,
-                                                    int ppr, int i) {
-        const int r = i / ppr, k = i - r * ppr;
-        return (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t + k * V;
+// The tiles of a segment [t, end), in order: up to TL steps each, never across
+// a chunk's end. Tracked without 64-bit divisions (calls in SASS, around
+// which ptxas spilled).
+struct ssm_ring_tiles {
+    ssm_i64 t, end, chunk, chunk_end, ci;  // ci: the chunk holding t
+    int TL, tl;                            // tl: steps of the tile at t (0 past the end)
+    bool chunk_start;                      // t starts chunk ci
+    __device__ __forceinline__ ssm_ring_tiles(ssm_i64 t_begin, ssm_i64 t_end, ssm_i64 chunk_, int TL_)
+        : t(t_begin), end(t_end), chunk(chunk_), TL(TL_) {
+        // Segments start on chunk boundaries. (A 64-bit division is a call in
+        // SASS; in 32 bits when the numbers fit, as they nearly always do.)
+        ci = (t_begin | chunk) < 0x7fffffffLL ? (ssm_i64)((unsigned)t_begin / (unsigned)chunk) : t_begin / chunk;
+        chunk_end = (t_begin + chunk) < end ? (t_begin + chunk) : end;
+        chunk_start = true;
+        tl = len();
     }
-    // Piece i widened to float, into groups of 4 steps: [step / 4][n][4].
-    static __device__ __forceinline__ void put(unsigned char* st, const ssm_ring_layout& lay, int N, int NPAD,
-                                               int ppr, int i, const ssm_u4& q) {
-        const int r = i / ppr, k = i - r * ppr;
-        const int n = r < N ? r : r - N;
-        float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) + ((k * V / 4) * NPAD + n) * 4;
-        float f[V];
-        ssm_widen16(f, (const BC*)nullptr, q);
-#pragma unroll
-        for (int m = 0; m < V / 4; ++m) ssm_st4(dst + m * NPAD * 4, f + 4 * m);
+    __device__ __forceinline__ int len() const {
+        return t < end ? (int)((chunk_end - t) < TL ? (chunk_end - t) : TL) : 0;
     }
-    __device__ __forceinline__ void load(const BC* Bg, const BC* Cg, ssm_i64 L, int N, ssm_i64 t, int tl,
-                                         int tid, int nthr) {
-        const int ppr = tl / V, n_all = (SUM ? 1 : 2) * N * ppr;
-#pragma unroll
-        for (int j = 0; j < BCR; ++j)
-            if (tid + j * nthr < n_all) q[j] = ssm_ld16(src(Bg, Cg, L, N, t, ppr, tid + j * nthr));
-    }
-    __device__ __forceinline__ void store(unsigned char* st, const ssm_ring_layout& lay, const BC* Bg,
-                                          const BC* Cg, ssm_i64 L, int N, int NPAD, ssm_i64 t, int tl,
-                                          int tid, int nthr) const {
-        const int ppr = tl / V, n_all = (SUM ? 1 : 2) * N * ppr;
-#pragma unroll
-        for (int j = 0; j < BCR; ++j)
-            if (tid + j * nthr < n_all) put(st, lay, N, NPAD, ppr, tid + j * nthr, q[j]);
-#pragma unroll 1
-        for (int i = tid + BCR * nthr; i < n_all; i += nthr)
-            put(st, lay, N, NPAD, ppr, i, ssm_ld16(src(Bg, Cg, L, N, t, ppr, i)));
+    __device__ __forceinline__ void next() {
+        t += tl;
+        chunk_start = t == chunk_end;
+        if (chunk_start) {
+            ++ci;
+            chunk_end = (t + chunk) < end ? (t + chunk) : end;
+        }
+        tl = len();
     }
 };
 
-// Issue the cp.async copies of the rows of u, delta and (not SUM, has_z) z of
-// the tile [t, t + tl) into stage st, and commit them as one group (an empty
-// one when tl <= 0). Row r of array a (0 u, 1 delta, 2 z) is at row0 + r L.
-// Pieces of 16 bytes, walked without divisions: a thread starts at piece
-// (r, k) = (tid / ppr, tid % ppr) of each array and steps nthr pieces at a time.
-template <typename IO, bool SUM>
-__device__ __forceinline__ void ssm_ring_copy(unsigned char* st, const ssm_ring_layout& lay, const IO* u,
-                                              const IO* delta, const IO* z, ssm_i64 row0, ssm_i64 L, int CH,
-                                              ssm_i64 t, int tl, bool has_z, int tid, int nthr) {
+// Pieces tid, tid + nthr, ... of rows of ppr pieces each, as (row, piece)
+// pairs, walked without divisions after the first: ssm_pieces w(...);
+// while (w.r < rows) { ...; w.next(); }
+struct ssm_pieces {
+    int r, k, rstep, kstep, ppr;
+    __device__ __forceinline__ ssm_pieces(int ppr_, int tid, int nthr) : ppr(ppr_) {
+        rstep = nthr / ppr;
+        kstep = nthr - rstep * ppr;
+        r = tid / ppr;
+        k = tid - r * ppr;
+    }
+    __device__ __forceinline__ void next() {
+        r += rstep;
+        k += kstep;
+        if (k >= ppr) { k -= ppr; ++r; }
+    }
+};
+
+// Issue the cp.async copies of the tile [t, t + tl) (none when tl <= 0) and
+// commit them as one group: into stage st, the rows of u, delta and (not SUM,
+// has_z) z (row r of each at row0 + r L in global memory); B and (not SUM) C
+// in float straight into their [step / 4][n][4] places, or, 16-bit, as stored
+// into the rows of `raw` (pitch TL * sizeof(BC); B's N rows, then C's), for
+// ssm_ring_widen to place. 16-byte pieces throughout.
+template <typename IO, typename BC, bool SUM>
+__device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* raw, const ssm_ring_layout& lay,
+                                              const IO* u, const IO* delta, const IO* z, const BC* Bg,
+                                              const BC* Cg, ssm_i64 row0, ssm_i64 L, int CH, int N, int NPAD,
+                                              int TL, ssm_i64 t, int tl, bool has_z, int tid, int nthr) {
     if (tl > 0) {
-        const int ppr = tl * (int)sizeof(IO) / 16;
-        const int rstep = nthr / ppr, kstep = nthr - rstep * ppr;
-        const int r0 = tid / ppr, k0 = tid - r0 * ppr;
+        const int pio = tl * (int)sizeof(IO) / 16;
 #pragma unroll
         for (int a = 0; a < (SUM ? 2 : 3); ++a) {
             if (a == 2 && !has_z) break;
-            const IO* const g = (a == 0 ? u : a == 1 ? delta : z) + row0 + t;
-            unsigned char* const s = st + a * lay.o_dt;
-            int r = r0, k = k0;
+            const unsigned char* const g = reinterpret_cast<const unsigned char*>((a == 0 ? u : a == 1 ? delta : z) + row0 + t);
+            unsigned char* const sa = st + a * lay.o_dt;
 #pragma unroll 1
-            while (r < CH) {
-                ssm_cp_async<16>(s + r * lay.pio + 16 * k,
-                                 reinterpret_cast<const unsigned char*>(g + (ssm_i64)r * L) + 16 * k);
-                r += rstep;
-                k += kstep;
-                if (k >= ppr) { k -= ppr; ++r; }
-            }
+            for (ssm_pieces w(pio, tid, nthr); w.r < CH; w.next())
+                ssm_cp_async<16>(sa + w.r * lay.pio + 16 * w.k, g + (ssm_i64)w.r * L * (ssm_i64)sizeof(IO) + 16 * w.k);
+        }
+        const int pbc = tl * (int)sizeof(BC) / 16;
+#pragma unroll 1
+        for (ssm_pieces w(pbc, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
+            const int r = w.r, k = w.k;
+            const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
+            unsigned char* dst;
+            if constexpr (sizeof(BC) == 4)
+                dst = st + (r < N ? lay.o_B : lay.o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
+            else
+                dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
+            ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
         }
     }
     ssm_cp_commit();
+}
+
+// 16-bit B and C: widen the pieces this thread copied into `raw` (after its
+// ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st.
+template <typename BC, bool SUM>
+__device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw,
+                                               const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
+                                               int tid, int nthr) {
+    if constexpr (sizeof(BC) == 2) {
+        if (tl > 0)
+#pragma unroll 1
+            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
+                const int r = w.r, k = w.k;
+                float f[8];
+                ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
+                float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
+                                   ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
+                ssm_st4(dst, f);
+                ssm_st4(dst + NPAD * 4, f + 4);
+            }
+    }
+}
+
+// One block of the ring scan: NG groups of 4 steps of one channel, this
+// lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
+// scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
+// added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
+// the first group ([g][n][4], NSPLIT * 4 states per group); all four pointers
+// are moved past the block.
+template <int NG, int NSPLIT, bool SUM>
+__device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
+                                               float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
+                                               int s, unsigned wmask) {
+    typedef ssm_math<float> M;
+    constexpr int S = 4 * NG, NPAD = 4 * NSPLIT;
+    float acc[S];
+#pragma unroll
+    for (int j = 0; j < S; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+        float pr[8];
+        ssm_ld4(pr, drow + 8 * q);
+        ssm_ld4(pr + 4, drow + 8 * q + 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float bv[4], cv[4];
+            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
+            if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPAD + k) * 4);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
+                if constexpr (!SUM) acc[4 * q + j] += cv[j] * h[k];
+            }
+        }
+        if constexpr (SUM) sdt += (pr[0] + pr[2]) + (pr[4] + pr[6]);
+    }
+    drow += 2 * S;
+    Bq += NPAD * S;
+    Cq += NPAD * S;
+    if constexpr (!SUM) {
+        int off = 0;
+        bool own = true;
+        ssm_reduce_scatter<S, NSPLIT / 2>::run(acc, s, wmask, off, own);
+        constexpr int R = ssm_rs_len(S, NSPLIT / 2);
+        if (own) {
+            if constexpr (R % 4 == 0) {
+#pragma unroll
+                for (int j = 0; j < R; j += 4) ssm_st4(yrow + off + j, acc + j);
+            } else {
+#pragma unroll
+                for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
+            }
+        }
+        yrow += S;
+    }
 }
 
 template <typename IO, typename BC, int NSPLIT, bool SUM>
@@ -865,11 +942,10 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
     static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
-    constexpr int NPT = 4, NPAD = NPT * NSPLIT, GS = 4;
+    constexpr int NPT = 4, NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;       // channels per warp
     constexpr int VIO = 16 / sizeof(IO);   // steps per 16-byte piece of IO
-    constexpr int R = ssm_rs_len(GS, NSPLIT / 2);  // step sums a lane keeps per group
 
     const int nthr = CH * NSPLIT;  // == blockDim.x
     const int tid = threadIdx.x;
@@ -889,7 +965,7 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
     const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
 
-    const ssm_ring_layout lay(CH, TL, NPAD, sizeof(IO), SUM);
+    const ssm_ring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), SUM);
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || TL % Q != 0 ||
         L % Q != 0 || chunk % Q != 0 || dim % CH != 0 || N > NPAD || GB <= 0 || dim % GB != 0 ||
         (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0 || seg < 0 ||
@@ -937,31 +1013,32 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 row0 = ((ssm_i64)b * dim + d0) * L;  // u, delta, z, y: row of channel d0
     const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
-    ssm_ring_bc<BC, SUM> bc;
-    {
-        const int tl0 = ssm_ring_tile_len(t_begin, chunk, t_end, TL);
-        ssm_ring_copy<IO, SUM>(sm, lay, u, delta, z, row0, L, CH, t_begin, tl0, has_z, tid, nthr);
-        bc.load(Bg, Cg, L, N, t_begin, tl0, tid, nthr);
-        bc.store(sm, lay, Bg, Cg, L, N, NPAD, t_begin, tl0, tid, nthr);
-    }
+    unsigned char* const raw = sm + lay.o_raw;  // 16-bit B and C on their way
+    ssm_ring_tiles cur(t_begin, t_end, chunk, TL);
+    ssm_ring_copy<IO, BC, SUM>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
+                               tid, nthr);
+    ssm_cp_wait_all();
+    ssm_ring_widen<BC, SUM>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
 
     int stage = 0;
 #pragma unroll 1
-    for (ssm_i64 t0 = t_begin; t0 < t_end;) {
-        const int tl = ssm_ring_tile_len(t0, chunk, t_end, TL);
-        const ssm_i64 tn = t0 + tl;
-        const int tln = tn < t_end ? ssm_ring_tile_len(tn, chunk, t_end, TL) : 0;
-        if (!SUM && save_ckpt && t0 % chunk == 0) {  // the state entering chunk t0 / chunk
-            float* const dst = ckpt + (((t0 / chunk) * batch + b) * (ssm_i64)dim + d) * N;
+    while (cur.tl > 0) {
+        const ssm_i64 t0 = cur.t;
+        const int tl = cur.tl;
+        ssm_ring_tiles nxt = cur;
+        nxt.next();
+        const ssm_i64 tn = nxt.t;
+        const int tln = nxt.tl;
+        if (!SUM && save_ckpt && cur.chunk_start) {  // the state entering chunk ci
+            float* const dst = ckpt + ((cur.ci * batch + b) * (ssm_i64)dim + d) * N;
 #pragma unroll
             for (int k = 0; k < NPT; ++k)
                 if (s * NPT + k < N) dst[s * NPT + k] = h[k];
         }
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
-        ssm_ring_copy<IO, SUM>(sm + (stage ^ 1) * lay.stage, lay, u, delta, z, row0, L, CH, tn, tln, has_z,
-                               tid, nthr);
-        bc.load(Bg, Cg, L, N, tn, tln, tid, nthr);
+        ssm_ring_copy<IO, BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N,
+                                   NPAD, TL, tn, tln, has_z, tid, nthr);
         const unsigned char* const st = sm + stage * lay.stage;
 
         // dt and dt u of the warp's channels, VIO steps per lane at a time.
@@ -990,48 +1067,21 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         }
         __syncwarp(wmask);
 
-        // The scan, 4 steps at a time. B and C of group g, state n: [g][n][4].
+        // The scan, in blocks of NG groups of 4 steps (B and C of group g, state n
+        // at [g][n][4]): 16 steps at a time, then groups of 4 to the tile's end.
+        // The block's output sums are reduce-scattered once, so the shuffles'
+        // latency is paid once per 16 steps and overlaps the next block's exps.
         {
             const float* drow = dtu + c * (2 * TL + 4);
             const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
             const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
             float* yrow = ys + c * (TL + 4);
+            int g0 = 0;
 #pragma unroll 1
-            for (int g0 = 0; g0 < tl; g0 += GS) {
-                float pr[2 * GS];
-                ssm_ld4(pr, drow);
-                ssm_ld4(pr + 4, drow + 4);
-                float acc[GS];
-#pragma unroll
-                for (int j = 0; j < GS; ++j) acc[j] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < NPT; ++k) {
-                    float bv[4], cv[4];
-                    ssm_ld4(bv, Bq + 4 * k);
-                    if constexpr (!SUM) ssm_ld4(cv, Cq + 4 * k);
-#pragma unroll
-                    for (int j = 0; j < GS; ++j) {
-                        h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
-                        if constexpr (!SUM) acc[j] += cv[j] * h[k];
-                    }
-                }
-                drow += 2 * GS;
-                Bq += NPAD * 4;
-                Cq += NPAD * 4;
-                if constexpr (SUM) {
-#pragma unroll
-                    for (int j = 0; j < GS; ++j) sdt += pr[2 * j];
-                } else {
-                    int off = 0;
-                    bool own = true;
-                    ssm_reduce_scatter<GS, NSPLIT / 2>::run(acc, s, wmask, off, own);
-                    if (own) {
-#pragma unroll
-                        for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
-                    }
-                    yrow += GS;
-                }
-            }
+            for (; g0 + 16 <= tl; g0 += 16)
+                ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+#pragma unroll 1
+            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }
 
         if constexpr (!SUM) {
@@ -1058,10 +1108,13 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 ssm_narrow16(y + row0 + (ssm_i64)cc * L + t0 + t, yv);
             }
         }
-        // The next tile's B and C into the other stage (its last readers, the
-        // previous tile's scan, passed this tile's barrier).
-        bc.store(sm + (stage ^ 1) * lay.stage, lay, Bg, Cg, L, N, NPAD, tn, tln, tid, nthr);
-        t0 = tn;
+        // 16-bit B and C of the next tile widened into the other stage (whose last
+        // readers, the previous tile's scan, passed this tile's barrier).
+        if constexpr (sizeof(BC) == 2) {
+            ssm_cp_wait_all();
+            ssm_ring_widen<BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
+        }
+        cur = nxt;
         stage ^= 1;
     }
     ssm_cp_wait_all();  // the empty last group

@@ -276,12 +276,13 @@ def _ring_quantum(io, bc):
     return max(16 // _ITEMSIZE[io], 16 // _ITEMSIZE[bc], 4)
 
 
-def _ring_smem_bytes(ch, tl, npad, io, bc, summary=False):
+def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
     """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout)."""
-    del bc  # B and C are widened to float in shared memory
     pio = tl * _ITEMSIZE[io] + 16
-    stage = (2 if summary else 3) * ch * pio + (1 if summary else 2) * npad * tl * 4
-    return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4)
+    rows_bc = 1 if summary else 2
+    stage = (2 if summary else 3) * ch * pio + rows_bc * npad * tl * 4
+    raw = rows_bc * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
+    return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4) + raw
 
 
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
@@ -501,7 +502,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
             tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
             max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
             warps_by_regs=lim["regs_per_sm"] // (_RING_REGS[npt] * 32),
-            size=lambda c, t: _ring_smem_bytes(c, t, npad, io, bc), lim=lim,
+            size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
             what=f"the forward with N={N}", nseg=nseg)
 
     try:
@@ -511,7 +512,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         return None
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
                 nseg=nseg, seg_len=seg_len, async_=True, ring=True,
-                sum_smem=_ring_smem_bytes(ch, tl, npad, io, bc, summary=True))
+                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, summary=True))
 
 
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
