@@ -671,7 +671,8 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 // Forward through a ring of tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
 // The same work and parameters as ssm_scan_fwd / ssm_scan_fwd_sum, for the
 // common Mamba-1 case only: float compute (IO float, half or bfloat16), B and C
-// given per step, N <= 16 (NPT 4), every row and tile 16-byte aligned (the host
+// given per step, N <= 16 (NPT 2 or 4: 2 gives twice the warps, for grids too
+// small to hide the exponentials' latency), every row and tile 16-byte aligned (the host
 // checks: base pointers 16-byte aligned; L, the chunk and TL multiples of
 // ssm_ring_quantum). Where the other kernels spend most of their instructions
 // (about 22 per state and step at N = 16, bfloat16) in block-wide staging and
@@ -876,17 +877,17 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
 }
 
 // One block of the ring scan: NG groups of 4 steps of one channel, this
-// lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
+// lane's NPT states (h, A2 = A log2 e); then the block's output sums reduce-
 // scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
 // added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
-// the first group ([g][n][4], NSPLIT * 4 states per group); all four pointers
+// the first group ([g][n][4], NPT * NSPLIT states per group); all four pointers
 // are moved past the block.
-template <int NG, int NSPLIT, bool SUM>
+template <int NG, int NPT, int NSPLIT, bool SUM>
 __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
-                                               float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
+                                               float*& yrow, float (&h)[NPT], const float (&A2)[NPT], float& sdt,
                                                int s, unsigned wmask) {
     typedef ssm_math<float> M;
-    constexpr int S = 4 * NG, NPAD = 4 * NSPLIT;
+    constexpr int S = 4 * NG, NPAD = NPT * NSPLIT;
     float acc[S];
 #pragma unroll
     for (int j = 0; j < S; ++j) acc[j] = 0.0f;
@@ -896,7 +897,7 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
         ssm_ld4(pr, drow + 8 * q);
         ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NPT; ++k) {
             float bv[4], cv[4];
             ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
             if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPAD + k) * 4);
@@ -929,7 +930,7 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
-template <typename IO, typename BC, int NSPLIT, bool SUM>
+template <typename IO, typename BC, int NPT, int NSPLIT, bool SUM>
 __device__ __forceinline__ void
 ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
                   const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
@@ -940,9 +941,10 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                   int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
     static_assert(ssm_same<float, typename ssm_compute_of<IO>::type>::value, "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
+    static_assert((NPT == 2 || NPT == 4) && (NSPLIT & (NSPLIT - 1)) == 0 && NPT * NSPLIT <= 16,
+                  "N <= 16: 2 or 4 states per thread");
     typedef ssm_math<float> M;
-    constexpr int NPT = 4, NPAD = NPT * NSPLIT;
+    constexpr int NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;       // channels per warp
     constexpr int VIO = 16 / sizeof(IO);   // steps per 16-byte piece of IO
@@ -1079,9 +1081,9 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             int g0 = 0;
 #pragma unroll 1
             for (; g0 + 16 <= tl; g0 += 16)
-                ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+                ssm_ring_block<4, NPT, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
 #pragma unroll 1
-            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NPT, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }
 
         if constexpr (!SUM) {
@@ -1144,16 +1146,14 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
 template <typename IO, typename BC, int NPT, int NSPLIT>
 __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, false>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT>
 __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, true>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:
