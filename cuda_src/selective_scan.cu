@@ -671,8 +671,7 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 // Forward through a ring of tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
 // The same work and parameters as ssm_scan_fwd / ssm_scan_fwd_sum, for the
 // common Mamba-1 case only: float compute (IO float, half or bfloat16), B and C
-// given per step, N <= 16 (NPT 2 or 4: 2 gives twice the warps, for grids too
-// small to hide the exponentials' latency), every row and tile 16-byte aligned (the host
+// given per step, N <= 16 (NPT 4), every row and tile 16-byte aligned (the host
 // checks: base pointers 16-byte aligned; L, the chunk and TL multiples of
 // ssm_ring_quantum). Where the other kernels spend most of their instructions
 // (about 22 per state and step at N = 16, bfloat16) in block-wide staging and
@@ -876,53 +875,42 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
     }
 }
 
-// What one lane reads for one group of 4 steps of its channel: {dt, dt u}
-// pairs, and B, C of its NPT states. Loaded a group ahead of its use, so that
-// shared memory's latency passes under the group before.
-template <int NPT, bool SUM>
-struct ssm_ring_in {
-    float pr[8], b[NPT][4], c[SUM ? 1 : NPT][4];
-    // Group g: dtu row drow; B, C of this lane's first state of group 0 at Bq, Cq
-    // (groups NPAD * 4 floats apart).
-    __device__ __forceinline__ void load(const float* drow, const float* Bq, const float* Cq, int g, int NPAD) {
-        ssm_ld4(pr, drow + 8 * g);
-        ssm_ld4(pr + 4, drow + 8 * g + 4);
-#pragma unroll
-        for (int k = 0; k < NPT; ++k) {
-            ssm_ld4(b[k], Bq + (g * NPAD + k) * 4);
-            if constexpr (!SUM) ssm_ld4(c[k], Cq + (g * NPAD + k) * 4);
-        }
-    }
-};
-
-// One block of the ring scan: NG groups of 4 steps of one channel from group
-// g, this lane's NPT states (h, A2 = A log2 e); `in` holds group g and is left
-// holding group g + NG (if there is one: g + NG < ng). Then the block's output
-// sums reduce-scattered over the channel's NSPLIT lanes into yrow (moved past
-// the block), not SUM; dt added to sdt, SUM.
-template <int NG, int NPT, int NSPLIT, bool SUM>
-__device__ __forceinline__ void ssm_ring_block(ssm_ring_in<NPT, SUM>& in, const float* drow, const float* Bq,
-                                               const float* Cq, int g, int ng, float*& yrow, float (&h)[NPT],
-                                               const float (&A2)[NPT], float& sdt, int s, unsigned wmask) {
+// One block of the ring scan: NG groups of 4 steps of one channel, this
+// lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
+// scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
+// added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
+// the first group ([g][n][4], NSPLIT * 4 states per group); all four pointers
+// are moved past the block.
+template <int NG, int NSPLIT, bool SUM>
+__device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
+                                               float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
+                                               int s, unsigned wmask) {
     typedef ssm_math<float> M;
-    constexpr int S = 4 * NG, NPAD = NPT * NSPLIT;
+    constexpr int S = 4 * NG, NPAD = 4 * NSPLIT;
     float acc[S];
 #pragma unroll
     for (int j = 0; j < S; ++j) acc[j] = 0.0f;
 #pragma unroll
     for (int q = 0; q < NG; ++q) {
-        const ssm_ring_in<NPT, SUM> cur = in;
-        if (g + q + 1 < ng) in.load(drow, Bq, Cq, g + q + 1, NPAD);
+        float pr[8];
+        ssm_ld4(pr, drow + 8 * q);
+        ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
-        for (int k = 0; k < NPT; ++k) {
+        for (int k = 0; k < 4; ++k) {
+            float bv[4], cv[4];
+            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
+            if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPAD + k) * 4);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                h[k] = M::decay(cur.pr[2 * j] * A2[k]) * h[k] + cur.b[k][j] * cur.pr[2 * j + 1];
-                if constexpr (!SUM) acc[4 * q + j] += cur.c[k][j] * h[k];
+                h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
+                if constexpr (!SUM) acc[4 * q + j] += cv[j] * h[k];
             }
         }
-        if constexpr (SUM) sdt += (cur.pr[0] + cur.pr[2]) + (cur.pr[4] + cur.pr[6]);
+        if constexpr (SUM) sdt += (pr[0] + pr[2]) + (pr[4] + pr[6]);
     }
+    drow += 2 * S;
+    Bq += NPAD * S;
+    Cq += NPAD * S;
     if constexpr (!SUM) {
         int off = 0;
         bool own = true;
@@ -941,7 +929,7 @@ __device__ __forceinline__ void ssm_ring_block(ssm_ring_in<NPT, SUM>& in, const 
     }
 }
 
-template <typename IO, typename BC, int NPT, int NSPLIT, bool SUM>
+template <typename IO, typename BC, int NSPLIT, bool SUM>
 __device__ __forceinline__ void
 ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
                   const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
@@ -952,10 +940,9 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                   int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
     static_assert(ssm_same<float, typename ssm_compute_of<IO>::type>::value, "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert((NPT == 2 || NPT == 4) && (NSPLIT & (NSPLIT - 1)) == 0 && NPT * NSPLIT <= 16,
-                  "N <= 16: 2 or 4 states per thread");
+    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
-    constexpr int NPAD = NPT * NSPLIT;
+    constexpr int NPT = 4, NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;       // channels per warp
     constexpr int VIO = 16 / sizeof(IO);   // steps per 16-byte piece of IO
@@ -1085,20 +1072,16 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         // The block's output sums are reduce-scattered once, so the shuffles'
         // latency is paid once per 16 steps and overlaps the next block's exps.
         {
-            const float* const drow = dtu + c * (2 * TL + 4);
-            const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
-            const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
+            const float* drow = dtu + c * (2 * TL + 4);
+            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
+            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
             float* yrow = ys + c * (TL + 4);
-            const int ng = tl / 4;
-            ssm_ring_in<NPT, SUM> in;
-            in.load(drow, Bq, Cq, 0, NPAD);
-            int g = 0;
+            int g0 = 0;
 #pragma unroll 1
-            for (; g + 4 <= ng; g += 4)
-                ssm_ring_block<4, NPT, NSPLIT, SUM>(in, drow, Bq, Cq, g, ng, yrow, h, A2, sdt, s, wmask);
+            for (; g0 + 16 <= tl; g0 += 16)
+                ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
 #pragma unroll 1
-            for (; g < ng; ++g)
-                ssm_ring_block<1, NPT, NSPLIT, SUM>(in, drow, Bq, Cq, g, ng, yrow, h, A2, sdt, s, wmask);
+            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }
 
         if constexpr (!SUM) {
@@ -1159,20 +1142,18 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L,    \
         int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
 
-// At most SSM_RING_THREADS threads, and registers for 3 such blocks per SM
-// (168 per thread): the N = 16 row of the issue's table, batch 8 x dim 1536,
-// is 384 blocks of 128 threads, one wave on 132 SMs at 3 blocks each.
-#define SSM_RING_THREADS 128
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_RING_THREADS, 3) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
-    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, false>(SSM_FWD_ARGS);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_RING_THREADS, 3) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
-    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, true>(SSM_FWD_ARGS);
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:

@@ -115,11 +115,6 @@ TUNING = {
     # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring); False: always the kernels above.
     # SSMKIT_FWD_RING=0 in the environment (read at import) sets False.
     "fwd_ring": os.environ.get("SSMKIT_FWD_RING", "1") != "0",
-    # States per thread of the ring kernels: 4, 2, or "auto": 2 (twice the warps, to hide the
-    # exponentials' latency) when the grid at 4 would have fewer than ring_min_warps_per_sm
-    # warps per SM before any time split, else 4 (fewer instructions per state).
-    "ring_npt": "auto",
-    "ring_min_warps_per_sm": 24,
     # Time segments (see _split_time): split when the grid fills less than
     # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
     # segments are whole chunks and at least min_seg_steps long (each costs a
@@ -149,17 +144,7 @@ _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct
 _RING_KINDS = ("fwd_ring", "fwd_sum_ring")
 # Registers per thread of the ring kernels (NVRTC for sm_90, the most over their
 # instantiations), by NPT; only used to estimate how many blocks share an SM.
-_RING_REGS = {2: 136, 4: 168}
-RING_MAX_THREADS = 128  # SSM_RING_THREADS
-
-
-def ring_split(N: int, npt: int) -> int:
-    """Lanes per channel of the ring kernels for ``npt`` states per thread: the smallest power
-    of two with ``npt * nsplit >= N``."""
-    nsplit = 1
-    while npt * nsplit < N:
-        nsplit *= 2
-    return nsplit
+_RING_REGS = {4: 128}
 
 
 def _dtype_name(dt) -> str:
@@ -228,10 +213,9 @@ def kernel_keys(full: bool = True) -> list:
                         keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
-            if _COMPUTE[io] == "float32":
-                for npt in _RING_REGS:
-                    for nsplit in sorted({ring_split(n, npt) for n in range(1, 17)}):
-                        keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
+            for npt, nsplit in splits[_COMPUTE[io]]:
+                if _COMPUTE[io] == "float32" and npt in _RING_REGS:
+                    keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split); the
@@ -505,23 +489,18 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or L < 1:
         return None
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
+    npt, nsplit = state_split(N, "float32")
     q = _ring_quantum(io, bc)
     cmax = max(1, min(chunk_size, L))
-    if L % q or cmax % q:
+    if L % q or cmax % q or npt not in _RING_REGS:
         return None
-    npt = TUNING["ring_npt"]
-    if npt == "auto":
-        warps = batch * dim * ring_split(N, 4) / 32
-        npt = 4 if warps >= TUNING["ring_min_warps_per_sm"] * lim["sm_count"] else 2
-    npt = int(npt)
-    nsplit = ring_split(N, npt)
     npad = npt * nsplit
 
     def choose(nseg):
         return _choose_tiles(
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
             tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
-            max_threads=min(TUNING["fwd_threads"], RING_MAX_THREADS),
+            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
             warps_by_regs=lim["regs_per_sm"] // (_RING_REGS[npt] * 32),
             size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
             what=f"the forward with N={N}", nseg=nseg)
