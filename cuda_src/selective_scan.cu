@@ -875,59 +875,58 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
     }
 }
 
-// What one lane reads for one group of 4 steps of its channel: {dt, dt u}
-// pairs, and B, C of its 4 states (SUM: no C).
-template <bool SUM>
-struct ssm_ring_in {
-    float pr[8], b[4][4], c[SUM ? 1 : 4][4];
-    // Group g: dtu row drow; this lane's first state of group 0 at Bq, Cq (groups
-    // NPAD * 4 floats apart).
-    __device__ __forceinline__ void load(const float* drow, const float* Bq, const float* Cq, int g, int NPAD) {
-        ssm_ld4(pr, drow + 8 * g);
-        ssm_ld4(pr + 4, drow + 8 * g + 4);
+// One block of the ring scan: NG groups of 4 steps of one channel, this
+// lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
+// scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
+// added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
+// the first group ([g][n][4], NSPLIT * 4 states per group); all four pointers
+// are moved past the block.
+template <int NG, int NSPLIT, bool SUM>
+__device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
+                                               float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
+                                               int s, unsigned wmask) {
+    typedef ssm_math<float> M;
+    constexpr int S = 4 * NG, NPAD = 4 * NSPLIT;
+    float acc[S];
+#pragma unroll
+    for (int j = 0; j < S; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+        float pr[8];
+        ssm_ld4(pr, drow + 8 * q);
+        ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            ssm_ld4(b[k], Bq + (g * NPAD + k) * 4);
-            if constexpr (!SUM) ssm_ld4(c[k], Cq + (g * NPAD + k) * 4);
+            float bv[4], cv[4];
+            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
+            if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPAD + k) * 4);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
+                if constexpr (!SUM) acc[4 * q + j] += cv[j] * h[k];
+            }
         }
+        if constexpr (SUM) sdt += (pr[0] + pr[2]) + (pr[4] + pr[6]);
     }
-};
-
-// The scan of one group (4 steps, this lane's 4 states h with A2 = A log2 e):
-// the output partial sums into acc[0..4) (not SUM), dt into sdt (SUM).
-template <bool SUM>
-__device__ __forceinline__ void ssm_ring_group(const ssm_ring_in<SUM>& in, float (&h)[4], const float (&A2)[4],
-                                               float* acc, float& sdt) {
-    typedef ssm_math<float> M;
+    drow += 2 * S;
+    Bq += NPAD * S;
+    Cq += NPAD * S;
+    if constexpr (!SUM) {
+        int off = 0;
+        bool own = true;
+        ssm_reduce_scatter<S, NSPLIT / 2>::run(acc, s, wmask, off, own);
+        constexpr int R = ssm_rs_len(S, NSPLIT / 2);
+        if (own) {
+            if constexpr (R % 4 == 0) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+                for (int j = 0; j < R; j += 4) ssm_st4(yrow + off + j, acc + j);
+            } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            h[k] = M::decay(in.pr[2 * j] * A2[k]) * h[k] + in.b[k][j] * in.pr[2 * j + 1];
-            if constexpr (!SUM) acc[j] += in.c[k][j] * h[k];
+                for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
+            }
         }
+        yrow += S;
     }
-    if constexpr (SUM) sdt += (in.pr[0] + in.pr[2]) + (in.pr[4] + in.pr[6]);
-}
-
-// The output sums of S steps reduce-scattered over the channel's NSPLIT lanes
-// into yrow (then moved past them).
-template <int S, int NSPLIT>
-__device__ __forceinline__ void ssm_ring_emit(float (&acc)[S], float*& yrow, int s, unsigned wmask) {
-    int off = 0;
-    bool own = true;
-    ssm_reduce_scatter<S, NSPLIT / 2>::run(acc, s, wmask, off, own);
-    constexpr int R = ssm_rs_len(S, NSPLIT / 2);
-    if (own) {
-        if constexpr (R % 4 == 0) {
-#pragma unroll
-            for (int j = 0; j < R; j += 4) ssm_st4(yrow + off + j, acc + j);
-        } else {
-#pragma unroll
-            for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
-        }
-    }
-    yrow += S;
 }
 
 template <typename IO, typename BC, int NSPLIT, bool SUM>
@@ -1068,43 +1067,21 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         }
         __syncwarp(wmask);
 
-        // The scan, 4 steps (a group) at a time: B and C of group g, state n at
-        // [g][n][4]. In blocks of 4 groups, whose 16 output sums are reduce-
-        // scattered at once (the shuffles' latency paid once per 16 steps), with
-        // each group's inputs loaded a group ahead into the other of two buffers
-        // (shared memory's latency under the group before); then single groups
-        // to the tile's end.
+        // The scan, in blocks of NG groups of 4 steps (B and C of group g, state n
+        // at [g][n][4]): 16 steps at a time, then groups of 4 to the tile's end.
+        // The block's output sums are reduce-scattered once, so the shuffles'
+        // latency is paid once per 16 steps and overlaps the next block's exps.
         {
-            const float* const drow = dtu + c * (2 * TL + 4);
-            const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
-            const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
+            const float* drow = dtu + c * (2 * TL + 4);
+            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
+            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
             float* yrow = ys + c * (TL + 4);
-            const int ng = tl / 4;
-            ssm_ring_in<SUM> in0, in1;  // in0 holds group g at the top of each block
-            in0.load(drow, Bq, Cq, 0, NPAD);
-            int g = 0;
+            int g0 = 0;
 #pragma unroll 1
-            for (; g + 4 <= ng; g += 4) {
-                float acc[16];
-#pragma unroll
-                for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
-                in1.load(drow, Bq, Cq, g + 1, NPAD);
-                ssm_ring_group<SUM>(in0, h, A2, acc, sdt);
-                in0.load(drow, Bq, Cq, g + 2, NPAD);
-                ssm_ring_group<SUM>(in1, h, A2, acc + 4, sdt);
-                in1.load(drow, Bq, Cq, g + 3, NPAD);
-                ssm_ring_group<SUM>(in0, h, A2, acc + 8, sdt);
-                if (g + 4 < ng) in0.load(drow, Bq, Cq, g + 4, NPAD);
-                ssm_ring_group<SUM>(in1, h, A2, acc + 12, sdt);
-                if constexpr (!SUM) ssm_ring_emit<16, NSPLIT>(acc, yrow, s, wmask);
-            }
+            for (; g0 + 16 <= tl; g0 += 16)
+                ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
 #pragma unroll 1
-            for (; g < ng; ++g) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                ssm_ring_group<SUM>(in0, h, A2, acc, sdt);
-                if (g + 1 < ng) in0.load(drow, Bq, Cq, g + 1, NPAD);
-                if constexpr (!SUM) ssm_ring_emit<4, NSPLIT>(acc, yrow, s, wmask);
-            }
+            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }
 
         if constexpr (!SUM) {
@@ -1165,12 +1142,8 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L,    \
         int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
 
-// At most SSM_RING_THREADS threads, and registers for 3 such blocks per SM
-// (168 per thread): the N = 16 row of the issue's table, batch 8 x dim 1536,
-// is 384 blocks of 128 threads, one wave on 132 SMs at 3 blocks each.
-#define SSM_RING_THREADS 128
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_RING_THREADS, 3) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
 }
@@ -1178,7 +1151,7 @@ __global__ void __launch_bounds__(SSM_RING_THREADS, 3) ssm_scan_fwd_ring(SSM_RIN
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_RING_THREADS, 3) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
 }

@@ -144,8 +144,7 @@ _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct
 _RING_KINDS = ("fwd_ring", "fwd_sum_ring")
 # Registers per thread of the ring kernels (NVRTC for sm_90, the most over their
 # instantiations), by NPT; only used to estimate how many blocks share an SM.
-_RING_REGS = {4: 168}
-RING_MAX_THREADS = 128  # SSM_RING_THREADS
+_RING_REGS = {4: 128}
 
 
 def _dtype_name(dt) -> str:
@@ -501,7 +500,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         return _choose_tiles(
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
             tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
-            max_threads=min(TUNING["fwd_threads"], RING_MAX_THREADS),
+            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
             warps_by_regs=lim["regs_per_sm"] // (_RING_REGS[npt] * 32),
             size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
             what=f"the forward with N={N}", nseg=nseg)
