@@ -56,7 +56,7 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # The Mamba-1 configuration (N = 16, per-step B and C): no local memory.
     npt, nsplit = ss.state_split(16)
     keys = [ss.KernelKey(kind, io, bc, npt, nsplit, True, True)
-            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum")
+            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park one or two values that are needed only at a kernel's
@@ -130,6 +130,45 @@ def test_backend_runs_on_gpu(dtype):
         got = cp.asnumpy(grads[name])
         assert got.shape == want.shape, name
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+def test_ring_plans_meet_kernel_preconditions():
+    # The ring kernels trap when these fail (ssm_fwd_ring_body); plan_forward_ring returns
+    # None where they do not apply.
+    limits = dict(sm_count=132, smem_optin=227 * 1024)
+    for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
+                   ("float32", "float32")):
+        q = ss._ring_quantum(io, bc)
+        assert q == max(4, 16 // ss._ITEMSIZE[io], 16 // ss._ITEMSIZE[bc])
+        for N in (1, 3, 4, 5, 16, 17):
+            for dim, gb, gc in ((1536, 1, 1), (1536, 0, 1), (96, 3, 2), (7, 7, 1)):
+                for batch, L, chunk in ((8, 2048, 2048), (2, 32768, 256), (1, 40, 8), (1, 37, 7),
+                                        (2, 8, 1), (1, 100, 10**9), (1, 16, 4)):
+                    shape = dict(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk,
+                                 io=io, bc=bc, **limits)
+                    plan = ss.plan_forward_ring(**shape)
+                    cmax = min(chunk, L)
+                    applies = N <= 16 and gb > 0 and gc > 0 and L % q == 0 and cmax % q == 0
+                    assert (plan is not None) == applies, shape
+                    if plan is None:
+                        continue
+                    ch, tl = plan["ch"], plan["tl"]
+                    assert plan["npt"] == 4 and plan["nsplit"] == ss.state_split(N)[1]
+                    assert plan["threads"] == ch * plan["nsplit"] <= ss.FWD_MAX_THREADS
+                    assert ch & (ch - 1) == 0 and dim % ch == 0
+                    assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
+                    assert tl % q == 0 and tl <= max(cmax, q)
+                    assert plan["sum_smem"] <= plan["smem"] <= limits["smem_optin"]
+                    assert plan["smem"] == ss._ring_smem_bytes(ch, tl, N, 4 * plan["nsplit"], io, bc)
+                    nseg, seg_len = plan["nseg"], plan["seg_len"]
+                    assert plan["blocks"] == batch * (dim // ch) * nseg
+                    assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+    # Not for float64, nor for N > 16 or B, C constant in time.
+    base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
+    assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
+    assert ss.plan_forward_ring(**base, io="float64", bc="float64") is None
+    assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
+    assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
 
 
 def test_time_split_only_when_grid_is_small():

@@ -341,6 +341,7 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_async", mode)
     monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
     monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
     cases = [
         (dict(batch=2, dim=5, L=203, N=16, b_form="step", c_form="group", groups=1,
               with_init=True), 64),
@@ -375,6 +376,7 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
         pytest.importorskip("ml_dtypes")
     monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
     monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
     kinds = []
     launch = gpu_scan._launch
     monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
@@ -420,6 +422,7 @@ def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):
 
     monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
     monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
     cases = [
         (dict(batch=2, dim=4, L=100, N=16, b_form="step", c_form="group", groups=2,
               with_init=True), 4),

@@ -20,7 +20,7 @@ from ssmkit import reference as ref
 if os.environ.get("SEGS"): ss.TUNING["force_segments"] = int(os.environ["SEGS"])
 if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"] == "1"
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
-if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = int(os.environ["MINSEG"])
+if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
 
 class EmuBuf(ctypes.Structure):
