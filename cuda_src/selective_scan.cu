@@ -289,6 +289,51 @@ __device__ __forceinline__ void ssm_stage_bc_raw(CT* __restrict__ Xs, const unsi
 // L) the summary and carry kernels are not launched and seg_h / seg_g are null.
 // ===========================================================================
 
+// The forward kernels' per-thread start: A2 = A log2(e) for this thread's
+// states n = s NPT + k (0 for n >= N), and h, the state entering the
+// segment: the carried one when time is split, else h0 (or 0); the summary
+// pass (SUM) always starts from 0.
+template <typename CT, int NPT, bool SUM>
+__device__ __forceinline__ void ssm_fwd_start(CT (&A2)[NPT], CT (&h)[NPT], const CT* __restrict__ A,
+                                              const CT* __restrict__ seg_h, const CT* __restrict__ h0,
+                                              bool has_h0, int batch, int dim, int N, int nseg, int seg,
+                                              int b, int d, int s) {
+#pragma unroll
+    for (int k = 0; k < NPT; ++k) {
+        const int n = s * NPT + k;
+        const bool ok = n < N;
+        A2[k] = ok ? A[(ssm_i64)d * N + n] * ssm_math<CT>::kLog2e : CT(0);
+        h[k] = CT(0);
+        if (!SUM && ok) {
+            if (nseg > 1) h[k] = seg_h[(((ssm_i64)seg * batch + b) * dim + d) * N + n];
+            else if (has_h0) h[k] = h0[((ssm_i64)b * dim + d) * N + n];
+        }
+    }
+}
+
+// The forward kernels' end: SUM, the segment's end state to seg_h[seg, b, d]
+// and its sum of dt to seg_dt[seg, b, d]; else, in the last segment, the
+// final state to hfinal[b, d].
+template <typename CT, int NPT, bool SUM>
+__device__ __forceinline__ void ssm_fwd_end(const CT (&h)[NPT], CT sdt, CT* __restrict__ hfinal,
+                                            CT* __restrict__ seg_h, CT* __restrict__ seg_dt, int batch,
+                                            int dim, int N, int nseg, int seg, int b, int d, int s) {
+    const ssm_i64 bd = (ssm_i64)b * dim + d;
+    CT* dst = nullptr;
+    if constexpr (SUM) {
+        const ssm_i64 sbd = (ssm_i64)seg * batch * dim + bd;
+        dst = seg_h + sbd * N;
+        if (s == 0) seg_dt[sbd] = sdt;
+    } else if (seg == nseg - 1) {
+        dst = hfinal + bd * N;
+    }
+    if (dst != nullptr) {
+#pragma unroll
+        for (int k = 0; k < NPT; ++k)
+            if (s * NPT + k < N) dst[s * NPT + k] = h[k];
+    }
+}
+
 // ===========================================================================
 // Forward: y, the final state and (optionally) the state entering each chunk.
 // SUM (ssm_scan_fwd_sum): run from a zero state, write only the segment's end
@@ -366,18 +411,11 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 
     // Per-thread constants and state.
     CT A2[NPT], h[NPT], Bc[NPT], Cc[NPT];
+    ssm_fwd_start<CT, NPT, SUM>(A2, h, A, seg_h, h0, has_h0, batch, dim, N, nseg, seg, b, d, s);
 #pragma unroll
     for (int k = 0; k < NPT; ++k) {
         const int n = s * NPT + k;
         const bool ok = n < N;
-        A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : CT(0);
-        // Entering state: the carried one when time is split, else h0 (or 0);
-        // the summary pass always starts from 0.
-        h[k] = CT(0);
-        if (!SUM && ok) {
-            if (nseg > 1) h[k] = seg_h[(((ssm_i64)seg * batch + b) * dim + d) * N + n];
-            else if (has_h0) h[k] = h0[((ssm_i64)b * dim + d) * N + n];
-        }
         if constexpr (!BV) Bc[k] = ok ? ssm_load(B[(ssm_i64)d * N + n]) : CT(0);
         if constexpr (!CV && !SUM) Cc[k] = ok ? ssm_load(C[(ssm_i64)d * N + n]) : CT(0);
     }
@@ -592,24 +630,10 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         const int tid2 = ssm_fresh_tid(), blk2 = ssm_fresh_ctaid();
         const int rows2 = batch * (dim / CH);
         const int sg2 = blk2 / rows2, rt2 = blk2 - sg2 * rows2;
-        const int b2 = rt2 / (dim / CH), s2 = tid2 % NSPLIT;
+        const int b2 = rt2 / (dim / CH);
         const int d2 = (rt2 - b2 * (dim / CH)) * CH + tid2 / NSPLIT;
-        const ssm_i64 bd = (ssm_i64)b2 * dim + d2;
-        CT* dst = nullptr;
-        if constexpr (SUM) {
-            const ssm_i64 sbd = (ssm_i64)(seg0 + sg2) * batch * dim + bd;
-            dst = seg_h + sbd * N;
-            if (s2 == 0) seg_dt[sbd] = sdt;
-        } else if (seg0 + sg2 == nseg - 1) {
-            dst = hfinal + bd * N;
-        }
-        if (dst != nullptr) {
-#pragma unroll
-            for (int k = 0; k < NPT; ++k) {
-                const int n = s2 * NPT + k;
-                if (n < N) dst[n] = h[k];
-            }
-        }
+        ssm_fwd_end<CT, NPT, SUM>(h, sdt, hfinal, seg_h, seg_dt, batch, dim, N, nseg, seg0 + sg2, b2, d2,
+                                  tid2 % NSPLIT);
     }
 }
 
@@ -671,9 +695,9 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 // Forward through a ring of tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
 // The same work and parameters as ssm_scan_fwd / ssm_scan_fwd_sum, for the
 // common Mamba-1 case only: float compute (IO float, half or bfloat16), B and C
-// given per step, N <= 16 (NPT 4), every row and tile 16-byte aligned (the host
-// checks: base pointers 16-byte aligned; L, the chunk and TL multiples of
-// ssm_ring_quantum). Where the other kernels spend most of their instructions
+// given per step, N <= 16 (NPT 4), L < 2^31, every row and tile 16-byte aligned
+// (the host checks: base pointers 16-byte aligned; L, the chunk and TL multiples
+// of ssm_ring_quantum). Where the other kernels spend most of their instructions
 // (about 22 per state and step at N = 16, bfloat16) in block-wide staging and
 // output passes of one element per thread with 64-bit offsets, and in
 // converting B and C in every thread, these
@@ -770,16 +794,16 @@ __device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
 
 // The tiles of a segment [t, end), in order: up to TL steps each, never across
 // a chunk's end. Tracked without 64-bit divisions (calls in SASS, around
-// which ptxas spilled).
+// which ptxas spilled; the ring kernels take L < 2^31 so that the one
+// division at the start is in 32 bits).
 struct ssm_ring_tiles {
     ssm_i64 t, end, chunk, chunk_end, ci;  // ci: the chunk holding t
     int TL, tl;                            // tl: steps of the tile at t (0 past the end)
     bool chunk_start;                      // t starts chunk ci
     __device__ __forceinline__ ssm_ring_tiles(ssm_i64 t_begin, ssm_i64 t_end, ssm_i64 chunk_, int TL_)
         : t(t_begin), end(t_end), chunk(chunk_), TL(TL_) {
-        // Segments start on chunk boundaries. (A 64-bit division is a call in
-        // SASS; in 32 bits when the numbers fit, as they nearly always do.)
-        ci = (t_begin | chunk) < 0x7fffffffLL ? (ssm_i64)((unsigned)t_begin / (unsigned)chunk) : t_begin / chunk;
+        // Segments start on chunk boundaries; L < 2^31 (the kernel checks).
+        ci = (ssm_i64)((unsigned)t_begin / (unsigned)chunk);
         chunk_end = (t_begin + chunk) < end ? (t_begin + chunk) : end;
         chunk_start = true;
         tl = len();
@@ -929,16 +953,10 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
-template <typename IO, typename BC, int NSPLIT, bool SUM>
-__device__ __forceinline__ void
-ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
-                  const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
-                  const float* __restrict__ D, const float* __restrict__ dbias, const float* __restrict__ h0,
-                  IO* __restrict__ y, float* __restrict__ hfinal, float* __restrict__ ckpt,
-                  float* __restrict__ seg_h, float* __restrict__ seg_dt,
-                  int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
-                  int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
-    static_assert(ssm_same<float, typename ssm_compute_of<IO>::type>::value, "float compute only");
+template <typename IO, typename BC, int NSPLIT, bool SUM, typename CT = float>
+__device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
+    static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
+                  "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
     static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
@@ -966,11 +984,12 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
 
     const ssm_ring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), SUM);
+    // (Steps in 32 bits below: a 64-bit division or remainder is a call in SASS.)
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || TL % Q != 0 ||
-        L % Q != 0 || chunk % Q != 0 || dim % CH != 0 || N > NPAD || GB <= 0 || dim % GB != 0 ||
-        (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0 || seg < 0 ||
-        seg >= nseg || seg_len % chunk != 0 || t_begin >= L || (nseg > 1 && seg_h == nullptr) ||
-        (SUM && seg_dt == nullptr))
+        L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 || N > NPAD ||
+        GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
+        (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 ||
+        t_begin >= L || (nseg > 1 && seg_h == nullptr) || (SUM && seg_dt == nullptr))
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
@@ -997,17 +1016,7 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     }
 
     float A2[NPT], h[NPT];
-#pragma unroll
-    for (int k = 0; k < NPT; ++k) {
-        const int n = s * NPT + k;
-        const bool ok = n < N;
-        A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : 0.0f;
-        h[k] = 0.0f;
-        if (!SUM && ok) {
-            if (nseg > 1) h[k] = seg_h[(((ssm_i64)seg * batch + b) * dim + d) * N + n];
-            else if (flags & SSM_HAS_H0) h[k] = h0[((ssm_i64)b * dim + d) * N + n];
-        }
-    }
+    ssm_fwd_start<float, NPT, SUM>(A2, h, A, seg_h, h0, flags & SSM_HAS_H0, batch, dim, N, nseg, seg, b, d, s);
     float sdt = 0.0f;  // SUM: sum of dt over the segment (every lane of a channel)
 
     const ssm_i64 row0 = ((ssm_i64)b * dim + d0) * L;  // u, delta, z, y: row of channel d0
@@ -1118,40 +1127,19 @@ ssm_fwd_ring_body(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         stage ^= 1;
     }
     ssm_cp_wait_all();  // the empty last group
-
-    float* dst = nullptr;
-    if constexpr (SUM) {
-        const ssm_i64 sbd = ((ssm_i64)seg * batch + b) * dim + d;
-        dst = seg_h + sbd * N;
-        if (s == 0) seg_dt[sbd] = sdt;
-    } else if (seg == nseg - 1) {
-        dst = hfinal + ((ssm_i64)b * dim + d) * N;
-    }
-    if (dst != nullptr) {
-#pragma unroll
-        for (int k = 0; k < NPT; ++k)
-            if (s * NPT + k < N) dst[s * NPT + k] = h[k];
-    }
+    ssm_fwd_end<float, NPT, SUM>(h, sdt, hfinal, seg_h, seg_dt, batch, dim, N, nseg, seg, b, d, s);
 }
 
-#define SSM_RING_PARAMS                                                                                 \
-    const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,                   \
-        const float* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,                \
-        const float* __restrict__ D, const float* __restrict__ dbias, const float* __restrict__ h0,     \
-        IO* __restrict__ y, float* __restrict__ hfinal, float* __restrict__ ckpt,                       \
-        float* __restrict__ seg_h, float* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L,    \
-        int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
-
-template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_RING_PARAMS) {
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
-template <typename IO, typename BC, int NPT, int NSPLIT>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_RING_PARAMS) {
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
 }

@@ -169,6 +169,8 @@ def test_ring_plans_meet_kernel_preconditions():
     assert ss.plan_forward_ring(**base, io="float64", bc="float64") is None
     assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
     assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
+    # Steps in 32 bits inside the kernels: L < 2**31.
+    assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None
 
 
 def test_time_split_only_when_grid_is_small():

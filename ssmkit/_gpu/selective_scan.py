@@ -485,12 +485,12 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
     They apply with float32 compute (u in float16, bfloat16 or float32), B and C
-    per step (``gb``, ``gc`` > 0), N <= 16 and L and the chunk (``min(chunk_size,
+    per step (``gb``, ``gc`` > 0), N <= 16, L < 2**31, and L and the chunk (``min(chunk_size,
     L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
     plus ``sum_smem`` (bytes of the summary kernel) and ``ring`` True.
     """
-    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or L < 1:
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
         return None
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, "float32")
