@@ -289,6 +289,20 @@ __device__ __forceinline__ void ssm_stage_bc_raw(CT* __restrict__ Xs, const unsi
 // L) the summary and carry kernels are not launched and seg_h / seg_g are null.
 // ===========================================================================
 
+// Which part of the problem a block of the scan kernels owns (see "Time
+// segments"): block blockIdx.x = (seg' * batch + b) * (dim / CH) + tile, for
+// segment seg = seg0 + seg', batch row b and channels d0 = tile * CH ...
+struct ssm_block_place {
+    int seg, b, d0;
+    __device__ __forceinline__ ssm_block_place(int batch, int dim, int CH, int seg0) {
+        const int ntile = dim / CH, rows = batch * ntile;  // rows: blocks per segment
+        seg = seg0 + (int)(blockIdx.x / rows);
+        const int rt = blockIdx.x - (seg - seg0) * rows;
+        b = rt / ntile;
+        d0 = (rt - b * ntile) * CH;
+    }
+};
+
 // The forward kernels' per-thread start: A2 = A log2(e) for this thread's
 // states n = s NPT + k (0 for n >= N), and h, the state entering the
 // segment: the carried one when time is split, else h0 (or 0); the summary
@@ -368,12 +382,8 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const int tid = threadIdx.x;
     const int c = tid / NSPLIT;
     const int s = tid % NSPLIT;
-    const int ntile = dim / CH;
-    const int rows = batch * ntile;  // blocks per segment
-    const int seg = seg0 + (int)(blockIdx.x / rows);
-    const int rt = blockIdx.x - (seg - seg0) * rows;
-    const int b = rt / ntile;
-    const int d0 = (rt - b * ntile) * CH;
+    const ssm_block_place place(batch, dim, CH, seg0);
+    const int seg = place.seg, b = place.b, d0 = place.d0;
     const int d = d0 + c;
     const unsigned wmask = ssm_warp_mask(nthr);
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
@@ -972,12 +982,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const int cw0 = (tid >> 5) * CPW;                                      // the warp's first channel,
     const int cwn = (CH - cw0) < CPW ? (CH - cw0) : CPW;                   // its channels
     const int wl = (nthr - (tid & ~31)) < 32 ? (nthr - (tid & ~31)) : 32;  // and lanes
-    const int ntile = dim / CH;
-    const int rows = batch * ntile;
-    const int seg = seg0 + (int)(blockIdx.x / rows);
-    const int rt = blockIdx.x - (seg - seg0) * rows;
-    const int b = rt / ntile;
-    const int d0 = (rt - b * ntile) * CH;
+    const ssm_block_place place(batch, dim, CH, seg0);
+    const int seg = place.seg, b = place.b, d0 = place.d0;
     const int d = d0 + c;
     const unsigned wmask = ssm_warp_mask(nthr);
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
@@ -1590,12 +1596,8 @@ ssm_scan_bwd_sum(const IO* __restrict__ delta, const IO* __restrict__ z, const I
     const int tid = threadIdx.x;
     const int c = tid / NSPLIT;
     const int s = tid % NSPLIT;
-    const int ntile = dim / CH;
-    const int rows = batch * ntile;
-    const int seg = seg0 + (int)(blockIdx.x / rows);
-    const int rt = blockIdx.x - (seg - seg0) * rows;
-    const int b = rt / ntile;
-    const int d0 = (rt - b * ntile) * CH;
+    const ssm_block_place place(batch, dim, CH, seg0);
+    const int seg = place.seg, b = place.b, d0 = place.d0;
     const int d = d0 + c;
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
     const ssm_i64 t_end = (L - t_begin) < seg_len ? L : t_begin + seg_len;
