@@ -1319,13 +1319,13 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     uu = ssm_load(u[rb + t]);
                     const CT raw = ssm_load(delta[rb + t]) + bias;
                     dt = raw;
-                    if (softplus && raw <= CT(20)) M::softplus_grad(raw, dt, dsp);  // else dt = raw, dsp = 1
+                    if (softplus && raw <= CT(20)) M::softplus_grad_fast(raw, dt, dsp);  // else dt = raw, dsp = 1
                     du = dt * uu;
                     if (full) {
                         const CT go = ssm_load(dout[rb + t]);
                         if (has_z) {
                             const CT zz = ssm_load(z[rb + t]);
-                            const CT sz = M::sigmoid(zz);
+                            const CT sz = M::sigmoid_fast(zz);
                             dy = go * zz * sz;
                             dzf = go * sz * (CT(1) + zz * (CT(1) - sz));
                         } else {
@@ -1642,11 +1642,11 @@ ssm_scan_bwd_sum(const IO* __restrict__ delta, const IO* __restrict__ z, const I
             const CT bias = has_bias ? dbias[dd] : CT(0);
             for (int t = col0; t < tl; t += W) {
                 CT dt = ssm_load(delta[rb + t]) + bias;
-                if (softplus) dt = M::softplus(dt);
+                if (softplus) dt = M::softplus_fast(dt);
                 CT dy = ssm_load(dout[rb + t]);
                 if (has_z) {
                     const CT zz = ssm_load(z[rb + t]);
-                    dy *= zz * M::sigmoid(zz);
+                    dy *= zz * M::sigmoid_fast(zz);
                 }
                 ssm_pair<CT> p;
                 p.dt = dt;

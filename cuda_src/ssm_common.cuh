@@ -108,6 +108,11 @@ template <> struct ssm_math<float> {
         const float r = e < 0.125f ? p * e : kLn2 * lg2_fast(1.0f + e);
         return x <= 20.0f ? r : x;
     }
+    // softplus_grad from the same approximations (x <= 20).
+    static __device__ __forceinline__ void softplus_grad_fast(float x, float& sp, float& dsp) {
+        sp = softplus_fast(x);
+        dsp = sigmoid_fast(x);
+    }
     // softplus(x) and its derivative sigmoid(x), for x <= 20, from one exp.
     static __device__ __forceinline__ void softplus_grad(float x, float& sp, float& dsp) {
         const float e = expf(x);
@@ -131,6 +136,12 @@ template <> struct ssm_math<double> {
         sp = log1p(e);
         dsp = e / (1.0 + e);
     }
+    // In double the "fast" forms are the exact ones (the kernels call them for any type).
+    static __device__ __forceinline__ double sigmoid_fast(double x) { return sigmoid(x); }
+    static __device__ __forceinline__ void softplus_grad_fast(double x, double& sp, double& dsp) {
+        softplus_grad(x, sp, dsp);
+    }
+    static __device__ __forceinline__ double softplus_fast(double x) { return softplus(x); }
 };
 
 // ---------------------------------------------------------------------------
