@@ -720,9 +720,10 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 //     group's: one __syncthreads per tile;
 //   - leave all else to each warp for its own 32 / NSPLIT channels, so that one
 //     warp's staging or output overlaps another's scan: dt = softplus(delta +
-//     bias) and dt u into the warp's rows, the scan 4 steps at a time with one
-//     reduce-scatter per group into the warp's y rows, then y = (sum + D u) silu(z)
-//     written 16 bytes per lane, coalesced;
+//     bias) and dt u into the warp's rows, the scan 16 steps at a time (then 4
+//     to a tile's end) with one reduce-scatter of the output sums per block into
+//     the warp's y rows, then y = (sum + D u) silu(z) written 16 bytes per lane,
+//     coalesced;
 //   - take softplus and the sigmoid from the hardware approximations
 //     (ssm_math<float>::softplus_fast, sigmoid_fast).
 // Same recurrence in the same order per state as the other forward kernels;
