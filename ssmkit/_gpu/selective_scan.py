@@ -110,9 +110,10 @@ TUNING = {
     # SSMKIT_FWD_ASYNC=1 / 0 in the environment (read at import) sets True / False.
     "fwd_async": {"1": True, "0": False}.get(os.environ.get("SSMKIT_FWD_ASYNC", ""), "auto"),
     # True: where they apply (float compute, B and C per step, N <= 16, rows 16-byte aligned and
-    # L and the chunk multiples of _ring_quantum), the forward kernels that scan raw tiles from
-    # a ring of two shared stages with all staging and output done per warp
-    # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring); False: always the kernels above.
+    # L and the chunk multiples of _ring_quantum), the forward kernels that scan tiles from a
+    # ring of two shared stages with all staging and output done per warp
+    # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring; benchmarks/NOTES.md, version 5: 0.65 -> 0.36
+    # ms at 8x1536x2048 N 16 in float32); False: always the kernels above.
     # SSMKIT_FWD_RING=0 in the environment (read at import) sets False.
     "fwd_ring": os.environ.get("SSMKIT_FWD_RING", "1") != "0",
     # Time segments (see _split_time): split when the grid fills less than
@@ -136,8 +137,9 @@ KernelKey.__doc__ = """One kernel instantiation.
 kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
-False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of raw tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C only), or "carry" (the segment carry, templated on the compute type only: io = bc =
+False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), or
+"carry" (the segment carry, templated on the compute type only: io = bc =
 the compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
@@ -145,9 +147,10 @@ per channel; b_per_step, c_per_step : whether B / C are given per step
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
 _RING_KINDS = ("fwd_ring", "fwd_sum_ring")
-# Registers per thread of the ring kernels (NVRTC for sm_90, the most over their
-# instantiations), by NPT; only used to estimate how many blocks share an SM.
-_RING_REGS = {4: 128}
+# Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
+# NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
+# an SM.
+_RING_REGS = 128
 
 
 def _dtype_name(dt) -> str:
@@ -217,7 +220,7 @@ def kernel_keys(full: bool = True) -> list:
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             for npt, nsplit in splits[_COMPUTE[io]]:
-                if _COMPUTE[io] == "float32" and npt in _RING_REGS:
+                if _COMPUTE[io] == "float32" and npt == 4:
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
@@ -496,7 +499,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     npt, nsplit = state_split(N, "float32")
     q = _ring_quantum(io, bc)
     cmax = max(1, min(chunk_size, L))
-    if L % q or cmax % q or npt not in _RING_REGS:
+    if L % q or cmax % q:
         return None
     npad = npt * nsplit
 
@@ -504,8 +507,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         return _choose_tiles(
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
             tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
-            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if nsplit <= FWD_MAX_THREADS else nsplit,
-            warps_by_regs=lim["regs_per_sm"] // (_RING_REGS[npt] * 32),
+            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
+            warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
             size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
             what=f"the forward with N={N}", nseg=nseg)
 
@@ -635,9 +638,9 @@ def _plan(p, which):
     import cupy
 
     plan = _cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
-                             p.chunk_size, _dtype_name(p.compute_dtype),
-                             cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
-                             _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
+                        p.chunk_size, _dtype_name(p.compute_dtype),
+                        cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
+                        _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
     return None if plan is None else dict(plan)
 
 
