@@ -762,29 +762,28 @@ struct ssm_ring_layout {
     }
 };
 
-// 16 bytes as four words (one 128-bit access).
-struct alignas(16) ssm_u4 { unsigned v[4]; };
-__device__ __forceinline__ ssm_u4 ssm_ld16(const void* p) { return *reinterpret_cast<const ssm_u4*>(p); }
-__device__ __forceinline__ void ssm_st16(void* p, const ssm_u4& q) { *reinterpret_cast<ssm_u4*>(p) = q; }
+// 16 bytes (ssm_v16, as the cp.async fallback moves them) in one 128-bit access.
+__device__ __forceinline__ ssm_v16 ssm_ld16(const void* p) { return *reinterpret_cast<const ssm_v16*>(p); }
+__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }
 
 // Widen the 16 / sizeof(T) values of T in q to float.
-__device__ __forceinline__ void ssm_widen16(float (&r)[4], const float*, const ssm_u4& q) {
+__device__ __forceinline__ void ssm_widen16(float (&r)[4], const float*, const ssm_v16& q) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = ssm_bits_to_float(q.v[i]);
+    for (int i = 0; i < 4; ++i) r[i] = ssm_bits_to_float(q.w[i]);
 }
-__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_bf16*, const ssm_u4& q) {
+__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_bf16*, const ssm_v16& q) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        r[2 * i] = ssm_bits_to_float(q.v[i] << 16);
-        r[2 * i + 1] = ssm_bits_to_float(q.v[i] & 0xffff0000u);
+        r[2 * i] = ssm_bits_to_float(q.w[i] << 16);
+        r[2 * i + 1] = ssm_bits_to_float(q.w[i] & 0xffff0000u);
     }
 }
-__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_half*, const ssm_u4& q) {
+__device__ __forceinline__ void ssm_widen16(float (&r)[8], const ssm_half*, const ssm_v16& q) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         ssm_half a, b;
-        a.bits = (unsigned short)(q.v[i] & 0xffffu);
-        b.bits = (unsigned short)(q.v[i] >> 16);
+        a.bits = (unsigned short)(q.w[i] & 0xffffu);
+        b.bits = (unsigned short)(q.w[i] >> 16);
         r[2 * i] = ssm_load(a);
         r[2 * i + 1] = ssm_load(b);
     }
@@ -797,9 +796,9 @@ __device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
     T tmp[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) ssm_store(&tmp[i], v[i]);
-    ssm_u4 q;
+    ssm_v16 q;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q.v[i] = (unsigned)tmp[2 * i].bits | ((unsigned)tmp[2 * i + 1].bits << 16);
+    for (int i = 0; i < 4; ++i) q.w[i] = (unsigned)tmp[2 * i].bits | ((unsigned)tmp[2 * i + 1].bits << 16);
     ssm_st16(p, q);
 }
 
