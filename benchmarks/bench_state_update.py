@@ -17,16 +17,14 @@ in the same run. For each configuration it reports:
 
 Before timing, the result of the public call is compared with a CuPy float32
 evaluation of the same step (relative error printed and stored). Each
-configuration is also timed with ``stream=()`` (the tile kernel without its resident
-form), ``tile=()`` (no state in the tile kernel),
+configuration is also timed with ``tile=()`` (no state in the tile kernel),
 ``one_pass=()`` (every state in the general kernel) and ``one_pass=all``
 (every vector-form state in the one-pass kernel), and in the general kernel with ``stage_state=()`` (every state loaded
 into registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through
 the shared-memory staging ring). With
 ``--sweep`` it also times the one-pass kernel under other block shapes, with
-``--tile-sweep`` the tile kernel under other block shapes and tile sizes, with
-``--stream-sweep`` its resident form under other stage counts, blocks per SM and
-block sizes, and keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
+``--tile-sweep`` the tile kernel under other block shapes and tile sizes, and
+keeps every variant's row. Writes ``results/state_update_<gpu>.json`` and a
 markdown table beside it.
 
 Usage::
@@ -65,11 +63,10 @@ CONFIGS = [
     (1, "bfloat16", "bfloat16", 64, 1, 3072, 16, None),
 ]
 
-# Always timed beside the default: the tile kernel without its resident form (stream=()),
-# every state in the general kernel, every vector-form state
+# Always timed beside the default: every state in the general kernel, every vector-form state
 # in the one-pass kernel; in the general kernel, every state loaded into registers, and every
 # vector-form state through the staging ring.
-AB = [dict(stream=()), dict(tile=()), dict(tile=(), one_pass=()), dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
+AB = [dict(tile=()), dict(tile=(), one_pass=()), dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
       dict(tile=(), one_pass=(), stage_state=()),
       dict(tile=(), one_pass=(), stage_state=(2, 4, 8))]
 # The one-pass vector kernel under other block shapes.
@@ -78,11 +75,6 @@ SWEEP = [dict(one_pass=gsu.ONE_PASS_ALL, threads=t, one_pass_bytes_per_thread=s)
 # The tile kernel under other block shapes and tile sizes.
 TILE_SWEEP = [dict(tile=gsu.ONE_PASS_ALL, tile_threads=t, tile_bytes_per_thread=s, tile_bytes=b)
               for t in (64, 128, 256) for s in (16, 32) for b in (8192, 16384)]
-# The tile kernel's resident form (ssm_state_update_stream) under other stage counts, blocks
-# per SM and consumer threads.
-STREAM_SWEEP = [dict(tile=gsu.ONE_PASS_ALL, stream=gsu.ONE_PASS_ALL, stream_stages=s,
-                     stream_blocks_per_sm=b, tile_threads=t)
-                for t in (128, 256) for s in (2, 3, 4, 6) for b in (2, 3, 4)]
 
 
 def make_inputs(cp, layout, st, io, batch, H, P, N, seed=0):
@@ -161,12 +153,11 @@ def time_config(cp, layout, st, io, batch, H, P, N):
                         calls=20)
     latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
                                                             dt_softplus=True))
-    items = (gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
-    tile = layout == 2 and items in gsu.TUNING["tile"]
+    tile = layout == 2 and (gsu._ITEMSIZE[st], gsu._ITEMSIZE[io]) in gsu.TUNING["tile"]
     plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
                            amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL,
-                           one_pass=items in gsu.TUNING["one_pass"] and not tile, tile=tile,
-                           stream=tile and items in gsu.TUNING["stream"], io=io)
+                           one_pass=(gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
+                           in gsu.TUNING["one_pass"] and not tile, tile=tile)
     host_us = host_us_per_call(lambda: ssmkit.state_update(a["state"], **args,
                                                            dt_softplus=True))
     return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,
@@ -294,9 +285,6 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="also time other block shapes")
     parser.add_argument("--tile-sweep", action="store_true",
                         help="also time the tile kernel under other block shapes and tile sizes")
-    parser.add_argument("--stream-sweep", action="store_true",
-                        help="also time the tile kernel's resident form under other stage "
-                             "counts, blocks per SM and block sizes")
     parser.add_argument("--configs", type=int, nargs="*", default=None,
                         help="indices into CONFIGS to time (default: all)")
     parser.add_argument("--profile", action="store_true",
@@ -314,8 +302,7 @@ def main():
         state_bytes = batch * H * P * N * {"float64": 8, "float32": 4}.get(st, 2)
         ceiling_ms = inplace_ceiling_ms(cp, state_bytes)
         variants = ([dict()] + AB + (SWEEP if args.sweep else [])
-                    + (TILE_SWEEP if args.tile_sweep else [])
-                    + (STREAM_SWEEP if args.stream_sweep else []))
+                    + (TILE_SWEEP if args.tile_sweep else []))
         for var in variants:
             gsu.TUNING.clear()
             gsu.TUNING.update(base, **var)

@@ -538,94 +538,6 @@ ssm_state_update(
 // ring to keep enough bytes in flight); the host picks (TUNING in state_update.py). The
 // arguments are those of ssm_state_update (rows_per_block unused: TP * PPT channels).
 
-// The passes over a tile of channels in shared memory (rows r = q0 + i * tp + pr, TN lanes
-// per channel, PPT channels per thread and pass): the new state of row r goes to out[r * nv
-// + j] (global memory, or back into the tile when another token follows), y of row r to
-// yt[r * ys3]. d, decay: the head's dt' and exp(dt' A); bv, cv: this lane's B and C; sx, sz,
-// sd: the channels' x, z (nullptr: no gate) and D in shared memory.
-template <typename ST, int CH, int PPT, typename CT, typename IT>
-__device__ __forceinline__ void su_tile_passes(const su_vec16* tile, su_vec16* out, int nrows,
-                                               int nv, int tp, int pr, int ln, int tn, CT d,
-                                               CT decay, const CT (&bv)[CH][su_vec<ST>::V],
-                                               const CT (&cv)[CH][su_vec<ST>::V], const CT* sx,
-                                               const CT* sz, const CT* sd, IT* yt, ssm_i64 ys3) {
-    typedef ssm_math<CT> M;
-    constexpr int V = su_vec<ST>::V;
-    const int pass_rows = tp * PPT;
-    for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
-        CT s[PPT][CH][V];
-#pragma unroll
-        for (int i = 0; i < PPT; ++i) {
-            const int r = q0 + i * tp + pr;
-#pragma unroll
-            for (int c = 0; c < CH; ++c) {
-                const int j = c * tn + ln;
-                if (r < nrows && j < nv) {
-                    su_vec<ST>::unpack(tile[r * nv + j], s[i][c]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
-                }
-            }
-        }
-        CT acc[PPT];
-#pragma unroll
-        for (int i = 0; i < PPT; ++i) {
-            const int r = min(q0 + i * tp + pr, nrows - 1);
-            const CT dx = d * sx[r];
-            CT sum = CT(0);
-#pragma unroll
-            for (int c = 0; c < CH; ++c) {
-#pragma unroll
-                for (int k = 0; k < V; ++k) {
-                    s[i][c][k] = s[i][c][k] * decay + dx * bv[c][k];
-                    sum += s[i][c][k] * cv[c][k];
-                }
-            }
-            acc[i] = sum;
-        }
-#pragma unroll
-        for (int i = 0; i < PPT; ++i) {
-            const int r = q0 + i * tp + pr;
-#pragma unroll
-            for (int c = 0; c < CH; ++c) {
-                const int j = c * tn + ln;
-                if (r < nrows && j < nv) {
-                    su_vec16 v;
-                    su_vec<ST>::pack(v, s[i][c]);
-                    out[r * nv + j] = v;
-                }
-            }
-        }
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) {
-            if (m < tn) {
-#pragma unroll
-                for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
-            }
-        }
-        // lane i of a channel finishes row i (lane 0 all of them when TN < PPT)
-        auto finish = [&](int i, CT sum) {
-            const int r = q0 + i * tp + pr;
-            if (r < nrows) {
-                CT o = sum + sd[r] * sx[r];
-                if (sz != nullptr) o *= sz[r] * M::sigmoid(sz[r]);
-                ssm_store(yt + r * ys3, o);
-            }
-        };
-        if (tn >= PPT) {
-            CT sum = acc[0];
-#pragma unroll
-            for (int i = 1; i < PPT; ++i)
-                if (ln == i) sum = acc[i];
-            if (ln < PPT) finish(ln, sum);
-        } else if (ln == 0) {
-#pragma unroll
-            for (int i = 0; i < PPT; ++i) finish(i, acc[i]);
-        }
-    }
-}
-
 // Blocks of 256 threads per SM the register bound leaves room for, from an estimate of the
 // registers a thread needs (fitted to ptxas -v on sm_90, no spills): its 16-byte vectors
 // and their widened values, B and C, and about 24 + 4 PPT for addresses and per-channel
@@ -888,6 +800,7 @@ ssm_state_update_tile(
     extern __shared__ su_vec16 su_tile[];
     __shared__ unsigned long long su_bar;
     const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
+    const int pass_rows = tp * PPT;
     // after the tile (rows_per_block channels): x, z and D of the block's channels
     CT* const sx = reinterpret_cast<CT*>(su_tile + rows_per_block * nv);
     CT* const sz = sx + rows_per_block;
@@ -928,234 +841,81 @@ ssm_state_update_tile(
         __syncthreads();
         const bool last = t + 1 == T;
 
-        if (t == 0) ssm_bulk_wait(&su_bar, su_tile, sg, tile_bytes);
-        // the new state: to global memory after the last token, else back to the tile
-        su_tile_passes<ST, CH, PPT>(su_tile, last ? sg : su_tile, nrows, nv, tp, pr, ln, tn, d,
-                                    decay, bv, cv, sx, z != nullptr ? sz : nullptr, sd,
-                                    yb + t * ys1, ys3);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// The stream form (ssm_state_update_stream): the tile kernel's step (one token) in a
-// resident grid whose blocks walk the tiles (row, head, run of channels) through a ring of
-// `stages` shared-memory stages. The tile kernel's blocks spent half their life waiting for
-// their first small loads (B, C, dt, x), which queued behind the bulk copies of the SM's
-// other blocks; here those loads are issued a tile ahead by a warp that does nothing else.
-//
-// * Warp 0 produces. For each tile it waits until the stage is free (its "empty" barrier),
-//   starts the bulk copies of the state tile and of the row's B and C (as stored), loads the
-//   channels' x, z, D and the head's dt into registers, and only then writes the previous
-//   tile's values into that tile's stage and arrives on its "full" barrier: it never waits
-//   on a load it has just issued.
-// * The other warps consume: wait on "full", read B, C (widened) and the scalars from the
-//   stage, run the tile's passes (su_tile_passes: the new state and y straight to global
-//   memory), arrive on "empty".
-// * Rows whose index is negative (padding) get y = 0 from the producer and take no stage.
-//
-// Requirements (the host checks them): sm_90, T = 1, the tile kernel's (per-head
-// parameters, contiguous 16-byte aligned channels), B and C rows of a multiple of 16 bytes,
-// 16-byte aligned, rows_per_block <= 64, nb * H * ceil(P / rows_per_block) < 2^31. Dynamic
-// shared memory: stages * su_stream_stage_vecs(...) vectors of 16 bytes, then 2 * stages
-// barriers of 8 bytes.
-
-// 16-byte vectors of one stage: the tile, B and C as stored, then x, z, D of the channels
-// and (dt', decay) in the compute type.
-__host__ __device__ constexpr int su_stream_stage_vecs(int rows, int N, int V, int io_bytes,
-                                                       int ct_bytes) {
-    return rows * (N / V) + 2 * ((N * io_bytes + 15) / 16) + ((3 * rows + 2) * ct_bytes + 15) / 16;
-}
-
-// mbarrier helpers for the ring (sm_90): init with an arrival count, plain arrival,
-// transaction bytes announced without arriving, and the wait for a phase of given parity.
-__device__ __forceinline__ void su_bar_init(unsigned long long* bar, unsigned int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(ssm_smem_addr(bar)), "r"(count) : "memory");
-#else
-    (void)bar; (void)count;
-#endif
-}
-__device__ __forceinline__ void su_bar_arrive(unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" : : "r"(ssm_smem_addr(bar)) : "memory");
-#else
-    (void)bar;
-#endif
-}
-__device__ __forceinline__ void su_bar_expect_tx(unsigned long long* bar, unsigned int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" : : "r"(ssm_smem_addr(bar)), "r"(bytes) : "memory");
-#else
-    (void)bar; (void)bytes;
-#endif
-}
-__device__ __forceinline__ void su_bar_wait(unsigned long long* bar, unsigned int parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned int b = ssm_smem_addr(bar);
-    unsigned int done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
-    } while (!done);
-#else
-    (void)bar; (void)parity;
-#endif
-}
-
-// Channels of a tile each producer lane carries (x, z, D), so rows_per_block <= 32 * this.
-#define SU_STREAM_ROWS_PER_LANE 2
-
-template <typename ST, typename IT, int CH, int PPT>
-__global__ void __launch_bounds__(288, 1)
-ssm_state_update_stream(
-    SU_KERNEL_PARAMS, int H, int nb, int stages) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    typedef typename ssm_compute_of<ST>::type CT;
-    typedef ssm_math<CT> M;
-    constexpr int V = su_vec<ST>::V;
-    constexpr int RPL = SU_STREAM_ROWS_PER_LANE;
-    (void)ss2; (void)ss3; (void)ds2; (void)ds3; (void)as1; (void)as2; (void)bs1; (void)bs3;
-    (void)cs1; (void)cs3; (void)bias1; (void)xs1; (void)ds1; (void)zs1; (void)ys1; (void)T;
-
-    const int npb = (P + rows_per_block - 1) / rows_per_block;
-    const int ntiles = nb * H * npb;
-    const int nv = N / V;
-    const int tile_vecs = rows_per_block * nv;
-    const int bc_vecs = (N * (int)sizeof(IT) + 15) / 16;
-    const int stage_vecs = su_stream_stage_vecs(rows_per_block, N, V, (int)sizeof(IT), (int)sizeof(CT));
-    extern __shared__ su_vec16 su_tile[];
-    unsigned long long* const full = reinterpret_cast<unsigned long long*>(su_tile + stages * stage_vecs);
-    unsigned long long* const empty = full + stages;
-    const int consumers = blockDim.x - 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; ++s) {
-            su_bar_init(full + s, 32);
-            su_bar_init(empty + s, consumers);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
-    }
-    __syncthreads();
-
-    // The tile `id` as (row b, head h, first channel p_begin, channels nrows), and the
-    // state slot of its row (negative: padding).
-    struct Tile { int b, h, p_begin, nrows; ssm_i64 slot; };
-    auto tile_of = [&](int id) {
-        Tile u;
-        const int pb = id % npb, rest = id / npb;
-        u.h = rest % H;
-        u.b = b0 + rest / H;
-        u.p_begin = pb * rows_per_block;
-        u.nrows = min(P - u.p_begin, rows_per_block);
-        u.slot = rows != nullptr ? rows[u.b] : (ssm_i64)u.b;
-        return u;
-    };
-    auto stage_x = [&](int s) { return reinterpret_cast<CT*>(su_tile + s * stage_vecs + tile_vecs + 2 * bc_vecs); };
-
-    if (threadIdx.x < 32) {
-        // ---- producer ----
-        const int lane = threadIdx.x;
-        CT px[RPL], pz[RPL], pd[RPL], pdt = CT(0), pa = CT(0);
-        int pstage = -1, use = 0;
-        auto publish = [&]() {  // the carried tile's x, z, D, dt', decay into its stage
-            CT* const sx = stage_x(pstage);
+        // ---- passes over the tile: rows r = q0 + i * tp + pr ----
+        for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
+            if (t == 0 && q0 == 0) ssm_bulk_wait(&su_bar, su_tile, sg, tile_bytes);
+            CT s[PPT][CH][V];
 #pragma unroll
-            for (int k = 0; k < RPL; ++k) {
-                const int r = lane + 32 * k;
-                if (r < rows_per_block) {
-                    sx[r] = px[k];
-                    sx[rows_per_block + r] = pz[k];
-                    sx[2 * rows_per_block + r] = pd[k];
+            for (int i = 0; i < PPT; ++i) {
+                const int r = q0 + i * tp + pr;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int j = c * tn + ln;
+                    if (r < nrows && j < nv) {
+                        su_vec<ST>::unpack(su_tile[r * nv + j], s[i][c]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
+                    }
                 }
             }
-            if (lane == 0) {
-                const CT d = softplus ? M::softplus(pdt) : pdt;
-                sx[3 * rows_per_block] = d;
-                sx[3 * rows_per_block + 1] = M::decay(d * pa);
-            }
-            su_bar_arrive(full + pstage);
-        };
-        for (int id = blockIdx.x; id < ntiles; id += gridDim.x) {
-            const Tile u = tile_of(id);
-            IT* const yb = y + u.b * ys0 + u.h * ys2 + u.p_begin * ys3;
-            if (u.slot < 0) {  // padding: y = 0, no state touched
-                for (int r = lane; r < u.nrows; r += 32) ssm_store(yb + r * ys3, CT(0));
-                continue;
-            }
-            const int s = use % stages;
-            if (use >= stages) su_bar_wait(empty + s, (unsigned)(use / stages - 1) & 1u);
-            ++use;
-            if (lane == 0) {
-                su_vec16* const st = su_tile + s * stage_vecs;
-                const unsigned int tile_bytes = (unsigned int)(u.nrows * nv) * 16u;
-                const unsigned int bc_bytes = (unsigned int)bc_vecs * 16u;
-                const int g = u.h / heads_per_group;
-                su_bar_expect_tx(full + s, tile_bytes + 2 * bc_bytes);
-                ssm_bulk_copy(st, state + u.slot * ss0 + u.h * ss1 + (ssm_i64)u.p_begin * N,
-                              tile_bytes, full + s);
-                ssm_bulk_copy(st + tile_vecs, Bm + u.b * bs0 + (ssm_i64)g * bs2, bc_bytes, full + s);
-                ssm_bulk_copy(st + tile_vecs + bc_vecs, Cm + u.b * cs0 + (ssm_i64)g * cs2, bc_bytes,
-                              full + s);
-            }
-            CT nx[RPL], nz[RPL], nd[RPL];
+            CT acc[PPT];
 #pragma unroll
-            for (int k = 0; k < RPL; ++k) {
-                const int r = lane + 32 * k;
-                const bool in = r < u.nrows;
-                const ssm_i64 xo = u.b * xs0 + u.h * xs2 + (ssm_i64)(u.p_begin + r) * xs3;
-                nx[k] = in ? su_ld<CT>(x + xo) : CT(0);
-                nz[k] = in && z != nullptr ? su_ld<CT>(z + u.b * zs0 + u.h * zs2 + (ssm_i64)(u.p_begin + r) * zs3) : CT(0);
-                nd[k] = in && D != nullptr ? D[u.h * Ds0 + (ssm_i64)(u.p_begin + r) * Ds1] : CT(0);
+            for (int i = 0; i < PPT; ++i) {
+                const int r = min(q0 + i * tp + pr, nrows - 1);
+                const CT dx = d * sx[r];
+                CT sum = CT(0);
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+#pragma unroll
+                    for (int k = 0; k < V; ++k) {
+                        s[i][c][k] = s[i][c][k] * decay + dx * bv[c][k];
+                        sum += s[i][c][k] * cv[c][k];
+                    }
+                }
+                acc[i] = sum;
             }
-            const CT ndt = su_ld<CT>(dt + u.b * ds0 + u.h * ds2) +
-                           (dt_bias != nullptr ? dt_bias[u.h * bias0] : CT(0));
-            const CT na = A[u.h * as0] * M::kLog2e;
-            if (pstage >= 0) publish();
+            // the new state: to global memory after the last token, else back to the tile
 #pragma unroll
-            for (int k = 0; k < RPL; ++k) { px[k] = nx[k]; pz[k] = nz[k]; pd[k] = nd[k]; }
-            pdt = ndt; pa = na; pstage = s;
-        }
-        if (pstage >= 0) publish();
-        return;
-    }
-
-    // ---- consumers ----
-    const int ct = threadIdx.x - 32;
-    const int tn = 1 << log2_tn;
-    const int ln = ct & (tn - 1);
-    const int pr = ct >> log2_tn;
-    const int tp = consumers >> log2_tn;
-    int use = 0;
-    for (int id = blockIdx.x; id < ntiles; id += gridDim.x) {
-        const Tile u = tile_of(id);
-        if (u.slot < 0) continue;
-        const int s = use % stages;
-        su_bar_wait(full + s, (unsigned)(use / stages) & 1u);
-        ++use;
-        const su_vec16* const st = su_tile + s * stage_vecs;
-        const IT* const sb = reinterpret_cast<const IT*>(st + tile_vecs);
-        const IT* const sc = reinterpret_cast<const IT*>(st + tile_vecs + bc_vecs);
-        const CT* const sx = stage_x(s);
-        CT bv[CH][V], cv[CH][V];
+            for (int i = 0; i < PPT; ++i) {
+                const int r = q0 + i * tp + pr;
 #pragma unroll
-        for (int c = 0; c < CH; ++c) {
-            const int n0 = (c * tn + ln) * V;
-            if (n0 < N) {
-                su_load_vec<CT, V>(sb + n0, bv[c]);
-                su_load_vec<CT, V>(sc + n0, cv[c]);
-            } else {
+                for (int c = 0; c < CH; ++c) {
+                    const int j = c * tn + ln;
+                    if (r < nrows && j < nv) {
+                        su_vec16 v;
+                        su_vec<ST>::pack(v, s[i][c]);
+                        if (last) sg[r * nv + j] = v;
+                        else su_tile[r * nv + j] = v;
+                    }
+                }
+            }
 #pragma unroll
-                for (int k = 0; k < V; ++k) bv[c][k] = cv[c][k] = CT(0);
+            for (int m = 16; m >= 1; m >>= 1) {
+                if (m < tn) {
+#pragma unroll
+                    for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+                }
+            }
+            // lane i of a channel finishes row i (lane 0 all of them when TN < PPT)
+            auto finish = [&](int i, CT sum) {
+                const int r = q0 + i * tp + pr;
+                if (r < nrows) {
+                    CT out = sum + sd[r] * sx[r];
+                    if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
+                    ssm_store(yb + t * ys1 + r * ys3, out);
+                }
+            };
+            if (tn >= PPT) {
+                CT sum = acc[0];
+#pragma unroll
+                for (int i = 1; i < PPT; ++i)
+                    if (ln == i) sum = acc[i];
+                if (ln < PPT) finish(ln, sum);
+            } else if (ln == 0) {
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) finish(i, acc[i]);
             }
         }
-        const CT d = sx[3 * rows_per_block], decay = sx[3 * rows_per_block + 1];
-        su_vec16* const sg = reinterpret_cast<su_vec16*>(state + u.slot * ss0 + u.h * ss1 + (ssm_i64)u.p_begin * N);
-        su_tile_passes<ST, CH, PPT>(st, sg, u.nrows, nv, tp, pr, ln, tn, d, decay, bv, cv, sx,
-                                    z != nullptr ? sx + rows_per_block : nullptr,
-                                    sx + 2 * rows_per_block,
-                                    y + u.b * ys0 + u.h * ys2 + u.p_begin * ys3, ys3);
-        su_bar_arrive(empty + s);
     }
-#else
-    __trap();  // sm_90 only (the host never launches it elsewhere)
-#endif
 }

@@ -589,51 +589,6 @@ def test_gpu_launch_shapes(monkeypatch, threads, states, kernel):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
-@pytest.mark.parametrize("stages,per_sm,consumers", [(2, 1, 128), (3, 2, 64), (4, 1, 256)])
-def test_gpu_stream_kernel_matches_tile_kernel(monkeypatch, stages, per_sm, consumers):
-    # The resident form walks many tiles per block (a grid of 1-2 blocks: the ring of stages
-    # wraps many times), skips padding rows, ends tiles inside P; it must equal the tile
-    # kernel bit for bit (the same arithmetic) and both the reference.
-    import cupy as cp
-
-    limits = dict(compiler.device_limits(), sm_count=1)
-    monkeypatch.setattr(compiler, "device_limits", lambda: limits)
-    monkeypatch.setitem(gsu.TUNING, "tile", gsu.ONE_PASS_ALL)
-    monkeypatch.setitem(gsu.TUNING, "tile_threads", consumers)
-    monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # tiles of tile_bytes
-    monkeypatch.setitem(gsu.TUNING, "stream_stages", stages)
-    monkeypatch.setitem(gsu.TUNING, "stream_blocks_per_sm", per_sm)
-    cases = [(dict(layout=2, H=3, P=37, N=128, G=1, bcast=True), "bfloat16", "bfloat16", 2048),
-             (dict(layout=2, H=4, P=64, N=64, G=2, bcast=True), "float16", "float16", 16384),
-             (dict(layout=2, H=2, P=9, N=16, G=1, bcast=True, with_z=False), "float32",
-              "float32", 256),
-             (dict(layout=1, H=1, P=70, N=16, G=1), "bfloat16", "bfloat16", 4096),
-             (dict(layout=2, H=2, P=5, N=32, G=2, bcast=True), "float64", "float64", 1024)]
-    plans = []
-    real = gsu.plan_problem
-    monkeypatch.setattr(gsu, "plan_problem", lambda p, use: plans.append(real(p, use)) or plans[-1])
-    for i, (case_kw, st_dtype, io_dtype, tile_bytes) in enumerate(cases):
-        monkeypatch.setitem(gsu.TUNING, "tile_bytes", tile_bytes)
-        outs = []
-        for stream in (gsu.ONE_PASS_ALL, ()):
-            monkeypatch.setitem(gsu.TUNING, "stream", stream)
-            _check_against_reference("gpu", dict(case_kw, batch=5), True, 700 + i,
-                                     st_dtype, io_dtype)
-            rng = np.random.default_rng(800 + i)
-            case = make_case(rng, pool=8, **dict(case_kw, batch=5))
-            args, _ = convert(case, cp, state_dtype=st_dtype, io_dtype=io_dtype)
-            state = args.pop("state")
-            rows = cp.asarray([6, -1, 0, 3, -1])
-            y = ssmkit.state_update(state, **args, dt_softplus=True, state_batch_indices=rows)
-            # Mamba-2 with per-head parameters takes the resident form when asked; Mamba-1
-            # (A per state) never
-            assert plans[-1].key.stream == (bool(stream) and case_kw["layout"] == 2)
-            outs.append((to_numpy(state).view(np.uint8), to_numpy(y).view(np.uint8)))
-        assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("threads", [32, 64])
 def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
     # Blocks of many passes (the ring wraps several times, the last pass ends inside P),
@@ -679,7 +634,7 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192 + 192
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -703,21 +658,20 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                 ("float32", "float32", 128, gsu.A_FULL),
                                 ("float32", "float32", 16, gsu.A_FULL),
                                 ("bfloat16", "bfloat16", 16, gsu.A_FULL)):
-        for one_pass, tile, stream in ((False, False, False), (True, False, False),
-                                       (False, True, False), (False, True, True)):
+        for one_pass, tile in ((False, False), (True, False), (False, True)):
             if tile and amode != gsu.A_HEAD:
                 continue
             plan = gsu.plan_launch(batch=64, H=80 if N == 128 else 1,
                                    P=64 if N == 128 else 3072, N=N, state=state, amode=amode,
-                                   one_pass=one_pass, tile=tile, stream=stream, io=io)
+                                   one_pass=one_pass, tile=tile)
             keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass,
-                                      tile, stream))
+                                      tile))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
         if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
             # two channels per thread under the 80-register bound (the tile kernel: 64):
             # many blocks per SM
-            assert k.ppt == 2 and r["registers"] <= (64 if k.tile and not k.stream else 80), (k, r)
+            assert k.ppt == 2 and r["registers"] <= (64 if k.tile else 80), (k, r)
 
 
 @pytest.mark.parametrize("state", ["float16", "bfloat16", "float32", "float64"])
@@ -757,23 +711,6 @@ def test_launch_plans(state):
             assert rows * tile["npb"] >= P > rows * (tile["npb"] - 1)
             assert tile["ring_bytes"] == rows * (row_bytes + 3 * (8 if state == "float64" else 4))
             assert tile["blocks"] == batch * H * tile["npb"]
-            io = state
-            stream = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
-                                     tile=True, stream=True, io=io, sm_count=7)
-            rows = stream["rows_per_block"]
-            assert stream["stream"] and 1 <= rows <= min(P, gsu.STREAM_MAX_ROWS)
-            assert rows * stream["npb"] >= P > rows * (stream["npb"] - 1)
-            assert stream["blocks"] == batch * H * stream["npb"]  # tiles
-            assert 1 <= stream["grid"] <= min(stream["blocks"], 7 * gsu.TUNING[
-                "stream_blocks_per_sm"])
-            assert stream["threads"] == gsu.TUNING["tile_threads"] + 32  # and the producer
-            assert stream["stages"] >= 2
-            # su_stream_stage_vecs: tile, B and C rows as stored, x/z/D and two scalars
-            ct = 8 if state == "float64" else 4
-            stage = (rows * N * (16 // V) + 2 * 16 * -(-N * (16 // V) // 16)
-                     + 16 * -(-(3 * rows + 2) * ct // 16))
-            if N % V == 0:  # (else only the general kernel runs)
-                assert stream["ring_bytes"] == stream["stages"] * (stage + 16)
             every = dict(gsu.TUNING, stage_state=(2, 4, 8))
             ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,
                                    tuning=every)["ring_bytes"]

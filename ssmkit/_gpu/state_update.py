@@ -83,12 +83,6 @@ TUNING = {
     "tile_bytes": 16384,      # state bytes of a tile-kernel block (whole channels, at most a head)
     "tile_threads": 128,      # its threads per block
     "tile_bytes_per_thread": 32,  # its state bytes per thread and pass (channels per thread)
-    "stream": ((2, 2),),      # (state, input) item sizes whose one-token tile-kernel calls run
-                              # its resident form (ssm_state_update_stream: blocks walk the
-                              # tiles through a ring of stages, a producer warp loading a tile
-                              # ahead), bench_state_update.py
-    "stream_stages": 4,       # its ring's stages (at least 2)
-    "stream_blocks_per_sm": 3,  # its resident blocks per SM (fewer where shared memory ends)
     "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
                               # kernel, copies the passes ahead into shared memory (a cp.async
                               # ring of STAGES passes) instead of loading them into registers:
@@ -100,8 +94,6 @@ TUNING = {
 
 #: Passes of state the kernel's staging ring holds (``SU_STAGES`` in state_update.cu).
 STAGES = 3
-#: Channels of a stream-kernel tile at most (32 x ``SU_STREAM_ROWS_PER_LANE``).
-STREAM_MAX_ROWS = 64
 #: Static cap on the ring (no opt-in to more than 48 KiB of dynamic shared memory).
 _MAX_RING_BYTES = 48 * 1024
 
@@ -110,8 +102,7 @@ _MAX_RING_BYTES = 48 * 1024
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
 KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
-                                                 "one_pass", "tile", "stream"],
-                                   defaults=(False, False, False))
+                                                 "one_pass", "tile"], defaults=(False, False))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -119,8 +110,7 @@ one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 (1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
 (contiguous, aligned rows, V divides N) or the general form; one_pass : the
 one-pass vector kernel ``ssm_state_update_vec`` (vec only); tile : the tile
-kernel ``ssm_state_update_tile`` (vec and A_HEAD only); stream : its resident form
-``ssm_state_update_stream`` (with tile)."""
+kernel ``ssm_state_update_tile`` (vec and A_HEAD only)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -129,8 +119,6 @@ _NULL = np.uint64(0)
 
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
-    if key.stream:
-        return f"ssm_state_update_stream<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}>"
     if key.tile:
         return f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}>"
     if key.one_pass:
@@ -147,8 +135,7 @@ def kernel_keys(full: bool = True) -> list:
     ----------
     full : bool
         True: every one (4 state dtypes x 4 io dtypes x 4 chunk counts x 3
-        channels per thread x 3 A modes x 2 access forms: 1152, and the one-pass, tile and
-        stream forms of the vector ones: 576, 192, 192). False: a representative set in
+        channels per thread x 3 A modes x 2 access forms: 1152). False: a representative set in
         which every value of every template parameter appears, every dtype on
         both sides of a mixed (state, io) pair, and every A mode with both a
         16-byte-per-lane state and the wider ones.
@@ -158,7 +145,6 @@ def kernel_keys(full: bool = True) -> list:
             for ppt in _PPT for a in _AMODES for v in (True, False)]
     keys += [k._replace(one_pass=True) for k in keys if k.vec]
     keys += [k._replace(tile=True) for k in keys if k.vec and k.amode == A_HEAD and not k.one_pass]
-    keys += [k._replace(stream=True) for k in keys if k.tile]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -172,7 +158,6 @@ def kernel_keys(full: bool = True) -> list:
             KernelKey("float32", "float32", 1, 4, A_FULL, True)]
     rep += [k._replace(one_pass=True) for k in rep if k.vec]
     rep += [k._replace(tile=True) for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
-    rep += [k._replace(stream=True) for k in rep if k.tile]
     return list(dict.fromkeys(rep))
 
 
@@ -192,8 +177,7 @@ def chunks_for(N: int, state: str) -> tuple[int, int]:
 
 def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
                 sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False,
-                tile: bool = False, stream: bool = False, io: str | None = None,
-                smem_per_sm: int = 228 * 1024) -> dict:
+                tile: bool = False) -> dict:
     """Block shape and grid for one launch.
 
     A block owns one row and head and ``rows_per_block`` consecutive channels,
@@ -203,10 +187,7 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     ``TUNING["one_pass_bytes_per_thread"]``, no staging ring); ``tile``: the
     plan of the tile kernel (``threads`` from ``TUNING["tile_threads"]``, a
     block's channels: whole rows of at most ``TUNING["tile_bytes"]``, fewer for
-    small problems); ``stream`` (with ``tile``): the plan of its resident form,
-    ``ssm_state_update_stream``, for inputs of dtype ``io`` on a device of
-    ``smem_per_sm`` bytes of shared memory per SM (at most 64 channels a tile, one
-    producer warp more, ``stages`` tiles per block in flight).
+    small problems).
 
     Returns
     -------
@@ -216,8 +197,7 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         blocks per head, ``blocks`` in all (``batch * H * npb``), ``ring_bytes``
         of dynamic shared memory (the staging ring, used by the vector form
         only, 0: none; for the tile kernel its tile and the channels' x, z, D),
-        ``one_pass`` and ``tile``: which kernel the plan is for; with ``stream``: also
-        ``stream``, ``stages`` and ``grid`` (resident blocks, ``blocks`` being the tiles).
+        ``one_pass`` and ``tile``: which kernel the plan is for.
     """
     tuning = TUNING if tuning is None else tuning
     tn, ch = chunks_for(N, state)
@@ -231,26 +211,12 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
             ppt //= 2
         row_bytes = N * _ITEMSIZE[state]
         rows = max(1, min(P, tuning["tile_bytes"] // row_bytes))
-        if stream:
-            rows = min(rows, STREAM_MAX_ROWS)
         while rows > 1 and batch * H * -(-P // rows) < target:
             rows = -(-rows // 2)  # a small problem: more, smaller tiles
         npb = -(-P // rows)
-        ct_bytes = 8 if state == "float64" else 4
-        if not stream:
-            smem = rows * (row_bytes + 3 * ct_bytes)
-            return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
-                        blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
-        # su_stream_stage_vecs in state_update.cu: the tile, B and C, x/z/D and two scalars
-        stage = 16 * (rows * (N // _VEC[state]) + 2 * -(-N * _ITEMSIZE[io or state] // 16)
-                      + -(-(3 * rows + 2) * ct_bytes // 16))
-        stages = max(2, int(tuning["stream_stages"]))
-        smem = stages * (stage + 16)
-        per_sm = max(1, min(int(tuning["stream_blocks_per_sm"]), smem_per_sm // (smem + 1024)))
-        tiles = batch * H * npb
-        return dict(tn=tn, ch=ch, ppt=ppt, threads=threads + 32, rows_per_block=rows, npb=npb,
-                    blocks=tiles, ring_bytes=smem, one_pass=False, tile=True, stream=True,
-                    stages=stages, grid=max(1, min(tiles, per_sm * sm_count)))
+        smem = rows * (row_bytes + 3 * (8 if state == "float64" else 4))
+        return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
+                    blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
     if one_pass:
         ppt = _PPT[-1]
         while ppt > 1 and ppt * ch * 16 > tuning["one_pass_bytes_per_thread"]:
@@ -284,12 +250,10 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, tile, stream,
-                 io, smem_per_sm):
+def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, tile):
     del tuning_repr  # key only: TUNING may be changed
     return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count,
-                       one_pass=one_pass, tile=tile, stream=stream, io=io,
-                       smem_per_sm=smem_per_sm)
+                       one_pass=one_pass, tile=tile)
 
 
 def _dtype_name(dt) -> str:
@@ -333,18 +297,6 @@ def _bc_vector_ok(use, strides, V, N, names) -> bool:
         if N > 1 and st[-1] != 1:
             return False
         if a.data.ptr % align or any((v * a.itemsize) % align for v in st[:-1]):
-            return False
-    return True
-
-
-def _bc_rows_bulk_ok(use, strides, shape, N) -> bool:
-    """B's and C's rows of N values may be moved by bulk copies: contiguous, a multiple of
-    16 bytes, 16-byte aligned. ``shape``: their canonical (batch, T, G, N) shape."""
-    for name in ("B", "C"):
-        a, st = use[name], strides[name]
-        if (N > 1 and st[-1] != 1) or (N * a.itemsize) % 16 or a.data.ptr % 16:
-            return False
-        if any(n > 1 and (v * a.itemsize) % 16 for v, n in zip(st[:-1], shape[:-1])):
             return False
     return True
 
@@ -426,12 +378,9 @@ def plan_problem(p, use) -> LaunchPlan:
     tile = (vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
             and items in TUNING["tile"] and limits["compute_capability"] >= 90)
     one_pass = vec and not tile and items in TUNING["one_pass"]
-    # its resident form: one token, B and C rows that bulk copies can move
-    stream = (tile and p.T == 1 and items in TUNING["stream"]
-              and _bc_rows_bulk_ok(use, strides, p.shape("B"), N))
     plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
-                        one_pass, tile, stream, io, limits.get("smem_per_sm", 228 * 1024))
-    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile, stream)
+                        one_pass, tile)
+    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
     if tile:
         compiler.ensure_dynamic_smem(kernel, key, plan["ring_bytes"])
@@ -442,20 +391,10 @@ def plan_problem(p, use) -> LaunchPlan:
     tail = (np.int32(p.T), np.int32(p.P), np.int32(N), np.int32(p.H // p.G),
             np.int32(plan["tn"].bit_length() - 1), np.int32(plan["rows_per_block"]),
             np.int32(1 if p.dt_softplus else 0))
-    if stream:
-        # one launch per run of rows whose tiles count in 32 bits; a resident grid each
-        rows_per = max(1, (2**31 - 1) // (p.H * plan["npb"]))
-        launches = tuple(((min(plan["grid"], min(rows_per, p.batch - b0) * p.H * plan["npb"]),
-                           1, 1),
-                          head + (np.int32(b0),) + tail
-                          + (np.int32(p.H), np.int32(min(rows_per, p.batch - b0)),
-                             np.int32(plan["stages"])))
-                         for b0 in range(0, p.batch, rows_per))
-    else:
-        # The grid's z axis holds at most 65535 rows: larger batches take several launches.
-        launches = tuple(((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)),
-                          head + (np.int32(b0),) + tail)
-                         for b0 in range(0, p.batch, _MAX_GRID_Z))
+    # The grid's z axis holds at most 65535 rows: larger batches take several launches.
+    launches = tuple(((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)),
+                      head + (np.int32(b0),) + tail)
+                     for b0 in range(0, p.batch, _MAX_GRID_Z))
     casts = tuple((n, use[n].dtype, use[n].data.ptr & 15)
                   for n in ("x", "dt", "z", "B", "C", "A", "D", "dt_bias")
                   if p.arrays[n] is not None and p.arrays[n].dtype != use[n].dtype)
