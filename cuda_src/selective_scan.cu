@@ -45,6 +45,10 @@ template <int NPT> __host__ __device__ constexpr bool ssm_use_prefetch() {
     return SSM_FWD_PREFETCH != 0 && NPT == 4;
 }
 #define SSM_BWD_MAX_THREADS 64
+// Rows a backward thread stages at once (all their loads issued before the first use).
+#ifndef SSM_BWD_STAGE_ROWS
+#define SSM_BWD_STAGE_ROWS 3
+#endif
 template <typename CT> struct ssm_bwd_min_blocks { static constexpr int value = sizeof(CT) == 8 ? 4 : 6; };
 
 enum : int {
@@ -1307,42 +1311,54 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const ssm_i64 slot = (ssm_i64)nthr * NPT;
 
     // Stage dt and dt*u of tile [t0, t0 + tlp) (and, when `full`, the rest
-    // the adjoint needs), zero past tl.
+    // the adjoint needs), zero past tl. A thread takes SSM_BWD_STAGE_ROWS rows at
+    // a time and issues all their loads before it uses one: the loads' latency
+    // is paid once per group, not once per row.
     auto stage = [&](ssm_i64 t0, int tl, int tlp, bool full) {
-        for (int r = r0; r < CH; r += rstep) {
-            const int dd = d0 + r;
-            const ssm_i64 rb = ((ssm_i64)b * dim + dd) * L + t0;
-            const CT bias = has_bias ? dbias[dd] : CT(0);
+        constexpr int K = SSM_BWD_STAGE_ROWS;
+        for (int rg = r0; rg < CH; rg += K * rstep) {
             for (int t = col0; t < tlp; t += W) {
-                CT dt = 0, du = 0, uu = 0, dy = 0, dzf = 0, dsp = 1;
-                if (t < tl) {
-                    uu = ssm_load(u[rb + t]);
-                    const CT raw = ssm_load(delta[rb + t]) + bias;
-                    dt = raw;
-                    if (softplus && raw <= CT(20)) M::softplus_grad_fast(raw, dt, dsp);  // else dt = raw, dsp = 1
-                    du = dt * uu;
-                    if (full) {
-                        const CT go = ssm_load(dout[rb + t]);
-                        if (has_z) {
-                            const CT zz = ssm_load(z[rb + t]);
-                            const CT sz = M::sigmoid_fast(zz);
-                            dy = go * zz * sz;
-                            dzf = go * sz * (CT(1) + zz * (CT(1) - sz));
-                        } else {
-                            dy = go;
+                CT uu[K], raw[K], go[K], zz[K];
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    const int r = rg + k * rstep;
+                    const bool ok = r < CH && t < tl;
+                    const ssm_i64 at = ((ssm_i64)b * dim + d0 + r) * L + t0 + t;
+                    uu[k] = ok ? ssm_load(u[at]) : CT(0);
+                    raw[k] = ok ? ssm_load(delta[at]) + (has_bias ? dbias[d0 + r] : CT(0)) : CT(0);
+                    go[k] = ok && full ? ssm_load(dout[at]) : CT(0);
+                    zz[k] = ok && full && has_z ? ssm_load(z[at]) : CT(0);
+                }
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    const int r = rg + k * rstep;
+                    if (r >= CH) break;
+                    CT dt = 0, du = 0, dy = 0, dzf = 0, dsp = 1;
+                    if (t < tl) {
+                        dt = raw[k];
+                        if (softplus && raw[k] <= CT(20)) M::softplus_grad_fast(raw[k], dt, dsp);  // else dt = raw, dsp = 1
+                        du = dt * uu[k];
+                        if (full) {
+                            if (has_z) {
+                                const CT sz = M::sigmoid_fast(zz[k]);
+                                dy = go[k] * zz[k] * sz;
+                                dzf = go[k] * sz * (CT(1) + zz[k] * (CT(1) - sz));
+                            } else {
+                                dy = go[k];
+                            }
                         }
                     }
-                }
-                const int i = r * TLS + t;
-                ssm_pair<CT> p;
-                p.dt = dt;
-                p.du = du;
-                dtu[i] = p;
-                if (full) {
-                    us[i] = uu;
-                    dys[i] = dy;
-                    dzs[i] = dzf;
-                    dss[i] = dsp;
+                    const int i = r * TLS + t;
+                    ssm_pair<CT> p;
+                    p.dt = dt;
+                    p.du = du;
+                    dtu[i] = p;
+                    if (full) {
+                        us[i] = uu[k];
+                        dys[i] = dy;
+                        dzs[i] = dzf;
+                        dss[i] = dsp;
+                    }
                 }
             }
         }
