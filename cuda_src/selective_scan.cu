@@ -47,7 +47,7 @@ template <int NPT> __host__ __device__ constexpr bool ssm_use_prefetch() {
 #define SSM_BWD_MAX_THREADS 64
 // Rows a backward thread stages at once (all their loads issued before the first use).
 #ifndef SSM_BWD_STAGE_ROWS
-#define SSM_BWD_STAGE_ROWS 3
+#define SSM_BWD_STAGE_ROWS 4
 #endif
 template <typename CT> struct ssm_bwd_min_blocks { static constexpr int value = sizeof(CT) == 8 ? 4 : 6; };
 
@@ -1319,11 +1319,12 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         for (int rg = r0; rg < CH; rg += K * rstep) {
             for (int t = col0; t < tlp; t += W) {
                 CT uu[K], raw[K], go[K], zz[K];
+                const ssm_i64 at0 = ((ssm_i64)b * dim + d0 + rg) * L + t0 + t;
 #pragma unroll
                 for (int k = 0; k < K; ++k) {
                     const int r = rg + k * rstep;
                     const bool ok = r < CH && t < tl;
-                    const ssm_i64 at = ((ssm_i64)b * dim + d0 + r) * L + t0 + t;
+                    const ssm_i64 at = at0 + (ssm_i64)(k * rstep) * L;
                     uu[k] = ok ? ssm_load(u[at]) : CT(0);
                     raw[k] = ok ? ssm_load(delta[at]) + (has_bias ? dbias[d0 + r] : CT(0)) : CT(0);
                     go[k] = ok && full ? ssm_load(dout[at]) : CT(0);
