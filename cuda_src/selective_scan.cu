@@ -120,15 +120,21 @@ template <typename CT, typename F>
 __device__ __forceinline__ void ssm_stage_bc_with(CT* __restrict__ Xs, int N, int NQ, int BS, int tl,
                                                   int tlp, int r0, int rstep, int col0, int W,
                                                   const F& load) {
-    for (int q = r0; q < NQ; q += rstep) {
+    // two row groups at a time, every load issued before the first store
+    for (int q = r0; q < NQ; q += 2 * rstep) {
         for (int t = col0; t < tlp; t += W) {
-            CT x[4];
+            CT x[2][4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int n = 4 * q + e;
-                x[e] = (t < tl && n < N) ? (CT)load(n, t) : CT(0);
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int n = 4 * (q + j * rstep) + e;
+                    x[j][e] = (t < tl && n < N) ? (CT)load(n, t) : CT(0);
+                }
             }
-            ssm_st4(Xs + t * BS + 4 * q, x);
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (q + j * rstep < NQ) ssm_st4(Xs + t * BS + 4 * (q + j * rstep), x[j]);
         }
     }
 }
