@@ -35,9 +35,9 @@
 // next tile instead; see the tile loop): only with 4
 // states per thread (N <= 16), where staging latency dominates; with more
 // states the scan's arithmetic hides the loads anyway and the extra address
-// registers cost spills at N = 128. The backward prefetches the tile it stages
-// next (SSM_BWD_PREFETCH). Off with -DSSM_FWD_PREFETCH=0 (ssmkit:
-// SSMKIT_FWD_PREFETCH=0 in the environment).
+// registers cost spills at N = 128. The backward does not prefetch: at its
+// register cap (launch bounds) the addresses spill (24-32 bytes with NVRTC).
+// Off with -DSSM_FWD_PREFETCH=0 (ssmkit: SSMKIT_FWD_PREFETCH=0 in the environment).
 #ifndef SSM_FWD_PREFETCH
 #define SSM_FWD_PREFETCH 1
 #endif
@@ -45,9 +45,6 @@ template <int NPT> __host__ __device__ constexpr bool ssm_use_prefetch() {
     return SSM_FWD_PREFETCH != 0 && NPT == 4;
 }
 #define SSM_BWD_MAX_THREADS 64
-#ifndef SSM_BWD_PREFETCH
-#define SSM_BWD_PREFETCH 1
-#endif
 // Rows a backward thread stages at once (all their loads issued before the first use).
 #ifndef SSM_BWD_STAGE_ROWS
 #define SSM_BWD_STAGE_ROWS 4
@@ -1379,22 +1376,6 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         }
     };
 
-    // Pull the rows of the tile staged next, [t0, t0 + tl), into L2 while this one is
-    // worked on, so that its staging waits on L2 rather than DRAM (`full`: also what the
-    // adjoint reads).
-    auto prefetch = [&](ssm_i64 t0, int tl, bool full) {
-        if (!SSM_BWD_PREFETCH || tl <= 0) return;
-        const ssm_i64 rb0 = ((ssm_i64)b * dim + d0) * L + t0;
-        ssm_prefetch_rows(u + rb0, L, CH, tl, tid, nthr);
-        ssm_prefetch_rows(delta + rb0, L, CH, tl, tid, nthr);
-        if constexpr (BV) ssm_prefetch_rows(Bg + t0, L, N, tl, tid, nthr);
-        if (full) {
-            ssm_prefetch_rows(dout + rb0, L, CH, tl, tid, nthr);
-            if (has_z) ssm_prefetch_rows(z + rb0, L, CH, tl, tid, nthr);
-            if constexpr (CV) ssm_prefetch_rows(Cg + t0, L, N, tl, tid, nthr);
-        }
-    };
-
     // h <- state after steps [t_begin, t_end) of the staged tile.
     const ssm_pair<CT>* const drow = dtu + c * TLS;
     auto advance = [&](CT (&hh)[NPT], int t_begin, int t_end) {
@@ -1432,10 +1413,6 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 __syncthreads();
                 stage(cs0 + (ssm_i64)T * TL, TL, TL, false);
                 __syncthreads();
-                // the next tile: pass A's, or the adjoint's first (the chunk's last)
-                prefetch(cs0 + (ssm_i64)(T + 1) * TL,
-                         (int)((clen - (ssm_i64)(T + 1) * TL) < TL ? (clen - (ssm_i64)(T + 1) * TL) : TL),
-                         T + 1 == ntl - 1);
                 advance(h, 0, TL);
             }
         }
@@ -1449,7 +1426,6 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
             __syncthreads();
             stage(t0, tl, tlp, true);
             __syncthreads();
-            if (T > 0) prefetch(t0 - TL, TL, true);  // the tile before (a full one)
 
             // Sub-tile start states (thread-private smem slots).
             {
