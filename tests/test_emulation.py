@@ -10,7 +10,8 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts);
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
-  small N, every option) and on its ring list (the shapes the ring forward kernels take).
+  small N, every option) and on its ring list (the shapes the ring forward kernels take),
+  also as planned for a one-SM device (blocks of several warps).
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ def test_ssd_in_emulation(script, cases):
 
 
 @needs_gxx
-@pytest.mark.parametrize("which", ["quick", "ring"])  # ring: the ring forward kernels' shapes
-def test_selective_scan_in_emulation(which):
+# ring: the ring forward kernels' shapes; one SM: the planner's larger blocks, so backward
+# blocks of several warps (each summing its own dB and dC)
+@pytest.mark.parametrize("which,sm", [("quick", "132"), ("ring", "132"), ("ring", "1")])
+def test_selective_scan_in_emulation(which, sm):
     pytest.importorskip("ml_dtypes")
-    env = dict(os.environ, ASAN="0")  # (the full sweeps run under AddressSanitizer by hand)
+    env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)
     script = os.path.join(HERE, "emulation", "selective_scan", "sweep.py")
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
