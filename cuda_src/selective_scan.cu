@@ -93,9 +93,8 @@ struct ssm_fwd_layout {
 
 struct ssm_bwd_layout {
     int TLS, BS, o_dtu, o_u, o_dy, o_dz, o_ds, o_B, o_C, o_sub, o_redB, o_redC,
-        o_accB, o_accC, acc, total;
-    // NW warps, each with its own dB and dC accumulators (acc elements apart)
-    __device__ ssm_bwd_layout(int CH, int TL, int NPAD, int NPT, int TS, bool bv, bool cv, int NW) {
+        o_accB, o_accC, total;
+    __device__ ssm_bwd_layout(int CH, int TL, int NPAD, int NPT, int TS, bool bv, bool cv) {
         TLS = TL | 1;
         BS = NPAD + 4;
         const int row = ssm_round_up(CH * TLS, 4);
@@ -109,10 +108,9 @@ struct ssm_bwd_layout {
         o_sub = o_C + (cv ? ssm_round_up(TL * BS, 4) : 0);
         o_redB = o_sub + (TL / TS) * (CH * (NPAD / NPT)) * NPT;
         o_redC = o_redB + (bv ? TS * CH * NPAD : 0);
-        acc = ssm_round_up(NPAD * TLS, 4);
         o_accB = o_redC + (cv ? TS * CH * NPAD : 0);
-        o_accC = o_accB + (bv ? NW * acc : 0);
-        total = o_accC + (cv ? NW * acc : 0);
+        o_accC = o_accB + (bv ? ssm_round_up(NPAD * TLS, 4) : 0);
+        total = o_accC + (cv ? ssm_round_up(NPAD * TLS, 4) : 0);
     }
 };
 
@@ -1191,14 +1189,6 @@ ssm_seg_carry(const CT* __restrict__ A, const CT* __restrict__ init, const CT* _
     }
 }
 
-// p[0] + p[stride] + ... + p[(n - 1) * stride], in that order (the backward's per-warp sums).
-template <typename CT>
-__device__ __forceinline__ CT ssm_warp_sum(const CT* p, int stride, int n) {
-    CT v = p[0];
-    for (int w = 1; w < n; ++w) v += p[w * stride];
-    return v;
-}
-
 // ===========================================================================
 // Backward. Chunks are walked last to first. For each chunk:
 //  pass A: from its checkpoint, run the recurrence forward over the chunk and
@@ -1211,9 +1201,8 @@ __device__ __forceinline__ CT ssm_warp_sum(const CT* p, int stride, int n) {
 //          adjoint recurrence back through them.
 // Per step, sums over n (y_pre, sum g B, sum g a h A) are reduce-scattered over
 // the channel's lanes and the owning lane finishes du, ddelta, dz. Per-step
-// dB/dC are summed over each warp's channels in shared memory (fixed order,
-// no block barrier), then over the warps when the tile is written, as one
-// partial per block; the host adds partials of one group.
+// dB/dC are summed over the block's channels in shared memory (fixed order)
+// and written as one partial per block; the host adds partials of one group.
 // dA, dD, ddelta_bias and the (dim, N) forms of dB/dC are per-(b, d) partials
 // that the host sums over the batch. No atomics: the result is deterministic.
 //
@@ -1266,13 +1255,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
     const ssm_i64 t_end = (L - t_begin) < seg_len ? L : t_begin + seg_len;
 
-    // Warps work through a tile's sub-tiles on their own: each sums the per-step dB and dC
-    // of its channels (cpw of them, from wc0) into its own accumulators, which are added
-    // in warp order when the tile is written.
-    const int nw = (nthr + 31) / 32, warp = tid / 32, lane = tid % 32;
-    const int wlanes = nthr < 32 ? nthr : 32;
-    const int cpw = wlanes / NSPLIT, wc0 = warp * cpw;
-    const ssm_bwd_layout lay(CH, TL, NPAD, NPT, TS, BV, CV, nw);
+    const ssm_bwd_layout lay(CH, TL, NPAD, NPT, TS, BV, CV);
     if ((unsigned)lay.total * sizeof(CT) > ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr ||
         TL % TS != 0 || dim % CH != 0 || (BV && (GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0)) ||
         (CV && (GC <= 0 || dim % GC != 0 || (dim / GC) % CH != 0)) ||
@@ -1290,7 +1273,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     CT* const sub = sm + lay.o_sub;
     CT* const redB = sm + lay.o_redB;
     CT* const redC = sm + lay.o_redC;
-    CT* const accB = sm + lay.o_accB;  // warp w's at + w * lay.acc
+    CT* const accB = sm + lay.o_accB;
     CT* const accC = sm + lay.o_accC;
     const int TLS = lay.TLS, BS = lay.BS;
 
@@ -1531,12 +1514,11 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     }
                 }
 
-                // Per-step dB, dC: sum over the warp's channels, in channel order (no
-                // block barrier: the warps' sums meet when the tile is written).
+                // Per-step dB, dC: sum over the block's channels, in channel order.
                 if constexpr (BV || CV) {
-                    __syncwarp(wmask);
+                    __syncthreads();
                     constexpr int NB = (BV ? 1 : 0) + (CV ? 1 : 0);
-                    for (int o = lane; o < NB * TS * NQ; o += wlanes) {
+                    for (int o = tid; o < NB * TS * NQ; o += nthr) {
                         const int which = o / (TS * NQ);
                         const int rem = o - which * (TS * NQ);
                         const int j = rem / NQ;
@@ -1544,9 +1526,9 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                         if (4 * q >= N) continue;  // padding rows, never written out
                         const bool isB = BV && which == 0;
                         const CT* const red = isB ? redB : redC;
-                        CT* const acc = (isB ? accB : accC) + warp * lay.acc;
+                        CT* const acc = isB ? accB : accC;
                         CT sum[4] = {0, 0, 0, 0};
-                        for (int cc = wc0; cc < wc0 + cpw; ++cc) {
+                        for (int cc = 0; cc < CH; ++cc) {
                             CT x[4];
                             ssm_ld4(x, red + (j * CH + cc) * NPAD + 4 * q);
 #pragma unroll
@@ -1555,7 +1537,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 #pragma unroll
                         for (int e = 0; e < 4; ++e) acc[(4 * q + e) * TLS + j0 + j] = sum[e];
                     }
-                    __syncwarp(wmask);
+                    __syncthreads();
                 }
             }
 
@@ -1572,13 +1554,13 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
             if constexpr (BV) {
                 for (int n = r0; n < N; n += rstep) {
                     CT* const dst = dB_out + (((ssm_i64)b * ntile + tile) * N + n) * L + t0;
-                    for (int t = col0; t < tl; t += W) dst[t] = ssm_warp_sum(accB + n * TLS + t, lay.acc, nw);
+                    for (int t = col0; t < tl; t += W) dst[t] = accB[n * TLS + t];
                 }
             }
             if constexpr (CV) {
                 for (int n = r0; n < N; n += rstep) {
                     CT* const dst = dC_out + (((ssm_i64)b * ntile + tile) * N + n) * L + t0;
-                    for (int t = col0; t < tl; t += W) dst[t] = ssm_warp_sum(accC + n * TLS + t, lay.acc, nw);
+                    for (int t = col0; t < tl; t += W) dst[t] = accC[n * TLS + t];
                 }
             }
         }

@@ -56,7 +56,7 @@ def test_ssd_in_emulation(script, cases):
 
 @needs_gxx
 # ring: the ring forward kernels' shapes; one SM: the planner's larger blocks, so backward
-# blocks of several warps (each summing its own dB and dC)
+# blocks of several warps
 @pytest.mark.parametrize("which,sm", [("quick", "132"), ("ring", "132"), ("ring", "1")])
 def test_selective_scan_in_emulation(which, sm):
     pytest.importorskip("ml_dtypes")

@@ -292,15 +292,13 @@ def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
 
 
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
-    """Dynamic shared memory of ssm_scan_bwd (mirrors ssm_bwd_layout: one dB and one dC
-    accumulator per warp)."""
+    """Dynamic shared memory of ssm_scan_bwd (mirrors ssm_bwd_layout)."""
     tls, bs = tl | 1, npad + 4
-    nw = -(-ch * (npad // npt) // 32)
     elems = _r4(2 * ch * tls) + 4 * _r4(ch * tls)
     elems += (_r4(tl * bs) if bv else 0) + (_r4(tl * bs) if cv else 0)
     elems += (tl // ts) * (ch * (npad // npt)) * npt
     elems += (ts * ch * npad if bv else 0) + (ts * ch * npad if cv else 0)
-    elems += nw * ((_r4(npad * tls) if bv else 0) + (_r4(npad * tls) if cv else 0))
+    elems += (_r4(npad * tls) if bv else 0) + (_r4(npad * tls) if cv else 0)
     return elems * itemsize
 
 
