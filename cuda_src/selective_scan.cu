@@ -1190,6 +1190,35 @@ ssm_seg_carry(const CT* __restrict__ A, const CT* __restrict__ init, const CT* _
 }
 
 // ===========================================================================
+// The backward's per-step dB or dC partials, one per block of channels (its
+// channel tile), summed over each group's tiles: part (rows, tpg, NL) ->
+// out (rows, NL), rows = batch * G, NL = N * L; the tpg partials of an element
+// are added in tile order (deterministic). Each thread walks elements with the
+// grid's stride; its first is found by one division, the others by steps.
+// ===========================================================================
+template <typename CT>
+__global__ void __launch_bounds__(256)
+ssm_sum_tiles(const CT* __restrict__ part, CT* __restrict__ out, int rows, int tpg, ssm_i64 NL) {
+    const ssm_i64 i0 = (ssm_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const ssm_i64 stride = (ssm_i64)gridDim.x * blockDim.x;
+    const ssm_i64 step_r = stride / NL, step_e = stride - step_r * NL;
+    ssm_i64 r = i0 / NL, e = i0 - r * NL;
+    while (r < rows) {
+        const CT* src = part + r * tpg * NL + e;
+        CT v = 0;
+#pragma unroll 8
+        for (int k = 0; k < tpg; ++k) v += src[(ssm_i64)k * NL];
+        out[r * NL + e] = v;
+        r += step_r;
+        e += step_e;
+        if (e >= NL) {
+            e -= NL;
+            ++r;
+        }
+    }
+}
+
+// ===========================================================================
 // Backward. Chunks are walked last to first. For each chunk:
 //  pass A: from its checkpoint, run the recurrence forward over the chunk and
 //          save the state entering each TL-step tile to `scratch` (each thread

@@ -139,14 +139,16 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
 ``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), or
-"carry" (the segment carry, templated on the compute type only: io = bc =
-the compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
+"carry" (the segment carry) or "tile_sum" (the backward's sum of per-step
+dB/dC partials), both templated on the compute type only (io = bc = the
+compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
 _RING_KINDS = ("fwd_ring", "fwd_sum_ring")
+_SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
 # an SM.
@@ -201,7 +203,7 @@ def kernel_keys(full: bool = True) -> list:
     full : bool
         True: every one (the four scan kernels x 6 (io, bc) dtype pairs x
         every (NPT, NSPLIT) of :func:`state_split` x per-step/constant B and C,
-        and the carry kernel per compute dtype). False: a smaller set in which
+        and the carry and tile-sum kernels per compute dtype). False: a smaller set in which
         every template-parameter value and every pair of (dtypes, split) and of
         (kernel, B/C form) still appears.
 
@@ -210,7 +212,7 @@ def kernel_keys(full: bool = True) -> list:
     list of KernelKey
     """
     splits = {ct: sorted({state_split(n, ct) for n in range(MAX_N[ct] + 1)}) for ct in MAX_N}
-    keys = [KernelKey("carry", ct, ct, 0, 0, False, False) for ct in MAX_N]
+    keys = [KernelKey(kind, ct, ct, 0, 0, False, False) for kind in _SMALL_KINDS for ct in MAX_N]
     for kind in _SCAN_KINDS:
         for io, bc in _dtype_pairs():
             for npt, nsplit in splits[_COMPUTE[io]]:
@@ -233,7 +235,7 @@ def kernel_keys(full: bool = True) -> list:
     f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
     per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
     return [k for k in keys
-            if k.kind == "carry" or k.kind in _RING_KINDS
+            if k.kind in _SMALL_KINDS or k.kind in _RING_KINDS
             or (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
             or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))]
 
@@ -243,6 +245,8 @@ def name_expression(key: KernelKey) -> str:
     ct = _COMPUTE[key.io]
     if key.kind == "carry":
         return f"ssm_seg_carry<{_CXX[ct]}>"
+    if key.kind == "tile_sum":
+        return f"ssm_sum_tiles<{_CXX[ct]}>"
     if key.kind in _RING_KINDS:
         return f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {key.npt}, {key.nsplit}>"
     b = lambda v: "true" if v else "false"  # noqa: E731
@@ -632,6 +636,22 @@ def _carry(p, plan, init, local, sumdt, reverse):
     return seeds
 
 
+def _sum_tiles(p, part, G):
+    """(batch, ntile, N, L) per-step partials of the backward's channel tiles -> (batch, G,
+    N, L): the tiles of group g are g * tpg ... (g + 1) * tpg - 1, summed in that order
+    (ssm_sum_tiles)."""
+    batch, ntile, N, L = part.shape
+    out = p.xp.empty((batch, G, N, L), dtype=part.dtype)
+    rows, NL = batch * G, N * L
+    threads = 256
+    blocks = max(1, min(-(-rows * NL // threads), 8 * compiler.device_limits()["sm_count"]))
+    ct = _dtype_name(part.dtype)
+    _launch(KernelKey("tile_sum", ct, ct, 0, 0, False, False),
+            dict(blocks=blocks, threads=threads, smem=0),
+            (part, out, np.int32(rows), np.int32(ntile // G), np.int64(NL)))
+    return out
+
+
 def _plan(p, which):
     """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel);
     None where ``which`` = "fwd_ring" does not apply to its shape."""
@@ -808,18 +828,13 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
             ) + _shape_args(p, plan) + (np.int32(flags), _ptr(seeds)) + _seg_args(plan)
     _launch(key, plan, args)
 
-    def per_step_total(part, G):
-        # (batch, ntile, N, L) partials of per-block channel tiles -> (batch, G, N, L):
-        # the tiles of group g are g*tpg ... (g+1)*tpg - 1; summed in that order.
-        return part.reshape(batch, G, ntile // G, N, L).sum(axis=2)
-
     return {
         "u": du,
         "delta": ddelta,
         "z": dz,
         "A": dA_part.sum(axis=0),
-        "B": per_step_total(dB_part, gb) if gb else dB_part.sum(axis=0),
-        "C": per_step_total(dC_part, gc) if gc else dC_part.sum(axis=0),
+        "B": _sum_tiles(p, dB_part, gb) if gb else dB_part.sum(axis=0),
+        "C": _sum_tiles(p, dC_part, gc) if gc else dC_part.sum(axis=0),
         "D": None if p.D is None else dD_part.sum(axis=0),
         "delta_bias": None if p.delta_bias is None else dbias_part.sum(axis=0),
         "initial_state": dh0,

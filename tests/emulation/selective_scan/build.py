@@ -50,6 +50,7 @@ SIGS = {
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
+    "tile_sum": ["const CT*", "CT*", "int", "int", "ssm_i64"],
 }
 def is_ptr(t): return t.endswith("*")
 
