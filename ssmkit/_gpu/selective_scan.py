@@ -643,6 +643,8 @@ def _sum_tiles(p, part, G):
     batch, ntile, N, L = part.shape
     out = p.xp.empty((batch, G, N, L), dtype=part.dtype)
     rows, NL = batch * G, N * L
+    if rows * NL == 0:
+        return out
     threads = 256
     blocks = max(1, min(-(-rows * NL // threads), 8 * compiler.device_limits()["sm_count"]))
     ct = _dtype_name(part.dtype)
