@@ -130,18 +130,13 @@ __device__ __forceinline__ void ssd_mma_put8(unsigned short* dst, const unsigned
     *reinterpret_cast<ssd_mma_u4*>(dst) = w;
 }
 
-// Stage a ROWS x COLS slice of a row-major matrix into a shared 16-bit tile, rounded to T:
-// row r (< nrows, else zeros) starts at base + r * stride and has ncols values (zeros
-// past them). TRANS = false: dst[r * LD + c]; TRANS = true: dst[c * LD + r] (the K index
-// of the next product is r). row_scale[r] multiplies row r when given.
-// Each item is 8 consecutive values of a row. TRANS = false: consecutive threads take
-// consecutive 8-value groups of a row (coalesced reads, one 128-bit store each). TRANS =
-// true: consecutive threads take consecutive rows of one 8-column group, so that a warp's
-// 16-bit stores fill 16 consecutive banks (with consecutive groups of a row, every row
-// c + k of the tile starts in the same bank, LD = K + 8 with K a multiple of 64: a
-// COLS / 8-way conflict on each of the 8 stores); its reads of 16 bytes per row share
-// 32-byte sectors with the next group's warp.
-template <typename T, int ROWS, int COLS, bool TRANS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
+// Stage a ROWS x COLS slice of a row-major matrix into a shared 16-bit tile as it lies,
+// dst[r * LD + c], rounded to T: row r (< nrows, else zeros) starts at base + r * stride
+// and has ncols values (zeros past them); row_scale[r] multiplies row r when given. Each
+// item is 8 consecutive values of a row; consecutive threads take consecutive items of a
+// row (coalesced reads, one 128-bit store each). Operands whose K index runs down the rows
+// are transposed by ldmatrix when they are read (ssd_mma_load_at, ssd_mma_load_bt2).
+template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
 __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base, ssm_i64 stride,
                                               int nrows, int ncols, bool vec,
                                               const float* row_scale, int tid) {
@@ -149,27 +144,20 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
     ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_u4>(
         tid,
         [&](int i, ssd_mma_u4& w) {
-            const int r = TRANS ? i % ROWS : i / G8;
-            const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
+            const int r = i / G8, c = (i - r * G8) * 8;
             ssd_mma_fetch16(w, base + r * stride + c, ncols - c, vec, r < nrows);
         },
         [&](int i, const ssd_mma_u4& w) {
-            const int r = TRANS ? i % ROWS : i / G8;
-            const int c = TRANS ? (i / ROWS) * 8 : (i - r * G8) * 8;
+            const int r = i / G8, c = (i - r * G8) * 8;
             unsigned short u[8];
             ssd_mma_unpack16<T>(u, w, row_scale && r < nrows ? row_scale + r : nullptr);
-            if (TRANS) {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) dst[(c + k) * LD + r] = u[k];
-            } else {
-                ssd_mma_put8(dst + r * LD + c, u);
-            }
+            ssd_mma_put8(dst + r * LD + c, u);
         });
 }
 
-// ssd_mma_stage with TRANS for a row-scaled 16-bit matrix kept to about twice T's precision:
-// v = row_scale[r] * X[r][c] (float32) as hi = round_T(v) in hi[c * LD + r] and
-// lo = round_T(v - hi) in lo[c * LD + r] (v - hi is exact in float32), so that a product
+// ssd_mma_stage for a row-scaled 16-bit matrix kept to about twice T's
+// precision: v = row_scale[r] * X[r][c] (float32) as hi = round_T(v) in hi[r * LD + c] and
+// lo = round_T(v - hi) in lo[r * LD + c] (v - hi is exact in float32), so that a product
 // on hi and then on lo, accumulated in float32, sees v to about 16 bits (bfloat16) or 22
 // bits (float16) instead of 8 or 11.
 template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
@@ -181,11 +169,11 @@ __device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned
     ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_u4>(
         tid,
         [&](int i, ssd_mma_u4& w) {
-            const int r = i % ROWS, c = (i / ROWS) * 8;  // as ssd_mma_stage's TRANS order
+            const int r = i / G8, c = (i - r * G8) * 8;
             ssd_mma_fetch16(w, base + r * stride + c, ncols - c, vec, r < nrows);
         },
         [&](int i, const ssd_mma_u4& w) {
-            const int r = i % ROWS, c = (i / ROWS) * 8;
+            const int r = i / G8, c = (i - r * G8) * 8;
             unsigned short u[8], l[8];
             ssd_mma_unpack16<T>(u, w, nullptr);
             const float scale = r < nrows ? row_scale[r] : 0.0f;
@@ -198,11 +186,8 @@ __device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned
                 u[k] = v.bits;
                 l[k] = ssd_mma_bits<T>(f - ssm_load(v));
             }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                hi[(c + k) * LD + r] = u[k];
-                lo[(c + k) * LD + r] = l[k];
-            }
+            ssd_mma_put8(hi + r * LD + c, u);
+            ssd_mma_put8(lo + r * LD + c, l);
         });
 }
 
@@ -229,7 +214,7 @@ __device__ __forceinline__ void ssd_mma_round8(unsigned short (&u)[8], const ssd
     for (int k = 0; k < 8; ++k) u[k] = ssd_mma_bits<T>(f.v[k]);
 }
 
-// ssd_mma_stage (TRANS = false) for float rows.
+// ssd_mma_stage for float rows.
 template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
 __device__ __forceinline__ void ssd_mma_stage_f(unsigned short* dst, const float* base,
                                                 ssm_i64 stride, int nrows, int ncols, bool vec,
@@ -266,36 +251,94 @@ __device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 }
 
-// A fragment of rows m0 + g, m0 + g + 8, columns k0 + 2t .. of a [m][k] shared tile.
+// Four 8 x 8 matrices of 16-bit values from a shared tile (row stride LD values, every row
+// 16-byte aligned) in one ldmatrix: matrix i has rows row0 + 8 ((i >> RB) & 1) .. + 7 and
+// columns col0 + 8 ((i >> (1 - RB)) & 1) .. + 7, and r[i] holds, for lane (g, t), its row g,
+// columns 2t and 2t + 1 (TRANS: its column g, rows 2t and 2t + 1). Lane l names row l % 8
+// of matrix l / 8. With LD = K + 8 (K a multiple of 64) or any 16-byte multiple that is an
+// odd multiple of 16 bytes modulo 128, the 8 rows of a matrix fall on distinct banks.
+template <bool TRANS, int RB, int LD>
+__device__ __forceinline__ void ssd_mma_ldsm(unsigned (&r)[4], const unsigned short* tile,
+                                             int row0, int col0, int lane) {
+    const int i = lane >> 3;
+    const unsigned short* p =
+        tile + (row0 + 8 * ((i >> RB) & 1) + (lane & 7)) * LD + col0 + 8 * ((i >> (1 - RB)) & 1);
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+// The A fragment (16 x 16) of rows m0 .., columns k0 .. of a [m][k] shared tile.
 template <int LD>
 __device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned short* tile,
                                                int m0, int k0, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    const unsigned short* r0 = tile + (m0 + g) * LD + k0 + 2 * t;
-    const unsigned short* r8 = r0 + 8 * LD;
-    a[0] = ssd_mma_pair(r0);
-    a[1] = ssd_mma_pair(r8);
-    a[2] = ssd_mma_pair(r0 + 8);
-    a[3] = ssd_mma_pair(r8 + 8);
+    ssd_mma_ldsm<false, 0, LD>(a, tile, m0, k0, lane);
+}
+
+// The B fragments of two neighbouring 16 x 8 tiles, columns n0 .. n0 + 15 and K rows
+// k0 .. k0 + 15, of a [n][k] shared tile: b[0], b[1] for columns n0 .., b[2], b[3] for n0 + 8 ..
+template <int LD>
+__device__ __forceinline__ void ssd_mma_load_b2(unsigned (&b)[4], const unsigned short* tile,
+                                                int n0, int k0, int lane) {
+    ssd_mma_ldsm<false, 1, LD>(b, tile, n0, k0, lane);
+}
+
+// The A fragment of rows m0 .. (of A), K columns k0 .., from a [k][m] shared tile (A^T as
+// it lies in memory: ldmatrix transposes).
+template <int LD>
+__device__ __forceinline__ void ssd_mma_load_at(unsigned (&a)[4], const unsigned short* tile,
+                                                int m0, int k0, int lane) {
+    ssd_mma_ldsm<true, 1, LD>(a, tile, k0, m0, lane);
+}
+
+// ssd_mma_load_b2 from a [k][n] shared tile (B as it lies in memory: ldmatrix transposes).
+template <int LD>
+__device__ __forceinline__ void ssd_mma_load_bt2(unsigned (&b)[4], const unsigned short* tile,
+                                                 int n0, int k0, int lane) {
+    ssd_mma_ldsm<true, 0, LD>(b, tile, k0, n0, lane);
+}
+
+// acc[j], acc[j + 1] += a times the two B tiles of b (from ssd_mma_load_b2 / _bt2).
+template <typename T>
+__device__ __forceinline__ void ssd_mma_run2(float (&acc0)[4], float (&acc1)[4],
+                                             const unsigned (&a)[4], const unsigned (&b)[4]) {
+    ssm_mma16<T>::run(acc0, a, b[0], b[1]);
+    ssm_mma16<T>::run(acc1, a, b[2], b[3]);
 }
 
 // acc[j] += A x B over one staged slice of KW columns (K): A the 16 rows 16 warp .. of `as`,
 // B the rows 8 j + g of `bs` (j < NT), both [row][k] shared tiles of leading dimension LD;
 // 16-column steps with base + k0 >= limit are skipped (uniform: the slice is zeros there).
-template <typename T, int NT, int KW, int LD>
+// B_LDSM: B's fragments two tiles at a time by ldmatrix; false: pairs of 16-bit values one
+// tile at a time, for the kernels where the ldmatrix form made ptxas spill (the head-summing
+// dB / dC products).
+template <typename T, int NT, int KW, int LD, bool B_LDSM = true>
 __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigned short* as,
                                               const unsigned short* bs, int base, int limit,
                                               int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3;
+    static_assert(NT % 2 == 0, "NT: B fragments go in pairs of tiles");
 #pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
     for (int k0 = 0; k0 < KW; k0 += 16) {
         if (base + k0 < limit) {
             unsigned a[4];
             ssd_mma_load_a<LD>(a, as, 16 * warp, k0, lane);
+            if (B_LDSM) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned short* q = bs + (8 * j + g) * LD + k0 + 2 * t;
-                ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_b2<LD>(bf, bs, 8 * j, k0, lane);
+                    ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned short* q = bs + (8 * j + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
+                    ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                }
             }
         }
     }
@@ -304,8 +347,8 @@ __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigne
 // --------------------------------------------------------------------------------------
 // Chunk states on tensor cores. A block computes a 64 (p) x NW (n) tile of S_c; warp w
 // its rows 16w .. 16w + 15 (NW / 8 D tiles of 16 x 8, NW / 2 floats per thread). Per stage
-// of 64 steps: xw[p][s] = w_s x_s[p] and bt[n][s] = B_s[n] in shared memory (K = s
-// contiguous). NW = 128 reads x once for N <= 128; NW = 64 serves N <= 64.
+// of 64 steps: xw[s][p] = w_s x_s[p] and bs[s][n] = B_s[n] in shared memory, as they lie in
+// memory (ldmatrix transposes them into fragments with K = s). NW = 128 reads x once for N <= 128; NW = 64 serves N <= 64.
 // ADJ = true: the backward's adjoint form of ssd_chunk_state (ssd.cu), X = dY (rounded to
 // T), Bm = C, w_s = [seq_s == seq_prev] exp(cum_s), seq_prev = seq[t0 - 1] (seq[0] for the
 // first chunk): K_c = sum_s w_s dY_s C_s^T. There w_s dY_s is staged as a hi + lo pair of
@@ -325,7 +368,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     alignas(16) __shared__ unsigned short xw[SSD_MMA_ROWS * SSD_MMA_LD];
     static_assert(NW % 64 == 0 && NW <= 128, "NW: 64 or 128");
     constexpr int NT = NW / 8;  // D tiles of 16 x 8 per warp
-    alignas(16) __shared__ unsigned short bt[NW * SSD_MMA_LD];
+    constexpr int LDB = NW + 8;
+    alignas(16) __shared__ unsigned short bs[SSD_MMA_ROWS * LDB];
     constexpr bool SPLIT = ADJ;  // w_s X_s as hi + lo (see above)
     alignas(16) __shared__ unsigned short xl[SPLIT ? SSD_MMA_ROWS * SSD_MMA_LD : 8];  // lo
     __shared__ float ws[SSD_MMA_ROWS];
@@ -358,32 +402,30 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             ws[tid] = w;
         }
         __syncthreads();
-        // Both staged transposed (K = s): consecutive threads take consecutive steps.
         if (SPLIT)
             ssd_mma_stage_split<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
                 xw, xl, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
                 tid);
         else
-            ssd_mma_stage<T, SSD_MMA_ROWS, 64, true, SSD_MMA_LD>(
+            ssd_mma_stage<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
                 xw, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
                 tid);
-        ssd_mma_stage<T, SSD_MMA_ROWS, NW, true, SSD_MMA_LD>(
-            bt, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, nullptr,
+        ssd_mma_stage<T, SSD_MMA_ROWS, NW, LDB>(
+            bs, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, nullptr,
             tid);
         __syncthreads();
-        const int g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
             if (k0 < ns) {  // uniform over the block
                 unsigned a[4], al[4];
-                ssd_mma_load_a<SSD_MMA_LD>(a, xw, 16 * warp, k0, lane);
-                if (SPLIT) ssd_mma_load_a<SSD_MMA_LD>(al, xl, 16 * warp, k0, lane);
+                ssd_mma_load_at<SSD_MMA_LD>(a, xw, 16 * warp, k0, lane);
+                if (SPLIT) ssd_mma_load_at<SSD_MMA_LD>(al, xl, 16 * warp, k0, lane);
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned short* q = bt + (8 * j + g) * SSD_MMA_LD + k0 + 2 * t;
-                    const unsigned b0 = ssd_mma_pair(q), b1 = ssd_mma_pair(q + 8);
-                    ssm_mma16<T>::run(acc[j], a, b0, b1);
-                    if (SPLIT) ssm_mma16<T>::run(acc[j], al, b0, b1);  // hi, then lo
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_bt2<LDB>(bf, bs, 8 * j, k0, lane);
+                    ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                    if (SPLIT) ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);  // hi, then lo
                 }
             }
         }
@@ -456,10 +498,10 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     ssd_mma_zero(acc);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();  // the previous slice's reads are done
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
             cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
             tid);
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
             bs, Bm + ((b * L + q0) * GB + gb) * N + n0, (ssm_i64)GB * N, nq, N - n0, vec, nullptr,
             tid);
         __syncthreads();
@@ -515,7 +557,7 @@ __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const fl
 //      then scaled by [seq_t == seq_prev] exp(cum_t);
 //   2. per tile of 64 steps s up to the rows' last: the block of C B^T from ssd_mma_cb
 //      (read in the warps' fragment order), masked and weighted in registers, rounded to
-//      T; y += G x (K = s, x staged transposed as xt[p][s]);
+//      T; y += G x (K = s, x staged as it lies, xt[s][p], and transposed by ldmatrix);
 //   3. + D x, * silu(z), store.
 // C B^T is the same for every head of a class (all of them when G = 1), so it is made once
 // per chunk by ssd_mma_cb instead of once per head here.
@@ -534,11 +576,11 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     static_assert(PW % 16 == 0 && PW <= 128, "PW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
-    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD, LDZ = PW + 8;
+    constexpr int LDK = KW + 8, LDX = PW + 8, LDZ = PW + 8;
     static_assert(SSD_MMA_ROWS * LDZ <= PW * LDK, "ms holds the gate's rows in step 3");
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
     alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n], then z[t][p]
-    alignas(16) __shared__ unsigned short xt[PW * LDS];            // x[s][p] as [p][s]
+    alignas(16) __shared__ unsigned short xt[SSD_MMA_ROWS * LDX];  // x[s][p]
     // cum_r, cum_q: the chunk sums times log2(e), so that a decay is one exp2
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
@@ -575,7 +617,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK, 1>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, 1>(
             cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
             tid);
         ssd_mma_stage_f<T, PW, KW, LDK, 1>(ms, S + n0, N, P, N - n0, vec, tid);
@@ -607,10 +649,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             dt_q[tid] = dte[i];
             seq_q[tid] = ssd_mma_seq(seq, b * L + q);
         }
-        ssd_mma_stage<T, SSD_MMA_ROWS, PW, true, LDS, 1>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, PW, LDX, 1>(
             xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
         if (z && q0 == t0)  // the gate's rows, for step 3 (ms is free after step 1)
-            ssd_mma_stage<T, SSD_MMA_ROWS, PW, false, LDZ, 1>(
+            ssd_mma_stage<T, SSD_MMA_ROWS, PW, LDZ, 1>(
                 ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
                 vec && ((unsigned long long)z & 15) == 0, nullptr, tid);
         __syncthreads();
@@ -651,9 +693,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) only.
             if (q0 == r0 && ks > warp) break;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const unsigned short* q = xt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+            for (int j = 0; j < NT; j += 2) {
+                unsigned bf[4];
+                ssd_mma_load_bt2<LDX>(bf, xt, 8 * j, 16 * ks, lane);
+                ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
             }
         }
     }
@@ -676,7 +719,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         T xv;
-                        xv.bits = xt[(p + k) * LDS + r];  // zero past P
+                        xv.bits = xt[r * LDX + p + k];  // zero past P
                         v[k] += (k == 0 || two ? D[(ssm_i64)h * P + p + k] : 0.0f) * ssm_load(xv);
                     }
                 }
@@ -742,8 +785,8 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 
 // ssd_mma_stage_f for a K x V float matrix M (row k at base + k * stride) staged as
 // dst[v * LD + k]: VW columns v, KW rows k (zero past nk rows and nv columns). Consecutive
-// threads take consecutive rows k of one 8-column group (conflict-free 16-bit stores, as in
-// ssd_mma_stage with TRANS; each reads one whole 32-byte sector).
+// threads take consecutive rows k of one 8-column group (a warp's 16-bit stores fill 16
+// consecutive banks; each thread reads one whole 32-byte sector).
 template <typename T, int VW, int KW, int LD>
 __device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const float* base,
                                                  ssm_i64 stride, int nk, int nv, bool vec,
@@ -786,11 +829,11 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
     constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
-    constexpr int LDK = KW + 8, LDS = SSD_MMA_LD;
+    constexpr int LDK = KW + 8, LDV = VW + 8;
     constexpr int MS_ROWS = VW > SSD_MMA_ROWS ? VW : SSD_MMA_ROWS;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
     alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
-    alignas(16) __shared__ unsigned short vt[VW * LDS];            // Vv[q][v] as [v][q]
+    alignas(16) __shared__ unsigned short vt[SSD_MMA_ROWS * LDV];  // Vv[q][v]
     // cum_r, cum_q (and cum_E): the chunk sums times log2(e), one exp2 per decay
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ float dt_r[SSD_MMA_ROWS];
@@ -849,7 +892,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
         // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
         auto stage_u = [&](int k0) {
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
                 us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec,
                 nullptr, tid);
         };
@@ -864,7 +907,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             else
                 ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
             __syncthreads();
-            ssd_mma_slice<T, NT, KW, LDK>(acc, us, ms, k0, K, warp, lane);
+            ssd_mma_slice<T, NT, KW, LDK, !HSUM>(acc, us, ms, k0, K, warp, lane);
         }
         {
             const int ra = 16 * warp + g, rb = ra + 8;
@@ -931,18 +974,18 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
-                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, LDV>(
                         vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
                         tid);
                 }
                 if (!use_cb) {
                     if (!u_resident) stage_u(k0);
-                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
                         ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0,
                         vec, nullptr, tid);
                 }
                 __syncthreads();
-                if (!use_cb) ssd_mma_slice<T, 8, KW, LDK>(gacc, us, ms, k0, K, warp, lane);
+                if (!use_cb) ssd_mma_slice<T, 8, KW, LDK, !HSUM>(gacc, us, ms, k0, K, warp, lane);
             }
             // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A full
             // tile of steps wholly on the far side of the rows, without restarts, has every
@@ -982,9 +1025,10 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 if (q0 == r0 && (UPPER ? ks < warp : ks > warp)) continue;
                 const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned short* q = vt + (8 * j + g) * LDS + 16 * ks + 2 * t;
-                    ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_bt2<LDV>(bf, vt, 8 * j, 16 * ks, lane);
+                    ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
                 }
             }
         }
@@ -1051,6 +1095,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 // --------------------------------------------------------------------------------------
 #define SSD_MMA_SUM_VW 128
 #define SSD_MMA_SUM_KW 64
+#define SSD_MMA_SUM_LDV (SSD_MMA_SUM_VW + 8)  // row stride of the staged Vv rows
 struct ssd_mma_run {
     ssm_i64 b, c, t0, t1, r0;
     int tile, o, hs, nr, h_begin, h_end;
@@ -1094,16 +1139,16 @@ __device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigne
     for (int k0 = 0; k0 < P; k0 += KW) {
         __syncthreads();  // the previous reads of us, bs and the row arrays are done
         if (k0 == 0) before_first();
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, false, LDK>(us, a + k0, lda, nr, P - k0, vec, nullptr,
+        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(us, a + k0, lda, nr, P - k0, vec, nullptr,
                                                        tid);
         stage_b(k0);
         __syncthreads();
-        ssd_mma_slice<T, NT, KW, LDK>(acc, us, bs, k0, P, warp, lane);
+        ssd_mma_slice<T, NT, KW, LDK, false>(acc, us, bs, k0, P, warp, lane);
     }
 }
 
 // acc += round_T(gsum) Vt, the summed masked block (rows r, K = q) times the tile's Vv rows
-// staged as vt[v][q]. On the chunk's diagonal tile warp w's rows see q < 16 (w + 1) (lower)
+// staged as vt[q][v] (row stride SSD_MMA_SUM_LDV). On the chunk's diagonal tile warp w's rows see q < 16 (w + 1) (lower)
 // or q >= 16 w (upper) only: the other fragments are zeros.
 template <typename T, bool UPPER, int NT>
 __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const float (&gsum)[8][4],
@@ -1121,9 +1166,10 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
         if (diagonal_tile && (UPPER ? ks < warp : ks > warp)) continue;
         const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const unsigned short* q = vt + (8 * j + g) * SSD_MMA_LD + 16 * ks + 2 * t;
-            ssm_mma16<T>::run(acc[j], a, ssd_mma_pair(q), ssd_mma_pair(q + 8));
+        for (int j = 0; j < NT; j += 2) {
+            unsigned bf[4];
+            ssd_mma_load_bt2<SSD_MMA_SUM_LDV>(bf, vt, 8 * j, 16 * ks, lane);
+            ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
         }
     }
 }
@@ -1168,12 +1214,13 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
                  ssm_i64 part_stride) {
-    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8, LDS = SSD_MMA_LD;
+    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
+    constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
-    // step 1: ms = S^T[v][k]; step 2: ws = x[q][k] and vt = B[q][v] as [v][q]
-    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
+    // step 1: ms = S^T[v][k]; step 2: ws = x[q][k] and vt = B[q][v]
+    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VT
                                                   ? VW * LDK
-                                                  : SSD_MMA_ROWS * LDK + VW * LDS];
+                                                  : SSD_MMA_ROWS * LDK + VT];
     unsigned short* const ms = buf;
     unsigned short* const ws = buf;
     unsigned short* const vt = buf + SSD_MMA_ROWS * LDK;
@@ -1240,7 +1287,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             ssd_mma_run_product<T>(
                 gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
-                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, false, LDK>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK>(
                         ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
                         vec, nullptr, tid);
                 },
@@ -1270,7 +1317,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                 }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
-        ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV>(
             vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, nullptr, tid);
         __syncthreads();
         ssd_mma_run_times_v<T, false>(acc, gsum, vt, q0 == r0, warp, lane);
@@ -1304,12 +1351,13 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                  float* __restrict__ rowdot, ssm_i64 L, int H, int P, int XO, int GC, int N,
                  ssm_i64 nc, int tiles_per_chunk, int head_splits, ssm_i64 part_stride,
                  int classes) {
-    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8, LDS = SSD_MMA_LD;
+    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
+    constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // x[r][k]
-    // step 1: ms = dHx^T[v][k]; step 2: ws = dY[q][k] and vt = C[q][v] as [v][q]
-    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VW * LDS
+    // step 1: ms = dHx^T[v][k]; step 2: ws = dY[q][k] and vt = C[q][v]
+    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VT
                                                   ? VW * LDK
-                                                  : SSD_MMA_ROWS * LDK + VW * LDS];
+                                                  : SSD_MMA_ROWS * LDK + VT];
     unsigned short* const ms = buf;
     unsigned short* const ws = buf;
     unsigned short* const vt = buf + SSD_MMA_ROWS * LDK;
@@ -1425,7 +1473,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             ssd_mma_run_product<T>(
                 gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
-                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, false, LDK>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK>(
                         ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
                         vec, nullptr, tid);
                 },
@@ -1468,7 +1516,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
-        ssd_mma_stage<T, SSD_MMA_ROWS, VW, true, LDS>(
+        ssd_mma_stage<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV>(
             vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, nullptr, tid);
         __syncthreads();
         ssd_mma_run_times_v<T, true>(acc, gsum, vt, q0 == r0, warp, lane);

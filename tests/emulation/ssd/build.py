@@ -1,6 +1,7 @@
 """Build a host emulation (.so) of cuda_src/ssd_mma.cu: the same text with its PTX replaced.
 
-REPL swaps the inline-PTX lines and vector casts for emu_common.h / prelude_mma.h C++;
+REPL swaps the inline-PTX lines (ldmatrix among them) and vector casts for emu_common.h /
+prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
 ssd_mma_chunk_state / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
@@ -32,6 +33,13 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
+    ('const unsigned a = (unsigned)__cvta_generic_to_shared(p);', ''),
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<true>(r, p);'),
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<false>(r, p);'),
 ]
 
 LAUNCH = r'''

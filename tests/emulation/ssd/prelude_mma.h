@@ -4,7 +4,7 @@
 #include <cstdint>
 
 // One warp's operands of one mma.sync, gathered from its 32 lanes.
-struct EmuMmaX { unsigned a[32][4]; unsigned b[32][2]; };
+struct EmuMmaX { unsigned a[32][4]; unsigned b[32][2]; const unsigned short* rows[32]; };
 EmuMmaX* emu_mmax = nullptr;
 std::atomic<long> emu_mma_count{0};
 
@@ -49,4 +49,25 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
         d[i] = (float)((double)d[i] + s);
     }
     emu_mma_count++;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix l / 8
+// (16-byte aligned); lane (g = l / 4, t = l % 4) receives in r[i] matrix i's row g, columns
+// 2t, 2t + 1 (.trans: column g, rows 2t, 2t + 1), the lower index in the low half.
+template <bool TRANS>
+inline void emu_ldsm(unsigned (&r)[4], const unsigned short* p) {
+    const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    EmuWarp& W = emu_warps[w];
+    if (W.mask != 0xffffffffu) emu_fail("ldmatrix in a partial warp");
+    if (((unsigned long)p) % 16 != 0) emu_fail("ldmatrix row not 16-byte aligned");
+    EmuMmaX& X = emu_mmax[w];
+    X.rows[lane] = p;
+    W.bar->arrive_and_wait();
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const unsigned lo = TRANS ? X.rows[8 * i + 2 * t][g] : X.rows[8 * i + g][2 * t];
+        const unsigned hi = TRANS ? X.rows[8 * i + 2 * t + 1][g] : X.rows[8 * i + g][2 * t + 1];
+        r[i] = lo | (hi << 16);
+    }
+    W.bar->arrive_and_wait();  // every lane has read the row addresses before any reuses them
 }
