@@ -230,7 +230,9 @@ ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __
 
 // --------------------------------------------------------------------------------------
 // State passing, forward: states[b, 0] = h0 (or 0), states[b, c+1] = d_c states[b, c] + S_c
-// with d_c = exp(cum_E) when no sequence starts inside chunk c, else 0.
+// with d_c = exp(cum_E) when no sequence starts inside chunk c, else 0. entering (or null)
+// receives states[b, c] for c < nc rounded to 16 bits (entering_bf16: bfloat16, else
+// float16), laid out (batch, nc, H, P, N): the tensor-core output kernel's operand.
 // Grid: (batch * H, ceil(P*N / 256)); one thread per state entry.
 // --------------------------------------------------------------------------------------
 template <typename CT>
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(SSD_THREADS)
 ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cum,
                   const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                   const CT* __restrict__ h0, CT* __restrict__ states,
-                  ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc) {
+                  ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ entering,
+                  int entering_bf16) {
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
     if (o >= PN) return;
     const ssm_i64 bh = blockIdx.x;
@@ -247,6 +250,13 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
     CT hv = h0 ? h0[bh * PN + o] : CT(0);
     states[((b * (nc + 1)) * H + h) * PN + o] = hv;
     for (ssm_i64 c = 0; c < nc; ++c) {
+        if (entering) {
+            const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
+            if (entering_bf16)
+                ssm_store(static_cast<ssm_bf16*>(entering) + i, (float)hv);
+            else
+                ssm_store(static_cast<ssm_half*>(entering) + i, (float)hv);
+        }
         const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
         const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
         const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);

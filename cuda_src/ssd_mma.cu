@@ -155,40 +155,41 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
         });
 }
 
-// ssd_mma_stage for a row-scaled 16-bit matrix kept to about twice T's
-// precision: v = row_scale[r] * X[r][c] (float32) as hi = round_T(v) in hi[r * LD + c] and
-// lo = round_T(v - hi) in lo[r * LD + c] (v - hi is exact in float32), so that a product
-// on hi and then on lo, accumulated in float32, sees v to about 16 bits (bfloat16) or 22
-// bits (float16) instead of 8 or 11.
-template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
-__device__ __forceinline__ void ssd_mma_stage_split(unsigned short* hi, unsigned short* lo,
-                                                    const T* base, ssm_i64 stride, int nrows,
-                                                    int ncols, bool vec,
-                                                    const float* row_scale, int tid) {
+// Asynchronous staging (cp.async, sm_80): 16 bytes global -> shared, in flight until
+// ssd_mma_cp_wait; zeros (nothing read) when !live.
+__device__ __forceinline__ void ssd_mma_cp16(unsigned short* dst, const void* src, bool live) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void ssd_mma_cp_commit() {
+    asm volatile("cp.async.commit_group;" : : : "memory");
+}
+// Until at most PENDING of this thread's committed groups are in flight; a barrier then
+// makes the landed copies the whole block's.
+template <int PENDING>
+__device__ __forceinline__ void ssd_mma_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
+}
+
+// ssd_mma_stage without rounding or scaling, by cp.async when vec (every row 16-byte
+// aligned, ncols a multiple of 8): no registers hold the bytes in flight and every copy of
+// the tile is issued before any waits. Otherwise staged at once by ssd_mma_stage.
+template <typename T, int ROWS, int COLS, int LD>
+__device__ __forceinline__ void ssd_mma_stage_async(unsigned short* dst, const T* base,
+                                                    ssm_i64 stride, int nrows, int ncols,
+                                                    bool vec, int tid) {
+    if (!vec) {
+        ssd_mma_stage<T, ROWS, COLS, LD, 1>(dst, base, stride, nrows, ncols, false, nullptr, tid);
+        return;
+    }
     constexpr int G8 = COLS / 8;
-    ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_u4>(
-        tid,
-        [&](int i, ssd_mma_u4& w) {
-            const int r = i / G8, c = (i - r * G8) * 8;
-            ssd_mma_fetch16(w, base + r * stride + c, ncols - c, vec, r < nrows);
-        },
-        [&](int i, const ssd_mma_u4& w) {
-            const int r = i / G8, c = (i - r * G8) * 8;
-            unsigned short u[8], l[8];
-            ssd_mma_unpack16<T>(u, w, nullptr);
-            const float scale = r < nrows ? row_scale[r] : 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                T v;
-                v.bits = u[k];
-                const float f = scale * ssm_load(v);
-                v.bits = ssd_mma_bits<T>(f);
-                u[k] = v.bits;
-                l[k] = ssd_mma_bits<T>(f - ssm_load(v));
-            }
-            ssd_mma_put8(hi + r * LD + c, u);
-            ssd_mma_put8(lo + r * LD + c, l);
-        });
+#pragma unroll 4
+    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
+        const int r = i / G8, c = (i - r * G8) * 8;
+        const bool live = r < nrows && c < ncols;
+        ssd_mma_cp16(dst + r * LD + c, live ? base + r * stride + c : base, live);
+    }
 }
 
 // 8 consecutive floats of a row (zero past `left`; all zero when `live` is false).
@@ -344,15 +345,40 @@ __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigne
     }
 }
 
+// An A fragment of 16-bit values whose K index is a step (a[0], a[1]: steps k0 + 2t, + 1;
+// a[2], a[3]: k0 + 2t + 8, + 9) times the steps' weights w[k], rounded to T; with SPLIT,
+// lo receives the rounding residuals (w x - round_T(w x), exact in float32) rounded to T.
+template <typename T, bool SPLIT>
+__device__ __forceinline__ void ssd_mma_weigh_a(unsigned (&a)[4], unsigned (&lo)[4],
+                                                const float* w, int k0, int lane) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int k = k0 + 2 * t + (i >= 2 ? 8 : 0);
+        T v0, v1;
+        v0.bits = (unsigned short)(a[i] & 0xffffu);
+        v1.bits = (unsigned short)(a[i] >> 16);
+        const float f0 = w[k] * ssm_load(v0), f1 = w[k + 1] * ssm_load(v1);
+        a[i] = ssd_mma_pack<T>(f0, f1);
+        if (SPLIT) {
+            v0.bits = (unsigned short)(a[i] & 0xffffu);
+            v1.bits = (unsigned short)(a[i] >> 16);
+            lo[i] = ssd_mma_pack<T>(f0 - ssm_load(v0), f1 - ssm_load(v1));
+        }
+    }
+}
+
 // --------------------------------------------------------------------------------------
 // Chunk states on tensor cores. A block computes a 64 (p) x NW (n) tile of S_c; warp w
 // its rows 16w .. 16w + 15 (NW / 8 D tiles of 16 x 8, NW / 2 floats per thread). Per stage
-// of 64 steps: xw[s][p] = w_s x_s[p] and bs[s][n] = B_s[n] in shared memory, as they lie in
-// memory (ldmatrix transposes them into fragments with K = s). NW = 128 reads x once for N <= 128; NW = 64 serves N <= 64.
+// of 64 steps: xs[s][p] = x_s[p] and bs[s][n] = B_s[n] copied into shared memory as they lie
+// (cp.async; ldmatrix transposes them into fragments with K = s), ws[s] = w_s; each A
+// fragment is weighted in registers (w_s x_s rounded to T, ssd_mma_weigh_a). NW = 128 reads
+// x once for N <= 128; NW = 64 serves N <= 64.
 // ADJ = true: the backward's adjoint form of ssd_chunk_state (ssd.cu), X = dY (rounded to
 // T), Bm = C, w_s = [seq_s == seq_prev] exp(cum_s), seq_prev = seq[t0 - 1] (seq[0] for the
-// first chunk): K_c = sum_s w_s dY_s C_s^T. There w_s dY_s is staged as a hi + lo pair of
-// 16-bit values (ssd_mma_stage_split) and each fragment multiplied twice into the same
+// first chunk): K_c = sum_s w_s dY_s C_s^T. There w_s dY_s is a hi + lo pair of 16-bit
+// values (ssd_mma_weigh_a with SPLIT) and each fragment multiplied twice into the same
 // float32 sums, so K (hence the adjoint states, dA, ddt and the initial state's gradient)
 // carries no 16-bit rounding of w_s dY_s: dA and ddt are sums whose terms can cancel
 // many-fold, which magnifies each rounding on their path (2^-9 relative in bfloat16) past
@@ -365,13 +391,12 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
                     const float* __restrict__ dte, const float* __restrict__ cum,
                     const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                     float* __restrict__ out, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
-    alignas(16) __shared__ unsigned short xw[SSD_MMA_ROWS * SSD_MMA_LD];
+    alignas(16) __shared__ unsigned short xs[SSD_MMA_ROWS * SSD_MMA_LD];
     static_assert(NW % 64 == 0 && NW <= 128, "NW: 64 or 128");
     constexpr int NT = NW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDB = NW + 8;
     alignas(16) __shared__ unsigned short bs[SSD_MMA_ROWS * LDB];
     constexpr bool SPLIT = ADJ;  // w_s X_s as hi + lo (see above)
-    alignas(16) __shared__ unsigned short xl[SPLIT ? SSD_MMA_ROWS * SSD_MMA_LD : 8];  // lo
     __shared__ float ws[SSD_MMA_ROWS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ssm_i64 e = blockIdx.x;  // = b * nc + c
@@ -392,7 +417,12 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
         const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
         __syncthreads();  // the previous stage's reads are done
-        if (tid < SSD_MMA_ROWS) {
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
+            xs, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, NW, LDB>(
+            bs, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
+        ssd_mma_cp_commit();
+        if (tid < SSD_MMA_ROWS) {  // while the copies land
             float w = 0.0f;
             if (tid < ns) {
                 const ssm_i64 s = s0 + tid, i = (b * L + s) * H + h;
@@ -401,25 +431,14 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             }
             ws[tid] = w;
         }
-        __syncthreads();
-        if (SPLIT)
-            ssd_mma_stage_split<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
-                xw, xl, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
-                tid);
-        else
-            ssd_mma_stage<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
-                xw, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, ws,
-                tid);
-        ssd_mma_stage<T, SSD_MMA_ROWS, NW, LDB>(
-            bs, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, nullptr,
-            tid);
+        ssd_mma_cp_wait<0>();
         __syncthreads();
 #pragma unroll
         for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
             if (k0 < ns) {  // uniform over the block
                 unsigned a[4], al[4];
-                ssd_mma_load_at<SSD_MMA_LD>(a, xw, 16 * warp, k0, lane);
-                if (SPLIT) ssd_mma_load_at<SSD_MMA_LD>(al, xl, 16 * warp, k0, lane);
+                ssd_mma_load_at<SSD_MMA_LD>(a, xs, 16 * warp, k0, lane);
+                ssd_mma_weigh_a<T, SPLIT>(a, al, ws, k0, lane);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
@@ -553,22 +572,25 @@ __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const fl
 // Outputs on tensor cores. A block computes 64 rows (steps) of one chunk of one head, all
 // P <= PW columns; warp w rows 16w .. 16w + 15 with PW / 8 D tiles (PW / 2 floats per
 // thread).
-//   1. y = C states[c]^T (K = N in slices of KW: cs = C rows, ms = state rows p), each row
-//      then scaled by [seq_t == seq_prev] exp(cum_t);
+//   1. y = C states[c]^T (K = N in slices of KW: cs = C rows, ms = state rows p; the
+//      entering states come rounded to T from ssd_state_passing), each row then scaled by
+//      [seq_t == seq_prev] exp(cum_t);
 //   2. per tile of 64 steps s up to the rows' last: the block of C B^T from ssd_mma_cb
 //      (read in the warps' fragment order), masked and weighted in registers, rounded to
 //      T; y += G x (K = s, x staged as it lies, xt[s][p], and transposed by ldmatrix);
 //   3. + D x, * silu(z), store.
 // C B^T is the same for every head of a class (all of them when G = 1), so it is made once
 // per chunk by ssd_mma_cb instead of once per head here.
+// Every operand is staged by cp.async (ssd_mma_stage_async); the x tiles of step 2 go
+// through two buffers (xt, and cs once step 1 is done) when cs holds one (PW <= KW): the
+// next tile is in flight while this one is multiplied. The first x tile comes with step 1.
 // Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
-// 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90), with its
-// staging one item per thread at a time (two: NVRTC 12 spilled 40 bytes at PW = 64).
+// 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
 template <typename T, int PW, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
 ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const T* __restrict__ X,
-                  const float* __restrict__ states, const float* __restrict__ D,
+                  const T* __restrict__ states, const float* __restrict__ D,
                   const T* __restrict__ z, const float* __restrict__ dte,
                   const float* __restrict__ cum, const int* __restrict__ seq,
                   const ssm_i64* __restrict__ starts, T* __restrict__ out, ssm_i64 L, int H,
@@ -578,9 +600,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDK = KW + 8, LDX = PW + 8, LDZ = PW + 8;
     static_assert(SSD_MMA_ROWS * LDZ <= PW * LDK, "ms holds the gate's rows in step 3");
+    constexpr bool DOUBLE = LDX <= LDK;  // cs holds an x tile: two buffers in step 2
     alignas(16) __shared__ unsigned short cs[SSD_MMA_ROWS * LDK];  // C[t][n]
     alignas(16) __shared__ unsigned short ms[PW * LDK];            // state[p][n], then z[t][p]
-    alignas(16) __shared__ unsigned short xt[SSD_MMA_ROWS * LDX];  // x[s][p]
+    alignas(16) __shared__ unsigned short xt[SSD_MMA_ROWS * LDX];  // x[s][p] (and cs: DOUBLE)
     // cum_r, cum_q: the chunk sums times log2(e), so that a decay is one exp2
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
@@ -610,17 +633,28 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         seq_r[tid] = ssd_mma_seq(seq, b * L + r);
     }
 
+    const ssm_i64 q_end = r0 + nr;  // step 2's steps: t0 .. q_end - 1
+    auto steps_from = [&](ssm_i64 q0) {
+        return (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
+    };
+    auto stage_x = [&](unsigned short* dst, ssm_i64 q0) {
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, PW, LDX>(dst, X + ((b * L + q0) * H + h) * P,
+                                                      (ssm_i64)H * P, steps_from(q0), P, vec, tid);
+    };
+
     float acc[NT][4];
     ssd_mma_zero(acc);
 
     // 1. The entering state's contribution.
-    const float* S = states + ((b * (nc + 1) + c) * H + h) * ((ssm_i64)P * N);
+    const T* S = states + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, 1>(
-            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, nullptr,
-            tid);
-        ssd_mma_stage_f<T, PW, KW, LDK, 1>(ms, S + n0, N, P, N - n0, vec, tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK>(
+            cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, tid);
+        ssd_mma_stage_async<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
+        if (n0 == 0) stage_x(xt, t0);
+        ssd_mma_cp_commit();
+        ssd_mma_cp_wait<0>();
         __syncthreads();
         ssd_mma_slice<T, NT, KW, LDK>(acc, cs, ms, n0, N, warp, lane);
     }
@@ -637,11 +671,23 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         }
     }
 
-    // 2. The diagonal block, one tile of 64 steps s at a time.
-    const ssm_i64 q_end = r0 + nr;
-    for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
-        const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
-        __syncthreads();  // the previous reads of xt, cum_q, dt_q, seq_q are done
+    // 2. The diagonal block, one tile of 64 steps s at a time (pass `it`).
+    const unsigned short* xrow = xt;  // the last pass's x tile: the rows' own, for step 3
+    int it = 0;
+    for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS, ++it) {
+        const int nq = steps_from(q0);
+        unsigned short* const xcur = DOUBLE && (it & 1) ? cs : xt;
+        __syncthreads();  // the previous pass's reads (x buffers, cum_q, dt_q, seq_q) are done
+        if (DOUBLE) {  // the next pass's tile into the other buffer
+            if (q0 + SSD_MMA_ROWS < q_end) stage_x(it & 1 ? xt : cs, q0 + SSD_MMA_ROWS);
+        } else if (it > 0) {
+            stage_x(xt, q0);
+        }
+        if (z && it == 0)  // the gate's rows, for step 3 (ms is free after step 1)
+            ssd_mma_stage_async<T, SSD_MMA_ROWS, PW, LDZ>(
+                ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
+                vec && ((unsigned long long)z & 15) == 0, tid);
+        ssd_mma_cp_commit();
         if (tid < SSD_MMA_ROWS) {
             const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
             const ssm_i64 i = (b * L + q) * H + h;
@@ -649,16 +695,14 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             dt_q[tid] = dte[i];
             seq_q[tid] = ssd_mma_seq(seq, b * L + q);
         }
-        ssd_mma_stage<T, SSD_MMA_ROWS, PW, LDX, 1>(
-            xt, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, nullptr, tid);
-        if (z && q0 == t0)  // the gate's rows, for step 3 (ms is free after step 1)
-            ssd_mma_stage<T, SSD_MMA_ROWS, PW, LDZ, 1>(
-                ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
-                vec && ((unsigned long long)z & 15) == 0, nullptr, tid);
-        __syncthreads();
-        // This warp's fragments of the block.
+        // This warp's fragments of the block (registers: loaded while the copies land).
         float gacc[8][4];
         ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane);
+        if (DOUBLE)
+            ssd_mma_cp_wait<1>();  // this pass's tile has landed; the next may be in flight
+        else
+            ssd_mma_cp_wait<0>();
+        __syncthreads();
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A tile of
         // steps wholly before the rows, without restarts, has every entry live.
         const int ra = 16 * warp + g, rb = ra + 8;
@@ -695,15 +739,18 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 unsigned bf[4];
-                ssd_mma_load_bt2<LDX>(bf, xt, 8 * j, 16 * ks, lane);
+                ssd_mma_load_bt2<LDX>(bf, xcur, 8 * j, 16 * ks, lane);
                 ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
             }
         }
+        xrow = xcur;
     }
+    ssd_mma_cp_wait<0>();  // the gate's rows, when their group was the last
+    __syncthreads();
 
     // 3. Skip connection, gate, store: a thread's two adjacent columns p, p + 1 at a time
-    // (one 32-bit store when P is even and out 4-byte aligned). x comes from xt, which
-    // holds the rows' own tile after the last step of 2 (q0 = r0), and z from ms.
+    // (one 32-bit store when P is even and out 4-byte aligned). x comes from the last x
+    // tile of step 2 (q0 = r0: the rows' own), and z from ms.
     const bool pair32 = (P & 1) == 0 && ((unsigned long long)out & 3) == 0;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -719,7 +766,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         T xv;
-                        xv.bits = xt[r * LDX + p + k];  // zero past P
+                        xv.bits = xrow[r * LDX + p + k];  // zero past P
                         v[k] += (k == 0 || two ? D[(ssm_i64)h * P + p + k] : 0.0f) * ssm_load(xv);
                     }
                 }

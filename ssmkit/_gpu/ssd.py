@@ -419,13 +419,14 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return (cb, cbt) if transposed else cb
 
-    def out_mma(self, p, states, out, cb=None):
+    def out_mma(self, p, entering, out, cb=None):
         """The forward outputs on tensor cores (with D and gate) into ``out`` (batch, L, H, P),
-        from the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
+        from the states entering the chunks in 16 bits (``passing(..., entering=True)``)
+        and the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
         cb = self.cb_mma(p) if cb is None else cb
         _launch(mma_out_name(self.io, p.P),
                 (p.batch * p.H * self.nc * self.mma_tiles,),
-                (p.C, cb, p.x, states, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
+                (p.C, cb, p.x, entering, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
                  _ptr(p.seq_idx), self.starts, out, np.int64(p.L), np.int32(p.H), np.int32(p.P),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(cb.shape[2])), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
@@ -498,13 +499,19 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return _sum_runs(part)
 
-    def passing(self, p, chunk_states):
-        states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+    def passing(self, p, chunk_states, *, entering=False):
+        """The boundary states (batch, nc + 1, H, P, N); with ``entering``, also the states
+        entering each chunk rounded to the 16-bit input dtype, (batch, nc, H, P, N), for
+        :meth:`out_mma`."""
+        cp = p.xp
+        states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+        ent = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype) if entering else None
         PN = p.P * p.N
         _launch(f"ssd_state_passing<{_CTYPE[self.ct]}>", (p.batch * p.H, -(-PN // THREADS)),
                 (chunk_states, self.cum, _ptr(p.seq_idx), self.starts, _ptr(p.initial_state),
-                 states, np.int64(p.L), np.int32(p.H), np.int64(PN), np.int64(self.nc)))
-        return states
+                 states, np.int64(p.L), np.int32(p.H), np.int64(PN), np.int64(self.nc),
+                 _ptr(ent), np.int32(1 if self.io == "bfloat16" else 0)))
+        return (states, ent) if entering else states
 
 
 def ssd_forward(p, *, save_checkpoints):
@@ -517,8 +524,8 @@ def ssd_forward(p, *, save_checkpoints):
     lay = _Layout(p)
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     if uses_mma(p):
-        states = lay.passing(p, lay.chunk_state_mma(p))
-        lay.out_mma(p, states, y)
+        states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True)
+        lay.out_mma(p, entering, y)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)

@@ -1,7 +1,7 @@
 """Build a host emulation (.so) of cuda_src/ssd_mma.cu: the same text with its PTX replaced.
 
-REPL swaps the inline-PTX lines (ldmatrix among them) and vector casts for emu_common.h /
-prelude_mma.h C++;
+REPL swaps the inline-PTX lines (ldmatrix and cp.async among them) and vector casts for
+emu_common.h / prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
 ssd_mma_chunk_state / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
@@ -40,6 +40,11 @@ REPL = COMMON_REPL + [
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
      'emu_ldsm<false>(r, p);'),
+    ('const unsigned d = (unsigned)__cvta_generic_to_shared(dst);', ''),
+    ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");''', 'emu_cp16(dst, src, live);'),
+    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
+    ('asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");', 'emu_cp_wait(PENDING);'),
 ]
 
 LAUNCH = r'''
@@ -66,7 +71,8 @@ static void emu_launch(F call, unsigned gx, unsigned gy, unsigned gz, unsigned b
         emu_warps = warps.data();
         std::vector<std::thread> ts;
         ts.reserve(block);
-        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (unsigned t = 0; t < block; ++t)
+            ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
         for (auto& th : ts) th.join();
     }
 }
@@ -86,7 +92,7 @@ static void emu_copy_out(EmuBuf* a, std::vector<void*>& r, int n) {
 
 STATE_T = "const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*".split(",")
 STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
-OUT_T = ("const T*,const float*,const T*,const float*,const float*,const T*,const float*,const float*,"
+OUT_T = ("const T*,const float*,const T*,const T*,const float*,const T*,const float*,const float*,"
          "const int*,const ssm_i64*,T*").split(",")
 OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
 CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")

@@ -53,11 +53,13 @@ def np_chunk_dt(args):
     np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, total, 0))
 
 def np_passing(args):
-    chunk, cum, seq, starts, h0, states, L, H, PN, nc = args
+    chunk, cum, seq, starts, h0, states, L, H, PN, nc, entering, _bf16 = args
     batch = chunk.shape[0]
     hv = np.zeros(chunk.shape[:1] + chunk.shape[2:], np.float32) if h0 is gssd._NULL or h0 is None else h0.copy()
     states[:, 0] = hv
     for c in range(int(nc)):
+        if isinstance(entering, np.ndarray):  # rounded to nearest even, as ssm_store
+            entering[:, c] = hv.astype(entering.dtype)
         t0, E = int(starts[c]), int(starts[c + 1]) - 1
         for b in range(batch):
             same = True if seq is gssd._NULL or seq is None else seq[b, E] == seq[b, max(t0 - 1, 0)]
