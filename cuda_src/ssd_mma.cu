@@ -183,12 +183,18 @@ __device__ __forceinline__ void ssd_mma_stage_async(unsigned short* dst, const T
         ssd_mma_stage<T, ROWS, COLS, LD, 1>(dst, base, stride, nrows, ncols, false, nullptr, tid);
         return;
     }
-    constexpr int G8 = COLS / 8;
-#pragma unroll 4
-    for (int i = tid; i < ROWS * G8; i += SSD_MMA_THREADS) {
-        const int r = i / G8, c = (i - r * G8) * 8;
-        const bool live = r < nrows && c < ncols;
-        ssd_mma_cp16(dst + r * LD + c, live ? base + r * stride + c : base, live);
+    constexpr int G8 = COLS / 8, STEP = SSD_MMA_THREADS / G8;  // rows a pass of the block covers
+    static_assert(SSD_MMA_THREADS % G8 == 0 && ROWS % STEP == 0, "whole passes");
+    // A thread keeps its 8 columns c and walks the rows r, r + STEP, ..
+    const int r = tid / G8, c = (tid % G8) * 8;
+    const T* src = base + r * stride + c;
+    const ssm_i64 src_step = STEP * stride;
+    const bool cols_live = c < ncols;
+#pragma unroll
+    for (int k = 0; k < ROWS / STEP; ++k) {
+        const bool live = cols_live && r + k * STEP < nrows;
+        ssd_mma_cp16(dst + (r + k * STEP) * LD + c, live ? src : base, live);
+        src += src_step;
     }
 }
 
@@ -403,7 +409,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     const int h = blockIdx.y;
     const int p_tiles = (P + 63) / 64;
     const int p0 = (blockIdx.z % p_tiles) * 64, n0 = (blockIdx.z / p_tiles) * NW;
-    const ssm_i64 b = e / nc, c = e - b * nc;
+    const ssm_i64 b = blockIdx.x / (unsigned)nc, c = e - b * nc;  // 32-bit quotient
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
     const int gB = h / (H / G);
     const float cum_E = cum[(b * L + E) * H + h];
@@ -587,8 +593,11 @@ __device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const fl
 // Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 // 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
+#ifndef SSD_MMA_OUT_BLOCKS
+#define SSD_MMA_OUT_BLOCKS 4  // blocks per SM for PW <= 64 (the register bound: 128 at 4)
+#endif
 template <typename T, int PW, int KW>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? 4 : 2)
+__global__ void __launch_bounds__(SSD_MMA_THREADS, PW <= 64 ? SSD_MMA_OUT_BLOCKS : 2)
 ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const T* __restrict__ X,
                   const T* __restrict__ states, const float* __restrict__ D,
                   const T* __restrict__ z, const float* __restrict__ dte,
@@ -610,13 +619,13 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 per_head = nc * tiles_per_chunk;
-    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - bh * per_head;
-    const ssm_i64 c = ctile / tiles_per_chunk;
-    const int tile = (int)(ctile - c * tiles_per_chunk);
-    const ssm_i64 b = bh / H;
-    const int h = (int)(bh - b * H);
+    // The block's (b, h, c, tile) in 32 bits: every quotient of blockIdx.x fits.
+    const unsigned per_head = (unsigned)nc * (unsigned)tiles_per_chunk;
+    const unsigned bh = blockIdx.x / per_head, ctile = blockIdx.x - bh * per_head;
+    const unsigned cu = ctile / (unsigned)tiles_per_chunk;
+    const int tile = (int)(ctile - cu * (unsigned)tiles_per_chunk);
+    const ssm_i64 c = cu, b = bh / (unsigned)H;
+    const int h = (int)(bh - (unsigned)b * (unsigned)H);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
     const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
     if (r0 >= t1) return;
@@ -705,10 +714,13 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         __syncthreads();
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A tile of
         // steps wholly before the rows, without restarts, has every entry live.
+        // Every tile but the diagonal one (q0 = r0) is a whole tile of steps before the
+        // rows: only the diagonal tile needs s <= r, and only restarts need the labels
+        // (rows past nr are not stored; a whole tile has nq = 64).
         const int ra = 16 * warp + g, rb = ra + 8;
-        const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+        const int dq = (int)(r0 - q0);  // a multiple of 64, >= 0
         const float la = cum_r[ra], lb = cum_r[rb];
-        const bool dense = !seq && q0 + SSD_MMA_ROWS <= r0;  // uniform over the block
+        const bool dense = !seq && dq > 0;  // uniform over the block
         unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -721,8 +733,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                     v[i] = w * gacc[j][i];
                 } else {
                     const int r = i >= 2 ? rb : ra;
-                    const ssm_i64 rt = i >= 2 ? rtb : rta;
-                    const bool live = s < nq && r < nr && q0 + s <= rt && seq_q[s] == seq_r[r];
+                    const bool live = s <= r + dq && (!seq || seq_q[s] == seq_r[r]);
                     v[i] = live ? w * gacc[j][i] : 0.0f;
                 }
             }
@@ -752,26 +763,30 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     // (one 32-bit store when P is even and out 4-byte aligned). x comes from the last x
     // tile of step 2 (q0 = r0: the rows' own), and z from ms.
     const bool pair32 = (P & 1) == 0 && ((unsigned long long)out & 3) == 0;
+    const float* const Dh = D ? D + (ssm_i64)h * P : nullptr;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int half = 0; half < 2; ++half) {
+        const int r = 16 * warp + g + 8 * half;
+        if (r >= nr) continue;
+        T* const orow = out + ((b * L + r0 + r) * H + h) * P;
+        const unsigned short* const xr = xrow + r * LDX;
+        const unsigned short* const zr = ms + r * LDZ;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = 16 * warp + g + 8 * half;
+        for (int j = 0; j < NT; ++j) {
             const int p = 8 * j + 2 * t;
-            if (r < nr && p < P) {
+            if (p < P) {
                 const bool two = p + 1 < P;
-                const ssm_i64 idx = ((b * L + r0 + r) * H + h) * P + p;
                 float v[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
                 if (D) {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         T xv;
-                        xv.bits = xrow[r * LDX + p + k];  // zero past P
-                        v[k] += (k == 0 || two ? D[(ssm_i64)h * P + p + k] : 0.0f) * ssm_load(xv);
+                        xv.bits = xr[p + k];  // zero past P
+                        v[k] += (k == 0 || two ? Dh[p + k] : 0.0f) * ssm_load(xv);
                     }
                 }
                 if (z) {
-                    const unsigned zw = ssd_mma_pair(ms + r * LDZ + p);  // zero past P
+                    const unsigned zw = ssd_mma_pair(zr + p);  // zero past P
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         T zt;
@@ -780,9 +795,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                         v[k] *= zv * ssm_math<float>::sigmoid(zv);
                     }
                 }
-                ssd_mma_set2(out + idx, pair32, two, v);
+                ssd_mma_set2(orow + p, pair32, two, v);
             }
         }
+    }
 }
 
 // --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ssmkit
@@ -72,6 +72,37 @@ def cast(inputs, dtype_name, xp):
     return out, exact
 
 
+# Unit roundoff of the 16-bit dtypes (8 and 11 significant bits).
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def reference_spread(exact, opts, dy, dfin, dtype_name, trials=3):
+    """Per gradient field, the largest relative change of the float64 reference gradient when
+    x, B and C each move by one rounding of ``dtype_name`` (random signs, fixed seed).
+
+    A 16-bit computation rounds its intermediate states to about that precision, so a
+    gradient whose reference moves this much under such a change cannot be expected closer:
+    dA and d dt_bias are sums over every step whose terms can cancel many-fold (a problem of
+    7 steps was seen where half a rounding of bfloat16 moved the reference dA by 25-86%).
+    """
+    u = UNIT_ROUNDOFF[dtype_name]
+    prng = np.random.default_rng(12345)
+    _, pullback = ref.ssd_vjp(**exact, **opts, return_final_state=True)
+    g0 = pullback(dy, dfin)
+    spread = {name: 0.0 for name in FIELDS}
+    for _ in range(trials):
+        moved = dict(exact)
+        for name in ("x", "B", "C"):
+            moved[name] = exact[name] * (1 + u * prng.choice([-1.0, 1.0], np.shape(exact[name])))
+        _, pullback = ref.ssd_vjp(**moved, **opts, return_final_state=True)
+        g = pullback(dy, dfin)
+        for name in FIELDS:
+            r0, r = getattr(g0, name), getattr(g, name)
+            if r0 is not None:
+                spread[name] = max(spread[name], rel_err(r, r0))
+    return spread
+
+
 def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=None):
     """The fast path's output, final states and gradients against the reference.
 
@@ -101,7 +132,13 @@ def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=Non
     cot = xp.asarray(as_dtype(dy, dtype_name))
     dfin_c = xp.asarray(dfin.astype("float64" if dtype_name == "float64" else "float32"))
     g = pullback(cot, dfin_c)
-    g_r = pullback_r(dy_c, dfin.astype("float64" if dtype_name == "float64" else "float32"))
+    dfin_r = dfin.astype("float64" if dtype_name == "float64" else "float32")
+    g_r = pullback_r(dy_c, dfin_r)
+    # 16-bit: no field is asked to be closer than twice its reference's spread under one
+    # rounding of the inputs (reference_spread); for a well-conditioned field that spread is
+    # far below the fixed bound, which then decides.
+    spread = (reference_spread(exact, opts, dy_c, dfin_r, dtype_name)
+              if dtype_name in UNIT_ROUNDOFF else {})
     for name in FIELDS:
         a, r = getattr(g, name), getattr(g_r, name)
         if r is None:
@@ -110,7 +147,7 @@ def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=Non
         a_np = to_numpy(a)
         assert a_np.shape == np.shape(inputs[name]), name
         assert a.dtype == arrays[name].dtype, name
-        assert rel_err(a, r) < GRAD_RTOL[dtype_name] * 4, name
+        assert rel_err(a, r) < max(GRAD_RTOL[dtype_name] * 4, 2 * spread.get(name, 0.0)), name
 
 
 # --------------------------------------------------------------------------------------
@@ -533,6 +570,11 @@ def test_tensor_core_cu_seqlens_matches_reference(monkeypatch, cu):
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @settings(deadline=None, max_examples=24, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems())
+# dA within 2 spreads, not 4 GRAD_RTOL, of the reference (bfloat16: 0.27 against 0.2; seen on
+# the GPU; the reference itself moves 25-86% under half a rounding of x, B, C)
+@example(problem=(dict(batch=1, L=7, H=1, P=4, G=1, N=1, D_form=None, with_z=False,
+                       with_bias=False, with_init=True, seq_cuts=[1, 2, 5]),
+                  dict(chunk_size=2, dt_softplus=False), 57069607))
 def test_tensor_core_small_problems_match_reference(dtype_name, problem):
     """Small problems on the tensor-core forward and backward (both the default for 16-bit
     inputs; set here against the environment)."""
