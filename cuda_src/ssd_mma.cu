@@ -264,13 +264,37 @@ __device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
 // columns 2t and 2t + 1 (TRANS: its column g, rows 2t and 2t + 1). Lane l names row l % 8
 // of matrix l / 8. With LD = K + 8 (K a multiple of 64) or any 16-byte multiple that is an
 // odd multiple of 16 bytes modulo 128, the 8 rows of a matrix fall on distinct banks.
-template <bool TRANS, int RB, int LD>
-__device__ __forceinline__ void ssd_mma_ldsm(unsigned (&r)[4], const unsigned short* tile,
-                                             int row0, int col0, int lane) {
+// A loop takes the lane's address once (ssd_mma_lane_a / _b: a 32-bit shared-window
+// address, pinned in a register) and adds each step's offset (ssd_mma_load_*): computed at
+// each use, the lane's part cost some 40 integer instructions per 5 ldmatrix.
+typedef unsigned ssd_mma_saddr;  // a shared-window address, in bytes
+
+// PIN = false leaves the compiler free to recompute it (where the register spilled).
+template <int RB, int LD, bool PIN>
+__device__ __forceinline__ ssd_mma_saddr ssd_mma_ldsm_lane(const unsigned short* tile, int lane) {
     const int i = lane >> 3;
-    const unsigned short* p =
-        tile + (row0 + 8 * ((i >> RB) & 1) + (lane & 7)) * LD + col0 + 8 * ((i >> (1 - RB)) & 1);
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    const unsigned short* p = tile + (8 * ((i >> RB) & 1) + (lane & 7)) * LD + 8 * ((i >> (1 - RB)) & 1);
+    ssd_mma_saddr a = (ssd_mma_saddr)__cvta_generic_to_shared(p);
+    if (PIN) asm volatile("" : "+r"(a));  // computed here, kept: not redone in the loops' branches
+    return a;
+}
+
+// The lane addresses: _a for A fragments of [m][k] tiles and B fragments of [k][n] tiles
+// (RB = 0), _b for B fragments of [n][k] tiles and A fragments of [k][m] tiles (RB = 1).
+template <int LD, bool PIN = true>
+__device__ __forceinline__ ssd_mma_saddr ssd_mma_lane_a(const unsigned short* tile, int lane) {
+    return ssd_mma_ldsm_lane<0, LD, PIN>(tile, lane);
+}
+template <int LD, bool PIN = true>
+__device__ __forceinline__ ssd_mma_saddr ssd_mma_lane_b(const unsigned short* tile, int lane) {
+    return ssd_mma_ldsm_lane<1, LD, PIN>(tile, lane);
+}
+
+// ldmatrix of the matrices at (row0, col0) of the tile whose lane address is `lane`.
+template <bool TRANS, int LD>
+__device__ __forceinline__ void ssd_mma_ldsm_at(unsigned (&r)[4], ssd_mma_saddr lane, int row0,
+                                                int col0) {
+    const ssd_mma_saddr a = lane + 2 * (row0 * LD + col0);
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
@@ -279,34 +303,35 @@ __device__ __forceinline__ void ssd_mma_ldsm(unsigned (&r)[4], const unsigned sh
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
 
-// The A fragment (16 x 16) of rows m0 .., columns k0 .. of a [m][k] shared tile.
+// The A fragment (16 x 16) of rows m0 .., columns k0 .. of a [m][k] tile (lane: _lane_a).
 template <int LD>
-__device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], const unsigned short* tile,
-                                               int m0, int k0, int lane) {
-    ssd_mma_ldsm<false, 0, LD>(a, tile, m0, k0, lane);
+__device__ __forceinline__ void ssd_mma_load_a(unsigned (&a)[4], ssd_mma_saddr lane, int m0,
+                                               int k0) {
+    ssd_mma_ldsm_at<false, LD>(a, lane, m0, k0);
 }
 
 // The B fragments of two neighbouring 16 x 8 tiles, columns n0 .. n0 + 15 and K rows
-// k0 .. k0 + 15, of a [n][k] shared tile: b[0], b[1] for columns n0 .., b[2], b[3] for n0 + 8 ..
+// k0 .. k0 + 15, of a [n][k] tile (lane: _lane_b): b[0], b[1] for columns n0 .., b[2], b[3]
+// for n0 + 8 ..
 template <int LD>
-__device__ __forceinline__ void ssd_mma_load_b2(unsigned (&b)[4], const unsigned short* tile,
-                                                int n0, int k0, int lane) {
-    ssd_mma_ldsm<false, 1, LD>(b, tile, n0, k0, lane);
+__device__ __forceinline__ void ssd_mma_load_b2(unsigned (&b)[4], ssd_mma_saddr lane, int n0,
+                                                int k0) {
+    ssd_mma_ldsm_at<false, LD>(b, lane, n0, k0);
 }
 
-// The A fragment of rows m0 .. (of A), K columns k0 .., from a [k][m] shared tile (A^T as
-// it lies in memory: ldmatrix transposes).
+// The A fragment of rows m0 .. (of A), K columns k0 .., from a [k][m] tile (A^T as it lies
+// in memory: ldmatrix transposes; lane: _lane_b).
 template <int LD>
-__device__ __forceinline__ void ssd_mma_load_at(unsigned (&a)[4], const unsigned short* tile,
-                                                int m0, int k0, int lane) {
-    ssd_mma_ldsm<true, 1, LD>(a, tile, k0, m0, lane);
+__device__ __forceinline__ void ssd_mma_load_at(unsigned (&a)[4], ssd_mma_saddr lane, int m0,
+                                                int k0) {
+    ssd_mma_ldsm_at<true, LD>(a, lane, k0, m0);
 }
 
-// ssd_mma_load_b2 from a [k][n] shared tile (B as it lies in memory: ldmatrix transposes).
+// ssd_mma_load_b2 from a [k][n] tile (B as it lies in memory; lane: _lane_a).
 template <int LD>
-__device__ __forceinline__ void ssd_mma_load_bt2(unsigned (&b)[4], const unsigned short* tile,
-                                                 int n0, int k0, int lane) {
-    ssd_mma_ldsm<true, 0, LD>(b, tile, k0, n0, lane);
+__device__ __forceinline__ void ssd_mma_load_bt2(unsigned (&b)[4], ssd_mma_saddr lane, int n0,
+                                                 int k0) {
+    ssd_mma_ldsm_at<true, LD>(b, lane, k0, n0);
 }
 
 // acc[j], acc[j + 1] += a times the two B tiles of b (from ssd_mma_load_b2 / _bt2).
@@ -320,24 +345,26 @@ __device__ __forceinline__ void ssd_mma_run2(float (&acc0)[4], float (&acc1)[4],
 // acc[j] += A x B over one staged slice of KW columns (K): A the 16 rows 16 warp .. of `as`,
 // B the rows 8 j + g of `bs` (j < NT), both [row][k] shared tiles of leading dimension LD;
 // 16-column steps with base + k0 >= limit are skipped (uniform: the slice is zeros there).
-// B_LDSM: B's fragments two tiles at a time by ldmatrix; false: pairs of 16-bit values one
-// tile at a time, for the kernels where the ldmatrix form made ptxas spill (the head-summing
-// dB / dC products).
+// B_LDSM: B's fragments two tiles at a time by ldmatrix, the lane addresses pinned; false:
+// pairs of 16-bit values one tile at a time, addresses as the compiler likes, for the kernels
+// where the other form made ptxas spill (the head-summing dB / dC products).
 template <typename T, int NT, int KW, int LD, bool B_LDSM = true>
 __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigned short* as,
                                               const unsigned short* bs, int base, int limit,
                                               int warp, int lane) {
     static_assert(NT % 2 == 0, "NT: B fragments go in pairs of tiles");
+    const ssd_mma_saddr a_lane = ssd_mma_lane_a<LD, B_LDSM>(as, lane);
+    const ssd_mma_saddr b_lane = ssd_mma_lane_b<LD, B_LDSM>(bs, lane);
 #pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
     for (int k0 = 0; k0 < KW; k0 += 16) {
         if (base + k0 < limit) {
             unsigned a[4];
-            ssd_mma_load_a<LD>(a, as, 16 * warp, k0, lane);
+            ssd_mma_load_a<LD>(a, a_lane, 16 * warp, k0);
             if (B_LDSM) {
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
-                    ssd_mma_load_b2<LD>(bf, bs, 8 * j, k0, lane);
+                    ssd_mma_load_b2<LD>(bf, b_lane, 8 * j, k0);
                     ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
                 }
             } else {
@@ -439,16 +466,18 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
         }
         ssd_mma_cp_wait<0>();
         __syncthreads();
+        const ssd_mma_saddr x_lane = ssd_mma_lane_b<SSD_MMA_LD>(xs, lane);
+        const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs, lane);
 #pragma unroll
         for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
             if (k0 < ns) {  // uniform over the block
                 unsigned a[4], al[4];
-                ssd_mma_load_at<SSD_MMA_LD>(a, xs, 16 * warp, k0, lane);
+                ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, 16 * warp, k0);
                 ssd_mma_weigh_a<T, SPLIT>(a, al, ws, k0, lane);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
-                    ssd_mma_load_bt2<LDB>(bf, bs, 8 * j, k0, lane);
+                    ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
                     ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
                     if (SPLIT) ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);  // hi, then lo
                 }
@@ -742,6 +771,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         }
         // afr[ks] = {tile 2ks rows g, tile 2ks rows g+8, tile 2ks+1 rows g, rows g+8} is
         // the A fragment a0..a3 of K = s in 16 ks .. 16 ks + 15.
+        const ssd_mma_saddr x_lane = ssd_mma_lane_a<LDX>(xcur, lane);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             const unsigned a[4] = {afr[ks][0], afr[ks][1], afr[ks][2], afr[ks][3]};
@@ -750,7 +780,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 unsigned bf[4];
-                ssd_mma_load_bt2<LDX>(bf, xcur, 8 * j, 16 * ks, lane);
+                ssd_mma_load_bt2<LDX>(bf, x_lane, 8 * j, 16 * ks);
                 ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
             }
         }
@@ -893,6 +923,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
     constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDK = KW + 8, LDV = VW + 8;
+    // Staging batch: one item per thread at a time with HSUM (two made ptxas spill at VW = 64)
+    constexpr int SB = HSUM ? 1 : SSD_MMA_STAGE_BATCH;
     constexpr int MS_ROWS = VW > SSD_MMA_ROWS ? VW : SSD_MMA_ROWS;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
     alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
@@ -955,7 +987,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
         // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
         auto stage_u = [&](int k0) {
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
+            ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, SB>(
                 us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec,
                 nullptr, tid);
         };
@@ -1037,13 +1069,13 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
-                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, LDV>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, LDV, SB>(
                         vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
                         tid);
                 }
                 if (!use_cb) {
                     if (!u_resident) stage_u(k0);
-                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
+                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, SB>(
                         ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0,
                         vec, nullptr, tid);
                 }
@@ -1081,6 +1113,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
                 afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
             }
+            const ssd_mma_saddr v_lane = ssd_mma_lane_a<LDV, !HSUM>(vt, lane);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) (lower)
@@ -1090,7 +1123,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
-                    ssd_mma_load_bt2<LDV>(bf, vt, 8 * j, 16 * ks, lane);
+                    ssd_mma_load_bt2<LDV>(bf, v_lane, 8 * j, 16 * ks);
                     ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
                 }
             }
@@ -1224,6 +1257,7 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
         afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(gsum[j][0], gsum[j][1]);
         afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(gsum[j][2], gsum[j][3]);
     }
+    const ssd_mma_saddr v_lane = ssd_mma_lane_a<SSD_MMA_SUM_LDV>(vt, lane);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
         if (diagonal_tile && (UPPER ? ks < warp : ks > warp)) continue;
@@ -1231,7 +1265,7 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
 #pragma unroll
         for (int j = 0; j < NT; j += 2) {
             unsigned bf[4];
-            ssd_mma_load_bt2<SSD_MMA_SUM_LDV>(bf, vt, 8 * j, 16 * ks, lane);
+            ssd_mma_load_bt2<SSD_MMA_SUM_LDV>(bf, v_lane, 8 * j, 16 * ks);
             ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
         }
     }

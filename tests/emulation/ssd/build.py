@@ -33,13 +33,16 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
-    ('const unsigned a = (unsigned)__cvta_generic_to_shared(p);', ''),
+    # ldmatrix: shared-window addresses become host pointers
+    ('typedef unsigned ssd_mma_saddr;', 'typedef unsigned long ssd_mma_saddr;'),
+    ('ssd_mma_saddr a = (ssd_mma_saddr)__cvta_generic_to_shared(p);', 'ssd_mma_saddr a = (ssd_mma_saddr)p;'),
+    ('if (PIN) asm volatile("" : "+r"(a));', ''),
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<true>(r, p);'),
+     'emu_ldsm<true>(r, (const unsigned short*)a);'),
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<false>(r, p);'),
+     'emu_ldsm<false>(r, (const unsigned short*)a);'),
     ('const unsigned d = (unsigned)__cvta_generic_to_shared(dst);', ''),
     ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  : : "r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");''', 'emu_cp16(dst, src, live);'),
