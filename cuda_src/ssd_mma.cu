@@ -172,10 +172,18 @@ __device__ __forceinline__ void ssd_mma_cp_wait() {
     asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
 }
 
+// This thread's copies so far, committed and landed (a barrier then makes them the block's).
+__device__ __forceinline__ void ssd_mma_cp_land() {
+    ssd_mma_cp_commit();
+    ssd_mma_cp_wait<0>();
+}
+
 // ssd_mma_stage without rounding or scaling, by cp.async when vec (every row 16-byte
 // aligned, ncols a multiple of 8): no registers hold the bytes in flight and every copy of
 // the tile is issued before any waits. Otherwise staged at once by ssd_mma_stage.
-template <typename T, int ROWS, int COLS, int LD>
+// UNROLLED = false keeps the copies in a loop: the backward's products, at their register
+// bounds, spilled with it unrolled.
+template <typename T, int ROWS, int COLS, int LD, bool UNROLLED = true>
 __device__ __forceinline__ void ssd_mma_stage_async(unsigned short* dst, const T* base,
                                                     ssm_i64 stride, int nrows, int ncols,
                                                     bool vec, int tid) {
@@ -190,11 +198,17 @@ __device__ __forceinline__ void ssd_mma_stage_async(unsigned short* dst, const T
     const T* src = base + r * stride + c;
     const ssm_i64 src_step = STEP * stride;
     const bool cols_live = c < ncols;
-#pragma unroll
-    for (int k = 0; k < ROWS / STEP; ++k) {
+    auto copy = [&](int k) {
         const bool live = cols_live && r + k * STEP < nrows;
         ssd_mma_cp16(dst + (r + k * STEP) * LD + c, live ? src : base, live);
         src += src_step;
+    };
+    if (UNROLLED) {
+#pragma unroll
+        for (int k = 0; k < ROWS / STEP; ++k) copy(k);
+    } else {
+#pragma unroll 1
+        for (int k = 0; k < ROWS / STEP; ++k) copy(k);
     }
 }
 
@@ -923,8 +937,6 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
     constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDK = KW + 8, LDV = VW + 8;
-    // Staging batch: one item per thread at a time with HSUM (two made ptxas spill at VW = 64)
-    constexpr int SB = HSUM ? 1 : SSD_MMA_STAGE_BATCH;
     constexpr int MS_ROWS = VW > SSD_MMA_ROWS ? VW : SSD_MMA_ROWS;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
     alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
@@ -966,7 +978,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     // U W^T read from ssd_mma_cb's blocks (cbm): only the C B^T products (ycore and GB, the
     // instances without MT), so that dB and dC carry no code for it.
     const bool use_cb = !MT && cbm;
-    const ssm_i64 off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
+    const int off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
     float* const part = HSUM ? out + hs * part_stride : out;
 
     // One head's products, stored (the first head of a run) or added. Called once without
@@ -987,9 +999,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
         // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
         auto stage_u = [&](int k0) {
-            ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, SB>(
-                us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec,
-                nullptr, tid);
+            ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(
+                us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec, tid);
         };
 
         // 1. The boundary term.
@@ -1001,6 +1012,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * V, V, K - k0, V, vec, tid);
             else
                 ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
+            ssd_mma_cp_land();
             __syncthreads();
             ssd_mma_slice<T, NT, KW, LDK, !HSUM>(acc, us, ms, k0, K, warp, lane);
         }
@@ -1069,24 +1081,26 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
                     }
-                    ssd_mma_stage<T, SSD_MMA_ROWS, VW, LDV, SB>(
-                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, nullptr,
-                        tid);
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
                 }
                 if (!use_cb) {
                     if (!u_resident) stage_u(k0);
-                    ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK, SB>(
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(
                         ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0,
-                        vec, nullptr, tid);
+                        vec, tid);
                 }
+                ssd_mma_cp_land();
                 __syncthreads();
                 if (!use_cb) ssd_mma_slice<T, 8, KW, LDK, !HSUM>(gacc, us, ms, k0, K, warp, lane);
             }
             // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A full
             // tile of steps wholly on the far side of the rows, without restarts, has every
-            // entry live (rows past nr are not stored).
+            // entry live. Rows past nr are not stored, and steps past nq hold zeros in gacc
+            // (their staged rows and C B^T entries are zero; their decays, from clamped chunk
+            // sums, finite): neither needs a test.
             const int ra = 16 * warp + g, rb = ra + 8;
-            const ssm_i64 rta = r0 + ra, rtb = r0 + rb;
+            const int dq = (int)(q0 - r0);  // a multiple of 64
             const bool dense = !seq && (UPPER ? q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS
                                               : q0 + SSD_MMA_ROWS <= r0);  // uniform
             unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
@@ -1104,9 +1118,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     if (dense) {
                         v[i] = w * gacc[j][i];
                     } else {
-                        const ssm_i64 rt = i >= 2 ? rtb : rta;
-                        const bool live = s < nq && r < nr && seq_q[s] == seq_r[r] &&
-                                          (UPPER ? q0 + s >= rt + off : q0 + s + off <= rt);
+                        const bool live = (UPPER ? s + dq >= r + off : s + dq + off <= r) &&
+                                          (!seq || seq_q[s] == seq_r[r]);
                         v[i] = live ? w * gacc[j][i] : 0.0f;
                     }
                 }
@@ -1235,9 +1248,9 @@ __device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigne
     for (int k0 = 0; k0 < P; k0 += KW) {
         __syncthreads();  // the previous reads of us, bs and the row arrays are done
         if (k0 == 0) before_first();
-        ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(us, a + k0, lda, nr, P - k0, vec, nullptr,
-                                                       tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(us, a + k0, lda, nr, P - k0, vec, tid);
         stage_b(k0);
+        ssd_mma_cp_land();
         __syncthreads();
         ssd_mma_slice<T, NT, KW, LDK, false>(acc, us, bs, k0, P, warp, lane);
     }
@@ -1384,9 +1397,9 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             ssd_mma_run_product<T>(
                 gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
-                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK>(
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                         ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
-                        vec, nullptr, tid);
+                        vec, tid);
                 },
                 [&] {
                     stage_rows(h);
@@ -1399,23 +1412,25 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                     }
                 },
                 tid, warp, lane);
-            // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal)
+            // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
+            // past nr and steps past nq need no test there either)
+            const int dq = (int)(q0 - r0);
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int sq = 8 * j + 2 * t + (i & 1);
                     const int r = i >= 2 ? rb : ra;
-                    const bool live = sq < nq && r < nr && q0 + sq <= r0 + r &&
-                                      seq_q[sq] == seq_r[r];
+                    const bool live = sq + dq <= r && (!seq || seq_q[sq] == seq_r[r]);
                     if (live)
                         gsum[j][i] += ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq] *
                                       gacc[j][i];
                 }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
-        ssd_mma_stage<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV>(
-            vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, nullptr, tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+            vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, tid);
+        ssd_mma_cp_land();
         __syncthreads();
         ssd_mma_run_times_v<T, false>(acc, gsum, vt, q0 == r0, warp, lane);
     }
@@ -1570,9 +1585,9 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             ssd_mma_run_product<T>(
                 gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
-                    ssd_mma_stage<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK>(
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                         ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
-                        vec, nullptr, tid);
+                        vec, tid);
                 },
                 [&] {
                     stage_rows(h);
@@ -1585,16 +1600,17 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                 tid, warp, lane);
             // mask and weight as ssd_mma_chunk_mm's upper products (with the diagonal); the
             // row dot of the rounded entries with B_r . C_q
+            // (rows past nr and steps past nq need no test: as in ssd_mma_chunk_mm)
             float da = 0.0f, db = 0.0f;
             const float ta = dt_r[ra], tb = dt_r[rb];
+            const int dq = (int)(q0 - r0);
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int sq = 8 * j + 2 * t + (i & 1);
                     const int r = i >= 2 ? rb : ra;
-                    const bool live = sq < nq && r < nr && q0 + sq >= r0 + r &&
-                                      seq_q[sq] == seq_r[r];
+                    const bool live = sq + dq >= r && (!seq || seq_q[sq] == seq_r[r]);
                     if (live) {
                         const float m =
                             ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i];
@@ -1613,8 +1629,9 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
-        ssd_mma_stage<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV>(
-            vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, nullptr, tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+            vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, tid);
+        ssd_mma_cp_land();
         __syncthreads();
         ssd_mma_run_times_v<T, true>(acc, gsum, vt, q0 == r0, warp, lane);
     }
