@@ -164,15 +164,16 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     p, _, _ = _ssd._prepare("ssd", x["x"], x["dt"], x["A"], x["B"], x["C"], chunk, x["D"], None,
                             x["dt_bias"], True, (0.0, math.inf), None, None, None)
     assert gpu_ssd.uses_mma_bwd(p)
-    _, _, states = gpu_ssd.ssd_forward(p, save_checkpoints=True)
+    _, _, checkpoints = gpu_ssd.ssd_forward(p, save_checkpoints=True)
+    entering = checkpoints[1]  # the states entering the chunks, 16 bits
     lay = gpu_ssd._Layout(p)
     rng = cupy.random.default_rng(1)
     dy = rng.standard_normal(p.x.shape, dtype=cupy.float32).astype(p.io_dtype)
     cb = gpu_ssd._diag_cb(p, p.compute_dtype)
     cbl, cbt = lay.cb_mma(p, transposed=True)
-    yo = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)
+    yo = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl)
     K = lay.chunk_state_mma(p, dy, p.C, adjoint=True)
-    dHx, _ = gpu_ssd._adjoint_passing(p, lay, K, None)
+    _, _, dHx = gpu_ssd._adjoint_passing(p, lay, K, None, rounded=True)
     bnd = cupy.empty((batch, L, H), dtype=cupy.float32)
     xGB = cupy.empty((batch, L, H), dtype=cupy.float32)
     go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt)
@@ -181,19 +182,20 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
         "layout (dt', chunk sums)": _back_to_back(lambda: gpu_ssd._Layout(p)),
         "C B^T and its transpose": _back_to_back(lambda: lay.cb_mma(p, transposed=True)),
         "ycore": _back_to_back(
-            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)),
+            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl)),
         "adjoint chunk state (tensor cores)": _back_to_back(
             lambda: lay.chunk_state_mma(p, dy, p.C, adjoint=True)),
         "adjoint chunk state (CUDA cores, before)": _back_to_back(
             lambda: lay.chunk_state(p, dyc, p.C, adjoint=True)),
-        "adjoint passing": _back_to_back(lambda: gpu_ssd._adjoint_passing(p, lay, K, None)),
+        "adjoint passing": _back_to_back(
+            lambda: gpu_ssd._adjoint_passing(p, lay, K, None, rounded=True)),
         "GB": _back_to_back(
             lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
                                cb=cbt)),
         "dB (summed over heads)": _back_to_back(lambda: lay.db_mma(p, dy, dHx, cbt, xGB)),
-        "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, states)),
+        "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, entering)),
         "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
-        "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, states, dy, None)),
+        "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None)),
     }
 
 

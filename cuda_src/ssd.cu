@@ -269,7 +269,8 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
 // State passing, backward. g = adjoint of the state at a boundary. Walking the chunks
 // backwards: g += dfinal of the sequence ending at the boundary (bslot >= 0);
 // dHx[c] = g (the adjoint of the state leaving chunk c); g = d_c g + K_c. At the start,
-// g is the adjoint of the initial state.
+// g is the adjoint of the initial state. dHx16 (or null) receives dHx rounded to 16 bits
+// (dhx_bf16: bfloat16, else float16), the tensor-core backward's operand.
 // Grid: (batch * H, ceil(P*N / 256)). bslot: (batch, nc + 1) int32 or null.
 // --------------------------------------------------------------------------------------
 template <typename CT>
@@ -278,7 +279,8 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                     const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                     const int* __restrict__ bslot, const CT* __restrict__ dfinal,
                     CT* __restrict__ dHx, CT* __restrict__ dinit,
-                    ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc) {
+                    ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ dHx16,
+                    int dhx_bf16) {
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
     if (o >= PN) return;
     const ssm_i64 bh = blockIdx.x;
@@ -290,7 +292,14 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
             const int k = bslot[b * (nc + 1) + c + 1];
             if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
         }
-        dHx[((b * nc + c) * H + h) * PN + o] = g;
+        const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
+        dHx[i] = g;
+        if (dHx16) {
+            if (dhx_bf16)
+                ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
+            else
+                ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
+        }
         const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
         const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
         const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);

@@ -61,7 +61,6 @@ __device__ __forceinline__ float ssd_mma_exp(float x) {  // exp(x) through the h
 __device__ __forceinline__ int ssd_mma_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
 struct alignas(16) ssd_mma_u4 { unsigned v[4]; };  // 8 16-bit values, one 128-bit access
-struct ssd_mma_f8 { float v[8]; };                  // 8 floats, two 128-bit accesses
 
 // The staging loops below hand a block's items (8 consecutive values of a row) to its
 // threads round-robin, BATCH items per thread at a time (SSD_MMA_STAGE_BATCH unless a
@@ -212,50 +211,7 @@ __device__ __forceinline__ void ssd_mma_stage_async(unsigned short* dst, const T
     }
 }
 
-// 8 consecutive floats of a row (zero past `left`; all zero when `live` is false).
-__device__ __forceinline__ void ssd_mma_fetch_f(ssd_mma_f8& f, const float* p, int left,
-                                                bool vec, bool live) {
-    if (live && vec && left >= 8) {
-        const ssm_f4 a = reinterpret_cast<const ssm_f4*>(p)[0];
-        const ssm_f4 b = reinterpret_cast<const ssm_f4*>(p)[1];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            f.v[k] = a.v[k];
-            f.v[k + 4] = b.v[k];
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) f.v[k] = live && k < left ? p[k] : 0.0f;
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ void ssd_mma_round8(unsigned short (&u)[8], const ssd_mma_f8& f) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) u[k] = ssd_mma_bits<T>(f.v[k]);
-}
-
-// ssd_mma_stage for float rows.
-template <typename T, int ROWS, int COLS, int LD, int BATCH = SSD_MMA_STAGE_BATCH>
-__device__ __forceinline__ void ssd_mma_stage_f(unsigned short* dst, const float* base,
-                                                ssm_i64 stride, int nrows, int ncols, bool vec,
-                                                int tid) {
-    constexpr int G8 = COLS / 8;
-    ssd_mma_batched<ROWS * G8, BATCH, ssd_mma_f8>(
-        tid,
-        [&](int i, ssd_mma_f8& f) {
-            const int r = i / G8, c = (i - r * G8) * 8;
-            ssd_mma_fetch_f(f, base + r * stride + c, ncols - c, vec, r < nrows);
-        },
-        [&](int i, const ssd_mma_f8& f) {
-            const int r = i / G8, c = (i - r * G8) * 8;
-            unsigned short u[8];
-            ssd_mma_round8<T>(u, f);
-            ssd_mma_put8(dst + r * LD + c, u);
-        });
-}
-
-// Whether every staged row of 16-bit x, B, C and float states starts 16-byte aligned.
+// Whether every staged row of the 16-bit operands (x, B, C, states) starts 16-byte aligned.
 __device__ __forceinline__ bool ssd_mma_vec(int P, int N, const void* a, const void* b,
                                             const void* c, const void* d) {
     const unsigned long long bits = (unsigned long long)a | (unsigned long long)b |
@@ -362,19 +318,32 @@ __device__ __forceinline__ void ssd_mma_run2(float (&acc0)[4], float (&acc1)[4],
 // B_LDSM: B's fragments two tiles at a time by ldmatrix, the lane addresses pinned; false:
 // pairs of 16-bit values one tile at a time, addresses as the compiler likes, for the kernels
 // where the other form made ptxas spill (the head-summing dB / dC products).
-template <typename T, int NT, int KW, int LD, bool B_LDSM = true>
+// BT: bs holds B as [k][n] (row stride LDB) instead, read by ldmatrix (.trans) either way.
+template <typename T, int NT, int KW, int LD, bool B_LDSM = true, bool BT = false, int LDB = LD>
 __device__ __forceinline__ void ssd_mma_slice(float (&acc)[NT][4], const unsigned short* as,
                                               const unsigned short* bs, int base, int limit,
                                               int warp, int lane) {
     static_assert(NT % 2 == 0, "NT: B fragments go in pairs of tiles");
-    const ssd_mma_saddr a_lane = ssd_mma_lane_a<LD, B_LDSM>(as, lane);
-    const ssd_mma_saddr b_lane = ssd_mma_lane_b<LD, B_LDSM>(bs, lane);
+    constexpr bool PIN = B_LDSM;
+    const ssd_mma_saddr a_lane = ssd_mma_lane_a<LD, PIN>(as, lane);
+    ssd_mma_saddr b_lane;  // (one of the two: each pins its register)
+    if constexpr (BT)
+        b_lane = ssd_mma_lane_a<LDB, PIN>(bs, lane);
+    else
+        b_lane = ssd_mma_lane_b<LD, PIN>(bs, lane);
 #pragma unroll 2  // fully unrolled, ptxas holds every fragment: 255 registers
     for (int k0 = 0; k0 < KW; k0 += 16) {
         if (base + k0 < limit) {
             unsigned a[4];
             ssd_mma_load_a<LD>(a, a_lane, 16 * warp, k0);
-            if (B_LDSM) {
+            if (BT) {
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
+                    ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                }
+            } else if (B_LDSM) {
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
@@ -890,40 +859,13 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 
-// ssd_mma_stage_f for a K x V float matrix M (row k at base + k * stride) staged as
-// dst[v * LD + k]: VW columns v, KW rows k (zero past nk rows and nv columns). Consecutive
-// threads take consecutive rows k of one 8-column group (a warp's 16-bit stores fill 16
-// consecutive banks; each thread reads one whole 32-byte sector).
-template <typename T, int VW, int KW, int LD>
-__device__ __forceinline__ void ssd_mma_stage_ft(unsigned short* dst, const float* base,
-                                                 ssm_i64 stride, int nk, int nv, bool vec,
-                                                 int tid) {
-    constexpr int G8 = VW / 8;
-    ssd_mma_batched<KW * G8, SSD_MMA_STAGE_BATCH, ssd_mma_f8>(
-        tid,
-        [&](int i, ssd_mma_f8& f) {
-            const int k = i % KW, v = (i / KW) * 8;
-            ssd_mma_fetch_f(f, base + k * stride + v, nv - v, vec, k < nk);
-        },
-        [&](int i, const ssd_mma_f8& f) {
-            const int k = i % KW, v = (i / KW) * 8;
-            unsigned short u[8];
-            ssd_mma_round8<T>(u, f);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dst[(v + j) * LD + k] = u[j];
-        });
-}
-
-// Blocks per SM: 4 (128 registers) for VW <= 32 without HSUM, where ptxas does not spill;
-// 3 for VW = 64 and for HSUM (at 128, NVRTC 12 spilled); 2 for VW = 128.
+// Blocks per SM: 3 for VW <= 64 (at 4, 128 registers, NVRTC 12 spilled: with HSUM, and for
+// VW = 32 once M came in 16 bits), 2 for VW = 128.
 template <typename T, bool UPPER, int DTW, bool MT, bool HSUM, int VW, int KW>
 __global__ void __launch_bounds__(SSD_MMA_THREADS,
-                                  HSUM && VW <= 64 ? 3
-                                  : VW <= 32       ? 4
-                                  : VW <= 64       ? 3
-                                                   : 2)
+                                  VW <= 64 ? 3 : 2)
 ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __restrict__ Vv,
-                 const float* __restrict__ Mm, const float* __restrict__ dte,
+                 const T* __restrict__ Mm, const float* __restrict__ dte,
                  const float* __restrict__ cum, const int* __restrict__ seq,
                  const ssm_i64* __restrict__ starts, float* __restrict__ out,
                  const T* __restrict__ Xd, float* __restrict__ bnd,
@@ -938,8 +880,10 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
     constexpr int LDK = KW + 8, LDV = VW + 8;
     constexpr int MS_ROWS = VW > SSD_MMA_ROWS ? VW : SSD_MMA_ROWS;
+    // MT: M's slice staged as it lies, [k][v] (KW rows of VW + 8)
+    constexpr int LDM = VW + 8, MS = MS_ROWS * LDK > KW * LDM ? MS_ROWS * LDK : KW * LDM;
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // U[r][k]
-    alignas(16) __shared__ unsigned short ms[MS_ROWS * LDK];       // M[v][k] | W[q][k]
+    alignas(16) __shared__ unsigned short ms[MS];                  // M[v][k] (MT: [k][v]) | W[q][k]
     alignas(16) __shared__ unsigned short vt[SSD_MMA_ROWS * LDV];  // Vv[q][v]
     // cum_r, cum_q (and cum_E): the chunk sums times log2(e), one exp2 per decay
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
@@ -1004,17 +948,18 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         };
 
         // 1. The boundary term.
-        const float* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
+        const T* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
         for (int k0 = 0; k0 < K; k0 += KW) {
             __syncthreads();
             stage_u(k0);
             if (MT)
-                ssd_mma_stage_ft<T, VW, KW, LDK>(ms, M + (ssm_i64)k0 * V, V, K - k0, V, vec, tid);
+                ssd_mma_stage_async<T, KW, VW, LDM, false>(ms, M + (ssm_i64)k0 * V, V, K - k0, V,
+                                                           vec, tid);
             else
-                ssd_mma_stage_f<T, VW, KW, LDK>(ms, M + k0, K, V, K - k0, vec, tid);
+                ssd_mma_stage_async<T, VW, KW, LDK, false>(ms, M + k0, K, V, K - k0, vec, tid);
             ssd_mma_cp_land();
             __syncthreads();
-            ssd_mma_slice<T, NT, KW, LDK, !HSUM>(acc, us, ms, k0, K, warp, lane);
+            ssd_mma_slice<T, NT, KW, LDK, !HSUM, MT, LDM>(acc, us, ms, k0, K, warp, lane);
         }
         {
             const int ra = 16 * warp + g, rb = ra + 8;
@@ -1238,7 +1183,7 @@ __device__ __forceinline__ bool ssd_mma_run_at(ssd_mma_run& R, const ssm_i64* st
 // acc += A Bt^T over K = P in slices: A the block's nr rows of a (row stride lda) staged
 // into us, Bt staged into bs by stage_b(k0) (its slice k0 ..); before_first() runs with the
 // first slice's staging (after the barrier that ends the previous reads).
-template <typename T, int NT, typename StageB, typename First>
+template <typename T, int NT, bool BT = false, typename StageB, typename First>
 __device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigned short* us,
                                                     const unsigned short* bs, const T* a,
                                                     ssm_i64 lda, int nr, int P, bool vec,
@@ -1252,7 +1197,7 @@ __device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigne
         stage_b(k0);
         ssd_mma_cp_land();
         __syncthreads();
-        ssd_mma_slice<T, NT, KW, LDK, false>(acc, us, bs, k0, P, warp, lane);
+        ssd_mma_slice<T, NT, KW, LDK, false, BT, SSD_MMA_SUM_LDV>(acc, us, bs, k0, P, warp, lane);
     }
 }
 
@@ -1319,7 +1264,7 @@ __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc
 template <typename T>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
 ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __restrict__ Bm,
-                 const float* __restrict__ states, const float* __restrict__ dte,
+                 const T* __restrict__ states, const float* __restrict__ dte,
                  const float* __restrict__ cum, const int* __restrict__ seq,
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
@@ -1327,9 +1272,9 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
-    // step 1: ms = S^T[v][k]; step 2: ws = x[q][k] and vt = B[q][v]
-    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VT
-                                                  ? VW * LDK
+    // step 1: ms = S[k][v] (the entering state, 16 bits); step 2: ws = x[q][k] and vt = B[q][v]
+    alignas(16) __shared__ unsigned short buf[SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV > SSD_MMA_ROWS * LDK + VT
+                                                  ? SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV
                                                   : SSD_MMA_ROWS * LDK + VT];
     unsigned short* const ms = buf;
     unsigned short* const ws = buf;
@@ -1365,12 +1310,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     for (int h = R.h_begin; h < R.h_end; ++h) {
         float acc2[NT][4];
         ssd_mma_zero(acc2);
-        const float* S = states + ((b * (nc + 1) + R.c) * H + h) * ((ssm_i64)P * N);
-        ssd_mma_run_product<T>(
+        const T* S = states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N);
+        ssd_mma_run_product<T, NT, true>(
             acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
             [&](int k0) {
-                ssd_mma_stage_ft<T, VW, SSD_MMA_SUM_KW, LDK>(ms, S + (ssm_i64)k0 * N, N, P - k0,
-                                                             N, vec, tid);
+                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                    ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
             },
             [&] { stage_rows(h); }, tid, warp, lane);
         const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
@@ -1456,7 +1401,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
 template <typename T>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
 ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __restrict__ Cm,
-                 const float* __restrict__ dHx, const T* __restrict__ Bm,
+                 const T* __restrict__ dHx, const T* __restrict__ Bm,
                  const float* __restrict__ dte, const float* __restrict__ cum,
                  const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                  const float* __restrict__ cbt, float* __restrict__ out,
@@ -1466,9 +1411,9 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // x[r][k]
-    // step 1: ms = dHx^T[v][k]; step 2: ws = dY[q][k] and vt = C[q][v]
-    alignas(16) __shared__ unsigned short buf[VW * LDK > SSD_MMA_ROWS * LDK + VT
-                                                  ? VW * LDK
+    // step 1: ms = dHx[k][v] (16 bits); step 2: ws = dY[q][k] and vt = C[q][v]
+    alignas(16) __shared__ unsigned short buf[SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV > SSD_MMA_ROWS * LDK + VT
+                                                  ? SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV
                                                   : SSD_MMA_ROWS * LDK + VT];
     unsigned short* const ms = buf;
     unsigned short* const ws = buf;
@@ -1532,12 +1477,12 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     for (int h = R.h_begin; h < R.h_end; ++h) {
         float acc2[NT][4];
         ssd_mma_zero(acc2);
-        const float* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
-        ssd_mma_run_product<T>(
+        const T* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
+        ssd_mma_run_product<T, NT, true>(
             acc2, us, ms, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
             [&](int k0) {
-                ssd_mma_stage_ft<T, VW, SSD_MMA_SUM_KW, LDK>(ms, M + (ssm_i64)k0 * N, N, P - k0,
-                                                             N, vec, tid);
+                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                    ms, M + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
             },
             [&] { stage_rows(h); }, tid, warp, lane);
         const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;

@@ -434,8 +434,8 @@ class _Layout:
 
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
                dt_out=False, Xr=None, rowdot=None, cb=None):
-        """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv,
-        float32 M; returns float32 (batch, L, H, V), or with ``groups`` = G the sums over the
+        """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv
+        and M (a boundary state or adjoint rounded to 16 bits); returns float32 (batch, L, H, V), or with ``groups`` = G the sums over the
         heads of each of G groups, (batch, L, G, V). ``with_diag=False`` leaves the block's
         diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each row's
         boundary term dotted with ``Xd`` (batch, L, H, V); ``rowdot`` (batch, L, H) each row
@@ -523,6 +523,7 @@ def ssd_forward(p, *, save_checkpoints):
     cp = p.xp
     lay = _Layout(p)
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
+    entering = None
     if uses_mma(p):
         states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True)
         lay.out_mma(p, entering, y)
@@ -532,7 +533,9 @@ def ssd_forward(p, *, save_checkpoints):
     final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
     if lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
-    return y, final, (states if save_checkpoints else None)
+    # checkpoints: the boundary states and, from the tensor-core forward, the states entering
+    # each chunk in 16 bits (the tensor-core backward's operand)
+    return y, final, ((states, entering) if save_checkpoints else None)
 
 
 def _sum_runs(part):
@@ -573,17 +576,21 @@ def _diag_cb(p, cd):
     return cp.ascontiguousarray(cb[:, :, head_pair])
 
 
-def _adjoint_passing(p, lay, K, dfinal):
-    """The adjoint leaving every chunk (batch, nc, H, P, N) and the initial state's."""
+def _adjoint_passing(p, lay, K, dfinal, *, rounded=False):
+    """The adjoint leaving every chunk (batch, nc, H, P, N) and the initial state's; with
+    ``rounded``, also the first rounded to the 16-bit input dtype (the tensor-core products'
+    operand): ``(dHx, dinit, dHx16)``."""
     cp = p.xp
     batch, H, P, N = p.batch, p.H, p.P, p.N
     dHx = cp.empty((batch, lay.nc, H, P, N), dtype=p.compute_dtype)
     dinit = cp.empty((batch, H, P, N), dtype=p.compute_dtype)
+    dHx16 = cp.empty(dHx.shape, dtype=p.io_dtype) if rounded else None
     PN = P * N
     _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, -(-PN // THREADS)),
             (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
-             np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc)))
-    return dHx, dinit
+             np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc), _ptr(dHx16),
+             np.int32(1 if lay.io == "bfloat16" else 0)))
+    return (dHx, dinit, dHx16) if rounded else (dHx, dinit)
 
 
 ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows
@@ -613,17 +620,21 @@ def _rows(p, lay, dy, final, cb, yo, go=None):
     return out
 
 
-def _backward_mma(p, lay, states, dy, dfinal):
+def _backward_mma(p, lay, states, entering, dy, dfinal):
     """The backward's products on tensor cores (see the module docstring): returns dx, dz,
-    dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), dHx, dinit."""
+    dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), dHx, dinit.
+    ``entering``: the states entering the chunks in the 16-bit input dtype (batch, nc, H, P,
+    N), or None to round ``states`` here."""
     cp = p.xp
     cd = p.compute_dtype
+    if entering is None:
+        entering = states[:, :-1].astype(p.io_dtype)
     # The tensor-core products leave the diagonal terms (s = t) out of the blocks; they
     # are added in float32 where needed (they cancel exactly in dcum).
     cb = _diag_cb(p, cd)
     # C B^T once per chunk for all heads, read by ycore and (transposed) by GB
     cbl, cbt = lay.cb_mma(p, transposed=True)
-    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, states, with_diag=False, cb=cbl)
+    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl)
     # dY = dy silu'(z) enters every product rounded to the input dtype (the adjoint chunk
     # sums too, where exp(cum_t) dY_t is then split into hi + lo 16-bit parts, so K is not
     # rounded further); without z it is dy itself.
@@ -640,25 +651,25 @@ def _backward_mma(p, lay, states, dy, dfinal):
             zc = p.z.astype(cd)
             dY *= zc / (1 + cp.exp(-zc))
         K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
-    dHx, dinit = _adjoint_passing(p, lay, K, dfinal)
+    dHx, dinit, dHx16 = _adjoint_passing(p, lay, K, dfinal, rounded=True)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
-    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx, with_diag=False, Xd=p.x, bnd=bnd,
+    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx16, with_diag=False, Xd=p.x, bnd=bnd,
                           cb=cbt)
     # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
     # arrays); dB scaled by dt' there, after its rows' dots with B:
     # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
     xGB = cp.empty((p.batch, p.L, p.H), dtype=cd)
     if p.B.shape[2] % p.C.shape[2] == 0:  # each B group's heads read one C group
-        dB = lay.db_mma(p, dY16, dHx, cbt, xGB)
+        dB = lay.db_mma(p, dY16, dHx16, cbt, xGB)
     else:
-        dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx, groups=p.B.shape[2], dt_out=True,
+        dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx16, groups=p.B.shape[2], dt_out=True,
                         Xr=p.B, rowdot=xGB)
     if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
-        dC = lay.dc_mma(p, dY16, states)
+        dC = lay.dc_mma(p, dY16, entering)
     else:
-        dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, states, groups=p.C.shape[2])
+        dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
@@ -669,13 +680,13 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
     cp = p.xp
     lay = _Layout(p)
-    states = checkpoints
+    states, entering = checkpoints
     batch, L, H, N = p.batch, p.L, p.H, p.N
     cd = p.compute_dtype
     dte = lay.dte
     ends = lay.starts[1:] - 1
     if uses_mma_bwd(p):
-        g = _backward_mma(p, lay, states, dy, dfinal)
+        g = _backward_mma(p, lay, states, entering, dy, dfinal)
         dx, dz, dD, dB, dC = g["dx"], g["dz"], g["dD"], g["dB"], g["dC"]
         xGB, dcum, dHx, dinit = g["xGB"], g["dcum"], g["dHx"], g["dinit"]
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step. H_{c+1} = d_c H_c + S_c,

@@ -26,8 +26,6 @@ REPL = COMMON_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
     ('*reinterpret_cast<ssd_mma_u4*>(dst) = w;', '*emu_al<ssd_mma_u4>(dst) = w;'),
-    ('reinterpret_cast<const ssm_f4*>(p)[0];', 'emu_al<const ssm_f4>(p)[0];'),
-    ('reinterpret_cast<const ssm_f4*>(p)[1];', 'emu_al<const ssm_f4>(p)[1];'),
     ('*reinterpret_cast<ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);', '*emu_al<unsigned>(p) = ssd_mma_pack<T>(v[0], v[1]);'),
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
@@ -131,14 +129,14 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
 
-MM_T = "const T*,const T*,const T*,const float*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
+MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
         "int", "int", "ssm_i64", "int", "int"]
 MM_T2, MM_S2 = ["const float*"], ["int"]  # cbm, classes: after the scalars above
-DC_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const int*,"
+DC_T = ("const T*,const T*,const T*,const T*,const float*,const float*,const int*,"
         "const ssm_i64*,float*").split(",")
 DC_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int", "ssm_i64"]
-DB_T = ("const T*,const T*,const T*,const float*,const T*,const float*,const float*,const int*,"
+DB_T = ("const T*,const T*,const T*,const T*,const T*,const float*,const float*,const int*,"
         "const ssm_i64*,const float*,float*,float*").split(",")
 DB_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int", "ssm_i64", "int"]
 ROWS_T = ("const T*,const T*,const T*,const float*,const float*,const float*,const float*,"

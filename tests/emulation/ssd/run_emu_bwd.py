@@ -36,7 +36,7 @@ def np_chunk_state_adj(args):
             out[b, c] = np.einsum("thp,thn->hpn", Xw, Yh).astype(np.float32)
 
 def np_adjoint_passing(args):
-    K, cum, seq, starts, bslot, dfinal, dHx, dinit, L, H, PN, nc = args
+    K, cum, seq, starts, bslot, dfinal, dHx, dinit, L, H, PN, nc, dHx16, _bf16 = args
     batch = K.shape[0]
     gv = np.zeros((batch,) + K.shape[2:], np.float32)
     have = not NULL(bslot) and not NULL(dfinal)
@@ -45,6 +45,8 @@ def np_adjoint_passing(args):
             if have and bslot[b, c + 1] >= 0:
                 gv[b] += dfinal[bslot[b, c + 1]]
         dHx[:, c] = gv
+        if isinstance(dHx16, np.ndarray):  # rounded to nearest even, as ssm_store
+            dHx16[:, c] = gv.astype(dHx16.dtype)
         t0, E_ = int(starts[c]), int(starts[c + 1]) - 1
         for b in range(batch):
             same = True if NULL(seq) else seq[b, E_] == seq[b, max(t0 - 1, 0)]
