@@ -93,6 +93,55 @@ ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* 
 }
 
 // --------------------------------------------------------------------------------------
+// The backward's last pass over (batch, L, H), in one kernel: sdcum = the suffix sums of
+// dcum inside each chunk (ssd_chunk_cumsum's walk, reverse), then per step
+//   ddt = (xGB + A[h] sdcum) * factor   (factor = d dt' / d dt),
+// and per (b, chunk, h) the partial sums over the chunk's steps of dte * sdcum (dA) and of
+// ddt (d dt_bias), for the host to add up in a fixed order. One thread per (b, chunk, h).
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __restrict__ A,
+           const CT* __restrict__ dte, const CT* __restrict__ factor,
+           const ssm_i64* __restrict__ starts, CT* __restrict__ ddt, CT* __restrict__ part_dA,
+           CT* __restrict__ part_dbias, ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total) {
+    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
+    if (i >= total) return;
+    const int h = (int)(i % H);
+    const ssm_i64 c = (i / H) % nc;
+    const ssm_i64 b = i / ((ssm_i64)H * nc);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 n = t1 - t0;
+    const CT a = A[h];
+    const ssm_i64 first = (b * L + t1 - 1) * H + h, step = -(ssm_i64)H;  // walking backwards
+    CT s = 0, sum_dA = 0, sum_ddt = 0;
+    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
+        CT vd[SSD_CUMSUM_ILP], vx[SSD_CUMSUM_ILP], ve[SSD_CUMSUM_ILP], vf[SSD_CUMSUM_ILP];
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+            const ssm_i64 at = first + (j0 + k) * step;
+            const bool in = j0 + k < n;
+            vd[k] = in ? dcum[at] : CT(0);
+            vx[k] = in ? xGB[at] : CT(0);
+            ve[k] = in ? dte[at] : CT(0);
+            vf[k] = in ? factor[at] : CT(0);
+        }
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+            if (j0 + k < n) {
+                s += vd[k];
+                const CT g = (vx[k] + a * s) * vf[k];
+                ddt[first + (j0 + k) * step] = g;
+                sum_dA += ve[k] * s;
+                sum_ddt += g;
+            }
+        }
+    }
+    part_dA[i] = sum_dA;
+    part_dbias[i] = sum_ddt;
+}
+
+// --------------------------------------------------------------------------------------
 // The layout pass in one kernel: per step, dt' = clip(softplus?(dt + dt_bias)) and its
 // derivative d dt' / d dt (factor, or null), as ssmkit._ssd.effective_dt computes them, and
 // per chunk cum = the inclusive prefix sums of dt' A[h]. Walk and grouped loads of
@@ -270,7 +319,10 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
 // backwards: g += dfinal of the sequence ending at the boundary (bslot >= 0);
 // dHx[c] = g (the adjoint of the state leaving chunk c); g = d_c g + K_c. At the start,
 // g is the adjoint of the initial state. dHx16 (or null) receives dHx rounded to 16 bits
-// (dhx_bf16: bfloat16, else float16), the tensor-core backward's operand.
+// (dhx_bf16: bfloat16, else float16), the tensor-core backward's operand. dot_with (or null):
+// the boundary states (batch, nc + 1, H, P, N); then dot_part[b, c, h, blockIdx.y] receives
+// this block's part of <dHx[c], states[c + dot_shift]>, for the host to add up (the chunk-end
+// term of the backward's chunk-sum cotangent) without a (batch, nc, H, P, N) temporary.
 // Grid: (batch * H, ceil(P*N / 256)). bslot: (batch, nc + 1) int32 or null.
 // --------------------------------------------------------------------------------------
 template <typename CT>
@@ -280,31 +332,51 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                     const int* __restrict__ bslot, const CT* __restrict__ dfinal,
                     CT* __restrict__ dHx, CT* __restrict__ dinit,
                     ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ dHx16,
-                    int dhx_bf16) {
+                    int dhx_bf16, const CT* __restrict__ dot_with, int dot_shift,
+                    CT* __restrict__ dot_part) {
+    __shared__ CT warp_sums[SSD_THREADS / 32];
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
-    if (o >= PN) return;
+    if (o >= PN && !dot_with) return;  // (with dot_with every thread joins the block sums)
+    const bool live = o < PN;
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
     CT g = 0;
     for (ssm_i64 c = nc - 1; c >= 0; --c) {
-        if (bslot && dfinal) {
+        if (bslot && dfinal && live) {
             const int k = bslot[b * (nc + 1) + c + 1];
             if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
         }
         const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
-        dHx[i] = g;
-        if (dHx16) {
-            if (dhx_bf16)
-                ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
-            else
-                ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
+        if (live) {
+            dHx[i] = g;
+            if (dHx16) {
+                if (dhx_bf16)
+                    ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
+                else
+                    ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
+            }
         }
+        if (dot_with) {  // uniform: this block's part of <dHx[c], states[c + dot_shift]>
+            CT v = live ? g * dot_with[((b * (nc + 1) + c + dot_shift) * H + h) * PN + o] : CT(0);
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+            if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                CT t = 0;
+                for (int w = 0; w < SSD_THREADS / 32; ++w) t += warp_sums[w];
+                dot_part[((b * nc + c) * H + h) * gridDim.y + blockIdx.y] = t;
+            }
+            __syncthreads();  // warp_sums is read before the next chunk writes it
+        }
+        if (!live) continue;
         const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
         const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
         const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
         g = d * g + chunk_adj[((b * nc + c) * H + h) * PN + o];
     }
+    if (!live) return;
     if (bslot && dfinal) {
         const int k = bslot[b * (nc + 1)];
         if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];

@@ -138,7 +138,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     T, TB, CT = _CTYPE[io], _CTYPE[bc], _CTYPE[ct]
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
-             f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>"]
+             f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
+             f"ssd_bwd_dt<{CT}>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
     return names
@@ -576,21 +577,27 @@ def _diag_cb(p, cd):
     return cp.ascontiguousarray(cb[:, :, head_pair])
 
 
-def _adjoint_passing(p, lay, K, dfinal, *, rounded=False):
-    """The adjoint leaving every chunk (batch, nc, H, P, N) and the initial state's; with
-    ``rounded``, also the first rounded to the 16-bit input dtype (the tensor-core products'
-    operand): ``(dHx, dinit, dHx16)``."""
+def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0):
+    """The adjoint leaving every chunk, dHx (batch, nc, H, P, N), and the initial state's;
+    with ``rounded``, also dHx rounded to the 16-bit input dtype (the tensor-core products'
+    operand); with ``dot_with`` (the boundary states, (batch, nc + 1, H, P, N)), also
+    <dHx[c], dot_with[c + dot_shift]> (batch, nc, H). Returns ``(dHx, dinit[, dHx16][, dot])``."""
     cp = p.xp
     batch, H, P, N = p.batch, p.H, p.P, p.N
     dHx = cp.empty((batch, lay.nc, H, P, N), dtype=p.compute_dtype)
     dinit = cp.empty((batch, H, P, N), dtype=p.compute_dtype)
     dHx16 = cp.empty(dHx.shape, dtype=p.io_dtype) if rounded else None
     PN = P * N
-    _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, -(-PN // THREADS)),
+    blocks = -(-PN // THREADS)
+    part = (None if dot_with is None
+            else cp.empty((batch, lay.nc, H, blocks), dtype=p.compute_dtype))
+    _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, blocks),
             (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
              np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc), _ptr(dHx16),
-             np.int32(1 if lay.io == "bfloat16" else 0)))
-    return (dHx, dinit, dHx16) if rounded else (dHx, dinit)
+             np.int32(1 if lay.io == "bfloat16" else 0), _ptr(dot_with), np.int32(dot_shift),
+             _ptr(part)))
+    out = (dHx, dinit) + ((dHx16,) if rounded else ())
+    return out + ((part.sum(axis=-1),) if dot_with is not None else ())
 
 
 ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows
@@ -651,7 +658,8 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
             zc = p.z.astype(cd)
             dY *= zc / (1 + cp.exp(-zc))
         K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
-    dHx, dinit, dHx16 = _adjoint_passing(p, lay, K, dfinal, rounded=True)
+    dHx, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
+                                                  dot_with=states)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
@@ -673,7 +681,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
-                bnd=bnd, dHx=dHx, dinit=dinit)
+                bnd=bnd, dHx=dHx, dinit=dinit, end_dot=end_dot)
 
 
 def ssd_backward(p, checkpoints, dy, dfinal):
@@ -698,7 +706,7 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         if p.seq_idx is not None:
             same = p.seq_idx[:, ends] == p.seq_idx[:, cp.maximum(t0 - 1, 0)]
         decay = cp.where(same[..., None], cp.exp(lay.cum[:, ends, :]), 0)
-        dcum[:, ends, :] += (decay * (dHx * states[:, :-1]).sum(axis=(3, 4))
+        dcum[:, ends, :] += (decay * g["end_dot"]  # <dHx_c, H_c>
                              + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
         xc = p.x.astype(cd)
@@ -714,7 +722,9 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         else:
             dY = dyc
         dY = cp.ascontiguousarray(dY, dtype=cd)
-        dHx, dinit = _adjoint_passing(p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal)
+        dHx, dinit, end_dot = _adjoint_passing(
+            p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal, dot_with=states,
+            dot_shift=1)
         GBg, GCg = p.B.shape[2], p.C.shape[2]
         GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
         dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
@@ -726,25 +736,40 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         dB = dBh.reshape(batch, L, GBg, H // GBg, N).sum(axis=3)
         dC = dCh.reshape(batch, L, GCg, H // GCg, N).sum(axis=3)
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
-        dcum[:, ends, :] += (dHx * states[:, 1:]).sum(axis=(3, 4))
+        dcum[:, ends, :] += end_dot
         dD = None
         if p.D is not None:
             dx += p.D[None, None] * dY
             dD = (dY * xc).sum(axis=(0, 1))
         dx = dx.astype(p.io_dtype)
-    sdcum = lay.chunk_sums(p, dcum, reverse=True)
-    ddt = (xGB + p.A[None, None, :] * sdcum) * lay.factor
+    ddt, dA, ddt_sum = _bwd_dt(p, lay, dcum, xGB)
     return dict(
         x=dx,
         dt=ddt,
-        A=(dte * sdcum).sum(axis=(0, 1)),
+        A=dA,
         B=dB,
         C=dC,
         D=dD,
         z=dz,
-        dt_bias=None if p.dt_bias is None else ddt.sum(axis=(0, 1)),
+        dt_bias=None if p.dt_bias is None else ddt_sum,
         initial_state=None if p.initial_state is None else dinit,
     )
+
+
+def _bwd_dt(p, lay, dcum, xGB):
+    """ddt = (xGB + A sdcum) d dt' / d dt, with sdcum the chunk suffix sums of dcum, and the
+    sums over (batch, L) of dte sdcum (dA) and of ddt (d dt_bias): one kernel
+    (ssd_chunk_dt's partial sums per chunk) and two small sums in a fixed order."""
+    cp = p.xp
+    total = p.batch * lay.nc * p.H
+    ddt = cp.empty_like(lay.dte)
+    part = cp.empty((2, p.batch * lay.nc, p.H), dtype=p.compute_dtype)
+    _launch(f"ssd_bwd_dt<{_CTYPE[lay.ct]}>", (-(-total // THREADS),),
+            (cp.ascontiguousarray(dcum), cp.ascontiguousarray(xGB), p.A, lay.dte, lay.factor,
+             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc),
+             np.int64(total)))
+    sums = part.sum(axis=1)
+    return ddt, sums[0], sums[1]
 
 
 def _compile(names):

@@ -67,6 +67,18 @@ def np_passing(args):
             hv[b] = d[:, None, None] * hv[b] + chunk[b, c]
         states[:, c + 1] = hv
 
+def np_bwd_dt(args):
+    """ssd.cu's ssd_bwd_dt: chunk suffix sums of dcum, ddt, per-chunk partial sums."""
+    dcum, xGB, A, dte, factor, starts, ddt, part_dA, part_db, L, H, nc, total = args
+    batch = dcum.shape[0]
+    sd = np.empty_like(dcum)
+    np_cumsum((dcum, sd, starts, L, H, nc, total, 1))
+    ddt[...] = (xGB + A[None, None, :] * sd) * factor
+    for c in range(int(nc)):
+        t0, t1 = int(starts[c]), int(starts[c + 1])
+        part_dA.reshape(batch, int(nc), H)[:, c] = (dte[:, t0:t1] * sd[:, t0:t1]).sum(axis=1)
+        part_db.reshape(batch, int(nc), H)[:, c] = ddt[:, t0:t1].sum(axis=1)
+
 def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
     if name.startswith("ssd_chunk_cumsum"):
         return np_cumsum(args)
@@ -74,6 +86,8 @@ def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREAD
         return np_chunk_dt(args)
     if name.startswith("ssd_state_passing"):
         return np_passing(args)
+    if name.startswith("ssd_bwd_dt"):
+        return np_bwd_dt(args)
     assert source == gssd.MMA_SOURCE_FILE and name in SYM, name
     arrs = [a for a in args if isinstance(a, np.ndarray) or a is gssd._NULL and False]
     bufs, scal = [], []

@@ -36,7 +36,7 @@ def np_chunk_state_adj(args):
             out[b, c] = np.einsum("thp,thn->hpn", Xw, Yh).astype(np.float32)
 
 def np_adjoint_passing(args):
-    K, cum, seq, starts, bslot, dfinal, dHx, dinit, L, H, PN, nc, dHx16, _bf16 = args
+    K, cum, seq, starts, bslot, dfinal, dHx, dinit, L, H, PN, nc, dHx16, _bf16, dot_with, shift, part = args
     batch = K.shape[0]
     gv = np.zeros((batch,) + K.shape[2:], np.float32)
     have = not NULL(bslot) and not NULL(dfinal)
@@ -47,6 +47,9 @@ def np_adjoint_passing(args):
         dHx[:, c] = gv
         if isinstance(dHx16, np.ndarray):  # rounded to nearest even, as ssm_store
             dHx16[:, c] = gv.astype(dHx16.dtype)
+        if isinstance(part, np.ndarray):  # the whole dot in the first block's place
+            part[:, c] = 0
+            part[:, c, :, 0] = (gv * dot_with[:, c + int(shift)]).sum(axis=(2, 3))
         t0, E_ = int(starts[c]), int(starts[c + 1]) - 1
         for b in range(batch):
             same = True if NULL(seq) else seq[b, E_] == seq[b, max(t0 - 1, 0)]

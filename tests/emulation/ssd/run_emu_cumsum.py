@@ -1,5 +1,6 @@
-"""Host check of ssd.cu's ssd_chunk_cumsum (the chunk prefix and suffix sums) and ssd_chunk_dt
-(the layout pass: dt', its derivative, chunk sums of dt' A): the kernel text compiled for the
+"""Host check of ssd.cu's ssd_chunk_cumsum (the chunk prefix and suffix sums), ssd_chunk_dt
+(the layout pass: dt', its derivative, chunk sums of dt' A) and ssd_bwd_dt (the backward's
+ddt and its per-chunk sums): the kernel text compiled for the
 host (g++, AddressSanitizer; ssm_math's softplus and sigmoid as libm expressions of the same
 form), one thread at a time, against NumPy (cumsum; ssmkit._ssd.effective_dt) on chunk
 boundaries from ssmkit's own chunk_starts (regular chunks, sequence ends, length 1, chunks
@@ -20,7 +21,9 @@ src = compiler.kernel_source("ssd.cu")
 m = re.search(r"#define SSD_CUMSUM_ILP.*?\n}\n", src, re.S)
 m2 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
                r"ssd_chunk_dt\(.*?\n}\n", src, re.S)
-assert m and m2, "ssd_chunk_cumsum or ssd_chunk_dt not found"
+m3 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
+               r"ssd_bwd_dt\(.*?\n}\n", src, re.S)
+assert m and m2 and m3, "ssd_chunk_cumsum, ssd_chunk_dt or ssd_bwd_dt not found"
 text = r'''
 #include <cstdint>
 typedef long long ssm_i64;
@@ -35,7 +38,7 @@ template <typename T> struct ssm_math {
     static T softplus(T x) { return x <= T(20) ? std::log1p(std::exp(x)) : x; }
     static T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 };
-''' + m.group(0) + m2.group(0) + r'''
+''' + m.group(0) + m2.group(0) + m3.group(0) + r'''
 extern "C" void run(const float* a, float* out, const ssm_i64* starts, ssm_i64 L, int H,
                     ssm_i64 nc, ssm_i64 total, int reverse, unsigned blocks) {
     for (unsigned bx = 0; bx < blocks; ++bx)
@@ -52,6 +55,18 @@ extern "C" void run_dt(const float* dt, const float* bias, const float* A, const
             blockIdx.x = bx; threadIdx.x = t;
             ssd_chunk_dt<float>(dt, bias, A, starts, dte, factor, cum, L, H, nc, total,
                                 softplus, clip, lo, hi);
+        }
+}
+'''
+text += r'''
+extern "C" void run_bwd_dt(const float* dcum, const float* xGB, const float* A, const float* dte,
+                           const float* factor, const ssm_i64* starts, float* ddt, float* pa,
+                           float* pb, ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total,
+                           unsigned blocks) {
+    for (unsigned bx = 0; bx < blocks; ++bx)
+        for (unsigned t = 0; t < SSD_THREADS; ++t) {
+            blockIdx.x = bx; threadIdx.x = t;
+            ssd_bwd_dt<float>(dcum, xGB, A, dte, factor, starts, ddt, pa, pb, L, H, nc, total);
         }
 }
 '''
@@ -115,5 +130,29 @@ for batch, L, H, Q, ends, softplus, bias, lim in [
     allok &= ok
     print(f"chunk_dt batch {batch} L {L} H {H} chunk {Q} ends {ends} softplus {softplus} "
           f"bias {bias} dt_limit {lim}: {'OK' if ok else 'FAIL'}")
+for batch, L, H, Q, ends in [(2, 37, 3, 8, None), (1, 1, 2, 256, None),
+                             (3, 300, 5, 64, [5, 5, 100, 299]), (1, 530, 7, 256, [3, 260])]:
+    st = chunk_starts(L, Q, ends)
+    nc = len(st) - 1
+    total = batch * nc * H
+    dcum, xGB, dte, fac = (rng.standard_normal((batch, L, H)).astype(np.float32) for _ in range(4))
+    A = -rng.uniform(0.5, 2, H).astype(np.float32)
+    ddt = np.full_like(dcum, np.nan)
+    pa, pb = (np.full((batch, nc, H), np.nan, np.float32) for _ in range(2))
+    ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)
+    lib.run_bwd_dt(ptr(dcum), ptr(xGB), ptr(A), ptr(dte), ptr(fac), ptr(st), ptr(ddt), ptr(pa),
+                   ptr(pb), ctypes.c_longlong(L), ctypes.c_int(H), ctypes.c_longlong(nc),
+                   ctypes.c_longlong(total), ctypes.c_uint(-(-total // 256)))
+    sd = np.empty((batch, L, H))
+    for c in range(nc):
+        seg = dcum[:, st[c]:st[c + 1]].astype(np.float64)
+        sd[:, st[c]:st[c + 1]] = np.cumsum(seg[:, ::-1], 1)[:, ::-1]
+    ddt_ref = (xGB + A * sd) * fac
+    pa_ref = np.stack([(dte * sd)[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1)
+    pb_ref = np.stack([ddt_ref[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1)
+    ok = all(bool(np.allclose(a, r, rtol=1e-4, atol=1e-4))
+             for a, r in ((ddt, ddt_ref), (pa, pa_ref), (pb, pb_ref)))
+    allok &= ok
+    print(f"bwd_dt batch {batch} L {L} H {H} chunk {Q} ends {ends}: {'OK' if ok else 'FAIL'}")
 print("ALL OK" if allok else "SOME FAILED")
 sys.exit(0 if allok else 1)
