@@ -320,9 +320,10 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
 // dHx[c] = g (the adjoint of the state leaving chunk c); g = d_c g + K_c. At the start,
 // g is the adjoint of the initial state. dHx16 (or null) receives dHx rounded to 16 bits
 // (dhx_bf16: bfloat16, else float16), the tensor-core backward's operand. dot_with (or null):
-// the boundary states (batch, nc + 1, H, P, N); then dot_part[b, c, h, blockIdx.y] receives
-// this block's part of <dHx[c], states[c + dot_shift]>, for the host to add up (the chunk-end
-// term of the backward's chunk-sum cotangent) without a (batch, nc, H, P, N) temporary.
+// the boundary states (batch, nc + 1, H, P, N); then dot_part[b, c, h, 8 blockIdx.y + warp]
+// receives this warp's part of <dHx[c], states[c + dot_shift]>, for the host to add up (the
+// chunk-end term of the backward's chunk-sum cotangent) without a (batch, nc, H, P, N)
+// temporary and without block barriers.
 // Grid: (batch * H, ceil(P*N / 256)). bslot: (batch, nc + 1) int32 or null.
 // --------------------------------------------------------------------------------------
 template <typename CT>
@@ -334,9 +335,8 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                     ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ dHx16,
                     int dhx_bf16, const CT* __restrict__ dot_with, int dot_shift,
                     CT* __restrict__ dot_part) {
-    __shared__ CT warp_sums[SSD_THREADS / 32];
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
-    if (o >= PN && !dot_with) return;  // (with dot_with every thread joins the block sums)
+    if (o >= PN && !dot_with) return;  // (with dot_with every thread joins its warp's sums)
     const bool live = o < PN;
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
@@ -357,18 +357,13 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                     ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
             }
         }
-        if (dot_with) {  // uniform: this block's part of <dHx[c], states[c + dot_shift]>
+        if (dot_with) {  // uniform: this warp's part of <dHx[c], states[c + dot_shift]>
             CT v = live ? g * dot_with[((b * (nc + 1) + c + dot_shift) * H + h) * PN + o] : CT(0);
 #pragma unroll
             for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-            if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                CT t = 0;
-                for (int w = 0; w < SSD_THREADS / 32; ++w) t += warp_sums[w];
-                dot_part[((b * nc + c) * H + h) * gridDim.y + blockIdx.y] = t;
-            }
-            __syncthreads();  // warp_sums is read before the next chunk writes it
+            if ((threadIdx.x & 31) == 0)
+                dot_part[((b * nc + c) * H + h) * (gridDim.y * (SSD_THREADS / 32)) +
+                         blockIdx.y * (SSD_THREADS / 32) + (threadIdx.x >> 5)] = v;
         }
         if (!live) continue;
         const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;

@@ -589,8 +589,8 @@ def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shi
     dHx16 = cp.empty(dHx.shape, dtype=p.io_dtype) if rounded else None
     PN = P * N
     blocks = -(-PN // THREADS)
-    part = (None if dot_with is None
-            else cp.empty((batch, lay.nc, H, blocks), dtype=p.compute_dtype))
+    part = (None if dot_with is None  # one partial per warp
+            else cp.empty((batch, lay.nc, H, blocks * (THREADS // 32)), dtype=p.compute_dtype))
     _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, blocks),
             (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
              np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc), _ptr(dHx16),
