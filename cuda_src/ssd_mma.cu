@@ -516,10 +516,12 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     alignas(16) __shared__ unsigned short bs[SSD_MMA_ROWS * LDK];  // B[s][n]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ssm_i64 block = blockIdx.x;  // = ((b * nc + c) * classes + k) * pairs + pair
-    const ssm_i64 e = block / pairs;   // = (b * nc + c) * classes + k
-    const int k = (int)(e % classes);
-    const ssm_i64 bc = e / classes, b = bc / nc, c = bc - b * nc;
-    const int pair = (int)(block - e * pairs);
+    // in 32-bit divisions: every quotient of blockIdx.x fits
+    const unsigned eu = blockIdx.x / (unsigned)pairs;  // = (b * nc + c) * classes + k
+    const int k = (int)(eu % (unsigned)classes);
+    const unsigned bcu = eu / (unsigned)classes, bu = bcu / (unsigned)nc;
+    const ssm_i64 e = eu, b = bu, c = bcu - bu * (unsigned)nc;
+    const int pair = (int)(blockIdx.x - eu * (unsigned)pairs);
     int rt = 0;
     while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
     const int qt = pair - rt * (rt + 1) / 2;
@@ -892,15 +894,19 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const ssm_i64 per_set = nc * tiles_per_chunk;
-    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
-    const ssm_i64 c = ctile / tiles_per_chunk;
-    const int tile = (int)(ctile - c * tiles_per_chunk);
-    const int hs = HSUM ? (int)(set % head_splits) : 0;
-    const ssm_i64 bo = HSUM ? set / head_splits : set;
-    const ssm_i64 b = bo / XO;
-    const int o = (int)(bo - b * XO);
+    // in 32-bit divisions: every quotient of blockIdx.x fits (64-bit ones cost some 70
+    // instructions each)
+    const unsigned per_set = (unsigned)nc * (unsigned)tiles_per_chunk;
+    const unsigned set = blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const unsigned ctile = blockIdx.x - set * per_set;
+    const unsigned cu = ctile / (unsigned)tiles_per_chunk;
+    const ssm_i64 c = cu;
+    const int tile = (int)(ctile - cu * (unsigned)tiles_per_chunk);
+    const int hs = HSUM ? (int)(set % (unsigned)head_splits) : 0;
+    const unsigned bo = HSUM ? set / (unsigned)head_splits : set;
+    const unsigned bu = bo / (unsigned)XO;
+    const ssm_i64 b = bu;
+    const int o = (int)(bo - bu * (unsigned)XO);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
     const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
     if (r0 >= t1) return;
@@ -1159,15 +1165,18 @@ struct ssd_mma_run {
 __device__ __forceinline__ bool ssd_mma_run_at(ssd_mma_run& R, const ssm_i64* starts, int H,
                                                int XO, ssm_i64 nc, int tiles_per_chunk,
                                                int head_splits) {
-    const ssm_i64 per_set = nc * tiles_per_chunk;
-    const ssm_i64 set = (ssm_i64)blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
-    const ssm_i64 ctile = (ssm_i64)blockIdx.x - set * per_set;
-    R.c = ctile / tiles_per_chunk;
-    R.tile = (int)(ctile - R.c * tiles_per_chunk);
-    R.hs = (int)(set % head_splits);
-    const ssm_i64 bo = set / head_splits;
-    R.b = bo / XO;
-    R.o = (int)(bo - R.b * XO);
+    // in 32-bit divisions: every quotient of blockIdx.x fits
+    const unsigned per_set = (unsigned)nc * (unsigned)tiles_per_chunk;
+    const unsigned set = blockIdx.x / per_set;  // = (b * XO + o) * head_splits + hs
+    const unsigned ctile = blockIdx.x - set * per_set;
+    const unsigned cu = ctile / (unsigned)tiles_per_chunk;
+    R.c = cu;
+    R.tile = (int)(ctile - cu * (unsigned)tiles_per_chunk);
+    R.hs = (int)(set % (unsigned)head_splits);
+    const unsigned bo = set / (unsigned)head_splits;
+    const unsigned bu = bo / (unsigned)XO;
+    R.b = bu;
+    R.o = (int)(bo - bu * (unsigned)XO);
     R.t0 = starts[R.c];
     R.t1 = starts[R.c + 1];
     R.r0 = R.t0 + (ssm_i64)R.tile * SSD_MMA_ROWS;
