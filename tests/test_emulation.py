@@ -7,7 +7,9 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   chunk and span edges (the full sweep: ``python3 tests/emulation/causal_conv1d/emu.py mma``);
 * the SSD forward and backward (ssmkit._gpu.ssd's host code, run with NumPy arrays, and its
   tensor-core kernels) on a few cases of ``tests/emulation/ssd/run_emu.py`` and
-  ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts);
+  ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts),
+  and the kernel text of ssd.cu's chunk sums, layout pass and the backward's ddt pass
+  (``run_emu_cumsum.py``, without AddressSanitizer here);
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
   small N, every option) and on its ring list (the shapes the ring forward kernels take),
@@ -46,11 +48,13 @@ def test_tensor_core_convolution_kernels_in_emulation():
 @pytest.mark.parametrize("script, cases", [
     ("run_emu.py", ["0", "8"]),  # bfloat16; packed sequences (cu_seqlens) with initial states
     ("run_emu_bwd.py", ["14", "18"]),  # float16 seq_idx, initial state, D per channel; head runs
+    ("run_emu_cumsum.py", []),  # ssd_chunk_cumsum, ssd_chunk_dt, ssd_bwd_dt (kernel text)
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")
     run = subprocess.run([sys.executable, os.path.join(HERE, "emulation", "ssd", script), *cases],
-                         capture_output=True, text=True, timeout=900)
+                         capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, ASAN="0"))
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
