@@ -520,7 +520,7 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     const unsigned eu = blockIdx.x / (unsigned)pairs;  // = (b * nc + c) * classes + k
     const int k = (int)(eu % (unsigned)classes);
     const unsigned bcu = eu / (unsigned)classes, bu = bcu / (unsigned)nc;
-    const ssm_i64 e = eu, b = bu, c = bcu - bu * (unsigned)nc;
+    const ssm_i64 b = bu, c = bcu - bu * (unsigned)nc;
     const int pair = (int)(blockIdx.x - eu * (unsigned)pairs);
     int rt = 0;
     while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
@@ -1217,7 +1217,6 @@ template <typename T, bool UPPER, int NT>
 __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const float (&gsum)[8][4],
                                                     const unsigned short* vt, bool diagonal_tile,
                                                     int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3;
     unsigned afr[4][4];  // the summed block as A fragments, K = q in steps of 16
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

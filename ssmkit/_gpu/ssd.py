@@ -436,8 +436,9 @@ class _Layout:
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
                dt_out=False, Xr=None, rowdot=None, cb=None):
         """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv
-        and M (a boundary state or adjoint rounded to 16 bits); returns float32 (batch, L, H, V), or with ``groups`` = G the sums over the
-        heads of each of G groups, (batch, L, G, V). ``with_diag=False`` leaves the block's
+        and M (a boundary state or adjoint rounded to 16 bits); returns float32 (batch, L, H,
+        V), or with ``groups`` = G the sums over the heads of each of G groups, (batch, L, G,
+        V). ``with_diag=False`` leaves the block's
         diagonal terms (q = r) out; ``bnd`` (batch, L, H), when given, receives each row's
         boundary term dotted with ``Xd`` (batch, L, H, V); ``rowdot`` (batch, L, H) each row
         dotted with ``Xr`` (batch, L, XR, V) per head; ``dt_out`` scales each head's row t by
@@ -629,7 +630,8 @@ def _rows(p, lay, dy, final, cb, yo, go=None):
 
 def _backward_mma(p, lay, states, entering, dy, dfinal):
     """The backward's products on tensor cores (see the module docstring): returns dx, dz,
-    dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), dHx, dinit.
+    dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), bnd (each step's
+    boundary term dotted with x), dinit and end_dot (<dHx_c, H_c> per chunk).
     ``entering``: the states entering the chunks in the 16-bit input dtype (batch, nc, H, P,
     N), or None to round ``states`` here."""
     cp = p.xp
@@ -658,8 +660,8 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
             zc = p.z.astype(cd)
             dY *= zc / (1 + cp.exp(-zc))
         K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
-    dHx, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
-                                                  dot_with=states)
+    _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
+                                                dot_with=states)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
@@ -681,7 +683,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
-                bnd=bnd, dHx=dHx, dinit=dinit, end_dot=end_dot)
+                bnd=bnd, dinit=dinit, end_dot=end_dot)
 
 
 def ssd_backward(p, checkpoints, dy, dfinal):
@@ -696,7 +698,7 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     if uses_mma_bwd(p):
         g = _backward_mma(p, lay, states, entering, dy, dfinal)
         dx, dz, dD, dB, dC = g["dx"], g["dz"], g["dD"], g["dB"], g["dC"]
-        xGB, dcum, dHx, dinit = g["xGB"], g["dcum"], g["dHx"], g["dinit"]
+        xGB, dcum, dinit = g["xGB"], g["dcum"], g["dinit"]
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step. H_{c+1} = d_c H_c + S_c,
         # and <dHx_c, S_c> is the sum over the chunk of bnd_s, the boundary part of
         # dt'_s x_s . (G B)_s that dcum_s holds: taken from the same values, the two cancel
