@@ -12,6 +12,7 @@
 #include <vector>
 #include <memory>
 #include <atomic>
+#include <deque>
 
 #define __global__
 #define __device__
@@ -68,3 +69,43 @@ template <typename V, typename P> inline V* emu_al(P* p) {
 
 // A prefetch hint: read one byte so AddressSanitizer sees out-of-bounds addresses.
 inline void emu_prefetch(const void* p) { volatile char c = *(const char*)p; (void)c; }
+
+// cp.async and its groups (each family's prelude checks a copy's form, then issues it here):
+// the source bytes are read at issue (so AddressSanitizer checks the source range then), and
+// the destination holds 0xff bytes (a float/double NaN, a 16-bit NaN) until the issuing
+// thread's cp.async.wait_group retires the copy's group, when the bytes land. So a read of a
+// destination before the wait (a missing or too shallow wait, a wait after the barrier
+// instead of before it, a read of the buffer being filled) sees NaN and fails the comparison
+// with the reference, instead of seeing the right bytes by luck as a synchronous copy would.
+struct EmuCpCopy { unsigned char* dst; unsigned char data[16]; int n; };
+thread_local std::vector<EmuCpCopy> emu_cp_open;                // issued, not yet committed
+thread_local std::deque<std::vector<EmuCpCopy>> emu_cp_groups;  // committed, oldest first
+
+// One copy of n <= 16 bytes; zeros when src is null (a source size of 0).
+inline void emu_cp_issue(void* dst, const void* src, int n) {
+    EmuCpCopy c;
+    c.dst = (unsigned char*)dst;
+    c.n = n;
+    if (src) memcpy(c.data, src, n); else memset(c.data, 0, n);
+    memset(dst, 0xff, n);
+    emu_cp_open.push_back(c);
+}
+inline void emu_cp_commit() {
+    emu_cp_groups.push_back(std::move(emu_cp_open));
+    emu_cp_open.clear();
+}
+// cp.async.wait_group pending: every committed group but the newest `pending` lands (copies
+// not yet committed stay in flight).
+inline void emu_cp_wait(int pending) {
+    while ((int)emu_cp_groups.size() > pending) {
+        for (auto& c : emu_cp_groups.front()) memcpy(c.dst, c.data, c.n);
+        emu_cp_groups.pop_front();
+    }
+}
+// A thread must not leave copies in flight when it exits.
+inline void emu_cp_exit_check() {
+    bool busy = !emu_cp_open.empty();
+    for (auto& g : emu_cp_groups) busy = busy || !g.empty();
+    if (busy) emu_fail("cp.async copies still in flight at thread exit");
+    emu_cp_groups.clear();
+}

@@ -32,7 +32,7 @@ REPL = COMMON_REPL + [
     ('asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");',
      'emu_cp_async(dst, src, BYTES, false);'),
     ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
-    ('asm volatile("cp.async.wait_group 0;" : : : "memory");', 'emu_cp_wait_all();'),
+    ('asm volatile("cp.async.wait_group 0;" : : : "memory");', 'emu_cp_wait(0);'),
 ]
 
 FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')

@@ -2,8 +2,6 @@
 #include "emu_common.h"
 #define __shared__ static
 #include <cstdint>
-#include <deque>
-#include <vector>
 
 // One warp's operands of one mma.sync, gathered from its 32 lanes.
 struct EmuMmaX { unsigned a[32][4]; unsigned b[32][2]; const unsigned short* rows[32]; };
@@ -74,36 +72,10 @@ inline void emu_ldsm(unsigned (&r)[4], const unsigned short* p) {
     W.bar->arrive_and_wait();  // every lane has read the row addresses before any reuses them
 }
 
-// cp.async.cg.shared.global [dst], [src], 16, src-size (0 or 16) and its groups: the source is
-// read when the copy is issued, the destination is 0xff bytes (NaN) until a
-// cp.async.wait_group lands the copy's group, so a read before the wait shows in the result.
-struct EmuCpCopy { unsigned char* dst; unsigned char data[16]; };
-thread_local std::vector<EmuCpCopy> emu_cp_open;                // issued, not yet committed
-thread_local std::deque<std::vector<EmuCpCopy>> emu_cp_groups;  // committed, oldest first
+// cp.async.cg.shared.global [dst], [src], 16, src-size (0 or 16): checked and issued as
+// emu_common.h's copies (a source size of 0 writes zeros).
 inline void emu_cp16(void* dst, const void* src, bool live) {
     if (((unsigned long)dst) % 16 || (live && ((unsigned long)src) % 16))
         emu_fail("cp.async: misaligned address");
-    EmuCpCopy c;
-    c.dst = (unsigned char*)dst;
-    if (live) memcpy(c.data, src, 16); else memset(c.data, 0, 16);
-    memset(dst, 0xff, 16);
-    emu_cp_open.push_back(c);
-}
-inline void emu_cp_commit() {
-    emu_cp_groups.push_back(std::move(emu_cp_open));
-    emu_cp_open.clear();
-}
-// cp.async.wait_group n: every committed group but the newest n lands.
-inline void emu_cp_wait(int n) {
-    while ((int)emu_cp_groups.size() > n) {
-        for (auto& c : emu_cp_groups.front()) memcpy(c.dst, c.data, 16);
-        emu_cp_groups.pop_front();
-    }
-}
-// A thread must not leave copies in flight when it exits.
-inline void emu_cp_exit_check() {
-    bool busy = !emu_cp_open.empty();
-    for (auto& g : emu_cp_groups) busy = busy || !g.empty();
-    if (busy) emu_fail("cp.async copies still in flight at thread exit");
-    emu_cp_groups.clear();
+    emu_cp_issue(dst, live ? src : nullptr, 16);
 }
