@@ -123,7 +123,8 @@ def compile_options() -> tuple:
     adds ``--gpu-architecture=sm_90``. ``SSMKIT_FWD_PREFETCH=0`` in the
     environment (read once) adds ``-DSSM_FWD_PREFETCH=0``, which turns off the
     forward's L2 prefetch of the next tile (for A/B timing); ``SSMKIT_CUDA_DEFINES``
-    (space-separated ``NAME=VALUE``) defines macros that tune the kernels at compile time.
+    (space-separated ``NAME=VALUE``) defines macros that tune the kernels at compile time;
+    ``SSMKIT_LINEINFO=1`` adds ``-lineinfo`` (source lines for profilers).
     """
     opts = ("-std=c++17", f"-DSSMKIT_SRC_HASH=0x{source_hash()}")
     if os.environ.get("SSMKIT_FWD_PREFETCH") == "0":
@@ -131,6 +132,9 @@ def compile_options() -> tuple:
         opts += ("-DSSM_FWD_PREFETCH=0",)
     # A/B switches of compile-time tuning macros, e.g. "SU_MIN_BLOCKS_16BIT=2 CC1D_PREFETCH=1".
     opts += tuple(f"-D{d}" for d in os.environ.get("SSMKIT_CUDA_DEFINES", "").split())
+    if os.environ.get("SSMKIT_LINEINFO") == "1":
+        # source lines in the binary, for profilers (benchmarks/ncu_lines.py)
+        opts += ("-lineinfo",)
     return opts
 
 
