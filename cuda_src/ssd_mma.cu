@@ -630,6 +630,9 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     // cum_r, cum_q: the chunk sums times log2(e), so that a decay is one exp2
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+    // col_w[s] = exp2(cum_r[0] - cum_q[s]) dt'_s: a whole tile's column weights (below)
+    __shared__ float col_w[SSD_MMA_ROWS];
+    __shared__ float d_s[PW];  // the head's D (zeros past P, and without D)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -655,6 +658,8 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
         seq_r[tid] = ssd_mma_seq(seq, b * L + r);
     }
+    // D now, so that step 3 does not wait on global loads
+    for (int p = tid; p < PW; p += SSD_MMA_THREADS) d_s[p] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
 
     const ssm_i64 q_end = r0 + nr;  // step 2's steps: t0 .. q_end - 1
     auto steps_from = [&](ssm_i64 q0) {
@@ -711,12 +716,25 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                 ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
                 vec && ((unsigned long long)z & 15) == 0, tid);
         ssd_mma_cp_commit();
+        // A tile wholly before the rows (q0 < r0) without restarts has every entry live, and
+        // its weights exp2(cum_r - cum_q) dt'_q factor as exp2(cum_r - cum_r[0]) col_w[s]:
+        // one exponential per row and per column instead of one per entry. Both exponents
+        // are <= 0 when the chunk sums do not increase (dt' A <= 0); a tile where either
+        // exceeds 64 (a product that could overflow a factor) takes the entrywise weights.
+        const bool whole = !seq && q0 < r0;  // uniform over the block
+        bool far = false;
         if (tid < SSD_MMA_ROWS) {
             const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
             const ssm_i64 i = (b * L + q) * H + h;
-            cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
-            dt_q[tid] = dte[i];
+            const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
+            cum_q[tid] = cq;
+            dt_q[tid] = dq_t;
             seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+            if (whole) {
+                const float e = cum_r[0] - cq;
+                col_w[tid] = ssm_math<float>::decay(e) * dq_t;
+                far = e > 64.0f || cum_r[tid] - cum_r[0] > 64.0f;
+            }
         }
         // This warp's fragments of the block (registers: loaded while the copies land).
         float gacc[8][4];
@@ -725,27 +743,33 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             ssd_mma_cp_wait<1>();  // this pass's tile has landed; the next may be in flight
         else
             ssd_mma_cp_wait<0>();
-        __syncthreads();
-        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A tile of
-        // steps wholly before the rows, without restarts, has every entry live.
+        const bool dense = __syncthreads_or(far) == 0 && whole;
+        // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
         // Every tile but the diagonal one (q0 = r0) is a whole tile of steps before the
         // rows: only the diagonal tile needs s <= r, and only restarts need the labels
         // (rows past nr are not stored; a whole tile has nq = 64).
         const int ra = 16 * warp + g, rb = ra + 8;
         const int dq = (int)(r0 - q0);  // a multiple of 64, >= 0
         const float la = cum_r[ra], lb = cum_r[rb];
-        const bool dense = !seq && dq > 0;  // uniform over the block
+        const float fa = dense ? ssm_math<float>::decay(la - cum_r[0]) : 0.0f;
+        const float fb = dense ? ssm_math<float>::decay(lb - cum_r[0]) : 0.0f;
         unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+            // On the diagonal tile, warp w's rows see steps < 16 (w + 1) only (below).
+            if (q0 == r0 && (j >> 1) > warp) {
+                afr[j >> 1][(j & 1) * 2 + 0] = afr[j >> 1][(j & 1) * 2 + 1] = 0u;
+                continue;
+            }
             float v[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int s = 8 * j + 2 * t + (i & 1);
-                const float w = ssm_math<float>::decay((i >= 2 ? lb : la) - cum_q[s]) * dt_q[s];
                 if (dense) {
-                    v[i] = w * gacc[j][i];
+                    v[i] = (i >= 2 ? fb : fa) * col_w[s] * gacc[j][i];
                 } else {
+                    const float w =
+                        ssm_math<float>::decay((i >= 2 ? lb : la) - cum_q[s]) * dt_q[s];
                     const int r = i >= 2 ? rb : ra;
                     const bool live = s <= r + dq && (!seq || seq_q[s] == seq_r[r]);
                     v[i] = live ? w * gacc[j][i] : 0.0f;
@@ -778,7 +802,6 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     // (one 32-bit store when P is even and out 4-byte aligned). x comes from the last x
     // tile of step 2 (q0 = r0: the rows' own), and z from ms.
     const bool pair32 = (P & 1) == 0 && ((unsigned long long)out & 3) == 0;
-    const float* const Dh = D ? D + (ssm_i64)h * P : nullptr;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = 16 * warp + g + 8 * half;
@@ -797,7 +820,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                     for (int k = 0; k < 2; ++k) {
                         T xv;
                         xv.bits = xr[p + k];  // zero past P
-                        v[k] += (k == 0 || two ? Dh[p + k] : 0.0f) * ssm_load(xv);
+                        v[k] += d_s[p + k] * ssm_load(xv);
                     }
                 }
                 if (z) {
@@ -891,6 +914,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ float dt_r[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+    __shared__ float col_w[SSD_MMA_ROWS];  // a whole tile's column weights (below)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -1022,15 +1046,37 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             } else {
                 ssd_mma_zero(gacc);
             }
+            // A whole tile of steps wholly on the far side of the rows (both tiles full),
+            // without restarts, has every entry live, and its weights factor through the
+            // chunk sum at the later tile's first step (ref): exp2(cum_r - cum_q) is
+            // exp2(cum_r - ref) exp2(ref - cum_q) (lower), both exponents <= 0 when the sums
+            // do not increase; a tile where one exceeds 64 takes the entrywise weights. The
+            // factors, dt' and their products are the same floats in the lower instance and
+            // its transposed upper one (entry (t, s) of the one is entry (s, t) of the other).
+            const bool whole = !seq && (UPPER ? q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS
+                                              : q0 + SSD_MMA_ROWS <= r0 && nr == SSD_MMA_ROWS);
+            bool far = false;
+            int far_any = 0;
             for (int k0 = 0; k0 < (use_cb ? 1 : K); k0 += KW) {
                 __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
                 if (k0 == 0) {
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
                         const ssm_i64 i = (b * L + q) * H + h;
-                        cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
-                        dt_q[tid] = DTW == 1 ? dte[i] : 1.0f;
+                        const float cq = cum[i] * ssm_math<float>::kLog2e;
+                        const float dq_t = DTW == 1 ? dte[i] : 1.0f;
+                        cum_q[tid] = cq;
+                        dt_q[tid] = dq_t;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                        if (whole) {
+                            const float ref =
+                                UPPER ? cum[(b * L + q0) * H + h] * ssm_math<float>::kLog2e
+                                      : cum_r[0];
+                            const float ec = UPPER ? cq - ref : ref - cq;
+                            const float er = UPPER ? ref - cum_r[tid] : cum_r[tid] - ref;
+                            col_w[tid] = ssm_math<float>::decay(ec) * dq_t;
+                            far = ec > 64.0f || er > 64.0f;
+                        }
                     }
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
                         vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
@@ -1042,7 +1088,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         vec, tid);
                 }
                 ssd_mma_cp_land();
-                __syncthreads();
+                far_any = __syncthreads_or(far);
                 if (!use_cb) ssd_mma_slice<T, 8, KW, LDK, !HSUM>(gacc, us, ms, k0, K, warp, lane);
             }
             // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...]. A full
@@ -1052,23 +1098,36 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             // sums, finite): neither needs a test.
             const int ra = 16 * warp + g, rb = ra + 8;
             const int dq = (int)(q0 - r0);  // a multiple of 64
-            const bool dense = !seq && (UPPER ? q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS
-                                              : q0 + SSD_MMA_ROWS <= r0);  // uniform
+            const bool dense = whole && !far_any;  // uniform
+            float fa = 0.0f, fb = 0.0f;            // the rows' factors (dense)
+            if (dense) {
+                const float ref = UPPER ? cum_q[0] : cum_r[0];
+                fa = ssm_math<float>::decay(UPPER ? ref - cum_r[ra] : cum_r[ra] - ref) *
+                     (DTW == 2 ? dt_r[ra] : 1.0f);
+                fb = ssm_math<float>::decay(UPPER ? ref - cum_r[rb] : cum_r[rb] - ref) *
+                     (DTW == 2 ? dt_r[rb] : 1.0f);
+            }
             unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
+                // On the diagonal tile, warp w needs steps >= 16 w (upper) or < 16 (w + 1)
+                // (lower) only (below).
+                if (q0 == r0 && (UPPER ? (j >> 1) < warp : (j >> 1) > warp)) {
+                    afr[j >> 1][(j & 1) * 2 + 0] = afr[j >> 1][(j & 1) * 2 + 1] = 0u;
+                    continue;
+                }
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int s = 8 * j + 2 * t + (i & 1);
                     const int r = i >= 2 ? rb : ra;
-                    // The same operations, in the same order, as the transposed instance's.
-                    const float w =
-                        ssm_math<float>::decay(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
-                        (DTW == 2 ? dt_r[r] : dt_q[s]);
                     if (dense) {
-                        v[i] = w * gacc[j][i];
+                        v[i] = ((i >= 2 ? fb : fa) * col_w[s]) * gacc[j][i];
                     } else {
+                        // The same operations, in the same order, as the transposed instance's.
+                        const float w =
+                            ssm_math<float>::decay(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
+                            (DTW == 2 ? dt_r[r] : dt_q[s]);
                         const bool live = (UPPER ? s + dq >= r + off : s + dq + off <= r) &&
                                           (!seq || seq_q[s] == seq_r[r]);
                         v[i] = live ? w * gacc[j][i] : 0.0f;

@@ -33,6 +33,17 @@ EmuWarp* emu_warps = nullptr;
 
 [[noreturn]] inline void emu_fail(const char* what) { fprintf(stderr, "EMU FAILURE: %s (block %u thread %u)\n", what, blockIdx.x, threadIdx.x); fflush(stderr); abort(); }
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+std::atomic<int> emu_or_flag{0};
+// A barrier that also returns whether any thread's predicate was non-zero.
+inline int __syncthreads_or(int p) {
+    emu_block_barrier->arrive_and_wait();  // the previous call's reads are done
+    if (p) emu_or_flag.store(1);
+    emu_block_barrier->arrive_and_wait();  // every vote is in
+    const int r = emu_or_flag.load();
+    emu_block_barrier->arrive_and_wait();  // every thread has read it
+    if (threadIdx.x == 0) emu_or_flag.store(0);
+    return r;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / 32].bar->arrive_and_wait(); }
 [[noreturn]] inline void __trap() { emu_fail("__trap"); }
 
