@@ -219,6 +219,12 @@ __device__ __forceinline__ bool ssd_mma_vec(int P, int N, const void* a, const v
     return ((P | N) & 7) == 0 && (bits & 15) == 0;
 }
 
+// The group of head h when H heads form X groups of H / X consecutive heads: without an
+// integer division (some 20 instructions) in the common cases X = H and X = 1.
+__device__ __forceinline__ int ssd_mma_group(int h, int H, int X) {
+    return X == H ? h : X == 1 ? 0 : h / (H / X);
+}
+
 // Accumulators (NT D tiles of 16 x 8 per warp) set to zero.
 template <int NT>
 __device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
@@ -421,7 +427,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     const int p0 = (blockIdx.z % p_tiles) * 64, n0 = (blockIdx.z / p_tiles) * NW;
     const ssm_i64 b = blockIdx.x / (unsigned)nc, c = e - b * nc;  // 32-bit quotient
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
-    const int gB = h / (H / G);
+    const int gB = ssd_mma_group(h, H, G);
     const float cum_E = cum[(b * L + E) * H + h];
     const int seq_ref = ADJ ? ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0))
                             : ssd_mma_seq(seq, b * L + E);
@@ -647,9 +653,9 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
     if (r0 >= t1) return;
     const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
-    const int gc = h / (H / GC);
+    const int gc = ssd_mma_group(h, H, GC);
     const int pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
-    const ssm_i64 cb_blocks = ((b * nc + c) * classes + h / (H / classes)) * pairs +
+    const ssm_i64 cb_blocks = ((b * nc + c) * classes + ssd_mma_group(h, H, classes)) * pairs +
                               tile * (tile + 1) / 2;  // + the column tile
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, Cm, Cm, X, states);
@@ -705,6 +711,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS, ++it) {
         const int nq = steps_from(q0);
         unsigned short* const xcur = DOUBLE && (it & 1) ? cs : xt;
+        // This warp's fragments of the block, first: their round trip (L2) overlaps the
+        // barrier, the staging and the chunk sums' loads.
+        float gacc[8][4];
+        ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane);
         __syncthreads();  // the previous pass's reads (x buffers, cum_q, dt_q, seq_q) are done
         if (DOUBLE) {  // the next pass's tile into the other buffer
             if (q0 + SSD_MMA_ROWS < q_end) stage_x(it & 1 ? xt : cs, q0 + SSD_MMA_ROWS);
@@ -736,9 +746,6 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                 far = e > 64.0f || cum_r[tid] - cum_r[0] > 64.0f;
             }
         }
-        // This warp's fragments of the block (registers: loaded while the copies land).
-        float gacc[8][4];
-        ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane);
         if (DOUBLE)
             ssd_mma_cp_wait<1>();  // this pass's tile has landed; the next may be in flight
         else
@@ -751,32 +758,35 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         const int ra = 16 * warp + g, rb = ra + 8;
         const int dq = (int)(r0 - q0);  // a multiple of 64, >= 0
         const float la = cum_r[ra], lb = cum_r[rb];
-        const float fa = dense ? ssm_math<float>::decay(la - cum_r[0]) : 0.0f;
-        const float fb = dense ? ssm_math<float>::decay(lb - cum_r[0]) : 0.0f;
         unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+        if (dense) {
+            const float fa = ssm_math<float>::decay(la - cum_r[0]);
+            const float fb = ssm_math<float>::decay(lb - cum_r[0]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            // On the diagonal tile, warp w's rows see steps < 16 (w + 1) only (below).
-            if (q0 == r0 && (j >> 1) > warp) {
-                afr[j >> 1][(j & 1) * 2 + 0] = afr[j >> 1][(j & 1) * 2 + 1] = 0u;
-                continue;
+            for (int j = 0; j < 8; ++j) {
+                const int s = 8 * j + 2 * t;
+                const float w0 = col_w[s], w1 = col_w[s + 1];
+                afr[j >> 1][(j & 1) * 2 + 0] =
+                    ssd_mma_pack<T>(fa * w0 * gacc[j][0], fa * w1 * gacc[j][1]);
+                afr[j >> 1][(j & 1) * 2 + 1] =
+                    ssd_mma_pack<T>(fb * w0 * gacc[j][2], fb * w1 * gacc[j][3]);
             }
-            float v[4];
+        } else {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int s = 8 * j + 2 * t + (i & 1);
-                if (dense) {
-                    v[i] = (i >= 2 ? fb : fa) * col_w[s] * gacc[j][i];
-                } else {
+            for (int j = 0; j < 8; ++j) {
+                float v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int s = 8 * j + 2 * t + (i & 1);
                     const float w =
                         ssm_math<float>::decay((i >= 2 ? lb : la) - cum_q[s]) * dt_q[s];
                     const int r = i >= 2 ? rb : ra;
                     const bool live = s <= r + dq && (!seq || seq_q[s] == seq_r[r]);
                     v[i] = live ? w * gacc[j][i] : 0.0f;
                 }
+                afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
+                afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
             }
-            afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
-            afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
         }
         // afr[ks] = {tile 2ks rows g, tile 2ks rows g+8, tile 2ks+1 rows g, rows g+8} is
         // the A fragment a0..a3 of K = s in 16 ks .. 16 ks + 15.
@@ -914,7 +924,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ float dt_r[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
-    __shared__ float col_w[SSD_MMA_ROWS];  // a whole tile's column weights (below)
+    __shared__ float col_w[SSD_MMA_ROWS], row_f[SSD_MMA_ROWS];  // a whole tile's factors (below)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -958,7 +968,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     // One head's products, stored (the first head of a run) or added. Called once without
     // HSUM: a loop around the body there would cost ptxas registers (spills at 128).
     auto head = [&](const int h) {
-        const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+        const int hu = ssd_mma_group(h, H, XU), hw = ssd_mma_group(h, H, XW),
+                  hv = ssd_mma_group(h, H, XV);
         const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
         __syncthreads();  // the previous head's reads of cum_r, dt_r, seq_r are done
         if (tid < SSD_MMA_ROWS) {
@@ -1040,7 +1051,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
                 const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
                 const ssm_i64 blk =
-                    ((b * nc + c) * classes + h / (H / classes)) * cb_pairs +
+                    ((b * nc + c) * classes + ssd_mma_group(h, H, classes)) * cb_pairs +
                     (UPPER ? qt * (qt + 1) / 2 + tile : tile * (tile + 1) / 2 + qt);
                 ssd_mma_cb_load(gacc, cbm, blk, warp, lane);
             } else {
@@ -1075,6 +1086,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                             const float ec = UPPER ? cq - ref : ref - cq;
                             const float er = UPPER ? ref - cum_r[tid] : cum_r[tid] - ref;
                             col_w[tid] = ssm_math<float>::decay(ec) * dq_t;
+                            row_f[tid] = ssm_math<float>::decay(er) * (DTW == 2 ? dt_r[tid] : 1.0f);
                             far = ec > 64.0f || er > 64.0f;
                         }
                     }
@@ -1098,32 +1110,26 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             // sums, finite): neither needs a test.
             const int ra = 16 * warp + g, rb = ra + 8;
             const int dq = (int)(q0 - r0);  // a multiple of 64
-            const bool dense = whole && !far_any;  // uniform
-            float fa = 0.0f, fb = 0.0f;            // the rows' factors (dense)
-            if (dense) {
-                const float ref = UPPER ? cum_q[0] : cum_r[0];
-                fa = ssm_math<float>::decay(UPPER ? ref - cum_r[ra] : cum_r[ra] - ref) *
-                     (DTW == 2 ? dt_r[ra] : 1.0f);
-                fb = ssm_math<float>::decay(UPPER ? ref - cum_r[rb] : cum_r[rb] - ref) *
-                     (DTW == 2 ? dt_r[rb] : 1.0f);
-            }
             unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
+            if (whole && !far_any) {  // uniform
+                const float fa = row_f[ra], fb = row_f[rb];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                // On the diagonal tile, warp w needs steps >= 16 w (upper) or < 16 (w + 1)
-                // (lower) only (below).
-                if (q0 == r0 && (UPPER ? (j >> 1) < warp : (j >> 1) > warp)) {
-                    afr[j >> 1][(j & 1) * 2 + 0] = afr[j >> 1][(j & 1) * 2 + 1] = 0u;
-                    continue;
+                for (int j = 0; j < 8; ++j) {
+                    const int s = 8 * j + 2 * t;
+                    const float w0 = col_w[s], w1 = col_w[s + 1];
+                    afr[j >> 1][(j & 1) * 2 + 0] =
+                        ssd_mma_pack<T>((fa * w0) * gacc[j][0], (fa * w1) * gacc[j][1]);
+                    afr[j >> 1][(j & 1) * 2 + 1] =
+                        ssd_mma_pack<T>((fb * w0) * gacc[j][2], (fb * w1) * gacc[j][3]);
                 }
-                float v[4];
+            } else {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int s = 8 * j + 2 * t + (i & 1);
-                    const int r = i >= 2 ? rb : ra;
-                    if (dense) {
-                        v[i] = ((i >= 2 ? fb : fa) * col_w[s]) * gacc[j][i];
-                    } else {
+                for (int j = 0; j < 8; ++j) {
+                    float v[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int s = 8 * j + 2 * t + (i & 1);
+                        const int r = i >= 2 ? rb : ra;
                         // The same operations, in the same order, as the transposed instance's.
                         const float w =
                             ssm_math<float>::decay(UPPER ? cum_q[s] - cum_r[r] : cum_r[r] - cum_q[s]) *
@@ -1132,9 +1138,9 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                                           (!seq || seq_q[s] == seq_r[r]);
                         v[i] = live ? w * gacc[j][i] : 0.0f;
                     }
+                    afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
+                    afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
                 }
-                afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v[0], v[1]);
-                afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
             }
             const ssd_mma_saddr v_lane = ssd_mma_lane_a<LDV, !HSUM>(vt, lane);
 #pragma unroll
@@ -1157,7 +1163,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         {
             const int ra = 16 * warp + g, rb = ra + 8;
             if (DTW == 0 && rowdot) {  // uniform: rowdot[b, r, h] = sum_v out_r[v] Xr_r[v]
-                const int hr = h / (H / XR);
+                const int hr = ssd_mma_group(h, H, XR);
                 const ssm_i64 xa = ((b * L + r0 + ra) * XR + hr) * V;
                 const ssm_i64 xb = ((b * L + r0 + rb) * XR + hr) * V;
                 float da = 0.0f, db = 0.0f;
@@ -1356,7 +1362,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     if (!ssd_mma_run_at(R, starts, H, XO, nc, tiles_per_chunk, head_splits)) return;
     const ssm_i64 b = R.b, t0 = R.t0, r0 = R.r0;
     const int nr = R.nr;
-    const int gb = R.h_begin / (H / GB);  // the same for the whole run (checked by the host)
+    const int gb = ssd_mma_group(R.h_begin, H, GB);  // the same for the whole run (checked by the host)
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
@@ -1495,8 +1501,8 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     if (!ssd_mma_run_at(R, starts, H, XO, nc, tiles_per_chunk, head_splits)) return;
     const ssm_i64 b = R.b, c = R.c, t0 = R.t0, t1 = R.t1, E = t1 - 1, r0 = R.r0;
     const int nr = R.nr, o = R.o;
-    const int gc = R.h_begin / (H / GC);  // the same for the whole run (checked by the host)
-    const int cls = R.h_begin / (H / classes);
+    const int gc = ssd_mma_group(R.h_begin, H, GC);  // the same for the whole run (checked by the host)
+    const int cls = ssd_mma_group(R.h_begin, H, classes);
     const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const int seq_end = ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
