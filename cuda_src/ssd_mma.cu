@@ -998,6 +998,10 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                                                            vec, tid);
             else
                 ssd_mma_stage_async<T, VW, KW, LDK, false>(ms, M + k0, K, V, K - k0, vec, tid);
+            if (DTW == 2 && bnd && k0 == 0)  // the rows of Xd for bnd, into vt (free until step 2)
+                ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                    vt, Xd + ((b * L + r0) * H + h) * V, (ssm_i64)H * V, nr, V,
+                    vec && ((unsigned long long)Xd & 15) == 0, tid);
             ssd_mma_cp_land();
             __syncthreads();
             ssd_mma_slice<T, NT, KW, LDK, !HSUM, MT, LDM>(acc, us, ms, k0, K, warp, lane);
@@ -1016,18 +1020,18 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 acc[j][3] *= sb;
             }
             if (DTW == 2 && bnd) {  // uniform: bnd[r] = row r's boundary term dotted with Xd_r
-                const ssm_i64 xa = ((b * L + r0 + ra) * H + h) * V;
-                const ssm_i64 xb = ((b * L + r0 + rb) * H + h) * V;
+                // (Xd's rows staged in vt: zeros past nr and V)
                 float da = 0.0f, db = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
                         const int v = 8 * j + 2 * t + i;
-                        if (v < V) {
-                            if (ra < nr) da += acc[j][i] * ssm_load(Xd[xa + v]);
-                            if (rb < nr) db += acc[j][2 + i] * ssm_load(Xd[xb + v]);
-                        }
+                        T xa, xb;
+                        xa.bits = vt[ra * LDV + v];
+                        xb.bits = vt[rb * LDV + v];
+                        da += acc[j][i] * ssm_load(xa);
+                        db += acc[j][2 + i] * ssm_load(xb);
                     }
                 // the 4 lanes t of a row hold its columns: sum them
                 da += __shfl_xor_sync(0xffffffffu, da, 1);
