@@ -349,7 +349,7 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
         }
         const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
         if (live) {
-            dHx[i] = g;
+            if (dHx) dHx[i] = g;  // (null: only the 16-bit copy is wanted)
             if (dHx16) {
                 if (dhx_bf16)
                     ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);

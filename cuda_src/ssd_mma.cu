@@ -840,7 +840,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                         T zt;
                         zt.bits = (unsigned short)(k ? zw >> 16 : zw & 0xffffu);
                         const float zv = ssm_load(zt);
-                        v[k] *= zv * ssm_math<float>::sigmoid(zv);
+                        v[k] *= zv * ssm_math<float>::sigmoid_fast(zv);
                     }
                 }
                 ssd_mma_set2(orow + p, pair32, two, v);
@@ -1261,22 +1261,41 @@ __device__ __forceinline__ bool ssd_mma_run_at(ssd_mma_run& R, const ssm_i64* st
 // acc += A Bt^T over K = P in slices: A the block's nr rows of a (row stride lda) staged
 // into us, Bt staged into bs by stage_b(k0) (its slice k0 ..); before_first() runs with the
 // first slice's staging (after the barrier that ends the previous reads).
+// Returns whether any thread's `vote` (which before_first may set) was true.
 template <typename T, int NT, bool BT = false, typename StageB, typename First>
-__device__ __forceinline__ void ssd_mma_run_product(float (&acc)[NT][4], unsigned short* us,
-                                                    const unsigned short* bs, const T* a,
-                                                    ssm_i64 lda, int nr, int P, bool vec,
-                                                    StageB stage_b, First before_first,
-                                                    int tid, int warp, int lane) {
+__device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned short* us,
+                                                   const unsigned short* bs, const T* a,
+                                                   ssm_i64 lda, int nr, int P, bool vec,
+                                                   StageB stage_b, First before_first,
+                                                   int tid, int warp, int lane,
+                                                   const bool& vote = false) {
     constexpr int KW = SSD_MMA_SUM_KW, LDK = KW + 8;
+    int any = 0;
     for (int k0 = 0; k0 < P; k0 += KW) {
         __syncthreads();  // the previous reads of us, bs and the row arrays are done
         if (k0 == 0) before_first();
         ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(us, a + k0, lda, nr, P - k0, vec, tid);
         stage_b(k0);
         ssd_mma_cp_land();
-        __syncthreads();
+        any = __syncthreads_or(vote);
         ssd_mma_slice<T, NT, KW, LDK, false, BT, SSD_MMA_SUM_LDV>(acc, us, bs, k0, P, warp, lane);
     }
+    return any;
+}
+
+// The factored weights of a whole tile (see ssd_mma_chunk_mm), for thread tid < 64 of a
+// head-summing product: col_w[tid] = exp2(ec) dt (column tid), row_f[tid] = exp2(er) (row
+// tid), ec and er taken from the chunk sums (times log2 e) of step tid of the column tile
+// (cq) and of the row tile (cr) and ref, the chunk sum at the later tile's first step.
+// Returns whether either exponent exceeds 64 (the tile then takes entrywise weights).
+template <bool UPPER>
+__device__ __forceinline__ bool ssd_mma_tile_factors(float* col_w, float* row_f, int tid,
+                                                     float cq, float cr, float ref, float dt) {
+    const float ec = UPPER ? cq - ref : ref - cq;
+    const float er = UPPER ? ref - cr : cr - ref;
+    col_w[tid] = ssm_math<float>::decay(ec) * dt;
+    row_f[tid] = ssm_math<float>::decay(er);
+    return ec > 64.0f || er > 64.0f;
 }
 
 // acc += round_T(gsum) Vt, the summed masked block (rows r, K = q) times the tile's Vv rows
@@ -1359,6 +1378,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     // the chunk sums times log2(e), one exp2 per decay
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+    __shared__ float col_w[SSD_MMA_ROWS], row_f[SSD_MMA_ROWS];  // a whole tile's factors
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = lane & 3;
@@ -1413,10 +1433,13 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
         float gsum[8][4];
         ssd_mma_zero(gsum);
+        // a whole tile before the rows without restarts: factored weights (ssd_mma_chunk_mm)
+        const bool whole = !seq && q0 + SSD_MMA_ROWS <= r0;
         for (int h = R.h_begin; h < R.h_end; ++h) {
             float gacc[8][4];
             ssd_mma_zero(gacc);
-            ssd_mma_run_product<T>(
+            bool far = false;
+            const int any_far = ssd_mma_run_product<T>(
                 gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
@@ -1428,12 +1451,33 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
                         const ssm_i64 i = (b * L + q) * H + h;
-                        cum_q[tid] = cum[i] * ssm_math<float>::kLog2e;
-                        dt_q[tid] = dte[i];
+                        const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
+                        cum_q[tid] = cq;
+                        dt_q[tid] = dq_t;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                        if (whole) {
+                            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+                            far = ssd_mma_tile_factors<false>(
+                                col_w, row_f, tid, cq,
+                                cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
+                                cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
+                        }
                     }
                 },
-                tid, warp, lane);
+                tid, warp, lane, far);
+            if (whole && !any_far) {  // uniform
+                const float fa = row_f[ra], fb = row_f[rb];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int sq = 8 * j + 2 * t;
+                    const float w0 = col_w[sq], w1 = col_w[sq + 1];
+                    gsum[j][0] += (fa * w0) * gacc[j][0];
+                    gsum[j][1] += (fa * w1) * gacc[j][1];
+                    gsum[j][2] += (fb * w0) * gacc[j][2];
+                    gsum[j][3] += (fb * w1) * gacc[j][3];
+                }
+                continue;
+            }
             // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
             // past nr and steps past nq need no test there either)
             const int dq = (int)(q0 - r0);

@@ -578,22 +578,25 @@ def _diag_cb(p, cd):
     return cp.ascontiguousarray(cb[:, :, head_pair])
 
 
-def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0):
+def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0,
+                     full=True):
     """The adjoint leaving every chunk, dHx (batch, nc, H, P, N), and the initial state's;
     with ``rounded``, also dHx rounded to the 16-bit input dtype (the tensor-core products'
     operand); with ``dot_with`` (the boundary states, (batch, nc + 1, H, P, N)), also
-    <dHx[c], dot_with[c + dot_shift]> (batch, nc, H). Returns ``(dHx, dinit[, dHx16][, dot])``."""
+    <dHx[c], dot_with[c + dot_shift]> (batch, nc, H). Returns ``(dHx, dinit[, dHx16][, dot])``;
+    ``full=False`` (with ``rounded``) does not write dHx itself (None in its place)."""
     cp = p.xp
     batch, H, P, N = p.batch, p.H, p.P, p.N
-    dHx = cp.empty((batch, lay.nc, H, P, N), dtype=p.compute_dtype)
+    shape = (batch, lay.nc, H, P, N)
+    dHx = cp.empty(shape, dtype=p.compute_dtype) if full or not rounded else None
     dinit = cp.empty((batch, H, P, N), dtype=p.compute_dtype)
-    dHx16 = cp.empty(dHx.shape, dtype=p.io_dtype) if rounded else None
+    dHx16 = cp.empty(shape, dtype=p.io_dtype) if rounded else None
     PN = P * N
     blocks = -(-PN // THREADS)
     part = (None if dot_with is None  # one partial per warp
             else cp.empty((batch, lay.nc, H, blocks * (THREADS // 32)), dtype=p.compute_dtype))
     _launch(f"ssd_adjoint_passing<{_CTYPE[lay.ct]}>", (batch * H, blocks),
-            (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), dHx, dinit,
+            (K, lay.cum, _ptr(p.seq_idx), lay.starts, lay.bslot, _ptr(dfinal), _ptr(dHx), dinit,
              np.int64(p.L), np.int32(H), np.int64(PN), np.int64(lay.nc), _ptr(dHx16),
              np.int32(1 if lay.io == "bfloat16" else 0), _ptr(dot_with), np.int32(dot_shift),
              _ptr(part)))
@@ -661,7 +664,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
             dY *= zc / (1 + cp.exp(-zc))
         K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
     _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
-                                                dot_with=states)
+                                                dot_with=states, full=False)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)

@@ -44,7 +44,8 @@ def np_adjoint_passing(args):
         for b in range(batch):
             if have and bslot[b, c + 1] >= 0:
                 gv[b] += dfinal[bslot[b, c + 1]]
-        dHx[:, c] = gv
+        if isinstance(dHx, np.ndarray):  # (null: only the 16-bit copy wanted)
+            dHx[:, c] = gv
         if isinstance(dHx16, np.ndarray):  # rounded to nearest even, as ssm_store
             dHx16[:, c] = gv.astype(dHx16.dtype)
         if isinstance(part, np.ndarray):  # the whole dot in the first block's place
