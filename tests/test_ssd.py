@@ -88,12 +88,15 @@ def reference_spread(exact, opts, dy, dfin, g0, dtype_name, trials=3):
     """
     u = UNIT_ROUNDOFF[dtype_name]
     prng = np.random.default_rng(12345)
-    spread = {name: 0.0 for name in FIELDS}
+    spread = {name: 0.0 for name in FIELDS + ("y", "final")}
+    y0, fin0 = ref.ssd(**exact, **opts, return_final_state=True)
     for _ in range(trials):
         moved = dict(exact)
         for name in ("x", "B", "C"):
             moved[name] = exact[name] * (1 + u * prng.choice([-1.0, 1.0], np.shape(exact[name])))
-        _, pullback = ref.ssd_vjp(**moved, **opts, return_final_state=True)
+        (y, fin), pullback = ref.ssd_vjp(**moved, **opts, return_final_state=True)
+        spread["y"] = max(spread["y"], rel_err(y, y0))
+        spread["final"] = max(spread["final"], rel_err(fin, fin0))
         g = pullback(dy, dfin)
         for name in FIELDS:
             r0, r = getattr(g0, name), getattr(g, name)
@@ -122,9 +125,6 @@ def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=Non
     (y_r, fin_r), pullback_r = ref.ssd_vjp(**exact, **opts, return_final_state=True)
     assert y.dtype == arrays["x"].dtype
     assert np.array_equal(to_numpy(y_plain).astype(np.float64), to_numpy(y).astype(np.float64))
-    ftol = FORWARD_RTOL[dtype_name] * 4  # the softplus/clip chain adds a few roundings
-    assert rel_err(y, y_r) < ftol
-    assert rel_err(fin, fin_r) < ftol
     dy = rng.standard_normal(y_r.shape)
     dfin = rng.standard_normal(fin_r.shape)
     dy_c = as_dtype(dy, dtype_name).astype(np.float64)
@@ -138,6 +138,12 @@ def check_against_reference(backend, dtype_name, inputs, opts, rng, bc_dtype=Non
     # far below the fixed bound, which then decides.
     spread = (reference_spread(exact, opts, dy_c, dfin_r, g_r, dtype_name)
               if dtype_name in UNIT_ROUNDOFF else {})
+    # The outputs likewise: a final state that is a sum cancelling many-fold (bfloat16, 17
+    # steps of chunk 1, final state -0.0035 from terms of order 0.1) moves by more than the
+    # fixed bound under one rounding of the inputs.
+    ftol = FORWARD_RTOL[dtype_name] * 4  # the softplus/clip chain adds a few roundings
+    assert rel_err(y, y_r) < max(ftol, 2 * spread.get("y", 0.0))
+    assert rel_err(fin, fin_r) < max(ftol, 2 * spread.get("final", 0.0))
     for name in FIELDS:
         a, r = getattr(g, name), getattr(g_r, name)
         if r is None:
@@ -574,6 +580,11 @@ def test_tensor_core_cu_seqlens_matches_reference(monkeypatch, cu):
 @example(problem=(dict(batch=1, L=7, H=1, P=4, G=1, N=1, D_form=None, with_z=False,
                        with_bias=False, with_init=True, seq_cuts=[1, 2, 5]),
                   dict(chunk_size=2, dt_softplus=False), 57069607))
+# a final state that cancels many-fold: 0.115 from the reference against the fixed bound 0.1;
+# the reference itself moves 30% under one rounding of x, B, C (seen on the GPU)
+@example(problem=(dict(batch=1, L=17, H=1, P=1, G=1, N=1, D_form=None, with_z=False,
+                       with_bias=False, with_init=True, seq_cuts=None),
+                  dict(chunk_size=1, dt_softplus=False), 78030))
 def test_tensor_core_small_problems_match_reference(dtype_name, problem):
     """Small problems on the tensor-core forward and backward (both the default for 16-bit
     inputs; set here against the environment)."""
