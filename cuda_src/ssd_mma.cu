@@ -1724,7 +1724,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
 #define SSD_MMA_ROW_VALUES 4  // values per lane: P <= 128
 
 template <typename T, bool FINAL>
-__global__ void __launch_bounds__(SSD_MMA_THREADS)
+__global__ void __launch_bounds__(SSD_MMA_THREADS, 6)
 ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __restrict__ X,
                  const float* __restrict__ yo, const float* __restrict__ go,
                  const float* __restrict__ D, const float* __restrict__ dte,
@@ -1743,21 +1743,48 @@ ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __r
         Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
         dd[k] = 0.0f;
     }
-    for (ssm_i64 s = s0 + warp; s < s1; s += SSD_MMA_THREADS / 32) {
+    // Two rows per pass, every load of both issued before either is used (a row's loads
+    // alone leave too few bytes in flight per warp).
+    constexpr int RPP = 2, WARPS = SSD_MMA_THREADS / 32;
+    for (ssm_i64 s_pass = s0 + warp; s_pass < s1; s_pass += RPP * WARPS) {
+        float xs[RPP][SSD_MMA_ROW_VALUES], dys[RPP][SSD_MMA_ROW_VALUES];
+        float yos[RPP][SSD_MMA_ROW_VALUES], gos[RPP][SSD_MMA_ROW_VALUES];
+        float zs[RPP][SSD_MMA_ROW_VALUES], es[RPP];
+#pragma unroll
+        for (int u = 0; u < RPP; ++u) {
+            const ssm_i64 s = s_pass + u * WARPS;
+            const bool row_live = s < s1;
+            const ssm_i64 row = (row_live ? s : s0) * H + h, base = row * P;
+            es[u] = row_live ? dte[row] * cb[row] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) {
+                const int p = lane + 32 * k;
+                const bool live = row_live && p < P;
+                const ssm_i64 i = base + p;
+                xs[u][k] = live ? ssm_load(X[i]) : 0.0f;
+                dys[u][k] = live ? ssm_load(dy[i]) : 0.0f;
+                yos[u][k] = live && (FINAL || z) ? yo[i] : 0.0f;
+                gos[u][k] = live && FINAL ? go[i] : 0.0f;
+                zs[u][k] = live && z ? ssm_load(z[i]) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RPP; ++u) {
+        const ssm_i64 s = s_pass + u * WARPS;
+        if (s >= s1) break;  // uniform over the warp
         const ssm_i64 row = s * H + h, base = row * P;
-        const float e = dte[row] * cb[row];
+        const float e = es[u];
         float sum_y = 0.0f, sum_x = 0.0f;
 #pragma unroll
         for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) {
             const int p = lane + 32 * k;
             if (p < P) {
                 const ssm_i64 i = base + p;
-                const float xv = ssm_load(X[i]), dyv = ssm_load(dy[i]);
+                const float xv = xs[u][k], dyv = dys[u][k];
                 float dYv = dyv;
-                float yov = 0.0f;
-                if (FINAL || z) yov = yo[i];
+                const float yov = yos[u][k];
                 if (z) {
-                    const float zv = ssm_load(z[i]);
+                    const float zv = zs[u][k];
                     const float sg = ssm_math<float>::sigmoid(zv);
                     if (!FINAL) {
                         const float y_pre = (yov + e * xv) + Dv[k] * xv;
@@ -1770,7 +1797,7 @@ ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __r
                 if (!FINAL) {
                     dY16[i] = d16;
                 } else {
-                    const float gov = go[i];
+                    const float gov = gos[u][k];
                     ssm_store(dx + i, (gov + e * dYv) + Dv[k] * dYv);
                     sum_y += ssm_load(d16) * yov;
                     sum_x += xv * gov;
@@ -1785,6 +1812,7 @@ ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __r
                 sum_x += __shfl_xor_sync(0xffffffffu, sum_x, m);
             }
             if (lane == 0) dcum[row] = sum_y - sum_x;
+        }
         }
     }
     if (FINAL && dD_part) {  // uniform: the warps' sums in warp order
