@@ -278,6 +278,23 @@ ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __
 }
 
 // --------------------------------------------------------------------------------------
+// The sum of `parts` partial arrays of n values each, laid out one after another:
+// out[i] = part[0][i] + part[1][i] + ... in that order (deterministic). The head-summing
+// tensor-core products (dB, dC) leave one partial per run of heads.
+// Grid: any; a grid-stride loop over i.
+// --------------------------------------------------------------------------------------
+template <typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_sum_parts(const CT* __restrict__ part, CT* __restrict__ out, ssm_i64 n, int parts) {
+    const ssm_i64 step = (ssm_i64)gridDim.x * SSD_THREADS;
+    for (ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x; i < n; i += step) {
+        CT v = part[i];
+        for (int k = 1; k < parts; ++k) v += part[(ssm_i64)k * n + i];
+        out[i] = v;
+    }
+}
+
+// --------------------------------------------------------------------------------------
 // State passing, forward: states[b, 0] = h0 (or 0), states[b, c+1] = d_c states[b, c] + S_c
 // with d_c = exp(cum_E) when no sequence starts inside chunk c, else 0. entering (or null)
 // receives states[b, c] for c < nc rounded to 16 bits (entering_bf16: bfloat16, else

@@ -139,7 +139,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
-             f"ssd_bwd_dt<{CT}>"]
+             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
     return names
@@ -460,7 +460,7 @@ class _Layout:
                  np.int32(1 if dt_out else 0), _ptr(cb),
                  np.int32(1 if cb is None else cb.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(part)
+        return _sum_runs(p.xp, part)
 
     def _head_runs(self, p, groups, V):
         """The launch of a product over each of ``groups`` groups' heads (one head per group
@@ -483,7 +483,7 @@ class _Layout:
                  np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
                  np.int64(p.batch * p.L * GC * p.N)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(part)
+        return _sum_runs(p.xp, part)
 
     def db_mma(self, p, dY, dHx, cbt, rowdot):
         """dB summed over each B group's heads on tensor cores (``ssd_mma_chunk_db``: the
@@ -499,7 +499,7 @@ class _Layout:
                  np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(part)
+        return _sum_runs(p.xp, part)
 
     def passing(self, p, chunk_states, *, entering=False):
         """The boundary states (batch, nc + 1, H, P, N); with ``entering``, also the states
@@ -540,9 +540,17 @@ def ssd_forward(p, *, save_checkpoints):
     return y, final, ((states, entering) if save_checkpoints else None)
 
 
-def _sum_runs(part):
-    """The sum of a head-summing product's run partials (the first axis), in run order."""
-    return part[0] if part.shape[0] == 1 else part.sum(axis=0)
+def _sum_runs(xp, part):
+    """The sum of a head-summing product's run partials (the first axis), in run order
+    (``ssd_sum_parts``: one pass over the partials)."""
+    if part.shape[0] == 1:
+        return part[0]
+    out = xp.empty(part.shape[1:], dtype=part.dtype)
+    n = out.size
+    _launch(f"ssd_sum_parts<{_CTYPE[_dtype_name(part.dtype)]}>",
+            (max(1, min(-(-n // THREADS), 4096)),),
+            (part, out, np.int64(n), np.int32(part.shape[0])))
+    return out
 
 
 _GROUP_PAIRS_CACHE: dict = {}

@@ -79,7 +79,16 @@ def np_bwd_dt(args):
         part_dA.reshape(batch, int(nc), H)[:, c] = (dte[:, t0:t1] * sd[:, t0:t1]).sum(axis=1)
         part_db.reshape(batch, int(nc), H)[:, c] = ddt[:, t0:t1].sum(axis=1)
 
+def np_sum_parts(args):
+    part, out, n, parts = args
+    acc = part[0].copy()
+    for k in range(1, int(parts)):
+        acc += part[k]  # in run order, as the kernel
+    out[...] = acc
+
 def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
+    if name.startswith("ssd_sum_parts"):
+        return np_sum_parts(args)
     if name.startswith("ssd_chunk_cumsum"):
         return np_cumsum(args)
     if name.startswith("ssd_chunk_dt"):
