@@ -278,6 +278,28 @@ ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __
 }
 
 // --------------------------------------------------------------------------------------
+// C_t . B_t for every step and head, cb[(b * L + t) * H + h] = sum_n B[b, t, gB, n] C[b, t,
+// gC, n] with gB = h / (H / GB), gC = h / (H / GC), summed in CT in n order: the diagonal of
+// each head's C B^T block, which the tensor-core backward adds in float32 (rows = batch * L).
+// Grid: ceil(rows * H / 256); one thread per (step, head), so that a warp's threads mostly
+// read the same rows of B and C.
+// --------------------------------------------------------------------------------------
+template <typename TB, typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_diag_cb(const TB* __restrict__ B, const TB* __restrict__ C, CT* __restrict__ cb,
+            ssm_i64 rows, int H, int GB, int GC, int N) {
+    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;  // row * H + h
+    if (i >= rows * H) return;
+    const ssm_i64 row = i / H;
+    const int h = (int)(i - row * H);
+    const TB* const bp = B + (row * GB + h / (H / GB)) * N;
+    const TB* const cq = C + (row * GC + h / (H / GC)) * N;
+    CT s = CT(0);
+    for (int n = 0; n < N; ++n) s += (CT)ssm_load(bp[n]) * (CT)ssm_load(cq[n]);
+    cb[i] = s;
+}
+
+// --------------------------------------------------------------------------------------
 // The sum of `parts` partial arrays of n values each, laid out one after another:
 // out[i] = part[0][i] + part[1][i] + ... in that order (deterministic). The head-summing
 // tensor-core products (dB, dC) leave one partial per run of heads.

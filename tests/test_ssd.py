@@ -699,33 +699,6 @@ def test_boundaries_are_cached_per_layout():
     assert packed[3].tolist() == [[-1, 0, -1, -1, -1, 1]]
 
 
-def test_group_pairs_are_cached_and_bounded():
-    """The (B group, C group) pairs of the heads: each head's pair, built once per (H, GB, GC)
-    and device, and the cache bounded like the boundaries' (a program that meets many head
-    layouts keeps the latest)."""
-    import dataclasses
-
-    from ssmkit._gpu import ssd as gpu_ssd
-
-    @dataclasses.dataclass
-    class _Problem:
-        H: int
-        B: np.ndarray
-        C: np.ndarray
-        xp: object = np
-
-    def problem(H, GB, GC):
-        return _Problem(H, np.zeros((1, 1, GB, 1)), np.zeros((1, 1, GC, 1)))
-
-    pair_b, pair_c, head_pair = gpu_ssd._group_pairs(problem(8, 2, 4))
-    assert [(int(pair_b[k]), int(pair_c[k])) for k in head_pair] == [
-        (h // 4, h // 2) for h in range(8)]
-    assert gpu_ssd._group_pairs(problem(8, 2, 4))[0] is pair_b  # cached
-    for H in range(1, 2 * gpu_ssd._BOUNDARY_CACHE_SIZE):
-        gpu_ssd._group_pairs(problem(H, 1, 1))
-    assert len(gpu_ssd._GROUP_PAIRS_CACHE) <= gpu_ssd._BOUNDARY_CACHE_SIZE
-
-
 def _gradients(arrays, opts, dy, dfin):
     _, pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
     return pullback(dy, dfin)

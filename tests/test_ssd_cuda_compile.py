@@ -25,6 +25,7 @@ def representative_names():
     for io, bc in ssd.DTYPE_PAIRS:
         names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64)))
         names.append(ssd.kernel_names(io, bc, mm_kinds=())[4])  # forward chunk state
+        names += [n for n in ssd.kernel_names(io, bc, mm_kinds=()) if n.startswith("ssd_diag_cb")]
     for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
         names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V)))
     for vm in ssd.VM_VALUES:

@@ -139,7 +139,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
-             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>"]
+             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
     return names
@@ -553,37 +553,16 @@ def _sum_runs(xp, part):
     return out
 
 
-_GROUP_PAIRS_CACHE: dict = {}
-
-
-def _group_pairs(p):
-    """The distinct (B group, C group) pairs of the heads and each head's pair, as device
-    index arrays, cached per (device, H, GB, GC): built per call, their copies to the device
-    would wait for its queue (see _boundaries)."""
-    cp = p.xp
-    device = _device_id(cp)
-    key = (device, p.H, p.B.shape[2], p.C.shape[2])
-    hit = _GROUP_PAIRS_CACHE.get(key)
-    if hit is None:
-        hb = np.arange(p.H) // (p.H // p.B.shape[2])
-        hc = np.arange(p.H) // (p.H // p.C.shape[2])
-        pairs, head_pair = np.unique(np.stack([hb, hc], axis=1), axis=0, return_inverse=True)
-        hit = (cp.asarray(pairs[:, 0]), cp.asarray(pairs[:, 1]),
-               cp.asarray(head_pair.reshape(-1)))
-        if len(_GROUP_PAIRS_CACHE) >= _BOUNDARY_CACHE_SIZE:  # bounded like the boundaries
-            _GROUP_PAIRS_CACHE.pop(next(iter(_GROUP_PAIRS_CACHE)))
-        _GROUP_PAIRS_CACHE[key] = hit
-    return hit
-
-
 def _diag_cb(p, cd):
     """C_t . B_t for every head, (batch, L, H) in the compute dtype: the diagonal of each
-    head's C B^T block (head h reads group h / (H / G) of B and of C)."""
-    cp = p.xp
-    pair_b, pair_c, head_pair = _group_pairs(p)
-    # cast first: the 16-bit arrays are only read, not gathered (groups are few)
-    cb = (p.B.astype(cd)[:, :, pair_b] * p.C.astype(cd)[:, :, pair_c]).sum(axis=-1)
-    return cp.ascontiguousarray(cb[:, :, head_pair])
+    head's C B^T block (head h reads group h / (H / G) of B and of C); ``ssd_diag_cb``."""
+    out = p.xp.empty((p.batch, p.L, p.H), dtype=cd)
+    total = p.batch * p.L * p.H
+    _launch(f"ssd_diag_cb<{_CTYPE[_dtype_name(p.bc_dtype)]}, {_CTYPE[_dtype_name(cd)]}>",
+            (max(1, -(-total // THREADS)),),
+            (p.B, p.C, out, np.int64(p.batch * p.L), np.int32(p.H), np.int32(p.B.shape[2]),
+             np.int32(p.C.shape[2]), np.int32(p.N)))
+    return out
 
 
 def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0,

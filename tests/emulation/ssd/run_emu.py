@@ -86,9 +86,18 @@ def np_sum_parts(args):
         acc += part[k]  # in run order, as the kernel
     out[...] = acc
 
+def np_diag_cb(args):
+    B, C, out, rows, H, GB, GC, N = args
+    h = np.arange(int(H))
+    b = B.astype(np.float32)[:, :, h // (int(H) // int(GB))]
+    c = C.astype(np.float32)[:, :, h // (int(H) // int(GC))]
+    out[...] = (b * c).sum(axis=-1)
+
 def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
     if name.startswith("ssd_sum_parts"):
         return np_sum_parts(args)
+    if name.startswith("ssd_diag_cb"):
+        return np_diag_cb(args)
     if name.startswith("ssd_chunk_cumsum"):
         return np_cumsum(args)
     if name.startswith("ssd_chunk_dt"):
