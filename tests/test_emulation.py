@@ -46,8 +46,10 @@ def test_tensor_core_convolution_kernels_in_emulation():
 
 @needs_gxx
 @pytest.mark.parametrize("script, cases", [
-    ("run_emu.py", ["0", "8"]),  # bfloat16; packed sequences (cu_seqlens) with initial states
-    ("run_emu_bwd.py", ["14", "18"]),  # float16 seq_idx, initial state, D per channel; head runs
+    # bfloat16; packed sequences (cu_seqlens) with initial states; whole tiles (chunk 128)
+    ("run_emu.py", ["0", "8", "4"]),
+    # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights)
+    ("run_emu_bwd.py", ["14", "18", "21"]),
     ("run_emu_cumsum.py", []),  # ssd_chunk_cumsum, ssd_chunk_dt, ssd_bwd_dt (kernel text)
 ])
 def test_ssd_in_emulation(script, cases):

@@ -158,6 +158,9 @@ CASES = [
     ("bfloat16", 1, 150, 6, 32, 2, 64, 64, {"seq": True, "init": True, "sum_blocks": 1}),
     ("float16", 2, 90, 5, 16, 1, 24, 32, {"sum_blocks": 8, "D": "chan"}),
     ("float16", 1, 200, 4, 64, 2, 128, 128, {"sum_blocks": 1, "GC": 1, "z": False}),
+    # whole tiles without restarts (the factored weights of ycore, GB, dC, and of dB as a
+    # head-summing ssd_mma_chunk_mm: B in fewer groups than C), runs of two heads
+    ("float16", 1, 160, 4, 16, 1, 16, 128, {"GC": 2, "init": True, "sum_blocks": 1}),
 ]
 
 if __name__ == "__main__":
