@@ -17,13 +17,10 @@ import argparse
 import collections
 import csv
 import os
+import sys
 
-
-def num(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_sass_summary import num  # noqa: E402  (a page's numbers, "1,234" or "-")
 
 
 def read_lines(path):

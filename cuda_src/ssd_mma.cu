@@ -225,6 +225,20 @@ __device__ __forceinline__ int ssd_mma_group(int h, int H, int X) {
     return X == H ? h : X == 1 ? 0 : h / (H / X);
 }
 
+// A whole tile's weighted entries (the factored weights of ssd_mma_chunk_mm): for each
+// j < 8, f(j, v0, v1, v2, v3) with v_i = (row factor * col_w[s]) * g[j][i], s = 8 j + 2 t +
+// (i & 1), the row factor fa for i < 2 (row g) and fb for i >= 2 (row g + 8).
+template <typename F>
+__device__ __forceinline__ void ssd_mma_weighed(const float (&g)[8][4], float fa, float fb,
+                                                const float* col_w, int t, F f) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int s = 8 * j + 2 * t;
+        const float w0 = col_w[s], w1 = col_w[s + 1];
+        f(j, (fa * w0) * g[j][0], (fa * w1) * g[j][1], (fb * w0) * g[j][2], (fb * w1) * g[j][3]);
+    }
+}
+
 // Accumulators (NT D tiles of 16 x 8 per warp) set to zero.
 template <int NT>
 __device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
@@ -760,17 +774,12 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         const float la = cum_r[ra], lb = cum_r[rb];
         unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
         if (dense) {
-            const float fa = ssm_math<float>::decay(la - cum_r[0]);
-            const float fb = ssm_math<float>::decay(lb - cum_r[0]);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int s = 8 * j + 2 * t;
-                const float w0 = col_w[s], w1 = col_w[s + 1];
-                afr[j >> 1][(j & 1) * 2 + 0] =
-                    ssd_mma_pack<T>(fa * w0 * gacc[j][0], fa * w1 * gacc[j][1]);
-                afr[j >> 1][(j & 1) * 2 + 1] =
-                    ssd_mma_pack<T>(fb * w0 * gacc[j][2], fb * w1 * gacc[j][3]);
-            }
+            ssd_mma_weighed(gacc, ssm_math<float>::decay(la - cum_r[0]),
+                            ssm_math<float>::decay(lb - cum_r[0]), col_w, t,
+                            [&](int j, float v0, float v1, float v2, float v3) {
+                                afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v0, v1);
+                                afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v2, v3);
+                            });
         } else {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -1116,16 +1125,11 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             const int dq = (int)(q0 - r0);  // a multiple of 64
             unsigned afr[4][4];  // the masked block as A fragments, K = s in steps of 16
             if (whole && !far_any) {  // uniform
-                const float fa = row_f[ra], fb = row_f[rb];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int s = 8 * j + 2 * t;
-                    const float w0 = col_w[s], w1 = col_w[s + 1];
-                    afr[j >> 1][(j & 1) * 2 + 0] =
-                        ssd_mma_pack<T>((fa * w0) * gacc[j][0], (fa * w1) * gacc[j][1]);
-                    afr[j >> 1][(j & 1) * 2 + 1] =
-                        ssd_mma_pack<T>((fb * w0) * gacc[j][2], (fb * w1) * gacc[j][3]);
-                }
+                ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
+                                [&](int j, float v0, float v1, float v2, float v3) {
+                                    afr[j >> 1][(j & 1) * 2 + 0] = ssd_mma_pack<T>(v0, v1);
+                                    afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v2, v3);
+                                });
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
@@ -1466,16 +1470,13 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                 },
                 tid, warp, lane, far);
             if (whole && !any_far) {  // uniform
-                const float fa = row_f[ra], fb = row_f[rb];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int sq = 8 * j + 2 * t;
-                    const float w0 = col_w[sq], w1 = col_w[sq + 1];
-                    gsum[j][0] += (fa * w0) * gacc[j][0];
-                    gsum[j][1] += (fa * w1) * gacc[j][1];
-                    gsum[j][2] += (fb * w0) * gacc[j][2];
-                    gsum[j][3] += (fb * w1) * gacc[j][3];
-                }
+                ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
+                                [&](int j, float v0, float v1, float v2, float v3) {
+                                    gsum[j][0] += v0;
+                                    gsum[j][1] += v1;
+                                    gsum[j][2] += v2;
+                                    gsum[j][3] += v3;
+                                });
                 continue;
             }
             // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
