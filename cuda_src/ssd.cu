@@ -62,17 +62,32 @@ __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ?
 // --------------------------------------------------------------------------------------
 #define SSD_CUMSUM_ILP 8
 
+// Thread i of a pass with one thread per (b, chunk, h), h fastest: its row b, chunk c, head h
+// and the chunk's steps t0 .. t1 - 1 (shared by ssd_chunk_cumsum, ssd_chunk_dt, ssd_bwd_dt).
+struct ssd_chunk_thread {
+    ssm_i64 b, c, t0, t1;
+    int h;
+};
+__device__ __forceinline__ ssd_chunk_thread ssd_chunk_thread_at(ssm_i64 i, int H, ssm_i64 nc,
+                                                                const ssm_i64* starts) {
+    ssd_chunk_thread w;
+    w.h = (int)(i % H);
+    w.c = (i / H) % nc;
+    w.b = i / ((ssm_i64)H * nc);
+    w.t0 = starts[w.c];
+    w.t1 = starts[w.c + 1];
+    return w;
+}
+
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* __restrict__ starts,
                  ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total, int reverse) {
     const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
     if (i >= total) return;
-    const int h = (int)(i % H);
-    const ssm_i64 c = (i / H) % nc;
-    const ssm_i64 b = i / ((ssm_i64)H * nc);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 n = t1 - t0;
+    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
+    const ssm_i64 b = w.b, t0 = w.t0, t1 = w.t1, n = t1 - t0;
+    const int h = w.h;
     // step j of the walk (j = 0 .. n - 1) is t0 + j, or t1 - 1 - j in reverse
     const ssm_i64 first = reverse ? t1 - 1 : t0, dir = reverse ? -1 : 1;
     const CT* src = a + (b * L + first) * H + h;
@@ -107,11 +122,9 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
            CT* __restrict__ part_dbias, ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total) {
     const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
     if (i >= total) return;
-    const int h = (int)(i % H);
-    const ssm_i64 c = (i / H) % nc;
-    const ssm_i64 b = i / ((ssm_i64)H * nc);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 n = t1 - t0;
+    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
+    const ssm_i64 b = w.b, t0 = w.t0, t1 = w.t1, n = t1 - t0;
+    const int h = w.h;
     const CT a = A[h];
     const ssm_i64 first = (b * L + t1 - 1) * H + h, step = -(ssm_i64)H;  // walking backwards
     CT s = 0, sum_dA = 0, sum_ddt = 0;
@@ -155,10 +168,9 @@ ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
              ssm_i64 total, int softplus, int clip, CT lo, CT hi) {
     const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
     if (i >= total) return;
-    const int h = (int)(i % H);
-    const ssm_i64 c = (i / H) % nc;
-    const ssm_i64 b = i / ((ssm_i64)H * nc);
-    const ssm_i64 t0 = starts[c], n = starts[c + 1] - t0;
+    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
+    const ssm_i64 b = w.b, t0 = w.t0, n = w.t1 - t0;
+    const int h = w.h;
     const ssm_i64 off = (b * L + t0) * H + h;
     const CT bias = dt_bias ? dt_bias[h] : CT(0);
     const CT a = A[h];

@@ -20,7 +20,7 @@ from ssmkit._gpu import compiler
 from ssmkit._gpu.ssd import chunk_starts
 
 src = compiler.kernel_source("ssd.cu")
-m = re.search(r"#define SSD_CUMSUM_ILP.*?\n}\n", src, re.S)
+m = re.search(r"#define SSD_CUMSUM_ILP.*?\nssd_chunk_cumsum\(.*?\n}\n", src, re.S)
 m2 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
                r"ssd_chunk_dt\(.*?\n}\n", src, re.S)
 m3 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
@@ -31,6 +31,8 @@ text = r'''
 typedef long long ssm_i64;
 #define SSD_THREADS 256
 #define __global__
+#define __device__
+#define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __restrict__
 struct Idx { unsigned x; };
