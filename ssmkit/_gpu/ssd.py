@@ -565,17 +565,16 @@ def _diag_cb(p, cd):
     return out
 
 
-def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0,
-                     full=True):
+def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shift=0):
     """The adjoint leaving every chunk, dHx (batch, nc, H, P, N), and the initial state's;
-    with ``rounded``, also dHx rounded to the 16-bit input dtype (the tensor-core products'
-    operand); with ``dot_with`` (the boundary states, (batch, nc + 1, H, P, N)), also
-    <dHx[c], dot_with[c + dot_shift]> (batch, nc, H). Returns ``(dHx, dinit[, dHx16][, dot])``;
-    ``full=False`` (with ``rounded``) does not write dHx itself (None in its place)."""
+    with ``rounded``, dHx rounded to the 16-bit input dtype (the tensor-core products'
+    operand) in its place, the float32 dHx not written (None); with ``dot_with`` (the
+    boundary states, (batch, nc + 1, H, P, N)), also <dHx[c], dot_with[c + dot_shift]>
+    (batch, nc, H). Returns ``(dHx or None, dinit[, dHx16][, dot])``."""
     cp = p.xp
     batch, H, P, N = p.batch, p.H, p.P, p.N
     shape = (batch, lay.nc, H, P, N)
-    dHx = cp.empty(shape, dtype=p.compute_dtype) if full or not rounded else None
+    dHx = None if rounded else cp.empty(shape, dtype=p.compute_dtype)
     dinit = cp.empty((batch, H, P, N), dtype=p.compute_dtype)
     dHx16 = cp.empty(shape, dtype=p.io_dtype) if rounded else None
     PN = P * N
@@ -651,7 +650,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
             dY *= zc / (1 + cp.exp(-zc))
         K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
     _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
-                                                dot_with=states, full=False)
+                                                dot_with=states)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
