@@ -1543,6 +1543,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     // the chunk sums times log2(e), one exp2 per decay
     __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_r[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+    __shared__ float col_w[SSD_MMA_ROWS], row_f[SSD_MMA_ROWS];  // a whole tile's factors
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = lane & 3;
@@ -1640,54 +1641,85 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     for (ssm_i64 q0 = r0; q0 < t1; q0 += SSD_MMA_ROWS) {
         const int nq = (int)(t1 - q0 < SSD_MMA_ROWS ? t1 - q0 : SSD_MMA_ROWS);
         const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
-        float bc[8][4];  // B_r . C_q at this thread's fragment positions
-        ssd_mma_cb_load(bc, cbt,
-                        ((b * nc + c) * classes + cls) * cb_pairs + qt * (qt + 1) / 2 + R.tile,
-                        warp, lane);
+        // B_r . C_q (ssd_mma_cb's transposed block, in the warps' fragment order) in shared
+        // memory, where vt lies: vt holds C only after the heads' loop. Copied with the first
+        // head's operands.
+        const float* const bcs = reinterpret_cast<const float*>(vt);
+        const float* const bc_src =
+            cbt + (((b * nc + c) * classes + cls) * cb_pairs + qt * (qt + 1) / 2 + R.tile) *
+                      (ssm_i64)(SSD_MMA_ROWS * SSD_MMA_ROWS);
+        static_assert(SSD_MMA_ROWS * SSD_MMA_ROWS * 4 <= VT * 2, "vt holds the B C^T block");
         float gsum[8][4];
         ssd_mma_zero(gsum);
+        // a whole tile after the rows without restarts: factored weights (ssd_mma_chunk_mm)
+        const bool whole = !seq && q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS;
         for (int h = R.h_begin; h < R.h_end; ++h) {
             float gacc[8][4];
             ssd_mma_zero(gacc);
-            ssd_mma_run_product<T>(
+            bool far = false;
+            const int any_far = ssd_mma_run_product<T>(
                 gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                         ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
                         vec, tid);
+                    if (k0 == 0 && h == R.h_begin)
+#pragma unroll 1
+                        for (int k = tid; k < SSD_MMA_ROWS * SSD_MMA_ROWS / 4;
+                             k += SSD_MMA_THREADS)
+                            ssd_mma_cp16(reinterpret_cast<unsigned short*>(
+                                             const_cast<float*>(bcs) + 4 * k),
+                                         bc_src + 4 * k, true);
                 },
                 [&] {
                     stage_rows(h);
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                        cum_q[tid] = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
+                        const float cq = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
+                        cum_q[tid] = cq;
                         seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                        if (whole)
+                            far = ssd_mma_tile_factors<true>(
+                                col_w, row_f, tid, cq,
+                                cum[(b * L + r0 + tid) * H + h] * ssm_math<float>::kLog2e,
+                                cum[(b * L + q0) * H + h] * ssm_math<float>::kLog2e, 1.0f);
                     }
                 },
-                tid, warp, lane);
+                tid, warp, lane, far);
             // mask and weight as ssd_mma_chunk_mm's upper products (with the diagonal); the
             // row dot of the rounded entries with B_r . C_q
             // (rows past nr and steps past nq need no test: as in ssd_mma_chunk_mm)
             float da = 0.0f, db = 0.0f;
             const float ta = dt_r[ra], tb = dt_r[rb];
-            const int dq = (int)(q0 - r0);
+            // entry (j, i) of the block: its rounding into the row dot, t' m into gsum
+            auto add = [&](int j, int i, float m) {
+                T mr;
+                mr.bits = ssd_mma_bits<T>(m);  // as the per-head product rounded it
+                const float bcv = bcs[((warp * 8 + j) * 32 + lane) * 4 + i];
+                if (i >= 2) db += ssm_load(mr) * bcv;
+                else da += ssm_load(mr) * bcv;
+                gsum[j][i] += (i >= 2 ? tb : ta) * m;
+            };
+            if (whole && !any_far) {  // uniform
+                ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
+                                [&](int j, float v0, float v1, float v2, float v3) {
+                                    add(j, 0, v0);
+                                    add(j, 1, v1);
+                                    add(j, 2, v2);
+                                    add(j, 3, v3);
+                                });
+            } else {
+                const int dq = (int)(q0 - r0);
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+                for (int j = 0; j < 8; ++j)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int sq = 8 * j + 2 * t + (i & 1);
-                    const int r = i >= 2 ? rb : ra;
-                    const bool live = sq + dq >= r && (!seq || seq_q[sq] == seq_r[r]);
-                    if (live) {
-                        const float m =
-                            ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i];
-                        T mr;
-                        mr.bits = ssd_mma_bits<T>(m);  // as the per-head product rounded it
-                        if (i >= 2) db += ssm_load(mr) * bc[j][i];
-                        else da += ssm_load(mr) * bc[j][i];
-                        gsum[j][i] += (i >= 2 ? tb : ta) * m;
+                    for (int i = 0; i < 4; ++i) {
+                        const int sq = 8 * j + 2 * t + (i & 1);
+                        const int r = i >= 2 ? rb : ra;
+                        const bool live = sq + dq >= r && (!seq || seq_q[sq] == seq_r[r]);
+                        if (live) add(j, i, ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i]);
                     }
-                }
+            }
             da = row_sum(da);
             db = row_sum(db);
             if (t == 0) {
