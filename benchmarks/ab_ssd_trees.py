@@ -4,7 +4,9 @@
 stages as that tree's ``bench_ssd.forward_stages`` times them. Prints one ``ABROW {json}``
 line.
 
-    cd TREE && PYTHONPATH=$PWD python3 /path/to/ab_ssd_trees.py LABEL
+    cd TREE && PYTHONPATH=$PWD python3 /path/to/ab_ssd_trees.py LABEL [DTYPE]
+
+DTYPE (default bfloat16) replaces the configuration's dtype, float32 for instance.
 """
 import json
 import os
@@ -22,9 +24,10 @@ PEER = ("bfloat16", 4, 4096, 80, 64, 1, 128)  # dtype, batch, L, H, P, G, N
 CHUNK = 256
 
 
-def main(label):
-    row = {"tree": label, "copy_tbps": round(copy_tbps(), 3)}
-    x = make_inputs(cupy, *PEER)
+def main(label, dtype=PEER[0]):
+    config = (dtype,) + PEER[1:]
+    row = {"tree": label, "dtype": dtype, "copy_tbps": round(copy_tbps(), 3)}
+    x = make_inputs(cupy, *config)
     kw = dict(chunk_size=CHUNK, dt_softplus=True)
     xz = dict(x, z=x["x"][:, ::-1].copy())
     dy = cupy.ones_like(x["x"])
@@ -37,10 +40,11 @@ def main(label):
     row["fwd latency"] = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
     row["fwd b2b with z"] = cuda_median_ms(lambda: ssmkit.ssd(**xz, **kw), calls=5)
     row["fwd+bwd b2b"] = cuda_median_ms(fwd_bwd, reps=5, calls=3)
-    row.update(forward_stages(cupy, *PEER, CHUNK))
+    if dtype in ("bfloat16", "float16"):  # the tensor-core forward's stages
+        row.update(forward_stages(cupy, *config, CHUNK))
     print("ABROW", json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                for k, v in row.items()}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -443,7 +443,7 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
 }
 
 // --------------------------------------------------------------------------------------
-// The chunk-local products, one tile of TT rows r of one chunk, all V columns:
+// The chunk-local products, one tile of R rows r of one chunk, all V columns:
 //
 //   out[r, v] = scale_r * sum_k M[v, k] U_r[k]                         (boundary term)
 //             + sum_q w_rq (U_r . W_q) Vv_q[v]                          (diagonal block)
@@ -459,34 +459,61 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
 // Instances: the forward output (U = C, W = B, Vv = x, M = states, DTQ), (G B)_s (U = B,
 // W = C, Vv = dY, M = dHx, UPPER), dB_s (U = x, W = dY, Vv = C, M = dHx^T, UPPER) and
 // dC_t (U = dY, W = x, Vv = B, M = states^T, DTQ).
-// Thread (ty, tx) = (tid / 32, tid % 32) owns rows ty + 8 i (i < TT / 8) and columns
-// tx + 32 m (m < VM, VM >= V / 32): each shared-memory value it loads feeds several sums.
+//
+// Register tiles, as in a matrix-product kernel: thread (ty, tx) = (tid / 16, tid % 16)
+// owns MR consecutive rows ty MR .. and, of the R x R block of q-tile weights, the MR
+// consecutive columns tx MR ..; of the output, the MR columns tx MR + 16 MR m .. (m < VM,
+// 16 MR VM >= V). MR is one 16-byte vector (4 floats, 2 doubles), so each step of a
+// product reads two or three vectors from shared memory for MR x MR or MR x MR VM sums.
+// The operands are staged k-major (us[k][r], ws[k][q]) and the weighted block q-major
+// (blk[q][r]), so those vectors lie along the rows.
 // Grid: (batch * H * nc * tiles_per_chunk).
 // --------------------------------------------------------------------------------------
+template <typename CT> struct ssd_mm_tile {
+    static constexpr int MR = 16 / (int)sizeof(CT);  // rows (and columns) per thread
+    static constexpr int R = 16 * MR;                // rows per tile, q per q-tile: 64 / 32
+    static constexpr int S = 64 / (int)sizeof(CT);   // k or q per shared stage: 16 / 8
+};
+template <typename CT> struct alignas(16) ssd_vec16 { CT v[16 / sizeof(CT)]; };
+
+// Rows row0 .. row0 + n - 1 of a (batch * L, X, K) array at index hx, columns k0 ..
+// k0 + S - 1, into dst[kk][r] (zero past n or K); consecutive threads read along k.
+template <int R, int S, int RP, typename T, typename CT>
+__device__ __forceinline__ void ssd_mm_stage_rows(CT (*dst)[RP], const T* __restrict__ src,
+                                                  ssm_i64 row0, int n, int X, int hx, int K,
+                                                  int k0) {
+    for (int i = threadIdx.x; i < R * S; i += SSD_THREADS) {
+        const int r = i / S, kk = i - r * S;
+        dst[kk][r] = (r < n && k0 + kk < K)
+                         ? (CT)ssm_load(src[((row0 + r) * X + hx) * (ssm_i64)K + k0 + kk])
+                         : CT(0);
+    }
+}
+
 template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
           bool DTQ, int VM>
-__global__ void __launch_bounds__(SSD_THREADS)
+__global__ void __launch_bounds__(SSD_THREADS, VM >= 4 ? 1 : 2)  // (VM 4: V > 128, rare)
 ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
              const CT* __restrict__ Mm, const CT* __restrict__ D, const TV* __restrict__ z,
              const CT* __restrict__ dte, const CT* __restrict__ cum, const int* __restrict__ seq,
              const ssm_i64* __restrict__ starts, TO* __restrict__ out,
              ssm_i64 L, int H, int XU, int XW, int XV, int K, int V, ssm_i64 nc,
              ssm_i64 m_chunks, int tiles_per_chunk) {
-    constexpr int TT = ssd_tile<CT>::T;  // rows per tile; also q per stage and k per stage
-    constexpr int TQ = TT, KT = TT;
-    constexpr int RT = TT / 8;                  // rows per thread
-    constexpr int VP = 32 * VM;                 // columns the threads cover (>= V)
-    constexpr int WPT = TT * TQ / SSD_THREADS;  // entries of the Q x Q block per thread
-    constexpr int WROWS = SSD_THREADS / TQ;     // rows of the block one pass covers
-    __shared__ CT u_sh[TT][KT + 1];
-    __shared__ CT w_sh[TQ][KT + 1];
-    __shared__ CT big[SSD_MAXD * (KT + 1)];  // phase 1: M[v][k-tile]; phase 2: Vv_q[q][v]
-    __shared__ CT blk[TT][TQ + 1];
-    __shared__ CT cum_r[TT], cum_q[TQ], dt_q[TQ];
-    __shared__ int seq_r[TT], seq_q[TQ];
-    static_assert(VP <= SSD_MAXD && TQ * VP <= SSD_MAXD * (KT + 1), "tile sizes");
+    constexpr int MR = ssd_mm_tile<CT>::MR, R = ssd_mm_tile<CT>::R, S = ssd_mm_tile<CT>::S;
+    constexpr int RP = R + MR;            // padded rows: fewer bank conflicts when staging
+    constexpr int VP = 16 * MR * VM;      // the columns the threads cover (>= V)
+    constexpr int VS = VP + MR;
+    typedef ssd_vec16<CT> vec;
+    __shared__ vec us_v[S * RP / MR], ws_v[S * RP / MR], blk_v[R * RP / MR], vs_v[S * VS / MR];
+    CT(*us)[RP] = reinterpret_cast<CT(*)[RP]>(us_v);    // U rows, us[k][r]
+    CT(*ws)[RP] = reinterpret_cast<CT(*)[RP]>(ws_v);    // W rows, ws[k][q]
+    CT(*blk)[RP] = reinterpret_cast<CT(*)[RP]>(blk_v);  // the weighted block, blk[q][r]
+    CT(*vs)[VS] = reinterpret_cast<CT(*)[VS]>(vs_v);    // Vv rows vs[q][v] (phase 1: M, vs[k][v])
+    __shared__ CT cum_r[R], cum_q[R], dt_q[R];
+    __shared__ int seq_r[R], seq_q[R];
+    static_assert(VP <= SSD_MAXD && 16 * 16 == SSD_THREADS, "tile sizes");
 
-    const int tid = threadIdx.x, ty = tid / 32, tx = tid % 32;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     const ssm_i64 per_head = nc * tiles_per_chunk;
     const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
     const ssm_i64 ct = (ssm_i64)blockIdx.x - bh * per_head;
@@ -495,146 +522,143 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * TT;
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * R;
     if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < TT ? t1 - r0 : TT);
+    const int nr = (int)(t1 - r0 < R ? t1 - r0 : R);
     const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
     const ssm_i64 KV = (ssm_i64)K * V;
     const ssm_i64 E = t1 - 1;
     const int seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const CT cum_E = cum[(b * L + E) * H + h];
 
-    if (tid < TT) {
+    if (tid < R) {
         const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
         cum_r[tid] = cum[(b * L + r) * H + h];
         seq_r[tid] = ssd_seq(seq, b * L + r);
     }
 
-    CT acc[RT][VM];
+    CT acc[MR][MR * VM];
 #pragma unroll
-    for (int i = 0; i < RT; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma unroll
-        for (int m = 0; m < VM; ++m) acc[i][m] = 0;
+        for (int m = 0; m < MR * VM; ++m) acc[i][m] = 0;
+
+    // acc[i][.] += sum over the S rows kk of a[kk][ty MR + i] * x[kk][tx MR + 16 MR m + j]
+    auto product = [&](const CT(*a)[RP], const CT(*x)[VS]) {
+#pragma unroll 4
+        for (int kk = 0; kk < S; ++kk) {
+            const vec av = *reinterpret_cast<const vec*>(&a[kk][ty * MR]);
+#pragma unroll
+            for (int m = 0; m < VM; ++m) {
+                const vec xv = *reinterpret_cast<const vec*>(&x[kk][tx * MR + 16 * MR * m]);
+#pragma unroll
+                for (int i = 0; i < MR; ++i)
+#pragma unroll
+                    for (int j = 0; j < MR; ++j) acc[i][m * MR + j] += av.v[i] * xv.v[j];
+            }
+        }
+    };
 
     // Phase 1: the boundary term.
     const CT* M = Mm + ((b * m_chunks + c) * H + h) * KV;
-    for (int k0 = 0; k0 < K; k0 += KT) {
+    for (int k0 = 0; k0 < K; k0 += S) {
         __syncthreads();
-        for (int i = tid; i < TT * KT; i += SSD_THREADS) {
-            const int r = i / KT, kk = i - r * KT;
-            u_sh[r][kk] = (r < nr && k0 + kk < K)
-                              ? (CT)ssm_load(U[((b * L + r0 + r) * XU + hu) * K + k0 + kk]) : CT(0);
-        }
-        for (int i = tid; i < VP * KT; i += SSD_THREADS) {
-            const int v = i / KT, kk = i - v * KT;
+        ssd_mm_stage_rows<R, S>(us, U, b * L + r0, nr, XU, hu, K, k0);
+        for (int i = tid; i < S * VP; i += SSD_THREADS) {
+            // M's rows are along k unless MT: consecutive threads read consecutive addresses
+            const int kk = MT ? i / VP : i % S, v = MT ? i % VP : i / S;
             CT mv = 0;
             if (v < V && k0 + kk < K)
                 mv = MT ? M[(ssm_i64)(k0 + kk) * V + v] : M[(ssm_i64)v * K + k0 + kk];
-            big[v * (KT + 1) + kk] = mv;
+            vs[kk][v] = mv;
         }
         __syncthreads();
-#pragma unroll 4
-        for (int kk = 0; kk < KT; ++kk) {
-            CT uv[RT], mv[VM];
-#pragma unroll
-            for (int i = 0; i < RT; ++i) uv[i] = u_sh[ty + 8 * i][kk];
-#pragma unroll
-            for (int m = 0; m < VM; ++m) mv[m] = big[(tx + 32 * m) * (KT + 1) + kk];
-#pragma unroll
-            for (int i = 0; i < RT; ++i)
-#pragma unroll
-                for (int m = 0; m < VM; ++m) acc[i][m] += uv[i] * mv[m];
-        }
+        product(us, vs);
     }
 #pragma unroll
-    for (int i = 0; i < RT; ++i) {
-        const int r = ty + 8 * i;
+    for (int i = 0; i < MR; ++i) {
+        const int r = ty * MR + i;
         const CT s = seq_r[r] != seq_bound ? CT(0)
                      : UPPER ? ssd_exp<CT>(cum_E - cum_r[r]) : ssd_exp<CT>(cum_r[r]);
 #pragma unroll
-        for (int m = 0; m < VM; ++m) acc[i][m] *= s;
+        for (int m = 0; m < MR * VM; ++m) acc[i][m] *= s;
     }
 
     // Phase 2: the diagonal block, q-tiles over the rows' reach.
     const ssm_i64 q_begin = UPPER ? r0 : t0;
     const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
-    const int qi_own = tid % TQ;  // the block column this thread computes
-    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += TQ) {
-        const int nq = (int)(q_end - q0 < TQ ? q_end - q0 : TQ);
+    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += R) {
+        const int nq = (int)(q_end - q0 < R ? q_end - q0 : R);
         __syncthreads();
-        if (tid < TQ) {
+        if (tid < R) {
             const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
             const ssm_i64 i = (b * L + q) * H + h;
             cum_q[tid] = cum[i];
             dt_q[tid] = dte[i];
             seq_q[tid] = ssd_seq(seq, b * L + q);
         }
-        CT wacc[WPT];
+        // The block's entries U_r . W_q, rows ty MR + i, columns tx MR + j.
+        CT sacc[MR][MR];
 #pragma unroll
-        for (int j = 0; j < WPT; ++j) wacc[j] = 0;
-        for (int k0 = 0; k0 < K; k0 += KT) {
+        for (int i = 0; i < MR; ++i)
+#pragma unroll
+            for (int j = 0; j < MR; ++j) sacc[i][j] = 0;
+        for (int k0 = 0; k0 < K; k0 += S) {
             __syncthreads();
-            for (int i = tid; i < TT * KT; i += SSD_THREADS) {
-                const int r = i / KT, kk = i - r * KT;
-                u_sh[r][kk] = (r < nr && k0 + kk < K)
-                                  ? (CT)ssm_load(U[((b * L + r0 + r) * XU + hu) * K + k0 + kk])
-                                  : CT(0);
-            }
-            for (int i = tid; i < TQ * KT; i += SSD_THREADS) {
-                const int qi = i / KT, kk = i - qi * KT;
-                w_sh[qi][kk] = (qi < nq && k0 + kk < K)
-                                   ? (CT)ssm_load(W[((b * L + q0 + qi) * XW + hw) * K + k0 + kk])
-                                   : CT(0);
-            }
+            ssd_mm_stage_rows<R, S>(us, U, b * L + r0, nr, XU, hu, K, k0);
+            ssd_mm_stage_rows<R, S>(ws, W, b * L + q0, nq, XW, hw, K, k0);
             __syncthreads();
 #pragma unroll 4
-            for (int kk = 0; kk < KT; ++kk) {
-                const CT wv = w_sh[qi_own][kk];
+            for (int kk = 0; kk < S; ++kk) {
+                const vec av = *reinterpret_cast<const vec*>(&us[kk][ty * MR]);
+                const vec wv = *reinterpret_cast<const vec*>(&ws[kk][tx * MR]);
 #pragma unroll
-                for (int j = 0; j < WPT; ++j) wacc[j] += u_sh[tid / TQ + j * WROWS][kk] * wv;
+                for (int i = 0; i < MR; ++i)
+#pragma unroll
+                    for (int j = 0; j < MR; ++j) sacc[i][j] += av.v[i] * wv.v[j];
             }
         }
-        __syncthreads();
+        // Weighted and masked, into blk[q][r] (every entry written: zero where masked).
 #pragma unroll
-        for (int j = 0; j < WPT; ++j) {
-            const int r = tid / TQ + j * WROWS, qi = qi_own;
-            const ssm_i64 rt = r0 + r, qt = q0 + qi;
-            const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
-                              seq_q[qi] == seq_r[r];
-            CT wv = 0;
-            if (live) {
-                wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) * wacc[j];
-                if (DTQ) wv *= dt_q[qi];
+        for (int j = 0; j < MR; ++j) {
+            const int qi = tx * MR + j;
+            vec col;
+#pragma unroll
+            for (int i = 0; i < MR; ++i) {
+                const int r = ty * MR + i;
+                const ssm_i64 rt = r0 + r, qt = q0 + qi;
+                const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
+                                  seq_q[qi] == seq_r[r];
+                CT wv = 0;
+                if (live) {
+                    wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) *
+                         sacc[i][j];
+                    if (DTQ) wv *= dt_q[qi];
+                }
+                col.v[i] = wv;
             }
-            blk[r][qi] = wv;
+            *reinterpret_cast<vec*>(&blk[qi][ty * MR]) = col;
         }
-        for (int i = tid; i < TQ * VP; i += SSD_THREADS) {
-            const int qi = i / VP, v = i - qi * VP;
-            big[qi * VP + v] = (qi < nq && v < V)
-                                   ? (CT)ssm_load(Vv[((b * L + q0 + qi) * XV + hv) * V + v]) : CT(0);
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int qi = 0; qi < TQ; ++qi) {
-            CT bv[RT], xv[VM];
-#pragma unroll
-            for (int i = 0; i < RT; ++i) bv[i] = blk[ty + 8 * i][qi];
-#pragma unroll
-            for (int m = 0; m < VM; ++m) xv[m] = big[qi * VP + tx + 32 * m];
-#pragma unroll
-            for (int i = 0; i < RT; ++i)
-#pragma unroll
-                for (int m = 0; m < VM; ++m) acc[i][m] += bv[i] * xv[m];
+        for (int s0 = 0; s0 < nq; s0 += S) {
+            __syncthreads();
+            for (int i = tid; i < S * VP; i += SSD_THREADS) {
+                const int qq = i / VP, v = i - qq * VP;
+                vs[qq][v] = (s0 + qq < nq && v < V)
+                                ? (CT)ssm_load(Vv[((b * L + q0 + s0 + qq) * XV + hv) * V + v])
+                                : CT(0);
+            }
+            __syncthreads();
+            product(blk + s0, vs);
         }
     }
 
     // Epilogue: skip connection and gate (the forward output only).
 #pragma unroll
-    for (int i = 0; i < RT; ++i) {
-        const int r = ty + 8 * i;
+    for (int i = 0; i < MR; ++i) {
+        const int r = ty * MR + i;
 #pragma unroll
-        for (int m = 0; m < VM; ++m) {
-            const int v = tx + 32 * m;
+        for (int m = 0; m < MR * VM; ++m) {
+            const int v = tx * MR + 16 * MR * (m / MR) + m % MR;
             if (r < nr && v < V) {
                 const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
                 CT val = acc[i][m];

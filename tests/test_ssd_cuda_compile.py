@@ -23,13 +23,14 @@ def representative_names():
     every product kind and every column-group count VM, the passing kernels."""
     names = []
     for io, bc in ssd.DTYPE_PAIRS:
-        names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64)))
+        names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64, "float32")))
         names.append(ssd.kernel_names(io, bc, mm_kinds=())[4])  # forward chunk state
         names += [n for n in ssd.kernel_names(io, bc, mm_kinds=()) if n.startswith("ssd_diag_cb")]
     for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
-        names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V)))
-    for vm in ssd.VM_VALUES:
+        names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V, "float32")))
+    for vm in ssd.vm_values("float32"):
         names.append(ssd.mm_name("y", "float32", "float32", vm))
+    for vm in ssd.vm_values("float64"):
         names.append(ssd.mm_name("dB", "float64", "float64", vm))
     for io in ("float32", "float64"):
         names += [n for n in ssd.kernel_names(io, io, mm_kinds=()) if "false>" not in n]

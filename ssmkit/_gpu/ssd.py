@@ -107,21 +107,23 @@ def _dtype_name(dt) -> str:
 
 
 def tile_rows(compute: str) -> int:
-    """Rows per tile of ``ssd_chunk_mm`` (ssd_tile<CT>::T): 32 in float, 16 in double."""
-    return 16 if compute == "float64" else 32
+    """Rows per tile of ``ssd_chunk_mm`` (ssd_mm_tile<CT>::R): 64 in float, 32 in double."""
+    return 32 if compute == "float64" else 64
 
 
-def column_groups(V: int) -> int:
-    """VM of ``ssd_chunk_mm``: each thread owns VM columns 32 apart, VM = ceil(V / 32)
-    rounded up to a power of 2."""
-    need = -(-V // 32)
+def column_groups(V: int, compute: str) -> int:
+    """VM of ``ssd_chunk_mm``: each thread owns VM groups of columns, the groups
+    ``tile_rows(compute)`` apart, VM = ceil(V / tile_rows) rounded up to a power of 2."""
+    need = -(-V // tile_rows(compute))
     vm = 1
     while vm < need:
         vm *= 2
     return vm
 
 
-VM_VALUES = sorted({column_groups(V) for V in range(1, MAX_DIM + 1)})
+def vm_values(compute: str) -> list:
+    """Every VM of ``ssd_chunk_mm`` that some V <= MAX_DIM takes in this compute dtype."""
+    return sorted({column_groups(V, compute) for V in range(1, MAX_DIM + 1)})
 
 
 def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
@@ -141,7 +143,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
              f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>"]
     for kind in mm_kinds:
-        names += [mm_name(kind, io, bc, vm) for vm in (vms or VM_VALUES)]
+        names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
     return names
 
 
@@ -372,7 +374,7 @@ class _Layout:
         """One chunk product (see ssd_chunk_mm); writes ``out`` (batch, L, H, V)."""
         V = Vv.shape[3]
         K = U.shape[3]
-        name = mm_name(kind, self.io, self.bc, column_groups(V))
+        name = mm_name(kind, self.io, self.bc, column_groups(V, self.ct))
         tiles = -(-self.max_len // tile_rows(self.ct))
         m_chunks = M.shape[1]
         _launch(name, (p.batch * p.H * self.nc * tiles,),

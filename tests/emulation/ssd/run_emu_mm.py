@@ -1,0 +1,131 @@
+"""Host check of ssd.cu's ssd_chunk_mm (the CUDA-core chunk products: register tiles of R
+rows, MR x MR entries per thread) against exact_mm.py's float64 mirror: the kernel text
+compiled for the host (emu_common.h: a std::thread per CUDA thread, std::barrier for
+__syncthreads), every product kind (y with D and z, ycore, GB, dB, dC), float and double,
+every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts (a length-1
+row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
+multiples of the stage or of the column group) and head groups of U, W and Vv.
+
+    python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
+
+SSD_EMU_MUTATE='old=>new' plants a deliberate bug (first occurrence) to see the check fail.
+Ends with "ALL OK" or "SOME FAILED" (exit status 0 or 1).
+"""
+import ctypes, os, sys
+import numpy as np
+import build  # puts the repository on sys.path
+from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma
+from ssmkit._gpu import compiler
+from ssmkit._gpu import ssd as gssd
+import exact_mm
+
+PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const T*,const T*,const int*,"
+        "const ssm_i64*,T*").split(",")
+SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int"]
+IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
+
+
+def kernels():
+    """{wrapper symbol: (instance name, C type)} for every kind and VM of float and double."""
+    out = {}
+    for io, (T, _) in IO.items():
+        for kind in gssd.MM_KINDS:
+            for vm in gssd.vm_values(io):
+                out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T)
+    return out
+
+
+def build_so():
+    src = compiler.kernel_source(gssd.SOURCE_FILE)
+    mut = os.environ.get("SSD_EMU_MUTATE")
+    if mut:
+        old, new = mut.split("=>")
+        assert src.count(old) >= 1, old
+        src = src.replace(old, new, 1)
+    src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
+    text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
+        build.wrapper("emu_" + sym, name, T, PTRS, SCALARS) for sym, (name, T) in kernels().items()))
+    return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
+                      include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
+
+
+class EmuBuf(ctypes.Structure):
+    _fields_ = [("p", ctypes.c_void_p), ("n", ctypes.c_longlong)]
+
+
+def launch(lib, sym, grid, arrays, scalars):
+    bufs = (EmuBuf * len(arrays))(*[EmuBuf(None, 0) if a is None else
+                                    EmuBuf(a.ctypes.data, a.nbytes) for a in arrays])
+    s = (ctypes.c_longlong * len(scalars))(*[int(v) for v in scalars])
+    getattr(lib, sym)(bufs, s, grid, 1, 1, 256)
+
+
+# (io, batch, L, chunk, seq ends or None, H, XU, XW, XV, K, V)
+CASES = [
+    ("float32", 1, 1, 64, None, 2, 1, 1, 2, 16, 8),
+    ("float32", 1, 150, 64, None, 2, 1, 1, 2, 128, 64),
+    ("float32", 2, 77, 100, [30, 31, 64], 2, 2, 1, 1, 40, 72),
+    ("float32", 1, 70, 70, None, 4, 2, 4, 1, 24, 150),
+    ("float32", 1, 20, 8, [3, 11], 1, 1, 1, 1, 5, 3),
+    ("float64", 1, 45, 40, [17], 2, 1, 2, 2, 17, 33),
+    ("float64", 1, 33, 64, None, 1, 1, 1, 1, 9, 250),
+]
+
+
+def run_case(lib, i):
+    io, batch, L, chunk, ends, H, XU, XW, XV, K, V = CASES[i]
+    T, dt = IO[io]
+    rng = np.random.default_rng(100 + i)
+    starts = gssd.chunk_starts(L, chunk, ends)
+    nc = len(starts) - 1
+    max_len = int(np.diff(starts).max())
+    tiles = -(-max_len // gssd.tile_rows(io))
+    seq = None
+    if ends:
+        seq = np.zeros((batch, L), np.int32)
+        for e in ends:
+            seq[:, e:] += 1
+    a = lambda *s: rng.standard_normal(s).astype(dt)
+    cum = np.zeros((batch, L, H), dt)
+    for c in range(nc):  # chunk sums of a <= 0
+        t0, t1 = starts[c], starts[c + 1]
+        cum[:, t0:t1] = np.cumsum(-rng.uniform(0, 0.2, (batch, t1 - t0, H)), axis=1)
+    dte = rng.uniform(0.05, 1.0, (batch, L, H)).astype(dt)
+    worst = 0.0
+    for kind, (roles, upper, mt, dtq) in gssd.MM_KINDS.items():
+        U, W, Vv = a(batch, L, XU, K), a(batch, L, XW, K), a(batch, L, XV, V)
+        m_chunks = nc + 1 if kind in ("y", "ycore", "dC") else nc
+        Mm = a(batch, m_chunks, H, K * V)
+        D = a(H, V) if kind == "y" else None
+        z = a(batch, L, XV, V) if kind == "y" else None
+        out = np.full((batch, L, H, V), np.nan, dt)
+        ref = np.full((batch, L, H, V), np.nan, np.float64)
+        vm = gssd.column_groups(V, io)
+        name = gssd.mm_name(kind, io, io, vm)
+        args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out]
+        scal = [L, H, XU, XW, XV, K, V, nc, m_chunks, tiles]
+        launch(lib, f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, args, scal)
+        null = lambda v: gssd._NULL if v is None else v
+        exact_mm.np_chunk_mm(name, [U, W, Vv, Mm, null(D), null(z), dte, cum, null(seq), starts,
+                                    ref, L, H, XU, XW, XV, K, V, nc, m_chunks, tiles])
+        err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
+        if np.isnan(out).any():
+            err = float("inf")
+        worst = max(worst, err)
+        tol = 2e-6 if io == "float32" else 1e-13
+        print(f"case {i} {io} {kind:5s} VM {vm}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        if not err < tol:
+            return False
+    return True
+
+
+def main(argv):
+    which = [int(v) for v in argv] or range(len(CASES))
+    lib = ctypes.CDLL(build_so())
+    ok = all([run_case(lib, i) for i in which])
+    print("ALL OK" if ok else "SOME FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
