@@ -476,23 +476,79 @@ template <typename CT> struct ssd_mm_tile {
 };
 template <typename CT> struct alignas(16) ssd_vec16 { CT v[16 / sizeof(CT)]; };
 
-// Rows row0 .. row0 + n - 1 of a (batch * L, X, K) array at index hx, columns k0 ..
-// k0 + S - 1, into dst[kk][r] (zero past n or K); consecutive threads read along k.
-template <int R, int S, int RP, typename T, typename CT>
-__device__ __forceinline__ void ssd_mm_stage_rows(CT (*dst)[RP], const T* __restrict__ src,
-                                                  ssm_i64 row0, int n, int X, int hx, int K,
-                                                  int k0) {
-    for (int i = threadIdx.x; i < R * S; i += SSD_THREADS) {
-        const int r = i / S, kk = i - r * S;
-        dst[kk][r] = (r < n && k0 + kk < K)
-                         ? (CT)ssm_load(src[((row0 + r) * X + hx) * (ssm_i64)K + k0 + kk])
-                         : CT(0);
+// One shared-memory stage of the products, moved in two steps: load() brings this thread's
+// share into registers, store() writes it to shared memory. The kernel loads stage k + 1
+// before it computes stage k, so those loads are in flight meanwhile.
+//   ssd_mm_rows: rows row0 .. row0 + n - 1 of a (batch * L, X, K) array at index hx, columns
+//                k0 .. k0 + S - 1, to dst[kk][r] (zero past n or K); threads read along k.
+//   ssd_mm_cols: rows q0 .. q0 + n - 1 of Vv (batch * L, X, V) at index hx, columns 0 .. VP - 1,
+//                to dst[qq][v]; or, with the M form, M's (k0 + kk, v) for kk < S to dst[kk][v].
+template <int R, int S, typename CT> struct ssd_mm_rows {
+    static constexpr int PER = R * S / SSD_THREADS;  // a thread's values: rows RSTEP apart
+    static constexpr int RSTEP = SSD_THREADS / S;
+    CT v[PER];
+    template <typename T>
+    __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 row0, int n, int X,
+                                         int hx, int K, int k0) {
+        const int r = threadIdx.x / S, kk = threadIdx.x % S;
+        const ssm_i64 step = (ssm_i64)RSTEP * X * K;  // one address and one step, not PER
+        const T* p = src + ((row0 + r) * X + hx) * (ssm_i64)K + k0 + kk;
+        const bool in_k = k0 + kk < K;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) v[j] = (r + j * RSTEP < n && in_k) ? (CT)ssm_load(p[j * step]) : CT(0);
     }
-}
+    template <int RP> __device__ __forceinline__ void store(CT (*dst)[RP]) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int i = threadIdx.x + p * SSD_THREADS, r = i / S, kk = i - r * S;
+            dst[kk][r] = v[p];
+        }
+    }
+};
+template <int VP, int S, typename CT> struct ssd_mm_cols {
+    static constexpr int PER = VP * S / SSD_THREADS;
+    static_assert(VP <= SSD_THREADS && SSD_THREADS % S == 0, "a thread's values are rows apart");
+    CT v[PER];
+    template <typename T>
+    __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 q0, int n, int X,
+                                         int hx, int V) {
+        constexpr int QSTEP = SSD_THREADS / VP;  // rows between a thread's values
+        const int qq = threadIdx.x / VP, c = threadIdx.x % VP;
+        const ssm_i64 step = (ssm_i64)QSTEP * X * V;
+        const T* p = src + ((q0 + qq) * X + hx) * V + c;
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+            v[j] = (qq + j * QSTEP < n && c < V) ? (CT)ssm_load(p[j * step]) : CT(0);
+    }
+    template <bool MT>  // M's rows are along k unless MT: consecutive threads read along them
+    __device__ __forceinline__ void load_m(const CT* __restrict__ M, int K, int V, int k0) {
+        constexpr int STEP = MT ? SSD_THREADS / VP : SSD_THREADS / S;  // in kk (MT) or c
+        const int kk = MT ? threadIdx.x / VP : threadIdx.x % S;
+        const int c = MT ? threadIdx.x % VP : threadIdx.x / S;
+        const CT* p = MT ? M + (ssm_i64)(k0 + kk) * V + c : M + (ssm_i64)c * K + k0 + kk;
+        const ssm_i64 step = MT ? (ssm_i64)STEP * V : (ssm_i64)STEP * K;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const bool live = MT ? (c < V && k0 + kk + j * STEP < K) : (c + j * STEP < V && k0 + kk < K);
+            v[j] = live ? p[j * step] : CT(0);
+        }
+    }
+    template <bool MT, int VS> __device__ __forceinline__ void store(CT (*dst)[VS]) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int i = threadIdx.x + p * SSD_THREADS;
+            const int kk = MT ? i / VP : i % S, c = MT ? i % VP : i / S;
+            dst[kk][c] = v[p];
+        }
+    }
+};
 
 template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
           bool DTQ, int VM>
-__global__ void __launch_bounds__(SSD_THREADS, VM >= 4 ? 1 : 2)  // (VM 4: V > 128, rare)
+#ifndef SSD_MM_MIN_BLOCKS  // blocks per SM the registers must allow (VM 4: V > 128, rare)
+#define SSD_MM_MIN_BLOCKS 2
+#endif
+__global__ void __launch_bounds__(SSD_THREADS, VM >= 4 ? 1 : SSD_MM_MIN_BLOCKS)
 ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
              const CT* __restrict__ Mm, const CT* __restrict__ D, const TV* __restrict__ z,
              const CT* __restrict__ dte, const CT* __restrict__ cum, const int* __restrict__ seq,
@@ -561,18 +617,19 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 
     // Phase 1: the boundary term.
     const CT* M = Mm + ((b * m_chunks + c) * H + h) * KV;
+    ssd_mm_rows<R, S, CT> ur, wr;
+    ssd_mm_cols<VP, S, CT> vr;
+    ur.load(U, b * L + r0, nr, XU, hu, K, 0);
+    vr.template load_m<MT>(M, K, V, 0);
     for (int k0 = 0; k0 < K; k0 += S) {
         __syncthreads();
-        ssd_mm_stage_rows<R, S>(us, U, b * L + r0, nr, XU, hu, K, k0);
-        for (int i = tid; i < S * VP; i += SSD_THREADS) {
-            // M's rows are along k unless MT: consecutive threads read consecutive addresses
-            const int kk = MT ? i / VP : i % S, v = MT ? i % VP : i / S;
-            CT mv = 0;
-            if (v < V && k0 + kk < K)
-                mv = MT ? M[(ssm_i64)(k0 + kk) * V + v] : M[(ssm_i64)v * K + k0 + kk];
-            vs[kk][v] = mv;
-        }
+        ur.store(us);
+        vr.template store<MT>(vs);
         __syncthreads();
+        if (k0 + S < K) {
+            ur.load(U, b * L + r0, nr, XU, hu, K, k0 + S);
+            vr.template load_m<MT>(M, K, V, k0 + S);
+        }
         product(us, vs);
     }
 #pragma unroll
@@ -603,11 +660,17 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
         for (int i = 0; i < MR; ++i)
 #pragma unroll
             for (int j = 0; j < MR; ++j) sacc[i][j] = 0;
+        ur.load(U, b * L + r0, nr, XU, hu, K, 0);
+        wr.load(W, b * L + q0, nq, XW, hw, K, 0);
         for (int k0 = 0; k0 < K; k0 += S) {
             __syncthreads();
-            ssd_mm_stage_rows<R, S>(us, U, b * L + r0, nr, XU, hu, K, k0);
-            ssd_mm_stage_rows<R, S>(ws, W, b * L + q0, nq, XW, hw, K, k0);
+            ur.store(us);
+            wr.store(ws);
             __syncthreads();
+            if (k0 + S < K) {
+                ur.load(U, b * L + r0, nr, XU, hu, K, k0 + S);
+                wr.load(W, b * L + q0, nq, XW, hw, K, k0 + S);
+            }
 #pragma unroll 4
             for (int kk = 0; kk < S; ++kk) {
                 const vec av = *reinterpret_cast<const vec*>(&us[kk][ty * MR]);
@@ -618,6 +681,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
                     for (int j = 0; j < MR; ++j) sacc[i][j] += av.v[i] * wv.v[j];
             }
         }
+        vr.load(Vv, b * L + q0, nq, XV, hv, V);  // in flight while the weights are computed
         // Weighted and masked, into blk[q][r] (every entry written: zero where masked).
 #pragma unroll
         for (int j = 0; j < MR; ++j) {
@@ -641,13 +705,9 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
         }
         for (int s0 = 0; s0 < nq; s0 += S) {
             __syncthreads();
-            for (int i = tid; i < S * VP; i += SSD_THREADS) {
-                const int qq = i / VP, v = i - qq * VP;
-                vs[qq][v] = (s0 + qq < nq && v < V)
-                                ? (CT)ssm_load(Vv[((b * L + q0 + s0 + qq) * XV + hv) * V + v])
-                                : CT(0);
-            }
+            vr.template store<true>(vs);
             __syncthreads();
+            if (s0 + S < nq) vr.load(Vv, b * L + q0 + s0 + S, nq - s0 - S, XV, hv, V);
             product(blk + s0, vs);
         }
     }
