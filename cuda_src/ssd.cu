@@ -543,6 +543,46 @@ template <int VP, int S, typename CT> struct ssd_mm_cols {
     }
 };
 
+// sacc[i][j] = U_{ru + ty MR + i} . W_{rw + tx MR + j}, the sum over k < K in k order (rows
+// past nu, nw give zero), through the shared stages us, ws; stage k + 1's loads are in flight
+// while stage k is summed. U, W: (batch * L, XU | XW, K) at index hu, hw.
+template <typename TU, typename TW, typename CT, int RP>
+__device__ __forceinline__ void ssd_mm_block_sum(CT (&sacc)[ssd_mm_tile<CT>::MR][ssd_mm_tile<CT>::MR],
+                                                 CT (*us)[RP], CT (*ws)[RP],
+                                                 const TU* __restrict__ U, ssm_i64 ru, int nu,
+                                                 int XU, int hu, const TW* __restrict__ W,
+                                                 ssm_i64 rw, int nw, int XW, int hw, int K) {
+    constexpr int MR = ssd_mm_tile<CT>::MR, R = ssd_mm_tile<CT>::R, S = ssd_mm_tile<CT>::S;
+    typedef ssd_vec16<CT> vec;
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < MR; ++i)
+#pragma unroll
+        for (int j = 0; j < MR; ++j) sacc[i][j] = 0;
+    ssd_mm_rows<R, S, CT> ur, wr;
+    ur.load(U, ru, nu, XU, hu, K, 0);
+    wr.load(W, rw, nw, XW, hw, K, 0);
+    for (int k0 = 0; k0 < K; k0 += S) {
+        __syncthreads();
+        ur.store(us);
+        wr.store(ws);
+        __syncthreads();
+        if (k0 + S < K) {
+            ur.load(U, ru, nu, XU, hu, K, k0 + S);
+            wr.load(W, rw, nw, XW, hw, K, k0 + S);
+        }
+#pragma unroll 4
+        for (int kk = 0; kk < S; ++kk) {
+            const vec av = *reinterpret_cast<const vec*>(&us[kk][ty * MR]);
+            const vec wv = *reinterpret_cast<const vec*>(&ws[kk][tx * MR]);
+#pragma unroll
+            for (int i = 0; i < MR; ++i)
+#pragma unroll
+                for (int j = 0; j < MR; ++j) sacc[i][j] += av.v[i] * wv.v[j];
+        }
+    }
+}
+
 template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
           bool DTQ, int VM>
 #ifndef SSD_MM_MIN_BLOCKS  // blocks per SM the registers must allow (VM 4: V > 128, rare)
@@ -554,7 +594,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
              const CT* __restrict__ dte, const CT* __restrict__ cum, const int* __restrict__ seq,
              const ssm_i64* __restrict__ starts, TO* __restrict__ out,
              ssm_i64 L, int H, int XU, int XW, int XV, int K, int V, ssm_i64 nc,
-             ssm_i64 m_chunks, int tiles_per_chunk) {
+             ssm_i64 m_chunks, int tiles_per_chunk, const CT* __restrict__ cb, int classes) {
     constexpr int MR = ssd_mm_tile<CT>::MR, R = ssd_mm_tile<CT>::R, S = ssd_mm_tile<CT>::S;
     constexpr int RP = R + MR;            // padded rows: fewer bank conflicts when staging
     constexpr int VP = 16 * MR * VM;      // the columns the threads cover (>= V)
@@ -617,7 +657,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 
     // Phase 1: the boundary term.
     const CT* M = Mm + ((b * m_chunks + c) * H + h) * KV;
-    ssd_mm_rows<R, S, CT> ur, wr;
+    ssd_mm_rows<R, S, CT> ur;
     ssd_mm_cols<VP, S, CT> vr;
     ur.load(U, b * L + r0, nr, XU, hu, K, 0);
     vr.template load_m<MT>(M, K, V, 0);
@@ -656,30 +696,24 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
         }
         // The block's entries U_r . W_q, rows ty MR + i, columns tx MR + j.
         CT sacc[MR][MR];
+        // C B^T made by ssd_chunk_cb: block (rt, qt) as stored, or (qt, rt) transposed. Only
+        // the kinds without MT (y, ycore, GB) have U, W = C, B or B, C: dB, dC compile without.
+        if (!MT && cb) {
+            const int rt = tile, qt = (int)((q0 - t0) / R);
+            const int lo = UPPER ? rt : qt, hi = UPPER ? qt : rt;
+            const CT* blkp = cb + ((((b * nc + c) * classes + h / (H / classes)) *
+                                    (tiles_per_chunk * (tiles_per_chunk + 1) / 2)) +
+                                   hi * (hi + 1) / 2 + lo) * (R * R);
 #pragma unroll
-        for (int i = 0; i < MR; ++i)
+            for (int a = 0; a < MR; ++a) {
+                const vec v = *reinterpret_cast<const vec*>(
+                    blkp + (UPPER ? tx * MR + a : ty * MR + a) * R + (UPPER ? ty : tx) * MR);
 #pragma unroll
-            for (int j = 0; j < MR; ++j) sacc[i][j] = 0;
-        ur.load(U, b * L + r0, nr, XU, hu, K, 0);
-        wr.load(W, b * L + q0, nq, XW, hw, K, 0);
-        for (int k0 = 0; k0 < K; k0 += S) {
-            __syncthreads();
-            ur.store(us);
-            wr.store(ws);
-            __syncthreads();
-            if (k0 + S < K) {
-                ur.load(U, b * L + r0, nr, XU, hu, K, k0 + S);
-                wr.load(W, b * L + q0, nq, XW, hw, K, k0 + S);
+                for (int e = 0; e < MR; ++e) (UPPER ? sacc[e][a] : sacc[a][e]) = v.v[e];
             }
-#pragma unroll 4
-            for (int kk = 0; kk < S; ++kk) {
-                const vec av = *reinterpret_cast<const vec*>(&us[kk][ty * MR]);
-                const vec wv = *reinterpret_cast<const vec*>(&ws[kk][tx * MR]);
-#pragma unroll
-                for (int i = 0; i < MR; ++i)
-#pragma unroll
-                    for (int j = 0; j < MR; ++j) sacc[i][j] += av.v[i] * wv.v[j];
-            }
+            __syncthreads();  // cum_q, dt_q, seq_q (the other branch's stages sync them)
+        } else {
+            ssd_mm_block_sum(sacc, us, ws, U, b * L + r0, nr, XU, hu, W, b * L + q0, nq, XW, hw, K);
         }
         vr.load(Vv, b * L + q0, nq, XV, hv, V);  // in flight while the weights are computed
         // Weighted and masked, into blk[q][r] (every entry written: zero where masked).
@@ -730,5 +764,50 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
                 ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
             }
         }
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// C B^T of every chunk, once per class of heads (the heads that read the same B group and
+// the same C group; one class when G = 1), for ssd_chunk_mm's q-tile sums when its U, W are
+// C, B (or, transposed, B, C): the R x R blocks (rt, qt), qt <= rt, of rows t0 + rt R ..
+// and columns t0 + qt R .. of the chunk's C B^T, summed exactly as ssd_chunk_mm sums them,
+// at cb[(((b * nc + c) * classes + k) * pairs + rt (rt + 1) / 2 + qt) * R * R + r * R + q].
+// Blocks past a chunk's end are not written (ssd_chunk_mm does not read them).
+// Grid: (batch * nc * classes * pairs), pairs = T (T + 1) / 2 for T tiles per chunk.
+// --------------------------------------------------------------------------------------
+template <typename TB, typename CT>
+__global__ void __launch_bounds__(SSD_THREADS)
+ssd_chunk_cb(const TB* __restrict__ C, const TB* __restrict__ B,
+             const ssm_i64* __restrict__ starts, CT* __restrict__ cb, ssm_i64 L, int GB, int GC,
+             int N, ssm_i64 nc, int classes, int pairs) {
+    constexpr int MR = ssd_mm_tile<CT>::MR, R = ssd_mm_tile<CT>::R, S = ssd_mm_tile<CT>::S;
+    constexpr int RP = R + MR;
+    typedef ssd_vec16<CT> vec;
+    __shared__ vec us_v[S * RP / MR], ws_v[S * RP / MR];
+    const ssm_i64 blk = blockIdx.x;
+    const int pair = (int)(blk % pairs);
+    const ssm_i64 e = blk / pairs;  // = (b * nc + c) * classes + k
+    const int k = (int)(e % classes);
+    const ssm_i64 c = (e / classes) % nc, b = e / classes / nc;
+    int rt = 0;
+    while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
+    const int qt = pair - rt * (rt + 1) / 2;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)rt * R, q0 = t0 + (ssm_i64)qt * R;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < R ? t1 - r0 : R), nq = (int)(t1 - q0 < R ? t1 - q0 : R);
+    CT sacc[MR][MR];
+    ssd_mm_block_sum(sacc, reinterpret_cast<CT(*)[RP]>(us_v), reinterpret_cast<CT(*)[RP]>(ws_v),
+                     C, b * L + r0, nr, GC, k / (classes / GC), B, b * L + q0, nq, GB,
+                     k / (classes / GB), N);
+    CT* out = cb + blk * (R * R);
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < MR; ++i) {
+        vec v;
+#pragma unroll
+        for (int j = 0; j < MR; ++j) v.v[j] = sacc[i][j];
+        *reinterpret_cast<vec*>(out + (ty * MR + i) * R + tx * MR) = v;
     }
 }

@@ -141,7 +141,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
-             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>"]
+             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>",
+             f"ssd_chunk_cb<{TB}, {CT}>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
     return names
@@ -370,19 +371,42 @@ class _Layout:
                              np.int32(p.N), np.int64(self.nc)))
         return out
 
-    def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None):
-        """One chunk product (see ssd_chunk_mm); writes ``out`` (batch, L, H, V)."""
+    def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None):
+        """One chunk product (see ssd_chunk_mm); writes ``out`` (batch, L, H, V). ``cb``:
+        the chunks' C B^T blocks from :meth:`cb_cuda`, read in place of U W^T (kinds y,
+        ycore: U = C, W = B; GB: U = B, W = C)."""
         V = Vv.shape[3]
         K = U.shape[3]
         name = mm_name(kind, self.io, self.bc, column_groups(V, self.ct))
         tiles = -(-self.max_len // tile_rows(self.ct))
         m_chunks = M.shape[1]
+        classes = 1 if cb is None else cb.shape[2]
         _launch(name, (p.batch * p.H * self.nc * tiles,),
                 (U, W, Vv, M, _ptr(D), _ptr(z), self.dte, self.cum, _ptr(p.seq_idx), self.starts,
                  out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),
                  np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
-                 np.int64(m_chunks), np.int32(tiles)))
+                 np.int64(m_chunks), np.int32(tiles), _ptr(cb), np.int32(classes)))
         return out
+
+    def cb_cuda(self, p):
+        """C B^T of every chunk for ``ssd_chunk_mm``, once per class of heads (see
+        head_classes): (batch, nc, classes, pairs, R * R) in the compute dtype, the R x R
+        blocks on and below the diagonal (``ssd_chunk_cb``); None when every head has its
+        own B and C group pair, so that nothing is shared (``ssd_chunk_mm`` then sums the
+        blocks itself)."""
+        GB, GC = p.B.shape[2], p.C.shape[2]
+        classes = head_classes(p.H, GB, GC)
+        if classes == p.H:
+            return None
+        R = tile_rows(self.ct)
+        tiles = -(-self.max_len // R)
+        pairs = tiles * (tiles + 1) // 2
+        cb = p.xp.empty((p.batch, self.nc, classes, pairs, R * R), dtype=p.compute_dtype)
+        _launch(f"ssd_chunk_cb<{_CTYPE[self.bc]}, {_CTYPE[self.ct]}>",
+                (p.batch * self.nc * classes * pairs,),
+                (p.C, p.B, self.starts, cb, np.int64(p.L), np.int32(GB), np.int32(GC),
+                 np.int32(p.N), np.int64(self.nc), np.int32(classes), np.int32(pairs)))
+        return cb
 
     def chunk_state_mma(self, p, X=None, Y=None, *, adjoint=False):
         """Per chunk on tensor cores, (batch, nc, H, P, N) float32: the forward chunk states
@@ -533,7 +557,7 @@ def ssd_forward(p, *, save_checkpoints):
         lay.out_mma(p, entering, y)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
-        lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z)
+        lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
     final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
     if lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
@@ -703,7 +727,8 @@ def ssd_backward(p, checkpoints, dy, dfinal):
                              + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
         xc = p.x.astype(cd)
-        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd))
+        cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
+        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd), cb=cbc)
         dyc = dy.astype(cd)
         dz = None
         if p.z is not None:
@@ -719,7 +744,7 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal, dot_with=states,
             dot_shift=1)
         GBg, GCg = p.B.shape[2], p.C.shape[2]
-        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd))
+        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
         dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
         dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
         xGB = (xc * GB).sum(axis=-1)

@@ -22,16 +22,22 @@ import exact_mm
 PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const T*,const T*,const int*,"
         "const ssm_i64*,T*").split(",")
 SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int"]
+TAIL_P, TAIL_S = ["const T*"], ["int"]  # cb, classes
+CB_PTRS = "const T*,const T*,const ssm_i64*,T*".split(",")
+CB_SCALARS = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
 
 
 def kernels():
-    """{wrapper symbol: (instance name, C type)} for every kind and VM of float and double."""
+    """{wrapper symbol: (instance name, C type, signature)} for every kind and VM of float
+    and double, and ssd_chunk_cb."""
     out = {}
     for io, (T, _) in IO.items():
         for kind in gssd.MM_KINDS:
             for vm in gssd.vm_values(io):
-                out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T)
+                out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T, PTRS, SCALARS,
+                                               TAIL_P, TAIL_S)
+        out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
     return out
 
 
@@ -44,7 +50,7 @@ def build_so():
         src = src.replace(old, new, 1)
     src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
-        build.wrapper("emu_" + sym, name, T, PTRS, SCALARS) for sym, (name, T) in kernels().items()))
+        build.wrapper("emu_" + sym, *v) for sym, v in kernels().items()))
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
                       include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
 
@@ -69,6 +75,8 @@ CASES = [
     ("float32", 1, 20, 8, [3, 11], 1, 1, 1, 1, 5, 3),
     ("float64", 1, 45, 40, [17], 2, 1, 2, 2, 17, 33),
     ("float64", 1, 33, 64, None, 1, 1, 1, 1, 9, 250),
+    ("float32", 1, 230, 200, [150], 2, 1, 1, 2, 20, 16),  # 4 tiles per chunk
+    ("float64", 1, 100, 100, None, 2, 1, 2, 1, 12, 8),
 ]
 
 
@@ -98,24 +106,37 @@ def run_case(lib, i):
         Mm = a(batch, m_chunks, H, K * V)
         D = a(H, V) if kind == "y" else None
         z = a(batch, L, XV, V) if kind == "y" else None
-        out = np.full((batch, L, H, V), np.nan, dt)
         ref = np.full((batch, L, H, V), np.nan, np.float64)
         vm = gssd.column_groups(V, io)
         name = gssd.mm_name(kind, io, io, vm)
-        args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out]
-        scal = [L, H, XU, XW, XV, K, V, nc, m_chunks, tiles]
-        launch(lib, f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, args, scal)
         null = lambda v: gssd._NULL if v is None else v
         exact_mm.np_chunk_mm(name, [U, W, Vv, Mm, null(D), null(z), dte, cum, null(seq), starts,
                                     ref, L, H, XU, XW, XV, K, V, nc, m_chunks, tiles])
-        err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
-        if np.isnan(out).any():
-            err = float("inf")
-        worst = max(worst, err)
-        tol = 2e-6 if io == "float32" else 1e-13
-        print(f"case {i} {io} {kind:5s} VM {vm}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
-        if not err < tol:
-            return False
+        # y, ycore (U = C, W = B) and GB (U = B, W = C) also from ssd_chunk_cb's blocks
+        for with_cb in (False, True) if kind in ("y", "ycore", "GB") else (False,):
+            cb, classes = None, 1
+            if with_cb:
+                Cm, Bm = (W, U) if upper else (U, W)
+                GB, GC = Bm.shape[2], Cm.shape[2]
+                classes = gssd.head_classes(H, GB, GC)
+                pairs = tiles * (tiles + 1) // 2
+                R = gssd.tile_rows(io)
+                cb = np.full((batch, nc, classes, pairs, R * R), np.nan, dt)
+                launch(lib, f"emu_cb_{io}", batch * nc * classes * pairs, [Cm, Bm, starts, cb],
+                       [L, GB, GC, K, nc, classes, pairs])
+            out = np.full((batch, L, H, V), np.nan, dt)
+            args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
+            scal = [L, H, XU, XW, XV, K, V, nc, m_chunks, tiles, classes]
+            launch(lib, f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, args, scal)
+            err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
+            if np.isnan(out).any():
+                err = float("inf")
+            worst = max(worst, err)
+            tol = 2e-6 if io == "float32" else 1e-13
+            print(f"case {i} {io} {kind:5s} VM {vm}{' cb' if with_cb else '   '}: rel err "
+                  f"{err:.2e} {'ok' if err < tol else 'FAIL'}")
+            if not err < tol:
+                return False
     return True
 
 
