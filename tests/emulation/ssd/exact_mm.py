@@ -9,7 +9,7 @@ NULL = lambda a: a is gssd._NULL or a is None
 
 def np_chunk_mm(name, args):
     (U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, L, H, XU, XW, XV, K, V, nc, m_chunks,
-     tiles) = args
+     tiles) = args[:21]  # (then ssd_chunk_cb's blocks and classes: the same U W^T, unused here)
     flags = [a.strip() for a in name[name.index("<") + 1:-1].split(",")][5:8]
     upper, mt, dtq = (f == "true" for f in flags)
     batch = U.shape[0]

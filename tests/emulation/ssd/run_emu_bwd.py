@@ -71,6 +71,8 @@ def launch(name, grid, args, **kw):
         return np_adjoint_passing(args)
     if name.startswith("ssd_chunk_mm<"):  # the switch off: the CUDA-core products, exact
         return exact_mm.np_chunk_mm(name, args)
+    if name.startswith("ssd_chunk_cb<"):  # C B^T blocks for ssd_chunk_mm: its mirror sums them
+        return None
     return _base(name, grid, args, **kw)
 gssd._launch = launch
 
