@@ -726,10 +726,10 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         dcum[:, ends, :] += (decay * g["end_dot"]  # <dHx_c, H_c>
                              + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
-        xc = p.x.astype(cd)
+        xc = p.x.astype(cd, copy=False)
         cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
         ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd), cb=cbc)
-        dyc = dy.astype(cd)
+        dyc = dy.astype(cd, copy=False)
         dz = None
         if p.z is not None:
             zc = p.z.astype(cd)
@@ -750,16 +750,18 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         xGB = (xc * GB).sum(axis=-1)
         dx = dte[..., None] * GB
         dcum = (dY * ycore).sum(axis=-1) - dte * xGB
-        dBh *= dte[..., None]
-        dB = dBh.reshape(batch, L, GBg, H // GBg, N).sum(axis=3)
-        dC = dCh.reshape(batch, L, GCg, H // GCg, N).sum(axis=3)
+        # the sums over each group's heads as batched products (one pass over dBh, dCh)
+        dB = cp.matmul(dte.reshape(batch, L, GBg, 1, H // GBg),
+                       dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
+        dC = cp.matmul(cp.ones(H // GCg, dtype=cd), dCh.reshape(batch, L, GCg, H // GCg, N))
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
         dcum[:, ends, :] += end_dot
         dD = None
         if p.D is not None:
             dx += p.D[None, None] * dY
-            dD = (dY * xc).sum(axis=(0, 1))
-        dx = dx.astype(p.io_dtype)
+            dD = cp.matmul(cp.ones(batch * L, dtype=cd),
+                           (dY * xc).reshape(batch * L, H * p.P)).reshape(H, p.P)
+        dx = dx.astype(p.io_dtype, copy=False)
     ddt, dA, ddt_sum = _bwd_dt(p, lay, dcum, xGB)
     return dict(
         x=dx,
