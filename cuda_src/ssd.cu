@@ -41,12 +41,6 @@
 #define SSD_THREADS 256
 #define SSD_MAXD 256  // largest head dimension P and state size N
 
-template <typename CT> struct ssd_tile {
-    // Rows per tile: 32 in float, 16 in double, so every tile fits 48 KiB of shared memory.
-    static constexpr int T = sizeof(CT) == 8 ? 16 : 32;
-    static constexpr int S = sizeof(CT) == 8 ? 8 : 16;  // steps per stage in ssd_chunk_state
-};
-
 template <typename CT>
 __device__ __forceinline__ CT ssd_exp(CT x) {  // exp(x), through the hardware exp2 in float
     return ssm_math<CT>::decay(x * ssm_math<CT>::kLog2e);
@@ -199,92 +193,6 @@ ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
                 if (factor) factor[o] = f;
                 cum[o] = s;
             }
-        }
-    }
-}
-
-// --------------------------------------------------------------------------------------
-// A chunk's rank-Q sum of outer products, out[b, c, h] = sum_s w_s X_s (outer) Y_s (P x N):
-//   ADJ = false: X = x, Y = B, w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s (chunk state)
-//   ADJ = true:  X = dY, Y = C, w_t = [seq_t == seq_prev] exp(cum_t)        (its adjoint)
-// A block computes a 32 x 128 tile of the P x N result; thread (ty, tx) = (tid / 32,
-// tid % 32) owns rows ty + 8 i (i < 4) and columns tx + 32 m (m < 4): 16 sums fed by 8
-// shared-memory loads per step.
-// Grid: (batch * nc, H, ceil(P / 32) * ceil(N / 128)); out (batch, nc, H, P, N).
-// --------------------------------------------------------------------------------------
-template <typename TX, typename TY, typename CT, bool ADJ>
-__global__ void __launch_bounds__(SSD_THREADS)
-ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __restrict__ dte,
-                const CT* __restrict__ cum, const int* __restrict__ seq,
-                const ssm_i64* __restrict__ starts, CT* __restrict__ out,
-                ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
-    constexpr int TS = ssd_tile<CT>::T;  // steps per stage
-    constexpr int PT = 32, NTL = 128;    // the block's tile of the P x N result
-    __shared__ CT xs[TS][PT];            // w_s X_s[p]
-    __shared__ CT ys[TS][NTL];
-    __shared__ CT ws[TS];
-    const int tid = threadIdx.x, ty = tid / 32, tx = tid % 32;
-    const ssm_i64 e = blockIdx.x;  // = b * nc + c
-    const int h = blockIdx.y;
-    const int p_tiles = (P + PT - 1) / PT;
-    const int p0 = (blockIdx.z % p_tiles) * PT, n0 = (blockIdx.z / p_tiles) * NTL;
-    const ssm_i64 b = e / nc, c = e - b * nc;
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
-    const int g = h / (H / GY);
-    const CT cum_E = cum[(b * L + E) * H + h];
-    const int seq_ref = ADJ ? ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0)) : ssd_seq(seq, b * L + E);
-
-    CT acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) acc[i][m] = 0;
-    for (ssm_i64 s0 = t0; s0 < t1; s0 += TS) {
-        const int ns = (int)(t1 - s0 < TS ? t1 - s0 : TS);
-        __syncthreads();
-        if (tid < TS) {
-            CT w = 0;
-            if (tid < ns) {
-                const ssm_i64 s = s0 + tid;
-                const ssm_i64 i = (b * L + s) * H + h;
-                if (ssd_seq(seq, b * L + s) == seq_ref)
-                    w = ADJ ? ssd_exp<CT>(cum[i]) : ssd_exp<CT>(cum_E - cum[i]) * dte[i];
-            }
-            ws[tid] = w;
-        }
-        __syncthreads();
-        for (int i = tid; i < TS * PT; i += SSD_THREADS) {
-            const int si = i / PT, pp = i - si * PT;
-            xs[si][pp] = (si < ns && p0 + pp < P)
-                             ? ws[si] * (CT)ssm_load(X[((b * L + s0 + si) * H + h) * P + p0 + pp])
-                             : CT(0);
-        }
-        for (int i = tid; i < TS * NTL; i += SSD_THREADS) {
-            const int si = i / NTL, nn = i - si * NTL;
-            ys[si][nn] = (si < ns && n0 + nn < N)
-                             ? (CT)ssm_load(Y[((b * L + s0 + si) * GY + g) * N + n0 + nn]) : CT(0);
-        }
-        __syncthreads();
-        for (int si = 0; si < ns; ++si) {
-            CT xv[4], yv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xv[i] = xs[si][ty + 8 * i];
-#pragma unroll
-            for (int m = 0; m < 4; ++m) yv[m] = ys[si][tx + 32 * m];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int m = 0; m < 4; ++m) acc[i][m] += xv[i] * yv[m];
-        }
-    }
-    const ssm_i64 PN = (ssm_i64)P * N;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int p = p0 + ty + 8 * i;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const int n = n0 + tx + 32 * m;
-            if (p < P && n < N) out[(e * H + h) * PN + (ssm_i64)p * N + n] = acc[i][m];
         }
     }
 }
@@ -481,8 +389,9 @@ template <typename CT> struct alignas(16) ssd_vec16 { CT v[16 / sizeof(CT)]; };
 // before it computes stage k, so those loads are in flight meanwhile.
 //   ssd_mm_rows: rows row0 .. row0 + n - 1 of a (batch * L, X, K) array at index hx, columns
 //                k0 .. k0 + S - 1, to dst[kk][r] (zero past n or K); threads read along k.
-//   ssd_mm_cols: rows q0 .. q0 + n - 1 of Vv (batch * L, X, V) at index hx, columns 0 .. VP - 1,
-//                to dst[qq][v]; or, with the M form, M's (k0 + kk, v) for kk < S to dst[kk][v].
+//   ssd_mm_cols: rows q0 .. q0 + n - 1 of a (batch * L, X, row_len) array at index hx,
+//                columns 0 .. VP - 1, to dst[qq][v]; or, with the M form, M's (k0 + kk, v)
+//                for kk < S to dst[kk][v].
 template <int R, int S, typename CT> struct ssd_mm_rows {
     static constexpr int PER = R * S / SSD_THREADS;  // a thread's values: rows RSTEP apart
     static constexpr int RSTEP = SSD_THREADS / S;
@@ -509,16 +418,16 @@ template <int VP, int S, typename CT> struct ssd_mm_cols {
     static constexpr int PER = VP * S / SSD_THREADS;
     static_assert(VP <= SSD_THREADS && SSD_THREADS % S == 0, "a thread's values are rows apart");
     CT v[PER];
-    template <typename T>
+    template <typename T>  // rows of row_len values; columns past ncols give zero
     __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 q0, int n, int X,
-                                         int hx, int V) {
+                                         int hx, int row_len, int ncols) {
         constexpr int QSTEP = SSD_THREADS / VP;  // rows between a thread's values
         const int qq = threadIdx.x / VP, c = threadIdx.x % VP;
-        const ssm_i64 step = (ssm_i64)QSTEP * X * V;
-        const T* p = src + ((q0 + qq) * X + hx) * V + c;
+        const ssm_i64 step = (ssm_i64)QSTEP * X * row_len;
+        const T* p = src + ((q0 + qq) * X + hx) * row_len + c;
 #pragma unroll
         for (int j = 0; j < PER; ++j)
-            v[j] = (qq + j * QSTEP < n && c < V) ? (CT)ssm_load(p[j * step]) : CT(0);
+            v[j] = (qq + j * QSTEP < n && c < ncols) ? (CT)ssm_load(p[j * step]) : CT(0);
     }
     template <bool MT>  // M's rows are along k unless MT: consecutive threads read along them
     __device__ __forceinline__ void load_m(const CT* __restrict__ M, int K, int V, int k0) {
@@ -542,6 +451,34 @@ template <int VP, int S, typename CT> struct ssd_mm_cols {
         }
     }
 };
+
+// acc[i][m MR + j] += sum over the S rows kk of a[kk][ty MR + i] (times w[kk] when given)
+// * x[kk][tx MR + 16 MR m + j]: one 16-byte vector of a and VM of x per row kk.
+template <int VM, typename CT, int RP, int VS>
+__device__ __forceinline__ void ssd_mm_accumulate(
+    CT (&acc)[ssd_mm_tile<CT>::MR][ssd_mm_tile<CT>::MR * VM], const CT (*a)[RP],
+    const CT (*x)[VS], const CT* w = nullptr) {
+    constexpr int MR = ssd_mm_tile<CT>::MR, S = ssd_mm_tile<CT>::S;
+    typedef ssd_vec16<CT> vec;
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll 4
+    for (int kk = 0; kk < S; ++kk) {
+        vec av = *reinterpret_cast<const vec*>(&a[kk][ty * MR]);
+        if (w) {
+            const CT wk = w[kk];
+#pragma unroll
+            for (int i = 0; i < MR; ++i) av.v[i] = wk * av.v[i];
+        }
+#pragma unroll
+        for (int m = 0; m < VM; ++m) {
+            const vec xv = *reinterpret_cast<const vec*>(&x[kk][tx * MR + 16 * MR * m]);
+#pragma unroll
+            for (int i = 0; i < MR; ++i)
+#pragma unroll
+                for (int j = 0; j < MR; ++j) acc[i][m * MR + j] += av.v[i] * xv.v[j];
+        }
+    }
+}
 
 // sacc[i][j] = U_{ru + ty MR + i} . W_{rw + tx MR + j}, the sum over k < K in k order (rows
 // past nu, nw give zero), through the shared stages us, ws; stage k + 1's loads are in flight
@@ -639,22 +576,6 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 #pragma unroll
         for (int m = 0; m < MR * VM; ++m) acc[i][m] = 0;
 
-    // acc[i][.] += sum over the S rows kk of a[kk][ty MR + i] * x[kk][tx MR + 16 MR m + j]
-    auto product = [&](const CT(*a)[RP], const CT(*x)[VS]) {
-#pragma unroll 4
-        for (int kk = 0; kk < S; ++kk) {
-            const vec av = *reinterpret_cast<const vec*>(&a[kk][ty * MR]);
-#pragma unroll
-            for (int m = 0; m < VM; ++m) {
-                const vec xv = *reinterpret_cast<const vec*>(&x[kk][tx * MR + 16 * MR * m]);
-#pragma unroll
-                for (int i = 0; i < MR; ++i)
-#pragma unroll
-                    for (int j = 0; j < MR; ++j) acc[i][m * MR + j] += av.v[i] * xv.v[j];
-            }
-        }
-    };
-
     // Phase 1: the boundary term.
     const CT* M = Mm + ((b * m_chunks + c) * H + h) * KV;
     ssd_mm_rows<R, S, CT> ur;
@@ -670,7 +591,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
             ur.load(U, b * L + r0, nr, XU, hu, K, k0 + S);
             vr.template load_m<MT>(M, K, V, k0 + S);
         }
-        product(us, vs);
+        ssd_mm_accumulate<VM>(acc, us, vs);
     }
 #pragma unroll
     for (int i = 0; i < MR; ++i) {
@@ -715,7 +636,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
         } else {
             ssd_mm_block_sum(sacc, us, ws, U, b * L + r0, nr, XU, hu, W, b * L + q0, nq, XW, hw, K);
         }
-        vr.load(Vv, b * L + q0, nq, XV, hv, V);  // in flight while the weights are computed
+        vr.load(Vv, b * L + q0, nq, XV, hv, V, V);  // in flight while the weights are computed
         // Weighted and masked, into blk[q][r] (every entry written: zero where masked).
 #pragma unroll
         for (int j = 0; j < MR; ++j) {
@@ -741,8 +662,8 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
             __syncthreads();
             vr.template store<true>(vs);
             __syncthreads();
-            if (s0 + S < nq) vr.load(Vv, b * L + q0 + s0 + S, nq - s0 - S, XV, hv, V);
-            product(blk + s0, vs);
+            if (s0 + S < nq) vr.load(Vv, b * L + q0 + s0 + S, nq - s0 - S, XV, hv, V, V);
+            ssd_mm_accumulate<VM>(acc, blk + s0, vs);
         }
     }
 
@@ -809,5 +730,162 @@ ssd_chunk_cb(const TB* __restrict__ C, const TB* __restrict__ B,
 #pragma unroll
         for (int j = 0; j < MR; ++j) v.v[j] = sacc[i][j];
         *reinterpret_cast<vec*>(out + (ty * MR + i) * R + tx * MR) = v;
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// The CUDA-core backward's per-step element-wise work, fused: one warp per row (b, t, h) of
+// P values (lane p, p + 32, ...), from the products' outputs GB = (G B)_t (without dt') and
+// ycore (the recomputed output without D and gate) and dY (the output cotangent times
+// silu'(z)):
+//   xGB[row]  = sum_p x_p GB_p                       (for ddt)
+//   dcum[row] = sum_p dY_p ycore_p - dt'_t xGB[row]  (the chunk sums' cotangent, without its
+//                                                      boundary term)
+//   dx_p      = dt'_t GB_p + D[h, p] dY_p
+// and per block the partial sums of dY x over its steps, dD_part[blockIdx.x, h, p] (summed
+// over the blocks by the caller, in a fixed order). Rows are (batch * L) x H.
+// Grid: (ceil(batch * L / steps_per_block), H); a block's warps take its steps in turn.
+// --------------------------------------------------------------------------------------
+#define SSD_ROW_VALUES (SSD_MAXD / 32)  // values per lane: P <= SSD_MAXD
+#define SSD_ROW_THREADS 128
+
+template <typename TX, typename CT>
+__global__ void __launch_bounds__(SSD_ROW_THREADS)
+ssd_bwd_rows(const TX* __restrict__ X, const CT* __restrict__ GB, const CT* __restrict__ dY,
+             const CT* __restrict__ ycore, const CT* __restrict__ dte, const CT* __restrict__ D,
+             TX* __restrict__ dx, CT* __restrict__ xGB, CT* __restrict__ dcum,
+             CT* __restrict__ dD_part, ssm_i64 steps, int H, int P, int steps_per_block) {
+    constexpr int WARPS = SSD_ROW_THREADS / 32;
+    __shared__ CT dd_sh[WARPS][32 * SSD_ROW_VALUES];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.y;
+    const int nv = (P + 31) / 32;  // values this row gives each lane (uniform)
+    const ssm_i64 s0 = (ssm_i64)blockIdx.x * steps_per_block;
+    const ssm_i64 s1 = s0 + steps_per_block < steps ? s0 + steps_per_block : steps;
+    CT Dv[SSD_ROW_VALUES], dd[SSD_ROW_VALUES];
+#pragma unroll
+    for (int k = 0; k < SSD_ROW_VALUES; ++k) {
+        const int p = lane + 32 * k;
+        Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : CT(0);
+        dd[k] = 0;
+    }
+    for (ssm_i64 s = s0 + warp; s < s1; s += WARPS) {
+        const ssm_i64 row = s * H + h, base = row * P;
+        const CT e = dte[row];
+        CT sum_x = 0, sum_y = 0;
+#pragma unroll
+        for (int k = 0; k < SSD_ROW_VALUES; ++k) {
+            const int p = lane + 32 * k;
+            if (k < nv && p < P) {
+                const ssm_i64 i = base + p;
+                const CT xv = (CT)ssm_load(X[i]), gv = GB[i], dyv = dY[i];
+                sum_x += xv * gv;
+                sum_y += dyv * ycore[i];
+                ssm_store(dx + i, e * gv + Dv[k] * dyv);
+                dd[k] += dyv * xv;
+            }
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) {
+            sum_x += __shfl_xor_sync(0xffffffffu, sum_x, m);
+            sum_y += __shfl_xor_sync(0xffffffffu, sum_y, m);
+        }
+        if (lane == 0) {
+            xGB[row] = sum_x;
+            dcum[row] = sum_y - e * sum_x;
+        }
+    }
+    if (dD_part) {  // the warps' sums in warp order
+#pragma unroll
+        for (int k = 0; k < SSD_ROW_VALUES; ++k) dd_sh[warp][lane + 32 * k] = dd[k];
+        __syncthreads();
+        for (int p = tid; p < P; p += SSD_ROW_THREADS) {
+            CT v = 0;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) v += dd_sh[w][p];
+            dD_part[((ssm_i64)blockIdx.x * H + h) * P + p] = v;
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------------
+// A chunk's rank-Q sum of outer products, out[b, c, h] = sum_s w_s X_s (outer) Y_s (P x N):
+//   ADJ = false: X = x, Y = B, w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s (chunk state)
+//   ADJ = true:  X = dY, Y = C, w_t = [seq_t == seq_prev] exp(cum_t)        (its adjoint)
+// Register tiles as in ssd_chunk_mm, the steps s in the place of k: a block computes an
+// R x 2R tile of the P x N result (64 x 128 in float, 32 x 64 in double), staging the steps
+// S at a time as xs[s][p] = X_s[p], ys[s][n] = Y_s[n] and w_s (applied to X as its rows are
+// read), with the next stage's loads in flight meanwhile.
+// Grid: (batch * nc, H, ceil(P / R) * ceil(N / 2R)); out (batch, nc, H, P, N).
+// --------------------------------------------------------------------------------------
+template <typename TX, typename TY, typename CT, bool ADJ>
+__global__ void __launch_bounds__(SSD_THREADS, 2)
+ssd_chunk_state(const TX* __restrict__ X, const TY* __restrict__ Y, const CT* __restrict__ dte,
+                const CT* __restrict__ cum, const int* __restrict__ seq,
+                const ssm_i64* __restrict__ starts, CT* __restrict__ out,
+                ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
+    constexpr int MR = ssd_mm_tile<CT>::MR, R = ssd_mm_tile<CT>::R, S = ssd_mm_tile<CT>::S;
+    constexpr int NV = 2, NT = 2 * R;  // the tile's N columns: NV groups of 16 MR
+    constexpr int RP = R + MR, VS = NT + MR;
+    typedef ssd_vec16<CT> vec;
+    __shared__ vec xs_v[S * RP / MR], ys_v[S * VS / MR];
+    __shared__ CT w_sh[S];
+    CT(*xs)[RP] = reinterpret_cast<CT(*)[RP]>(xs_v);
+    CT(*ys)[VS] = reinterpret_cast<CT(*)[VS]>(ys_v);
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const ssm_i64 e = blockIdx.x;  // = b * nc + c
+    const int h = blockIdx.y;
+    const int p_tiles = (P + R - 1) / R;
+    const int p0 = (blockIdx.z % p_tiles) * R, n0 = (blockIdx.z / p_tiles) * NT;
+    const ssm_i64 b = e / nc, c = e - b * nc;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+    const int g = h / (H / GY);
+    const CT cum_E = cum[(b * L + E) * H + h];
+    const int seq_ref = ADJ ? ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0)) : ssd_seq(seq, b * L + E);
+
+    CT acc[MR][MR * NV];
+#pragma unroll
+    for (int i = 0; i < MR; ++i)
+#pragma unroll
+        for (int m = 0; m < MR * NV; ++m) acc[i][m] = 0;
+    ssd_mm_cols<R, S, CT> xr;
+    ssd_mm_cols<NT, S, CT> yr;
+    CT cs = 0, ds = 0;  // thread tid < S: cum, dt' and seq of the stage's step tid
+    int sq = 0;
+    auto load = [&](ssm_i64 s0) {
+        const int ns = (int)(t1 - s0 < S ? t1 - s0 : S);
+        xr.load(X + p0, b * L + s0, ns, H, h, P, P - p0);
+        yr.load(Y + n0, b * L + s0, ns, GY, g, N, N - n0);
+        if (tid < ns) {
+            const ssm_i64 i = (b * L + s0 + tid) * H + h;
+            cs = cum[i];
+            ds = ADJ ? CT(0) : dte[i];
+            sq = ssd_seq(seq, b * L + s0 + tid);
+        }
+    };
+    load(t0);
+    for (ssm_i64 s0 = t0; s0 < t1; s0 += S) {
+        __syncthreads();
+        xr.template store<true>(xs);
+        yr.template store<true>(ys);
+        if (tid < S) {
+            CT w = 0;
+            if (s0 + tid < t1 && sq == seq_ref)
+                w = ADJ ? ssd_exp<CT>(cs) : ssd_exp<CT>(cum_E - cs) * ds;
+            w_sh[tid] = w;
+        }
+        __syncthreads();
+        if (s0 + S < t1) load(s0 + S);
+        ssd_mm_accumulate<NV>(acc, xs, ys, w_sh);
+    }
+    const ssm_i64 PN = (ssm_i64)P * N;
+#pragma unroll
+    for (int i = 0; i < MR; ++i) {
+        const int p = p0 + ty * MR + i;
+#pragma unroll
+        for (int m = 0; m < MR * NV; ++m) {
+            const int n = n0 + tx * MR + 16 * MR * (m / MR) + m % MR;
+            if (p < P && n < N) out[(e * H + h) * PN + (ssm_i64)p * N + n] = acc[i][m];
+        }
     }
 }

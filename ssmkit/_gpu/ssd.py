@@ -142,7 +142,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
              f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
              f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>",
-             f"ssd_chunk_cb<{TB}, {CT}>"]
+             f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>"]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
     return names
@@ -365,7 +365,8 @@ class _Layout:
         name = (f"ssd_chunk_state<{T}, {_CTYPE[self.bc]}, {_CTYPE[self.ct]}, "
                 f"{'true' if adjoint else 'false'}>")
         out = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
-        grid = (p.batch * self.nc, p.H, -(-p.P // 32) * -(-p.N // 128))
+        R = tile_rows(self.ct)  # a block's tile: R x 2R of the P x N result
+        grid = (p.batch * self.nc, p.H, -(-p.P // R) * -(-p.N // (2 * R)))
         _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
                              np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
                              np.int32(p.N), np.int64(self.nc)))
@@ -616,7 +617,8 @@ def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shi
     return out + ((part.sum(axis=-1),) if dot_with is not None else ())
 
 
-ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows
+ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows and ssd_bwd_rows
+ROW_THREADS = 128  # SSD_ROW_THREADS of ssd_bwd_rows
 
 
 def _rows(p, lay, dy, final, cb, yo, go=None):
@@ -747,21 +749,15 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
         dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
         dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
-        xGB = (xc * GB).sum(axis=-1)
-        dx = dte[..., None] * GB
-        dcum = (dY * ycore).sum(axis=-1) - dte * xGB
+        rows = _bwd_rows(p, lay, GB, dY, ycore)
+        dx, xGB, dcum = rows["dx"], rows["xGB"], rows["dcum"]
         # the sums over each group's heads as batched products (one pass over dBh, dCh)
         dB = cp.matmul(dte.reshape(batch, L, GBg, 1, H // GBg),
                        dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
         dC = cp.matmul(cp.ones(H // GCg, dtype=cd), dCh.reshape(batch, L, GCg, H // GCg, N))
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
         dcum[:, ends, :] += end_dot
-        dD = None
-        if p.D is not None:
-            dx += p.D[None, None] * dY
-            dD = cp.matmul(cp.ones(batch * L, dtype=cd),
-                           (dY * xc).reshape(batch * L, H * p.P)).reshape(H, p.P)
-        dx = dx.astype(p.io_dtype, copy=False)
+        dD = None if p.D is None else rows["dD_part"].sum(axis=0)
     ddt, dA, ddt_sum = _bwd_dt(p, lay, dcum, xGB)
     return dict(
         x=dx,
@@ -774,6 +770,25 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         dt_bias=None if p.dt_bias is None else ddt_sum,
         initial_state=None if p.initial_state is None else dinit,
     )
+
+
+def _bwd_rows(p, lay, GB, dY, ycore):
+    """The CUDA-core backward's per-step work in one pass (``ssd_bwd_rows``): dx (the input
+    dtype), xGB = x . (G B) and dcum (without its boundary term) per (batch, L, H), and the
+    per-block partial sums of dY x for dD (blocks, H, P), when there is a D."""
+    cp = p.xp
+    cd = p.compute_dtype
+    steps = p.batch * p.L
+    blocks = -(-steps // ROW_STEPS)
+    out = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
+               xGB=cp.empty((p.batch, p.L, p.H), dtype=cd),
+               dcum=cp.empty((p.batch, p.L, p.H), dtype=cd),
+               dD_part=None if p.D is None else cp.empty((blocks, p.H, p.P), dtype=cd))
+    _launch(f"ssd_bwd_rows<{_CTYPE[lay.io]}, {_CTYPE[lay.ct]}>", (blocks, p.H),
+            (p.x, GB, dY, ycore, lay.dte, _ptr(p.D), out["dx"], out["xGB"], out["dcum"],
+             _ptr(out["dD_part"]), np.int64(steps), np.int32(p.H), np.int32(p.P),
+             np.int32(ROW_STEPS)), threads=ROW_THREADS)
+    return out
 
 
 def _bwd_dt(p, lay, dcum, xGB):

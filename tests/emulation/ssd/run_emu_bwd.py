@@ -61,6 +61,19 @@ def np_adjoint_passing(args):
             gv[b] += dfinal[bslot[b, 0]]
     dinit[...] = gv
 
+def np_bwd_rows(args):
+    """ssd_bwd_rows (the CUDA-core backward's per-step pass; its kernel text is checked by
+    run_emu_mm.py): dx, xGB, dcum and the dD partial sums (all in the first block's place)."""
+    X, GB, dY, ycore, dte, D, dx, xGB, dcum, part, steps, H, P, _ = args
+    f = lambda a: np.asarray(a).astype(np.float64)
+    xgb = (f(X) * f(GB)).sum(-1)
+    xGB[...] = xgb
+    dcum[...] = (f(dY) * f(ycore)).sum(-1) - f(dte) * xgb
+    dx[...] = (f(dte)[..., None] * f(GB) + (0 if NULL(D) else f(D) * f(dY))).astype(dx.dtype)
+    if isinstance(part, np.ndarray):
+        part[...] = 0
+        part[0] = (f(dY) * f(X)).reshape(-1, int(H), int(P)).sum(0)
+
 calls = []
 _base = gssd._launch
 def launch(name, grid, args, **kw):
@@ -73,6 +86,8 @@ def launch(name, grid, args, **kw):
         return exact_mm.np_chunk_mm(name, args)
     if name.startswith("ssd_chunk_cb<"):  # C B^T blocks for ssd_chunk_mm: its mirror sums them
         return None
+    if name.startswith("ssd_bwd_rows<"):
+        return np_bwd_rows(args)
     return _base(name, grid, args, **kw)
 gssd._launch = launch
 

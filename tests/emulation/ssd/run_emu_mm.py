@@ -4,7 +4,9 @@ compiled for the host (emu_common.h: a std::thread per CUDA thread, std::barrier
 __syncthreads), every product kind (y with D and z, ycore, GB, dB, dC), float and double,
 every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts (a length-1
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
-multiples of the stage or of the column group) and head groups of U, W and Vv.
+multiples of the stage or of the column group) and head groups of U, W and Vv; and the
+backward's per-step pass ssd_bwd_rows and the chunk states ssd_chunk_state (both forms)
+against NumPy (all cases, with no arguments).
 
     python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
 
@@ -25,6 +27,10 @@ SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_
 TAIL_P, TAIL_S = ["const T*"], ["int"]  # cb, classes
 CB_PTRS = "const T*,const T*,const ssm_i64*,T*".split(",")
 CB_SCALARS = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
+ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".split(",")
+ROWS_SCALARS = ["ssm_i64", "int", "int", "int"]
+STATE_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
+STATE_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
 
 
@@ -38,6 +44,10 @@ def kernels():
                 out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T, PTRS, SCALARS,
                                                TAIL_P, TAIL_S)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
+        out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
+        for adj in ("false", "true"):
+            out[f"state_{io}_{adj}"] = (f"ssd_chunk_state<{T}, {T}, {T}, {adj}>", T, STATE_PTRS,
+                                        STATE_SCALARS)
     return out
 
 
@@ -59,11 +69,11 @@ class EmuBuf(ctypes.Structure):
     _fields_ = [("p", ctypes.c_void_p), ("n", ctypes.c_longlong)]
 
 
-def launch(lib, sym, grid, arrays, scalars):
+def launch(lib, sym, grid, arrays, scalars, grid_y=1, threads=256):
     bufs = (EmuBuf * len(arrays))(*[EmuBuf(None, 0) if a is None else
                                     EmuBuf(a.ctypes.data, a.nbytes) for a in arrays])
     s = (ctypes.c_longlong * len(scalars))(*[int(v) for v in scalars])
-    getattr(lib, sym)(bufs, s, grid, 1, 1, 256)
+    getattr(lib, sym)(bufs, s, grid, grid_y, 1, threads)
 
 
 # (io, batch, L, chunk, seq ends or None, H, XU, XW, XV, K, V)
@@ -140,10 +150,113 @@ def run_case(lib, i):
     return True
 
 
+# ssd_bwd_rows: (io, rows = batch * L, H, P, with D)
+ROW_CASES = [("float32", 1, 1, 1, True), ("float32", 130, 3, 64, True),
+             ("float32", 64, 2, 200, False), ("float64", 77, 2, 33, True)]
+
+
+def run_rows(lib, i):
+    io, steps, H, P, with_d = ROW_CASES[i]
+    T, dt = IO[io]
+    rng = np.random.default_rng(200 + i)
+    a = lambda *s: rng.standard_normal(s).astype(dt)
+    x, GB, dY, ycore, dte = a(steps, H, P), a(steps, H, P), a(steps, H, P), a(steps, H, P), a(steps, H)
+    D = a(H, P) if with_d else None
+    blocks = -(-steps // gssd.ROW_STEPS)
+    dx = np.full((steps, H, P), np.nan, dt)
+    xGB, dcum = np.full((steps, H), np.nan, dt), np.full((steps, H), np.nan, dt)
+    part = np.full((blocks, H, P), np.nan, dt) if with_d else None
+    launch(lib, f"emu_rows_{io}", blocks, [x, GB, dY, ycore, dte, D, dx, xGB, dcum, part],
+           [steps, H, P, gssd.ROW_STEPS], grid_y=H, threads=gssd.ROW_THREADS)
+    f = lambda v: v.astype(np.float64)
+    r_xgb = (f(x) * f(GB)).sum(-1)
+    refs = dict(dx=f(dte)[..., None] * f(GB) + (f(D)[None] * f(dY) if with_d else 0),
+                xGB=r_xgb, dcum=(f(dY) * f(ycore)).sum(-1) - f(dte) * r_xgb)
+    outs = dict(dx=dx, xGB=xGB, dcum=dcum)
+    if with_d:
+        refs["dD"], outs["dD"] = (f(dY) * f(x)).sum(0), part.sum(0)
+    # dcum cancels: relative to the size of its terms
+    scale = dict(dcum=(np.abs(f(dY) * f(ycore)).sum(-1) + np.abs(f(dte) * r_xgb)).max())
+    ok = True
+    for k, r in refs.items():
+        err = float(np.abs(outs[k] - r).max() / max(np.abs(r).max(), scale.get(k, 0), 1e-30))
+        if np.isnan(outs[k]).any():
+            err = float("inf")
+        tol = 2e-6 if io == "float32" else 1e-13
+        print(f"rows {i} {io} {k:5s}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        ok = ok and err < tol
+    return ok
+
+
+# ssd_chunk_state: (io, batch, L, chunk, seq ends or None, H, GY, P, N)
+STATE_CASES = [("float32", 1, 1, 64, None, 1, 1, 1, 1),
+               ("float32", 2, 150, 64, [40, 41, 100], 2, 1, 64, 128),
+               ("float32", 1, 90, 90, None, 2, 2, 70, 140),
+               ("float64", 1, 50, 20, [7], 2, 1, 33, 65)]
+
+
+def run_state(lib, i):
+    io, batch, L, chunk, ends, H, GY, P, N = STATE_CASES[i]
+    T, dt = IO[io]
+    rng = np.random.default_rng(300 + i)
+    starts = gssd.chunk_starts(L, chunk, ends)
+    nc = len(starts) - 1
+    seq = None
+    if ends:
+        seq = np.zeros((batch, L), np.int32)
+        for e in ends:
+            seq[:, e:] += 1
+    a = lambda *s: rng.standard_normal(s).astype(dt)
+    X, Y = a(batch, L, H, P), a(batch, L, GY, N)
+    cum = np.zeros((batch, L, H), dt)
+    for c in range(nc):
+        t0, t1 = starts[c], starts[c + 1]
+        cum[:, t0:t1] = np.cumsum(-rng.uniform(0, 0.2, (batch, t1 - t0, H)), axis=1)
+    dte = rng.uniform(0.05, 1.0, (batch, L, H)).astype(dt)
+    R = gssd.tile_rows(io)
+    ok = True
+    for adj in ("false", "true"):
+        out = np.full((batch, nc, H, P, N), np.nan, dt)
+        grid = batch * nc  # (batch * nc, H, tiles): the wrapper takes gx, gy; z folded below
+        tiles = -(-P // R) * -(-N // (2 * R))
+        bufs = [X, Y, dte, cum, seq, starts, out]
+        s = (ctypes.c_longlong * 6)(L, H, P, GY, N, nc)
+        eb = (EmuBuf * len(bufs))(*[EmuBuf(None, 0) if v is None else
+                                    EmuBuf(v.ctypes.data, v.nbytes) for v in bufs])
+        getattr(lib, f"emu_state_{io}_{adj}")(eb, s, grid, H, tiles, 256)
+        ref = np.zeros(out.shape)
+        g = np.arange(H) // (H // GY)
+        for b in range(batch):
+            for c in range(nc):
+                t0, t1 = int(starts[c]), int(starts[c + 1])
+                E = t1 - 1
+                for t in range(t0, t1):
+                    if adj == "true":
+                        sref = 0 if seq is None else seq[b, max(t0 - 1, 0)]
+                        w = np.exp(cum[b, t].astype(np.float64))
+                    else:
+                        sref = 0 if seq is None else seq[b, E]
+                        w = np.exp(cum[b, E].astype(np.float64) - cum[b, t]) * dte[b, t]
+                    if seq is not None and seq[b, t] != sref:
+                        continue
+                    ref[b, c] += (w[:, None, None] * X[b, t].astype(np.float64)[:, :, None]
+                                  * Y[b, t][g].astype(np.float64)[:, None, :])
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        if np.isnan(out).any():
+            err = float("inf")
+        tol = 2e-6 if io == "float32" else 1e-13
+        print(f"state {i} {io} adjoint={adj}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        ok = ok and err < tol
+    return ok
+
+
 def main(argv):
     which = [int(v) for v in argv] or range(len(CASES))
     lib = ctypes.CDLL(build_so())
     ok = all([run_case(lib, i) for i in which])
+    if not argv:
+        ok = all([run_rows(lib, i) for i in range(len(ROW_CASES))]) and ok
+        ok = all([run_state(lib, i) for i in range(len(STATE_CASES))]) and ok
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1
 
