@@ -252,7 +252,9 @@ ssd_sum_parts(const CT* __restrict__ part, CT* __restrict__ out, ssm_i64 n, int 
 // State passing, forward: states[b, 0] = h0 (or 0), states[b, c+1] = d_c states[b, c] + S_c
 // with d_c = exp(cum_E) when no sequence starts inside chunk c, else 0. entering (or null)
 // receives states[b, c] for c < nc rounded to 16 bits (entering_bf16: bfloat16, else
-// float16), laid out (batch, nc, H, P, N): the tensor-core output kernel's operand.
+// float16), laid out (batch, nc, H, P, N): the tensor-core output kernel's operand. With
+// states null, only the final states are written: final[k] = states[b, j] for the boundaries
+// with k = bslot[b, j] >= 0 (bslot: (batch, nc + 1); final: (slots, H, P, N)).
 // Grid: (batch * H, ceil(P*N / 256)); one thread per state entry.
 // --------------------------------------------------------------------------------------
 template <typename CT>
@@ -261,14 +263,22 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
                   const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                   const CT* __restrict__ h0, CT* __restrict__ states,
                   ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ entering,
-                  int entering_bf16) {
+                  int entering_bf16, const int* __restrict__ bslot, CT* __restrict__ final) {
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
     if (o >= PN) return;
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
+    auto keep = [&](ssm_i64 j, CT v) {  // the state at boundary j
+        if (states) {
+            states[((b * (nc + 1) + j) * H + h) * PN + o] = v;
+        } else {
+            const int k = bslot[b * (nc + 1) + j];
+            if (k >= 0) final[((ssm_i64)k * H + h) * PN + o] = v;
+        }
+    };
     CT hv = h0 ? h0[bh * PN + o] : CT(0);
-    states[((b * (nc + 1)) * H + h) * PN + o] = hv;
+    keep(0, hv);
     for (ssm_i64 c = 0; c < nc; ++c) {
         if (entering) {
             const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
@@ -281,7 +291,7 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
         const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
         const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
         hv = d * hv + chunk_states[((b * nc + c) * H + h) * PN + o];
-        states[((b * (nc + 1) + c + 1) * H + h) * PN + o] = hv;
+        keep(c + 1, hv);
     }
 }
 

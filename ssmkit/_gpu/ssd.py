@@ -528,18 +528,22 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return _sum_runs(p.xp, part)
 
-    def passing(self, p, chunk_states, *, entering=False):
+    def passing(self, p, chunk_states, *, entering=False, final=None):
         """The boundary states (batch, nc + 1, H, P, N); with ``entering``, also the states
         entering each chunk rounded to the 16-bit input dtype, (batch, nc, H, P, N), for
-        :meth:`out_mma`."""
+        :meth:`out_mma`. With ``final`` (n_slots, H, P, N), the boundary states are not
+        kept: only the final states are written there (and None is returned for them)."""
         cp = p.xp
-        states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+        states = None
+        if final is None:
+            states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         ent = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype) if entering else None
         PN = p.P * p.N
         _launch(f"ssd_state_passing<{_CTYPE[self.ct]}>", (p.batch * p.H, -(-PN // THREADS)),
                 (chunk_states, self.cum, _ptr(p.seq_idx), self.starts, _ptr(p.initial_state),
-                 states, np.int64(p.L), np.int32(p.H), np.int64(PN), np.int64(self.nc),
-                 _ptr(ent), np.int32(1 if self.io == "bfloat16" else 0)))
+                 _ptr(states), np.int64(p.L), np.int32(p.H), np.int64(PN), np.int64(self.nc),
+                 _ptr(ent), np.int32(1 if self.io == "bfloat16" else 0), self.bslot,
+                 _ptr(final)))
         return (states, ent) if entering else states
 
 
@@ -553,14 +557,17 @@ def ssd_forward(p, *, save_checkpoints):
     lay = _Layout(p)
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     entering = None
+    final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
     if uses_mma(p):
-        states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True)
+        # without checkpoints only the final states are kept (the outputs read the entering
+        # states in 16 bits), not the float32 state at every boundary
+        states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True,
+                                       final=None if save_checkpoints else final)
         lay.out_mma(p, entering, y)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
-    final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
-    if lay.final_rows.size:
+    if states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
     # checkpoints: the boundary states and, from the tensor-core forward, the states entering
     # each chunk in 16 bits (the tensor-core backward's operand)

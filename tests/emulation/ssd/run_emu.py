@@ -53,10 +53,18 @@ def np_chunk_dt(args):
     np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, total, 0))
 
 def np_passing(args):
-    chunk, cum, seq, starts, h0, states, L, H, PN, nc, entering, _bf16 = args
+    chunk, cum, seq, starts, h0, states, L, H, PN, nc, entering, _bf16, bslot, final = args
     batch = chunk.shape[0]
     hv = np.zeros(chunk.shape[:1] + chunk.shape[2:], np.float32) if h0 is gssd._NULL or h0 is None else h0.copy()
-    states[:, 0] = hv
+
+    def keep(j):  # the boundary states, or (states null) only the final ones
+        if isinstance(states, np.ndarray):
+            states[:, j] = hv
+            return
+        for b in range(batch):
+            if bslot[b, j] >= 0:
+                final[bslot[b, j]] = hv[b]
+    keep(0)
     for c in range(int(nc)):
         if isinstance(entering, np.ndarray):  # rounded to nearest even, as ssm_store
             entering[:, c] = hv.astype(entering.dtype)
@@ -65,7 +73,7 @@ def np_passing(args):
             same = True if seq is gssd._NULL or seq is None else seq[b, E] == seq[b, max(t0 - 1, 0)]
             d = np.exp(cum[b, E, :]).astype(np.float32) if same else np.zeros(H, np.float32)
             hv[b] = d[:, None, None] * hv[b] + chunk[b, c]
-        states[:, c + 1] = hv
+        keep(c + 1)
 
 def np_bwd_dt(args):
     """ssd.cu's ssd_bwd_dt: chunk suffix sums of dcum, ddt, per-chunk partial sums."""
