@@ -90,25 +90,31 @@ CASES = [
 ]
 
 
-def run_case(lib, i):
-    io, batch, L, chunk, ends, H, XU, XW, XV, K, V = CASES[i]
-    T, dt = IO[io]
-    rng = np.random.default_rng(100 + i)
+def chunked_problem(rng, dt, batch, L, chunk, ends, H):
+    """Chunk boundaries (ssmkit's chunk_starts), seq_idx with sequences starting at ``ends``
+    (or None), chunk sums cum of a <= 0 and dt' in (0.05, 1): (starts, seq, cum, dte)."""
     starts = gssd.chunk_starts(L, chunk, ends)
-    nc = len(starts) - 1
-    max_len = int(np.diff(starts).max())
-    tiles = -(-max_len // gssd.tile_rows(io))
     seq = None
     if ends:
         seq = np.zeros((batch, L), np.int32)
         for e in ends:
             seq[:, e:] += 1
-    a = lambda *s: rng.standard_normal(s).astype(dt)
     cum = np.zeros((batch, L, H), dt)
-    for c in range(nc):  # chunk sums of a <= 0
+    for c in range(len(starts) - 1):
         t0, t1 = starts[c], starts[c + 1]
         cum[:, t0:t1] = np.cumsum(-rng.uniform(0, 0.2, (batch, t1 - t0, H)), axis=1)
     dte = rng.uniform(0.05, 1.0, (batch, L, H)).astype(dt)
+    return starts, seq, cum, dte
+
+
+def run_case(lib, i):
+    io, batch, L, chunk, ends, H, XU, XW, XV, K, V = CASES[i]
+    T, dt = IO[io]
+    rng = np.random.default_rng(100 + i)
+    starts, seq, cum, dte = chunked_problem(rng, dt, batch, L, chunk, ends, H)
+    nc = len(starts) - 1
+    tiles = -(-int(np.diff(starts).max()) // gssd.tile_rows(io))
+    a = lambda *s: rng.standard_normal(s).astype(dt)
     worst = 0.0
     for kind, (roles, upper, mt, dtq) in gssd.MM_KINDS.items():
         U, W, Vv = a(batch, L, XU, K), a(batch, L, XW, K), a(batch, L, XV, V)
@@ -199,20 +205,10 @@ def run_state(lib, i):
     io, batch, L, chunk, ends, H, GY, P, N = STATE_CASES[i]
     T, dt = IO[io]
     rng = np.random.default_rng(300 + i)
-    starts = gssd.chunk_starts(L, chunk, ends)
+    starts, seq, cum, dte = chunked_problem(rng, dt, batch, L, chunk, ends, H)
     nc = len(starts) - 1
-    seq = None
-    if ends:
-        seq = np.zeros((batch, L), np.int32)
-        for e in ends:
-            seq[:, e:] += 1
     a = lambda *s: rng.standard_normal(s).astype(dt)
     X, Y = a(batch, L, H, P), a(batch, L, GY, N)
-    cum = np.zeros((batch, L, H), dt)
-    for c in range(nc):
-        t0, t1 = starts[c], starts[c + 1]
-        cum[:, t0:t1] = np.cumsum(-rng.uniform(0, 0.2, (batch, t1 - t0, H)), axis=1)
-    dte = rng.uniform(0.05, 1.0, (batch, L, H)).astype(dt)
     R = gssd.tile_rows(io)
     ok = True
     for adj in ("false", "true"):
