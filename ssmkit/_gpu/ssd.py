@@ -7,10 +7,15 @@ Forward
     1. ``ssd_chunk_dt``: the effective step dt' (and its derivative) and, per chunk,
        the cumulative sum of ``dt' A`` (log space, per chunk), in one pass;
     2. ``ssd_chunk_state``: each chunk's own contribution to the state at its end;
-    3. ``ssd_state_passing``: the state at every chunk boundary;
+    3. ``ssd_state_passing``: the state at every chunk boundary (on the tensor-core
+       path without checkpoints: only the final states, and the entering states in 16
+       bits);
     4. ``ssd_chunk_mm``: the chunk-local outputs (the masked Q x Q diagonal block
        times X) plus the output correction from the entering state, D skip and
-       gate, in one kernel.
+       gate, in one kernel; its q-tile sums C_t . B_s come from ``ssd_chunk_cb``, made
+       once per chunk for all the heads that share B and C.
+    ``ssd_chunk_state`` and ``ssd_chunk_mm`` are register-tiled matrix products on the
+    CUDA cores (float, double, and 16-bit inputs with the tensor cores off).
     The chunks are cut every ``chunk_size`` steps and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
     For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 and 4
@@ -23,7 +28,9 @@ Backward (from the boundary states the forward kept, nothing per step)
     the outputs are recomputed without gate (``ssd_chunk_mm``), the adjoint
     chunk sums and ``ssd_adjoint_passing`` give the adjoint leaving every chunk
     and the initial state's gradient, and three transposed ``ssd_chunk_mm``
-    products give (G B)_s (for dx and ddt), dB and dC; ddt through the decays
+    products give (G B)_s (for dx and ddt), dB and dC; ``ssd_bwd_rows`` does the
+    per-step work after them (dx, x . (G B), the chunk sums' cotangent, dD's partial
+    sums) in one pass; ddt through the decays
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
