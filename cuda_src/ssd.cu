@@ -805,17 +805,8 @@ ssd_bwd_rows(const TX* __restrict__ X, const CT* __restrict__ GB, const CT* __re
             dcum[row] = sum_y - e * sum_x;
         }
     }
-    if (dD_part) {  // the warps' sums in warp order
-#pragma unroll
-        for (int k = 0; k < SSD_ROW_VALUES; ++k) dd_sh[warp][lane + 32 * k] = dd[k];
-        __syncthreads();
-        for (int p = tid; p < P; p += SSD_ROW_THREADS) {
-            CT v = 0;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) v += dd_sh[w][p];
-            dD_part[((ssm_i64)blockIdx.x * H + h) * P + p] = v;
-        }
-    }
+    if (dD_part)  // the warps' sums in warp order
+        ssm_warp_partials_sum(dd_sh, dd, dD_part + ((ssm_i64)blockIdx.x * H + h) * P, P);
 }
 
 // --------------------------------------------------------------------------------------

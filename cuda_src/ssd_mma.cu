@@ -1848,15 +1848,6 @@ ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __r
         }
         }
     }
-    if (FINAL && dD_part) {  // uniform: the warps' sums in warp order
-#pragma unroll
-        for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) dd_sh[warp][lane + 32 * k] = dd[k];
-        __syncthreads();
-        for (int p = tid; p < P; p += SSD_MMA_THREADS) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < SSD_MMA_THREADS / 32; ++w) v += dd_sh[w][p];
-            dD_part[((ssm_i64)blockIdx.x * H + h) * P + p] = v;
-        }
-    }
+    if (FINAL && dD_part)  // uniform: the warps' sums in warp order
+        ssm_warp_partials_sum(dd_sh, dd, dD_part + ((ssm_i64)blockIdx.x * H + h) * P, P);
 }

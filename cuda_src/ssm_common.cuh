@@ -389,6 +389,28 @@ __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst
 }
 
 // ---------------------------------------------------------------------------
+// A block's per-column sums of its warps' partials, in warp order (deterministic): lane l
+// of warp w holds part[k] for column l + 32 k; out[p] = sum over w of those of column p, for
+// p < P. Every thread of the block calls it (it has a barrier); sh is the block's
+// WARPS x 32 VALUES shared scratch.
+// ---------------------------------------------------------------------------
+template <typename CT, int WARPS, int VALUES>
+__device__ __forceinline__ void ssm_warp_partials_sum(CT (&sh)[WARPS][32 * VALUES],
+                                                      const CT (&part)[VALUES],
+                                                      CT* __restrict__ out, int P) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < VALUES; ++k) sh[warp][lane + 32 * k] = part[k];
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += 32 * WARPS) {
+        CT v = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) v += sh[w][p];
+        out[p] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Tensor cores (sm_80+): D += A B for one warp, mma.sync m16n8k16 with 16-bit A and B
 // and float32 accumulators, in the PTX ISA fragment layout (g = lane / 4, t = lane % 4):
 // a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
