@@ -344,6 +344,7 @@ class _Layout:
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
          self.final_slots) = _boundaries(p, self.Q)
         self.mma_tiles = -(-self.max_len // MMA_ROWS)  # tiles of 64 steps per chunk (ssd_mma.cu)
+        self.mm_tiles = -(-self.max_len // tile_rows(self.ct))  # ssd_chunk_mm's row tiles
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
         cp, cd = p.xp, p.compute_dtype
         self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
@@ -386,7 +387,7 @@ class _Layout:
         V = Vv.shape[3]
         K = U.shape[3]
         name = mm_name(kind, self.io, self.bc, column_groups(V, self.ct))
-        tiles = -(-self.max_len // tile_rows(self.ct))
+        tiles = self.mm_tiles
         m_chunks = M.shape[1]
         classes = 1 if cb is None else cb.shape[2]
         _launch(name, (p.batch * p.H * self.nc * tiles,),
@@ -407,8 +408,7 @@ class _Layout:
         if classes == p.H:
             return None
         R = tile_rows(self.ct)
-        tiles = -(-self.max_len // R)
-        pairs = tiles * (tiles + 1) // 2
+        pairs = self.mm_tiles * (self.mm_tiles + 1) // 2  # blocks on and below the diagonal
         cb = p.xp.empty((p.batch, self.nc, classes, pairs, R * R), dtype=p.compute_dtype)
         _launch(f"ssd_chunk_cb<{_CTYPE[self.bc]}, {_CTYPE[self.ct]}>",
                 (p.batch * self.nc * classes * pairs,),
@@ -742,13 +742,13 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         dcum[:, ends, :] += (decay * g["end_dot"]  # <dHx_c, H_c>
                              + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
-        xc = p.x.astype(cd, copy=False)
         cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
         ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd), cb=cbc)
         dyc = dy.astype(cd, copy=False)
         dz = None
         if p.z is not None:
             zc = p.z.astype(cd)
+            xc = p.x.astype(cd, copy=False)
             y_pre = ycore + (p.D[None, None] * xc if p.D is not None else 0)
             sg = 1 / (1 + cp.exp(-zc))
             dz = (dyc * y_pre * sg * (1 + zc * (1 - sg))).astype(p.io_dtype)
