@@ -900,19 +900,19 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
 }
 
 // 16-bit B and C: widen the pieces this thread copied into `raw` (after its
-// ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st.
-template <typename BC, bool SUM>
-__device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw,
-                                               const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
-                                               int tid, int nthr) {
+// ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st
+// (B at byte o_B, C at o_C): rows 0 .. N-1 of raw are B's, N .. rows-1 C's.
+template <typename BC>
+__device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw, int o_B, int o_C,
+                                               int rows, int N, int NPAD, int TL, int tl, int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
         if (tl > 0)
 #pragma unroll 1
-            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
+            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < rows; w.next()) {
                 const int r = w.r, k = w.k;
                 float f[8];
                 ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
-                float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
+                float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) +
                                    ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
                 ssm_st4(dst, f);
                 ssm_st4(dst + NPAD * 4, f + 4);
@@ -1044,7 +1044,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     ssm_ring_copy<IO, BC, SUM>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
                                tid, nthr);
     ssm_cp_wait_all();
-    ssm_ring_widen<BC, SUM>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
+    ssm_ring_widen<BC>(sm, raw, lay.o_B, lay.o_C, (SUM ? 1 : 2) * N, N, NPAD, TL, cur.tl, tid, nthr);
 
     int stage = 0;
 #pragma unroll 1
@@ -1138,7 +1138,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // readers, the previous tile's scan, passed this tile's barrier).
         if constexpr (sizeof(BC) == 2) {
             ssm_cp_wait_all();
-            ssm_ring_widen<BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
+            ssm_ring_widen<BC>(sm + (stage ^ 1) * lay.stage, raw, lay.o_B, lay.o_C, (SUM ? 1 : 2) * N, N, NPAD, TL,
+                               tln, tid, nthr);
         }
         cur = nxt;
         stage ^= 1;
@@ -1619,6 +1620,525 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
     accBias = ssm_group_allreduce<NSPLIT / 2>(accBias, wmask);
     if (s == 0) {
         const ssm_i64 sbd = ((ssm_i64)seg * batch + b) * dim + d;
+        dD_part[sbd] = accD;
+        dbias_part[sbd] = accBias;
+    }
+}
+
+// ===========================================================================
+// Backward through a ring of tiles (ssm_scan_bwd_ring). It takes the ring
+// forward's case (float compute, B and C per step, N <= 16, rows 16-byte
+// aligned, L and the chunk multiples of ssm_ring_quantum, L < 2^31) with
+// blocks of whole warps (CH a multiple of 32 / NSPLIT); same parameters,
+// outputs and time segments as ssm_scan_bwd. Where that kernel spends most of
+// its instructions on block-wide staging, two block barriers per 4 steps and
+// one element per thread, this one
+//   - copies tiles with 16-byte cp.async into two stages as the forward does,
+//     in this order per chunk (chunks last to first): tiles 0 .. ntl-2 of the
+//     chunk forward ("A" tiles: u, delta, B; each lane saves the state
+//     entering each to `scratch`), then tiles ntl-1 .. 0 ("R" tiles: u, delta,
+//     z, dout, B, C). One __syncthreads per A tile, two per R tile;
+//   - leaves the rest of an R tile to each warp for its own 32 / NSPLIT
+//     channels: {dt, dt u} and dy into the warp's rows; from the tile's entry
+//     state, the state entering each 8-step sub-block (thread-private shared
+//     slots); then sub-blocks last to first: the sub-block's states and decays
+//     recomputed into registers and the adjoint walked back through them.
+//     Per step, the lane's dB and dC products are reduce-scattered over the
+//     warp's channels (one sum per lane) into the warp's rows of the tile's
+//     dB / dC; per sub-block, the sums over states (y_pre, sum g B,
+//     sum g a h A2) are reduce-scattered over the channel's lanes and the
+//     owning lane finishes du, ddelta and dz of its steps in place of u,
+//     delta and z in the stage; the warp writes those rows out, 16 bytes a lane;
+//   - after the R tile's second barrier, sums dB and dC over the warps in warp
+//     order into the block's partial (as ssm_scan_bwd: one per channel tile,
+//     summed by ssm_sum_tiles; deterministic).
+// ===========================================================================
+
+// Steps of a sub-block of the ring backward (its states and decays live in
+// registers during the adjoint walk). ssmkit/_gpu/selective_scan.py mirrors it.
+#define SSM_BRING_SUB 8
+#define SSM_BWD_RING_MAX_THREADS 128
+
+// Shared memory of ssm_scan_bwd_ring, in bytes (ssmkit/_gpu/selective_scan.py
+// mirrors it: _bwd_ring_smem_bytes). Two stages, each: CH rows of u, delta, z
+// and dout as stored (TL elements and 16 bytes more each), then B and C in
+// float as TL / 4 groups of NPAD x 4. Then per channel a row of TL {dt, dt u}
+// pairs (pitch 2 TL + 4 floats) and a row of TL dy (pitch TL + 4); the
+// sub-block entry states, ceil(TL / 8) x nthr x 4 floats; the warps' dB / dC
+// rows, TL x P floats per warp (P = 2 NPAD + 1: dB of the NPAD states, then
+// dC; odd, so the warp sum's reads by step hit distinct banks); last, for
+// 16-bit B and C, their rows as stored, one tile at a time.
+struct ssm_bring_layout {
+    int pio, rows, o_B, o_C, stage, o_dtu, o_dy, o_slot, o_acc, P, o_raw, total;
+    __host__ __device__ ssm_bring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, int nthr) {
+        pio = TL * io_size + 16;
+        rows = CH * pio;  // u, delta, z, dout at 0, rows, 2 rows, 3 rows
+        o_B = 4 * rows;
+        o_C = o_B + NPAD * TL * 4;
+        stage = o_C + NPAD * TL * 4;
+        o_dtu = 2 * stage;
+        o_dy = o_dtu + CH * (2 * TL + 4) * 4;
+        o_slot = o_dy + CH * (TL + 4) * 4;
+        P = 2 * NPAD + 1;
+        o_acc = o_slot + ((TL + SSM_BRING_SUB - 1) / SSM_BRING_SUB) * nthr * 16;
+        o_raw = o_acc + ssm_round_up((nthr / 32) * TL * P * 4, 16);
+        total = o_raw + (bc_size == 2 ? 2 * N * TL * 2 : 0);
+    }
+};
+
+// The tiles of a backward segment [t_begin, t_end), in the ring's order:
+// chunks last to first; in each, A tiles 0 .. ntl-2, then R tiles ntl-1 .. 0.
+// Steps in 32 bits (the kernel checks L < 2^31).
+struct ssm_bring_walk {
+    int ci, ci_first, cs0, clen, ntl, T, TL, chunk, t_end;
+    bool rev, done;  // rev: an R tile
+    __device__ __forceinline__ ssm_bring_walk(int t_begin, int t_end_, int chunk_, int TL_)
+        : TL(TL_), chunk(chunk_), t_end(t_end_), done(false) {
+        ci_first = t_begin / chunk;
+        ci = (t_end - 1) / chunk;
+        start_chunk();
+    }
+    __device__ __forceinline__ void start_chunk() {
+        cs0 = ci * chunk;
+        clen = (t_end - cs0) < chunk ? (t_end - cs0) : chunk;
+        ntl = (clen + TL - 1) / TL;
+        rev = ntl < 2;
+        T = rev ? ntl - 1 : 0;
+    }
+    __device__ __forceinline__ int t() const { return cs0 + T * TL; }
+    __device__ __forceinline__ int tl() const {
+        return done ? 0 : ((clen - T * TL) < TL ? (clen - T * TL) : TL);
+    }
+    __device__ __forceinline__ void next() {
+        if (!rev) {
+            if (T + 2 < ntl) ++T;
+            else { rev = true; T = ntl - 1; }
+        } else if (T > 0) {
+            --T;
+        } else if (ci > ci_first) {
+            --ci;
+            start_chunk();
+        } else {
+            done = true;
+        }
+    }
+};
+
+// Issue the cp.async copies of tile w (none when done) into stage st and
+// commit them as one group: rows of u, delta and, for an R tile, z (has_z) and
+// dout; B and, for an R tile, C in float straight into their [step / 4][n][4]
+// places, or, 16-bit, as stored into `raw` (B's N rows, then C's; pitch
+// TL * sizeof(BC)) for ssm_ring_widen.
+template <typename IO, typename BC>
+__device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char* raw, const ssm_bring_layout& lay,
+                                               const IO* u, const IO* delta, const IO* z, const IO* dout,
+                                               const BC* Bg, const BC* Cg, ssm_i64 row0, ssm_i64 L, int CH,
+                                               int N, int NPAD, int TL, const ssm_bring_walk& w, bool has_z,
+                                               int tid, int nthr) {
+    const int tl = w.tl();
+    if (tl > 0) {
+        const ssm_i64 t = w.t();
+        const int pio = tl * (int)sizeof(IO) / 16;
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            if (a >= 2 && (!w.rev || (a == 2 && !has_z))) continue;
+            const IO* const src = a == 0 ? u : a == 1 ? delta : a == 2 ? z : dout;
+            const unsigned char* const g = reinterpret_cast<const unsigned char*>(src + row0 + t);
+            unsigned char* const sa = st + a * lay.rows;
+#pragma unroll 1
+            for (ssm_pieces p(pio, tid, nthr); p.r < CH; p.next())
+                ssm_cp_async<16>(sa + p.r * lay.pio + 16 * p.k, g + (ssm_i64)p.r * L * (ssm_i64)sizeof(IO) + 16 * p.k);
+        }
+        const int pbc = tl * (int)sizeof(BC) / 16;
+#pragma unroll 1
+        for (ssm_pieces p(pbc, tid, nthr); p.r < (w.rev ? 2 : 1) * N; p.next()) {
+            const int r = p.r, k = p.k;
+            const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
+            unsigned char* dst;
+            if constexpr (sizeof(BC) == 4)
+                dst = st + (r < N ? lay.o_B : lay.o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
+            else
+                dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
+            ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
+        }
+    }
+    ssm_cp_commit();
+}
+
+// h <- the state after NG4 groups of 4 steps: {dt, dt u} pairs from drow, B
+// of this lane's states from Bq ([g][n][4], NPAD states per group).
+template <int NPAD>
+__device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A2)[4], const float* drow,
+                                                  const float* Bq, int ng4) {
+    typedef ssm_math<float> M;
+#pragma unroll 1
+    for (int q = 0; q < ng4; ++q) {
+        float pr[8];
+        ssm_ld4(pr, drow + 8 * q);
+        ssm_ld4(pr + 4, drow + 8 * q + 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float bv[4];
+            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
+        }
+    }
+}
+
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_BWD_RING_MAX_THREADS, 3)
+ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
+                  const IO* __restrict__ dout,
+                  const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
+                  const CT* __restrict__ D, const CT* __restrict__ dbias,
+                  const CT* __restrict__ ckpt, const CT* __restrict__ dfinal,
+                  IO* __restrict__ du_out, IO* __restrict__ ddelta_out, IO* __restrict__ dz_out,
+                  CT* __restrict__ dA_part, CT* __restrict__ dB_out, CT* __restrict__ dC_out,
+                  CT* __restrict__ dD_part, CT* __restrict__ dbias_part, CT* __restrict__ dh0,
+                  CT* __restrict__ scratch,
+                  int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
+                  int TL, int CH, int flags, const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg,
+                  int seg0) {
+    static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
+                  "float compute only");
+    static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
+    static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4), "N <= 16: 4 states per thread");
+    typedef ssm_math<float> M;
+    constexpr int NPAD = 4 * NSPLIT;
+    constexpr int Q = ssm_ring_quantum<IO, BC>();
+    constexpr int CPW = 32 / NSPLIT;      // channels per warp
+    constexpr int VIO = 16 / sizeof(IO);  // steps per 16-byte piece of IO
+    constexpr int SB = SSM_BRING_SUB;
+    static_assert(SB == 4 || SB == 8, "sub-blocks are 1 or 2 groups of 4 steps");
+
+    const int nthr = CH * NSPLIT;  // == blockDim.x, whole warps
+    const int tid = threadIdx.x;
+    const int c = tid / NSPLIT, s = tid % NSPLIT;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int cl = lane / NSPLIT;  // channel within the warp
+    const int cw0 = warp * CPW;    // the warp's first channel
+    const ssm_block_place place(batch, dim, CH, seg0);
+    const int seg = place.seg, b = place.b, d0 = place.d0;
+    const int d = d0 + c;
+    const unsigned wmask = 0xffffffffu;
+    const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
+    const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
+    const int ntile = dim / CH, tile = d0 / CH;
+
+    const ssm_bring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), nthr);
+    if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || nthr % 32 != 0 ||
+        TL % Q != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
+        N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
+        (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
+        (nseg > 1 && seg_g == nullptr))
+        __trap();
+    extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
+    unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
+    float* const dtu = reinterpret_cast<float*>(sm + lay.o_dtu);  // row c: pitch 2 TL + 4
+    float* const dys = reinterpret_cast<float*>(sm + lay.o_dy);   // row c: pitch TL + 4
+    float* const slots = reinterpret_cast<float*>(sm + lay.o_slot) + tid * 4;  // slot k at + k nthr 4
+    float* const acc = reinterpret_cast<float*>(sm + lay.o_acc);  // warp w, step t: (w TL + t) P
+    float* const accw = acc + warp * TL * lay.P;
+    unsigned char* const raw = sm + lay.o_raw;
+    const int P = lay.P;
+
+    const bool has_D = flags & SSM_HAS_D;
+    const bool has_z = flags & SSM_HAS_Z;
+    const bool has_bias = flags & SSM_HAS_BIAS;
+    const bool softplus = flags & SSM_SOFTPLUS;
+    const bool want_dh0 = flags & SSM_HAS_H0;
+    const bool has_dfinal = flags & SSM_HAS_DFINAL;
+
+    // States n >= N of B and C stay zero in both stages (copies write n < N only).
+    if (N < NPAD) {
+        const int per = 2 * (TL / 4) * (NPAD - N);  // float4 slots per stage
+        for (int i = tid; i < 2 * per; i += nthr) {
+            const int st = i / per, r = i - st * per;
+            const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
+            const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
+            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            ssm_st4(reinterpret_cast<float*>(sm + st * lay.stage + (which ? lay.o_C : lay.o_B)) + (g * NPAD + n) * 4,
+                    zero);
+        }
+    }
+
+    float A2[4], g[4], dA[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int n = s * 4 + k;
+        const bool ok = n < N;
+        A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : 0.0f;
+        // Adjoint entering the segment from its end: the carried seed when
+        // time is split, else dfinal (or 0).
+        g[k] = !ok ? 0.0f
+             : nseg > 1 ? seg_g[(((ssm_i64)seg * batch + b) * dim + d) * N + n]
+             : has_dfinal ? dfinal[((ssm_i64)b * dim + d) * N + n] : 0.0f;
+        dA[k] = 0.0f;
+    }
+    const float Dd = has_D ? D[d] : 0.0f;
+    const float bias_c = has_bias ? dbias[d] : 0.0f;
+    float accD = 0.0f, accBias = 0.0f;  // this lane's share of sum_t dy u and sum_t ddelta
+
+    const ssm_i64 row0 = ((ssm_i64)b * dim + d0) * L;  // u, delta, z, dout, du, ...: row of channel d0
+    const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
+    const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
+    const int cmax = (int)(chunk < L ? chunk : L);
+    const int tpc = (cmax + TL - 1) / TL;  // scratch slots per block
+    float* const my_scratch = scratch + ((ssm_i64)blockIdx.x * tpc * nthr + tid) * 4;
+
+    ssm_bring_walk cur((int)t_begin, (int)t_end, (int)chunk, TL);
+    ssm_bring_copy<IO, BC>(sm, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N, NPAD, TL, cur, has_z, tid, nthr);
+    ssm_cp_wait_all();
+    ssm_ring_widen<BC>(sm, raw, lay.o_B, lay.o_C, (cur.rev ? 2 : 1) * N, N, NPAD, TL, cur.tl(), tid, nthr);
+
+    float h[4];  // pass A's running state
+    int stage = 0;
+#pragma unroll 1
+    while (!cur.done) {
+        ssm_bring_walk nxt = cur;
+        nxt.next();
+        const int t0 = cur.t(), tl = cur.tl(), T = cur.T;
+        const bool rev = cur.rev;
+        float h0[4];  // an R tile's entry state
+        if (!rev || cur.ntl == 1) {
+            if (T == 0) {  // the chunk's checkpoint
+                const float* const src = ckpt + (((ssm_i64)cur.ci * batch + b) * dim + d) * N;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) h[k] = s * 4 + k < N ? src[s * 4 + k] : 0.0f;
+            }
+        }
+        if (!rev) {
+            ssm_st4(my_scratch + (ssm_i64)T * nthr * 4, h);
+        } else if (T == cur.ntl - 1) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) h0[k] = h[k];
+        } else {
+            ssm_ld4(h0, my_scratch + (ssm_i64)T * nthr * 4);
+        }
+        ssm_cp_wait_all();  // this thread's copies of this tile have landed,
+        __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
+        ssm_bring_copy<IO, BC>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N,
+                               NPAD, TL, nxt, has_z, tid, nthr);
+        unsigned char* const st = sm + stage * lay.stage;
+
+        // {dt, dt u} (and for an R tile dy) of the warp's channels, VIO steps per lane at a time.
+        {
+            const int ppr = tl / VIO;
+#pragma unroll 1
+            for (int i = lane; i < CPW * ppr; i += 32) {
+                const int r = i / ppr, t = (i - r * ppr) * VIO;
+                const int cc = cw0 + r;
+                float uu[VIO], dd[VIO];
+                ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
+                ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.rows + cc * lay.pio + t * sizeof(IO)));
+                const float bias = has_bias ? dbias[d0 + cc] : 0.0f;
+                float pr[2 * VIO];
+#pragma unroll
+                for (int j = 0; j < VIO; ++j) {
+                    float dt = dd[j] + bias;
+                    if (softplus) dt = M::softplus_fast(dt);
+                    pr[2 * j] = dt;
+                    pr[2 * j + 1] = dt * uu[j];
+                }
+                float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
+#pragma unroll
+                for (int j = 0; j < 2 * VIO; j += 4) ssm_st4(dst + j, pr + j);
+                if (rev) {
+                    float go[VIO];
+                    ssm_widen16(go, (const IO*)nullptr, ssm_ld16(st + 3 * lay.rows + cc * lay.pio + t * sizeof(IO)));
+                    if (has_z) {
+                        float zz[VIO];
+                        ssm_widen16(zz, (const IO*)nullptr, ssm_ld16(st + 2 * lay.rows + cc * lay.pio + t * sizeof(IO)));
+#pragma unroll
+                        for (int j = 0; j < VIO; ++j) go[j] *= zz[j] * M::sigmoid_fast(zz[j]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < VIO; j += 4) ssm_st4(dys + cc * (TL + 4) + t + j, go + j);
+                }
+            }
+        }
+        __syncwarp(wmask);
+
+        const float* const drow = dtu + c * (2 * TL + 4);
+        const float* const dyr = dys + c * (TL + 4);
+        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * 16;
+        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * 16;
+        if (!rev) {
+            ssm_bring_advance<NPAD>(h, A2, drow, Bq, tl / 4);
+        } else {
+            // The state entering each sub-block.
+            const int nb = (tl + SB - 1) / SB;
+            {
+                float hh[4] = {h0[0], h0[1], h0[2], h0[3]};
+#pragma unroll 1
+                for (int k = 0; k < nb; ++k) {
+                    ssm_st4(slots + k * nthr * 4, hh);
+                    if (k + 1 < nb) ssm_bring_advance<NPAD>(hh, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+                }
+            }
+            IO* const urow = reinterpret_cast<IO*>(st + c * lay.pio);                 // u, then du
+            IO* const drow_io = reinterpret_cast<IO*>(st + lay.rows + c * lay.pio);   // delta, then ddelta
+            IO* const zrow = reinterpret_cast<IO*>(st + 2 * lay.rows + c * lay.pio);  // z, then dz
+            const IO* const gorow = reinterpret_cast<const IO*>(st + 3 * lay.rows + c * lay.pio);
+
+            // The sub-block of steps j0 .. j0 + SB - 1, or its first 4 only (!full, at a
+            // tile's end): recompute, adjoint, finish.
+            auto sub = [&](int j0, bool full) {
+                constexpr int NG = SB / 4, S = SB;
+                float hs[S + 1][4], as[S][4];
+                ssm_ld4(hs[0], slots + (j0 / SB) * nthr * 4);
+                const float* const dr = drow + 2 * j0;
+                const float* const Bj = Bq + j0 * NPAD;
+                const float* const Cj = Cq + j0 * NPAD;
+#pragma unroll
+                for (int q = 0; q < NG; ++q) {
+                    if (q > 0 && !full) break;
+                    float pr[8];
+                    ssm_ld4(pr, dr + 8 * q);
+                    ssm_ld4(pr + 4, dr + 8 * q + 4);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        float bv[4];
+                        ssm_ld4(bv, Bj + (q * NPAD + k) * 4);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const float a = M::decay(pr[2 * j] * A2[k]);
+                            as[4 * q + j][k] = a;
+                            hs[4 * q + j + 1][k] = a * hs[4 * q + j][k] + bv[j] * pr[2 * j + 1];
+                        }
+                    }
+                }
+                // Adjoint, last step first; g = dL/dh_t.
+                float vals[3 * S];
+#pragma unroll
+                for (int q = NG - 1; q >= 0; --q) {
+                    if (q > 0 && !full) {
+#pragma unroll
+                        for (int i = 12 * q; i < 12 * q + 12; ++i) vals[i] = 0.0f;
+                        continue;
+                    }
+                    float pr[8], dyv[4];
+                    ssm_ld4(pr, dr + 8 * q);
+                    ssm_ld4(pr + 4, dr + 8 * q + 4);
+                    ssm_ld4(dyv, dyr + j0 + 4 * q);
+#pragma unroll
+                    for (int jj = 3; jj >= 0; --jj) {
+                        const int j = 4 * q + jj;
+                        const float dt = pr[2 * jj], du = pr[2 * jj + 1], dy = dyv[jj];
+                        float v[8];  // dB of the lane's 4 states, then dC
+                        float yp = 0.0f, gb = 0.0f, sa = 0.0f;
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            const float bk = Bj[(q * NPAD + k) * 4 + jj], ck = Cj[(q * NPAD + k) * 4 + jj];
+                            const float ht = hs[j + 1][k];
+                            yp += ck * ht;
+                            v[4 + k] = dy * ht;
+                            g[k] += ck * dy;
+                            v[k] = g[k] * du;
+                            gb += g[k] * bk;
+                            const float qa = g[k] * (as[j][k] * hs[j][k]);  // g a_t h_{t-1}
+                            sa += qa * A2[k];
+                            dA[k] += qa * dt;
+                            g[k] *= as[j][k];
+                        }
+                        vals[3 * j] = yp;
+                        vals[3 * j + 1] = gb;
+                        vals[3 * j + 2] = sa;
+                        // dB, dC of this step summed over the warp's channels: one value per lane.
+                        int off = 0;
+                        bool own = true;
+                        ssm_reduce_scatter<8, CPW / 2, NSPLIT>::run(v, cl, wmask, off, own);
+                        if (own) accw[(j0 + j) * P + (off >> 2) * NPAD + s * 4 + (off & 3)] = v[0];
+                    }
+                }
+                // Sums over the states; the owning lane finishes its steps.
+                int off = 0;
+                bool own = true;
+                ssm_reduce_scatter<3 * S, NSPLIT / 2>::run(vals, s, wmask, off, own);
+                constexpr int R = ssm_rs_len(3 * S, NSPLIT / 2);
+                static_assert(R % 3 == 0, "reduce-scatter must keep whole steps");
+                if (own) {
+#pragma unroll
+                    for (int r = 0; r < R / 3; ++r) {
+                        if (!full && off / 3 + r >= 4) break;
+                        const int t = j0 + off / 3 + r;
+                        const float uu = ssm_load(urow[t]);
+                        const float x = ssm_load(drow_io[t]) + bias_c;
+                        const float dt = drow[2 * t], dyv = dyr[t];
+                        const float gb = vals[3 * r + 1];
+                        const float dsp = softplus && x <= 20.0f ? M::sigmoid_fast(x) : 1.0f;
+                        const float dd = (vals[3 * r + 2] * M::kLn2 + uu * gb) * dsp;
+                        if (has_z) {
+                            const float zz = ssm_load(zrow[t]), go = ssm_load(gorow[t]);
+                            const float sz = M::sigmoid_fast(zz);
+                            ssm_store(zrow + t, (vals[3 * r] + Dd * uu) * (go * sz * (1.0f + zz * (1.0f - sz))));
+                        }
+                        ssm_store(urow + t, dt * gb + Dd * dyv);
+                        ssm_store(drow_io + t, dd);
+                        accD += dyv * uu;
+                        accBias += dd;
+                    }
+                }
+            };
+            sub(SB * (nb - 1), tl - SB * (nb - 1) == SB);
+#pragma unroll 1
+            for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
+            __syncwarp(wmask);
+
+            // The warp's rows of du, ddelta and dz out, 16 bytes a lane.
+            {
+                const int ppr = tl / VIO, per = CPW * ppr;
+                const int sets = has_z ? 3 : 2;
+#pragma unroll 1
+                for (int i = lane; i < sets * per; i += 32) {
+                    const int a = i / per, rem = i - a * per;
+                    const int r = rem / ppr, t = (rem - r * ppr) * VIO;
+                    const int cc = cw0 + r;
+                    IO* const dst = (a == 0 ? du_out : a == 1 ? ddelta_out : dz_out) + row0 + (ssm_i64)cc * L + t0 + t;
+                    ssm_st16(dst, ssm_ld16(st + a * lay.rows + cc * lay.pio + t * sizeof(IO)));
+                }
+            }
+            __syncthreads();  // every warp's dB, dC rows of the tile are in
+            // dB, dC: the sum over the warps, in warp order -> the block's partial.
+            {
+                const int nw = nthr / 32;
+#pragma unroll 1
+                for (ssm_pieces w(tl, tid, nthr); w.r < 2 * N; w.next()) {
+                    const int which = w.r >= N ? 1 : 0, n = w.r - which * N, t = w.k;
+                    const float* src = acc + t * P + which * NPAD + n;
+                    float sum = 0.0f;
+#pragma unroll 1
+                    for (int wi = 0; wi < nw; ++wi) sum += src[wi * TL * P];
+                    (which ? dC_out : dB_out)[(((ssm_i64)b * ntile + tile) * N + n) * L + t0 + t] = sum;
+                }
+            }
+        }
+        // 16-bit B and C of the next tile widened into the other stage (whose last
+        // readers, the previous tile's, passed this tile's barrier).
+        if constexpr (sizeof(BC) == 2) {
+            ssm_cp_wait_all();
+            ssm_ring_widen<BC>(sm + (stage ^ 1) * lay.stage, raw, lay.o_B, lay.o_C, (nxt.rev ? 2 : 1) * N, N, NPAD,
+                               TL, nxt.tl(), tid, nthr);
+        }
+        cur = nxt;
+        stage ^= 1;
+    }
+    ssm_cp_wait_all();  // the empty last group
+
+    const ssm_i64 bd = (ssm_i64)b * dim + d;
+    const ssm_i64 sbd = (ssm_i64)seg * batch * dim + bd;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int n = s * 4 + k;
+        if (n < N) {
+            dA_part[sbd * N + n] = dA[k];
+            if (want_dh0 && seg == 0) dh0[bd * N + n] = g[k];  // g is now dL/dh0
+        }
+    }
+    accD = ssm_group_allreduce<NSPLIT / 2>(accD, wmask);
+    accBias = ssm_group_allreduce<NSPLIT / 2>(accBias, wmask);
+    if (s == 0) {
         dD_part[sbd] = accD;
         dbias_part[sbd] = accBias;
     }

@@ -223,8 +223,10 @@ __host__ __device__ constexpr int ssm_rs_len(int len, int m) {
 // each stage halves it (send one half, keep the other): K-1 shuffles per K
 // values instead of log2(K) per value. Once it is odd the remaining stages
 // exchange everything, and lanes that differ only in those low bits hold the
-// same slice; `own` stays true on exactly one of them.
-template <int LEN, int M>
+// same slice; `own` stays true on exactly one of them. STRIDE: the group's
+// lanes are STRIDE apart (lane = s * STRIDE + fixed low bits), so one warp
+// holds STRIDE interleaved groups.
+template <int LEN, int M, int STRIDE = 1>
 struct ssm_reduce_scatter {
     template <typename T, int V>
     static __device__ __forceinline__ void run(T (&v)[V], int s, unsigned mask,
@@ -237,15 +239,15 @@ struct ssm_reduce_scatter {
                 for (int i = 0; i < H; ++i) {
                     const T send = up ? v[i] : v[i + H];
                     const T keep = up ? v[i + H] : v[i];
-                    v[i] = keep + ssm_shfl_xor(mask, send, M);
+                    v[i] = keep + ssm_shfl_xor(mask, send, M * STRIDE);
                 }
                 if (up) off += H;
-                ssm_reduce_scatter<H, M / 2>::run(v, s, mask, off, own);
+                ssm_reduce_scatter<H, M / 2, STRIDE>::run(v, s, mask, off, own);
             } else {
 #pragma unroll
-                for (int i = 0; i < LEN; ++i) v[i] += ssm_shfl_xor(mask, v[i], M);
+                for (int i = 0; i < LEN; ++i) v[i] += ssm_shfl_xor(mask, v[i], M * STRIDE);
                 if (s & M) own = false;
-                ssm_reduce_scatter<LEN, M / 2>::run(v, s, mask, off, own);
+                ssm_reduce_scatter<LEN, M / 2, STRIDE>::run(v, s, mask, off, own);
             }
         }
     }

@@ -59,6 +59,7 @@ __all__ = [
     "state_split",
     "plan_forward",
     "plan_backward",
+    "plan_backward_ring",
     "MAX_N",
 ]
 
@@ -82,6 +83,11 @@ _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4
 # registers: 168 per thread in float, 255 in double).
 FWD_MAX_THREADS = 256
 BWD_MAX_THREADS = 64
+# The ring backward (ssm_scan_bwd_ring): at most 128 threads, 3 resident blocks asked of ptxas
+# (at most 168 registers), sub-blocks of 8 steps (SSM_BRING_SUB).
+BWD_RING_MAX_THREADS = 128
+_BWD_RING_REGS = 168
+_BRING_SUB = 8
 _BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
 # Registers per thread of the forward kernel, roughly (ptxas reports), by
 # (compute, NPT); only used to estimate how many blocks share an SM. The
@@ -116,6 +122,13 @@ TUNING = {
     # ms at 8x1536x2048 N 16 in float32); False: always the kernels above.
     # SSMKIT_FWD_RING=0 in the environment (read at import) sets False.
     "fwd_ring": os.environ.get("SSMKIT_FWD_RING", "1") != "0",
+    # True: where it applies (the ring forward's case, and at least a warp of channels per B/C
+    # group), the backward through a ring of tiles with per-warp staging (ssm_scan_bwd_ring,
+    # benchmarks/NOTES.md); False: always ssm_scan_bwd. SSMKIT_BWD_RING=0 in the environment
+    # (read at import) sets False.
+    "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
+    "bwd_ring_threads": 128,
+    "bwd_ring_tl": 64,
     # Time segments (see _split_time): split when the grid fills less than
     # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
     # segments are whole chunks and at least min_seg_steps long (each costs a
@@ -138,7 +151,9 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), or
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only),
+"bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
+same case), or
 "carry" (the segment carry) or "tile_sum" (the backward's sum of per-step
 dB/dC partials), both templated on the compute type only (io = bc = the
 compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
@@ -147,7 +162,7 @@ per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
-_RING_KINDS = ("fwd_ring", "fwd_sum_ring")
+_RING_KINDS = ("fwd_ring", "fwd_sum_ring", "bwd_ring")
 _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
@@ -295,6 +310,18 @@ def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
     return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4) + raw
 
 
+def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
+    """Dynamic shared memory of ssm_scan_bwd_ring (mirrors ssm_bring_layout)."""
+    nthr = ch * (npad // 4)
+    pio = tl * _ITEMSIZE[io] + 16
+    stage = 4 * ch * pio + 2 * npad * tl * 4
+    rows = ch * (2 * tl + 4) * 4 + ch * (tl + 4) * 4
+    slots = -(-tl // _BRING_SUB) * nthr * 16
+    acc = _round_up((nthr // 32) * tl * (2 * npad + 1) * 4, 16)
+    raw = 2 * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
+    return 2 * stage + rows + slots + acc + raw
+
+
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
     """Dynamic shared memory of ssm_scan_bwd (mirrors ssm_bwd_layout)."""
     tls, bs = tl | 1, npad + 4
@@ -328,7 +355,7 @@ def _round_up(x, m):
 
 
 def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max_threads,
-                  warps_by_regs, size, lim, what, nseg=1):
+                  warps_by_regs, size, lim, what, nseg=1, ch_min=1):
     """Pick channels per block CH and time tile TL for one kernel.
 
     CH runs over the powers of two that divide the group sizes; for each, TL is
@@ -339,7 +366,7 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     last wave costs a full block time), and then within ``balance_slack`` of the
     fewest warps on the busiest SM (spreading small grids over all SMs), the
     largest CH (fewer partial sums, B/C tiles shared by more channels) and then
-    the longest TL win. ``nseg`` time segments multiply the blocks.
+    the longest TL win. ``nseg`` time segments multiply the blocks; CH is at least ``ch_min``.
 
     Returns ``(CH, TL, smem bytes, blocks, resident blocks per SM at most)``.
     """
@@ -349,7 +376,7 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     tl_floor = min(tl_top, _round_up(tl_min, step))
     cands = []
     ch = ch_top
-    while ch >= 1:
+    while ch >= max(1, ch_min):
         warps = -(-(ch * nsplit) // 32)
         blocks = batch * (dim // ch) * nseg
         cap = max(1, min(lim["max_blocks_per_sm"], lim["max_warps_per_sm"] // warps,
@@ -526,6 +553,46 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
                 sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, summary=True))
 
 
+def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
+    """Launch shape of the ring backward kernel, or None where it does not apply.
+
+    It applies where :func:`plan_forward_ring` does and the channels of a B/C group fill a
+    warp (``32 / NSPLIT`` of them: blocks are whole warps). Returns the keys of
+    :func:`plan_backward` (``ts`` is the sub-block, 8 steps) and ``ring`` True.
+    """
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
+        return None
+    lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
+    npt, nsplit = state_split(N, "float32")
+    q = _ring_quantum(io, bc)
+    cmax = max(1, min(chunk_size, L))
+    if L % q or cmax % q:
+        return None
+    npad = npt * nsplit
+    step = max(q, _BRING_SUB)  # whole sub-blocks but at a chunk's end
+
+    def choose(nseg):
+        return _choose_tiles(
+            batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=step,
+            tl_max=_round_up(max(TUNING["bwd_ring_tl"], step), step), tl_min=TUNING["bwd_min_tl"],
+            max_threads=min(TUNING["bwd_ring_threads"], BWD_RING_MAX_THREADS),
+            warps_by_regs=lim["regs_per_sm"] // (_BWD_RING_REGS * 32),
+            size=lambda c, t: _bwd_ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
+            what=f"the ring backward with N={N}", nseg=nseg, ch_min=32 // nsplit)
+
+    try:
+        ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
+                                                             sm_count=lim["sm_count"],
+                                                             min_seg_steps=TUNING["bwd_min_seg_steps"])
+    except NotImplementedError:
+        return None
+    tpc = -(-cmax // tl)
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
+                smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt,
+                nseg=nseg, seg_len=seg_len, ring=True,
+                sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4))
+
+
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
     """Launch shape of the backward kernel (see :func:`plan_forward`).
 
@@ -656,7 +723,7 @@ def _sum_tiles(p, part, G):
 
 def _plan(p, which):
     """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel);
-    None where ``which`` = "fwd_ring" does not apply to its shape."""
+    None where ``which`` = "fwd_ring" or "bwd_ring" does not apply to its shape."""
     import cupy
 
     plan = _cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
@@ -682,6 +749,9 @@ def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, t
     if which == "fwd_ring":
         return plan_forward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
                                  io=io, bc=bc, **compiler.device_limits())
+    if which == "bwd_ring":
+        return plan_backward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
+                                  io=io, bc=bc, **compiler.device_limits())
     if which == "fwd":
         return plan_forward(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size,
                             compute=compute, io=io, bc=bc, **compiler.device_limits())
@@ -792,7 +862,10 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
 
-    plan = _plan(p, "bwd")
+    plan = _plan(p, "bwd_ring") if TUNING["bwd_ring"] else None
+    if plan is None or not _aligned16(p.u, p.delta, p.z, dout, p.B, p.C, du, ddelta, dz):
+        plan = _plan(p, "bwd")
+    ring = plan.get("ring", False)
     ch = plan["ch"]
     ntile = dim // ch
     nseg = plan["nseg"]
@@ -823,7 +896,7 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
         seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
 
-    key = KernelKey("bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
+    key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
     args = (p.u, p.delta, _ptr(p.z), dout, p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             checkpoints, _ptr(dfinal_state), du, ddelta, _ptr(dz),
             dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,

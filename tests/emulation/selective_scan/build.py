@@ -48,6 +48,7 @@ SIGS = {
     "fwd_ring": FWD_T + SHAPE + SEG,
     "fwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
+    "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG,
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
     "tile_sum": ["const CT*", "CT*", "int", "int", "ssm_i64"],

@@ -6,7 +6,8 @@ Run one case:  python3 tests/emulation/selective_scan/run.py
 (sweep.py runs the case lists.) Environment: ASAN=0 builds without AddressSanitizer (then no
 LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
 FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
-FWD_RING=0 turns the ring forward kernels off (where they apply they are the default);
+FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
+the default);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -20,6 +21,7 @@ from ssmkit import reference as ref
 if os.environ.get("SEGS"): ss.TUNING["force_segments"] = int(os.environ["SEGS"])
 if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"] == "1"
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
+if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
 
@@ -118,8 +120,9 @@ def check(p, rng, tol, dfinal=True, label=""):
         err("d" + name, a, b)
     bad = {k: v for k, v in errs.items() if not (v <= tol)}
     status = "OK " if not bad else "BAD"
-    fp = ([pl for k, pl in LAUNCHES if k in ("fwd", "fwd_direct", "fwd_ring")] or [{}])[-1]; bp = ([pl for k, pl in LAUNCHES if k == "bwd"] or [{}])[-1]
-    desc = ("ring:" if fp.get("ring") else "") + f"{fp.get('ch')},{fp.get('tl')},s{fp.get('nseg',1)}/{bp.get('ch')},{bp.get('tl')},s{bp.get('nseg',1)}"
+    fp = ([pl for k, pl in LAUNCHES if k in ("fwd", "fwd_direct", "fwd_ring")] or [{}])[-1]; bp = ([pl for k, pl in LAUNCHES if k in ("bwd", "bwd_ring")] or [{}])[-1]
+    desc = (("ring:" if fp.get("ring") else "") + f"{fp.get('ch')},{fp.get('tl')},s{fp.get('nseg',1)}/"
+            + ("ring:" if bp.get("ring") else "") + f"{bp.get('ch')},{bp.get('tl')},s{bp.get('nseg',1)}")
     print(f"{status} {label} {desc} max={max(errs.values()):.2e}" + ("" if not bad else f" bad={bad}"), flush=True)
     return not bad
 

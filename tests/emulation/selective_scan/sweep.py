@@ -48,6 +48,18 @@ elif which == "ring":
         (1, 64, 32, 16, "bfloat16", None, 1, 1, full, 32),
         (1, 40, 80, 9, "float32", None, 1, 1, full, 40),
     ]
+elif which == "bwd_ring":
+    # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
+    # sub-blocks, every IO/BC pair; run with SM=1 for blocks of several warps and with SEGS.
+    for io, bc in (("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", None)):
+        cases.append((1, 32, 200, 16, io, bc, 1, 1, full, 200))
+    cases += [
+        (2, 64, 136, 16, "float32", None, 1, 1, full, 132),
+        (1, 32, 96, 8, "float32", None, 1, 2, full, 36),
+        (1, 64, 72, 3, "float32", None, 2, 1, full, 1000),
+        (1, 64, 264, 16, "bfloat16", None, 2, 2, none, 80),
+        (1, 16, 40, 16, "float32", None, 1, 1, full, 4),
+    ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
         cases.append((1, 4, 23, N, "float32", None, 1, 2, full, 9))
