@@ -56,7 +56,7 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # The Mamba-1 configuration (N = 16, per-step B and C): no local memory.
     npt, nsplit = ss.state_split(16)
     keys = [ss.KernelKey(kind, io, bc, npt, nsplit, True, True)
-            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring")
+            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring", "bwd_ring")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
@@ -165,6 +165,25 @@ def test_ring_plans_meet_kernel_preconditions():
                     nseg, seg_len = plan["nseg"], plan["seg_len"]
                     assert plan["blocks"] == batch * (dim // ch) * nseg
                     assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+                    # The ring backward: the same case, and whole warps of channels.
+                    bplan = ss.plan_backward_ring(**shape)
+                    nsplit = plan["nsplit"]
+                    ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
+                    assert (bplan is not None) == (ch_top >= 32 // nsplit), shape
+                    if bplan is None:
+                        continue
+                    ch, tl = bplan["ch"], bplan["tl"]
+                    assert bplan["threads"] == ch * nsplit <= ss.BWD_RING_MAX_THREADS
+                    assert bplan["threads"] % 32 == 0 and ch & (ch - 1) == 0
+                    assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
+                    step = max(q, ss._BRING_SUB)
+                    assert tl % step == 0 and tl <= max(_round_up(cmax, step), step)
+                    assert bplan["smem"] == ss._bwd_ring_smem_bytes(ch, tl, N, 4 * nsplit, io, bc)
+                    assert bplan["smem"] <= limits["smem_optin"]
+                    nseg, seg_len = bplan["nseg"], bplan["seg_len"]
+                    assert bplan["blocks"] == batch * (dim // ch) * nseg
+                    assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+                    assert bplan["scratch"] == bplan["blocks"] * -(-cmax // tl) * bplan["threads"] * 4
     # Not for float64, nor for N > 16 or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
@@ -173,6 +192,10 @@ def test_ring_plans_meet_kernel_preconditions():
     assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
     # Steps in 32 bits inside the kernels: L < 2**31.
     assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
 
 
 def test_time_split_only_when_grid_is_small():

@@ -413,6 +413,60 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
+    """The ring backward kernel (the ring forward's shapes with a warp of channels per B/C
+    group: 32 / NSPLIT): N from 1 to 16, several tiles per chunk, chunks ending in half
+    sub-blocks (float32), blocks of one and several warps, with and without time segments,
+    equals the reference and ran; with too few channels per group the other kernel runs."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+    kinds = []
+    launch = gpu_scan._launch
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
+                                                                      launch(key, plan, args)))
+    odd = 20 if dtype == "float32" else 24  # a chunk of 2.5 sub-blocks where 4 steps are whole
+    cases = [
+        (dict(batch=2, dim=16, L=200, N=16, b_form="step", c_form="group", groups=2,
+              with_init=True), 96),
+        (dict(batch=1, dim=32, L=48, N=1, b_form="step", c_form="step", with_init=False), 8),
+        (dict(batch=2, dim=16, L=2 * odd, N=5, b_form="step", c_form="step", with_init=True,
+              with_z=False, softplus=False), odd),
+        (dict(batch=2, dim=64, L=136, N=9, b_form="step", c_form="step", with_init=True), None),
+        (dict(batch=3, dim=8, L=8, N=16, b_form="step", c_form="step", with_init=True), None),
+        (dict(batch=1, dim=256, L=264, N=16, b_form="group", c_form="group", groups=2,
+              with_D=False, with_bias=False), 80),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        kinds.clear()
+        _check_vjp("gpu", dtype, case, chunk, 800 + seed)
+        assert "bwd_ring" in kinds and "bwd" not in kinds, kinds
+    # Blocks of several warps (dB, dC summed over them): the planner spreads small grids over
+    # the SMs in one-warp blocks, so plan for a device of one SM.
+    limits = gpu_scan.compiler.device_limits()
+    monkeypatch.setattr(gpu_scan.compiler, "device_limits", lambda: dict(limits, sm_count=1))
+    gpu_scan._cached_plan.cache_clear()
+    try:
+        for seed in (0, 5):
+            _check_vjp("gpu", dtype, *cases[seed], 860 + seed)
+    finally:
+        gpu_scan._cached_plan.cache_clear()
+        monkeypatch.undo()
+    # 3 channels per group: fewer than a warp's 8 at N = 16.
+    kinds.clear()
+    _check_vjp("gpu", dtype, dict(batch=1, dim=6, L=64, N=16, b_form="group", c_form="step",
+                                  groups=2), 16, 850)
+    assert "bwd" in kinds and "bwd_ring" not in kinds, kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [2, 3, 7])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):
