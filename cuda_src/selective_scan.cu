@@ -1658,6 +1658,10 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // registers during the adjoint walk). ssmkit/_gpu/selective_scan.py mirrors it.
 #define SSM_BRING_SUB 8
 #define SSM_BWD_RING_MAX_THREADS 128
+// Resident blocks asked of ptxas (3: at most 168 registers).
+#ifndef SSM_BWD_RING_MIN_BLOCKS
+#define SSM_BWD_RING_MIN_BLOCKS 3
+#endif
 
 // Shared memory of ssm_scan_bwd_ring, in bytes (ssmkit/_gpu/selective_scan.py
 // mirrors it: _bwd_ring_smem_bytes). Two stages, each: CH rows of u, delta, z
@@ -1787,7 +1791,7 @@ __device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A
 }
 
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void __launch_bounds__(SSM_BWD_RING_MAX_THREADS, 3)
+__global__ void __launch_bounds__(SSM_BWD_RING_MAX_THREADS, SSM_BWD_RING_MIN_BLOCKS)
 ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
                   const IO* __restrict__ dout,
                   const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,

@@ -447,22 +447,24 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
         kinds.clear()
         _check_vjp("gpu", dtype, case, chunk, 800 + seed)
         assert "bwd_ring" in kinds and "bwd" not in kinds, kinds
-    # Blocks of several warps (dB, dC summed over them): the planner spreads small grids over
-    # the SMs in one-warp blocks, so plan for a device of one SM.
-    limits = gpu_scan.compiler.device_limits()
-    monkeypatch.setattr(gpu_scan.compiler, "device_limits", lambda: dict(limits, sm_count=1))
-    gpu_scan._cached_plan.cache_clear()
-    try:
-        for seed in (0, 5):
-            _check_vjp("gpu", dtype, *cases[seed], 860 + seed)
-    finally:
-        gpu_scan._cached_plan.cache_clear()
-        monkeypatch.undo()
     # 3 channels per group: fewer than a warp's 8 at N = 16.
     kinds.clear()
     _check_vjp("gpu", dtype, dict(batch=1, dim=6, L=64, N=16, b_form="group", c_form="step",
                                   groups=2), 16, 850)
     assert "bwd" in kinds and "bwd_ring" not in kinds, kinds
+    # Blocks of several warps (dB, dC summed over them): the planner spreads small grids over
+    # the SMs in one-warp blocks, so plan for a device of one SM.
+    limits = gpu_scan.compiler.device_limits
+    gpu_scan.compiler.device_limits = lambda: dict(limits(), sm_count=1)
+    gpu_scan._cached_plan.cache_clear()
+    try:
+        for seed in (0, 5):
+            kinds.clear()
+            _check_vjp("gpu", dtype, *cases[seed], 860 + seed)
+            assert "bwd_ring" in kinds, kinds
+    finally:
+        gpu_scan.compiler.device_limits = limits
+        gpu_scan._cached_plan.cache_clear()
 
 
 @pytest.mark.gpu
