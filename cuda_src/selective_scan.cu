@@ -900,19 +900,19 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
 }
 
 // 16-bit B and C: widen the pieces this thread copied into `raw` (after its
-// ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st
-// (B at byte o_B, C at o_C): rows 0 .. N-1 of raw are B's, N .. rows-1 C's.
-template <typename BC>
-__device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw, int o_B, int o_C,
-                                               int rows, int N, int NPAD, int TL, int tl, int tid, int nthr) {
+// ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st.
+template <typename BC, bool SUM>
+__device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw,
+                                               const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
+                                               int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
         if (tl > 0)
 #pragma unroll 1
-            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < rows; w.next()) {
+            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
                 const int r = w.r, k = w.k;
                 float f[8];
                 ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
-                float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) +
+                float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
                                    ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
                 ssm_st4(dst, f);
                 ssm_st4(dst + NPAD * 4, f + 4);
@@ -1044,7 +1044,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     ssm_ring_copy<IO, BC, SUM>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
                                tid, nthr);
     ssm_cp_wait_all();
-    ssm_ring_widen<BC>(sm, raw, lay.o_B, lay.o_C, (SUM ? 1 : 2) * N, N, NPAD, TL, cur.tl, tid, nthr);
+    ssm_ring_widen<BC, SUM>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
 
     int stage = 0;
 #pragma unroll 1
@@ -1138,8 +1138,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // readers, the previous tile's scan, passed this tile's barrier).
         if constexpr (sizeof(BC) == 2) {
             ssm_cp_wait_all();
-            ssm_ring_widen<BC>(sm + (stage ^ 1) * lay.stage, raw, lay.o_B, lay.o_C, (SUM ? 1 : 2) * N, N, NPAD, TL,
-                               tln, tid, nthr);
+            ssm_ring_widen<BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
         }
         cur = nxt;
         stage ^= 1;
@@ -1732,7 +1731,10 @@ struct ssm_bring_walk {
 // commit them as one group: rows of u, delta and, for an R tile, z (has_z) and
 // dout; B and, for an R tile, C in float straight into their [step / 4][n][4]
 // places, or, 16-bit, as stored into `raw` (B's N rows, then C's; pitch
-// TL * sizeof(BC)) for ssm_ring_widen.
+// TL * sizeof(BC)) for ssm_bring_widen.
+// TL is a power of two: pieces are walked over the full tile's rows (lg: log2 of the
+// pieces a row of TL steps has), shifts and masks instead of divisions; a short tile skips
+// the pieces past its end.
 template <typename IO, typename BC>
 __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char* raw, const ssm_bring_layout& lay,
                                                const IO* u, const IO* delta, const IO* z, const IO* dout,
@@ -1742,7 +1744,7 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
     const int tl = w.tl();
     if (tl > 0) {
         const ssm_i64 t = w.t();
-        const int pio = tl * (int)sizeof(IO) / 16;
+        const int lg = 31 - __clz(TL * (int)sizeof(IO) / 16), pio = tl * (int)sizeof(IO) / 16;
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
             if (a >= 2 && (!w.rev || (a == 2 && !has_z))) continue;
@@ -1750,13 +1752,17 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
             const unsigned char* const g = reinterpret_cast<const unsigned char*>(src + row0 + t);
             unsigned char* const sa = st + a * lay.rows;
 #pragma unroll 1
-            for (ssm_pieces p(pio, tid, nthr); p.r < CH; p.next())
-                ssm_cp_async<16>(sa + p.r * lay.pio + 16 * p.k, g + (ssm_i64)p.r * L * (ssm_i64)sizeof(IO) + 16 * p.k);
+            for (int e = tid; e < CH << lg; e += nthr) {
+                const int r = e >> lg, k = e & ((1 << lg) - 1);
+                if (k < pio)
+                    ssm_cp_async<16>(sa + r * lay.pio + 16 * k, g + (ssm_i64)r * (L * (ssm_i64)sizeof(IO)) + 16 * k);
+            }
         }
-        const int pbc = tl * (int)sizeof(BC) / 16;
+        const int lgb = 31 - __clz(TL * (int)sizeof(BC) / 16), pbc = tl * (int)sizeof(BC) / 16;
 #pragma unroll 1
-        for (ssm_pieces p(pbc, tid, nthr); p.r < (w.rev ? 2 : 1) * N; p.next()) {
-            const int r = p.r, k = p.k;
+        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
+            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
+            if (k >= pbc) continue;
             const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
             unsigned char* dst;
             if constexpr (sizeof(BC) == 4)
@@ -1767,6 +1773,28 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
         }
     }
     ssm_cp_commit();
+}
+
+// 16-bit B and C: widen the pieces this thread copied into `raw` for tile w (after its
+// ssm_cp_wait_all; the same walk as ssm_bring_copy's) to float, into their places in stage st.
+template <typename BC>
+__device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigned char* raw,
+                                                const ssm_bring_layout& lay, int N, int NPAD, int TL,
+                                                const ssm_bring_walk& w, int tid, int nthr) {
+    if constexpr (sizeof(BC) == 2) {
+        const int lgb = 31 - __clz(TL * 2 / 16), pbc = w.tl() * 2 / 16;
+#pragma unroll 1
+        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
+            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
+            if (k >= pbc) continue;
+            float f[8];
+            ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
+            float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
+                               ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
+            ssm_st4(dst, f);
+            ssm_st4(dst + NPAD * 4, f + 4);
+        }
+    }
 }
 
 // h <- the state after NG4 groups of 4 steps: {dt, dt u} pairs from drow, B
@@ -1832,7 +1860,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
     const ssm_bring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), nthr);
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || nthr % 32 != 0 ||
-        TL % Q != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
+        TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SSM_BRING_SUB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
         N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
         (nseg > 1 && seg_g == nullptr))
@@ -1894,7 +1922,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     ssm_bring_walk cur((int)t_begin, (int)t_end, (int)chunk, TL);
     ssm_bring_copy<IO, BC>(sm, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N, NPAD, TL, cur, has_z, tid, nthr);
     ssm_cp_wait_all();
-    ssm_ring_widen<BC>(sm, raw, lay.o_B, lay.o_C, (cur.rev ? 2 : 1) * N, N, NPAD, TL, cur.tl(), tid, nthr);
+    ssm_bring_widen<BC>(sm, raw, lay, N, NPAD, TL, cur, tid, nthr);
 
     float h[4];  // pass A's running state
     int stage = 0;
@@ -1927,11 +1955,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         unsigned char* const st = sm + stage * lay.stage;
 
         // {dt, dt u} (and for an R tile dy) of the warp's channels, VIO steps per lane at a time.
+        const int lgw = 31 - __clz(TL / VIO);  // pieces of VIO steps per row of TL, log2
         {
-            const int ppr = tl / VIO;
 #pragma unroll 1
-            for (int i = lane; i < CPW * ppr; i += 32) {
-                const int r = i / ppr, t = (i - r * ppr) * VIO;
+            for (int i = lane; i < CPW << lgw; i += 32) {
+                const int r = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
+                if (t >= tl) continue;
                 const int cc = cw0 + r;
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
@@ -2092,13 +2121,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
             // The warp's rows of du, ddelta and dz out, 16 bytes a lane.
             {
-                const int ppr = tl / VIO, per = CPW * ppr;
                 const int sets = has_z ? 3 : 2;
 #pragma unroll 1
-                for (int i = lane; i < sets * per; i += 32) {
-                    const int a = i / per, rem = i - a * per;
-                    const int r = rem / ppr, t = (rem - r * ppr) * VIO;
-                    const int cc = cw0 + r;
+                for (int i = lane; i < (sets * CPW) << lgw; i += 32) {
+                    const int ra = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
+                    if (t >= tl) continue;
+                    const int a = ra / CPW, cc = cw0 + ra % CPW;
                     IO* const dst = (a == 0 ? du_out : a == 1 ? ddelta_out : dz_out) + row0 + (ssm_i64)cc * L + t0 + t;
                     ssm_st16(dst, ssm_ld16(st + a * lay.rows + cc * lay.pio + t * sizeof(IO)));
                 }
@@ -2106,15 +2134,20 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             __syncthreads();  // every warp's dB, dC rows of the tile are in
             // dB, dC: the sum over the warps, in warp order -> the block's partial.
             {
-                const int nw = nthr / 32;
+                constexpr int NW = SSM_BWD_RING_MAX_THREADS / 32;
+                const int nw = nthr / 32, lgt = 31 - __clz(TL);
+                const ssm_i64 part = ((ssm_i64)b * ntile + tile) * N * L + t0;
 #pragma unroll 1
-                for (ssm_pieces w(tl, tid, nthr); w.r < 2 * N; w.next()) {
-                    const int which = w.r >= N ? 1 : 0, n = w.r - which * N, t = w.k;
+                for (int e = tid; e < (2 * N) << lgt; e += nthr) {
+                    const int r = e >> lgt, t = e & (TL - 1);
+                    if (t >= tl) continue;
+                    const int which = r >= N ? 1 : 0, n = r - which * N;
                     const float* src = acc + t * P + which * NPAD + n;
                     float sum = 0.0f;
-#pragma unroll 1
-                    for (int wi = 0; wi < nw; ++wi) sum += src[wi * TL * P];
-                    (which ? dC_out : dB_out)[(((ssm_i64)b * ntile + tile) * N + n) * L + t0 + t] = sum;
+#pragma unroll
+                    for (int wi = 0; wi < NW; ++wi)
+                        if (wi < nw) sum += src[wi * TL * P];
+                    (which ? dC_out : dB_out)[part + (ssm_i64)n * L + t] = sum;
                 }
             }
         }
@@ -2122,8 +2155,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         // readers, the previous tile's, passed this tile's barrier).
         if constexpr (sizeof(BC) == 2) {
             ssm_cp_wait_all();
-            ssm_ring_widen<BC>(sm + (stage ^ 1) * lay.stage, raw, lay.o_B, lay.o_C, (nxt.rev ? 2 : 1) * N, N, NPAD,
-                               TL, nxt.tl(), tid, nthr);
+            ssm_bring_widen<BC>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, nxt, tid, nthr);
         }
         cur = nxt;
         stage ^= 1;

@@ -177,7 +177,7 @@ def test_ring_plans_meet_kernel_preconditions():
                     assert bplan["threads"] % 32 == 0 and ch & (ch - 1) == 0
                     assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
                     step = max(q, ss._BRING_SUB)
-                    assert tl % step == 0 and tl <= max(_round_up(cmax, step), step)
+                    assert tl % step == 0 and tl & (tl - 1) == 0 and tl < 2 * max(cmax, step)
                     assert bplan["smem"] == ss._bwd_ring_smem_bytes(ch, tl, N, 4 * nsplit, io, bc)
                     assert bplan["smem"] <= limits["smem_optin"]
                     nseg, seg_len = bplan["nseg"], bplan["seg_len"]

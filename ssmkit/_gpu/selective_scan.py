@@ -355,7 +355,7 @@ def _round_up(x, m):
 
 
 def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max_threads,
-                  warps_by_regs, size, lim, what, nseg=1, ch_min=1):
+                  warps_by_regs, size, lim, what, nseg=1, ch_min=1, pow2=False):
     """Pick channels per block CH and time tile TL for one kernel.
 
     CH runs over the powers of two that divide the group sizes; for each, TL is
@@ -366,7 +366,8 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     last wave costs a full block time), and then within ``balance_slack`` of the
     fewest warps on the busiest SM (spreading small grids over all SMs), the
     largest CH (fewer partial sums, B/C tiles shared by more channels) and then
-    the longest TL win. ``nseg`` time segments multiply the blocks; CH is at least ``ch_min``.
+    the longest TL win. ``nseg`` time segments multiply the blocks; CH is at least ``ch_min``;
+    ``pow2``: TL is a power of two (``step`` one too).
 
     Returns ``(CH, TL, smem bytes, blocks, resident blocks per SM at most)``.
     """
@@ -374,6 +375,10 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     ch_top = _pow2_divisor(_group_size(dim, gb, gc), max(1, max_threads // nsplit))
     tl_top = tl_max if cmax > tl_max else _round_up(cmax, step)
     tl_floor = min(tl_top, _round_up(tl_min, step))
+    shorter = (lambda t: t - step) if not pow2 else (lambda t: t // 2)  # noqa: E731
+    if pow2:
+        tl_top = 1 << (tl_top - 1).bit_length()
+        tl_floor = min(tl_top, 1 << (tl_floor - 1).bit_length())
     cands = []
     ch = ch_top
     while ch >= max(1, ch_min):
@@ -384,9 +389,9 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
         want = max(1, min(cap, -(-blocks // sm)))
         tl = tl_top
         while tl > tl_floor and (size(ch, tl) + 1024) * want > lim["smem_per_sm"]:
-            tl -= step
+            tl = shorter(tl)
         while tl > step and size(ch, tl) > lim["smem_optin"]:
-            tl -= step
+            tl = shorter(tl)
         nbytes = size(ch, tl)
         if nbytes <= lim["smem_optin"]:
             occ = max(1, min(want, lim["smem_per_sm"] // (nbytes + 1024)))
@@ -569,7 +574,7 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     if L % q or cmax % q:
         return None
     npad = npt * nsplit
-    step = max(q, _BRING_SUB)  # whole sub-blocks but at a chunk's end
+    step = max(q, _BRING_SUB)  # whole sub-blocks but at a chunk's end; TL a power of two
 
     def choose(nseg):
         return _choose_tiles(
@@ -578,7 +583,7 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
             max_threads=min(TUNING["bwd_ring_threads"], BWD_RING_MAX_THREADS),
             warps_by_regs=lim["regs_per_sm"] // (_BWD_RING_REGS * 32),
             size=lambda c, t: _bwd_ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
-            what=f"the ring backward with N={N}", nseg=nseg, ch_min=32 // nsplit)
+            what=f"the ring backward with N={N}", nseg=nseg, ch_min=32 // nsplit, pow2=True)
 
     try:
         ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,

@@ -69,6 +69,7 @@ inline unsigned short emu_f2bf(float f) {
     return (unsigned short)(u >> 16);
 }
 inline float __fdividef(float a, float b) { return a / b; }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline float emu_rcp_ftz(float x) { float r = 1.0f / x; return (fabsf(r) < 1.17549435e-38f) ? 0.0f : r; }
 inline float emu_lg2_ftz(float x) { return x < 1.17549435e-38f && x >= 0.0f ? -INFINITY : log2f(x); }
 inline float emu_ex2_ftz(float x) { float r = exp2f(x); return (fabsf(r) < 1.17549435e-38f) ? 0.0f : r; }
