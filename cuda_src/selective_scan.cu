@@ -1668,14 +1668,11 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // float as TL / 4 groups of NPAD x 4. Then per channel a row of TL {dt, dt u}
 // pairs (pitch 2 TL + 4 floats) and a row of TL dy (pitch TL + 4); the
 // sub-block entry states, ceil(TL / 8) x nthr x 4 floats; the warps' dB / dC
-// rows, TL x P floats per warp (P = 2 NPAD + 1, odd, so the block sum's reads
-// by step hit distinct banks; slot s 8 + which 4 + k holds dB (which 0) or dC
-// of state 4 s + k); each warp's transpose buffer for 4 steps of its lanes'
-// dB / dC products, 4 x (32 / NSPLIT) channel rows of PR = 2 NPAD + 4 floats
-// (the same slots; padded so a quarter warp's 16-byte stores mostly hit distinct
-// banks); last, for 16-bit B and C, their rows as stored, one tile at a time.
+// rows, TL x P floats per warp (P = 2 NPAD + 1: dB of the NPAD states, then
+// dC; odd, so the warp sum's reads by step hit distinct banks); last, for
+// 16-bit B and C, their rows as stored, one tile at a time.
 struct ssm_bring_layout {
-    int pio, rows, o_B, o_C, stage, o_dtu, o_dy, o_slot, o_acc, P, o_red, PR, o_raw, total;
+    int pio, rows, o_B, o_C, stage, o_dtu, o_dy, o_slot, o_acc, P, o_raw, total;
     __host__ __device__ ssm_bring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, int nthr) {
         pio = TL * io_size + 16;
         rows = CH * pio;  // u, delta, z, dout at 0, rows, 2 rows, 3 rows
@@ -1687,9 +1684,7 @@ struct ssm_bring_layout {
         o_slot = o_dy + CH * (TL + 4) * 4;
         P = 2 * NPAD + 1;
         o_acc = o_slot + ((TL + SSM_BRING_SUB - 1) / SSM_BRING_SUB) * nthr * 16;
-        PR = 2 * NPAD + 4;
-        o_red = o_acc + ssm_round_up((nthr / 32) * TL * P * 4, 16);
-        o_raw = o_red + (nthr / 32) * 4 * (128 / NPAD) * PR * 4;
+        o_raw = o_acc + ssm_round_up((nthr / 32) * TL * P * 4, 16);
         total = o_raw + (bc_size == 2 ? 2 * N * TL * 2 : 0);
     }
 };
@@ -2020,18 +2015,6 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             IO* const zrow = reinterpret_cast<IO*>(st + 2 * lay.rows + c * lay.pio);  // z, then dz
             const IO* const gorow = reinterpret_cast<const IO*>(st + 3 * lay.rows + c * lay.pio);
 
-            // dB, dC of 4 steps summed over the warp's channels through its transpose buffer:
-            // each lane stores its 8 products per step (slots s 8 .. s 8 + 7 of its channel's
-            // row); then lane (task, part) adds 8 channel rows of 4 slots of one step, and
-            // the PARTS lanes of a task combine by shuffles.
-            constexpr int PARTS = 4 / NSPLIT;
-            float* const red = reinterpret_cast<float*>(sm + lay.o_red) + warp * 4 * CPW * lay.PR;
-            float* const red_wr = red + cl * lay.PR + s * 8;
-            const int task = lane / PARTS, part = lane % PARTS;
-            const int red_t = task / (2 * NSPLIT), red_g = task % (2 * NSPLIT);
-            const float* const red_rd = red + (red_t * CPW + part * 8) * lay.PR + 4 * red_g;
-            float* const acc_wr = accw + red_t * P + 4 * red_g;
-
             // The sub-block of steps j0 .. j0 + SB - 1, or its first 4 only (!full, at a
             // tile's end): recompute, adjoint, finish.
             auto sub = [&](int j0, bool full) {
@@ -2095,28 +2078,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         vals[3 * j] = yp;
                         vals[3 * j + 1] = gb;
                         vals[3 * j + 2] = sa;
-                        ssm_st4(red_wr + jj * CPW * lay.PR, v);
-                        ssm_st4(red_wr + jj * CPW * lay.PR + 4, v + 4);
+                        // dB, dC of this step summed over the warp's channels: one value per lane.
+                        int off = 0;
+                        bool own = true;
+                        ssm_reduce_scatter<8, CPW / 2, NSPLIT>::run(v, cl, wmask, off, own);
+                        if (own) accw[(j0 + j) * P + (off >> 2) * NPAD + s * 4 + (off & 3)] = v[0];
                     }
-                    __syncwarp(wmask);
-                    {
-                        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                        for (int c8 = 0; c8 < 8; ++c8) {
-                            float x[4];
-                            ssm_ld4(x, red_rd + c8 * lay.PR);
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) sum[i] += x[i];
-                        }
-#pragma unroll
-                        for (int m = 1; m < PARTS; m *= 2)
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) sum[i] += ssm_shfl_xor(wmask, sum[i], m);
-                        if (part == 0)
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) acc_wr[(j0 + 4 * q) * P + i] = sum[i];
-                    }
-                    __syncwarp(wmask);
                 }
                 // Sums over the states; the owning lane finishes its steps.
                 int off = 0;
@@ -2175,7 +2142,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     const int r = e >> lgt, t = e & (TL - 1);
                     if (t >= tl) continue;
                     const int which = r >= N ? 1 : 0, n = r - which * N;
-                    const float* src = acc + t * P + (n >> 2) * 8 + which * 4 + (n & 3);
+                    const float* src = acc + t * P + which * NPAD + n;
                     float sum = 0.0f;
 #pragma unroll
                     for (int wi = 0; wi < NW; ++wi)

@@ -318,9 +318,8 @@ def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
     rows = ch * (2 * tl + 4) * 4 + ch * (tl + 4) * 4
     slots = -(-tl // _BRING_SUB) * nthr * 16
     acc = _round_up((nthr // 32) * tl * (2 * npad + 1) * 4, 16)
-    red = (nthr // 32) * 4 * (128 // npad) * (2 * npad + 4) * 4
     raw = 2 * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
-    return 2 * stage + rows + slots + acc + red + raw
+    return 2 * stage + rows + slots + acc + raw
 
 
 def _bwd_smem_bytes(ch, tl, npad, npt, ts, bv, cv, itemsize):
