@@ -1654,9 +1654,8 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // ===========================================================================
 
 // Steps of a sub-block of the ring backward (its states and decays live in
-// registers during the adjoint walk): 8 with 4 states per lane, 4 with 8.
-// ssmkit/_gpu/selective_scan.py mirrors it (_bring_sub).
-__host__ __device__ constexpr int ssm_bring_sub(int npt) { return npt == 4 ? 8 : 4; }
+// registers during the adjoint walk). ssmkit/_gpu/selective_scan.py mirrors it.
+#define SSM_BRING_SUB 8
 #define SSM_BWD_RING_MAX_THREADS 128
 // Resident blocks asked of ptxas (3: at most 168 registers).
 #ifndef SSM_BWD_RING_MIN_BLOCKS
@@ -1668,14 +1667,13 @@ __host__ __device__ constexpr int ssm_bring_sub(int npt) { return npt == 4 ? 8 :
 // and dout as stored (TL elements and 16 bytes more each), then B and C in
 // float as TL / 4 groups of NPAD x 4. Then per channel a row of TL {dt, dt u}
 // pairs (pitch 2 TL + 4 floats) and a row of TL dy (pitch TL + 4); the
-// sub-block entry states, TL / SB x nthr x NPT floats; the warps' dB / dC
+// sub-block entry states, ceil(TL / 8) x nthr x 4 floats; the warps' dB / dC
 // rows, TL x P floats per warp (P = 2 NPAD + 1: dB of the NPAD states, then
 // dC; odd, so the warp sum's reads by step hit distinct banks); last, for
 // 16-bit B and C, their rows as stored, one tile at a time.
 struct ssm_bring_layout {
     int pio, rows, o_B, o_C, stage, o_dtu, o_dy, o_slot, o_acc, P, o_raw, total;
-    __host__ __device__ ssm_bring_layout(int CH, int TL, int N, int NPAD, int NPT, int io_size, int bc_size,
-                                         int nthr) {
+    __host__ __device__ ssm_bring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, int nthr) {
         pio = TL * io_size + 16;
         rows = CH * pio;  // u, delta, z, dout at 0, rows, 2 rows, 3 rows
         o_B = 4 * rows;
@@ -1685,7 +1683,7 @@ struct ssm_bring_layout {
         o_dy = o_dtu + CH * (2 * TL + 4) * 4;
         o_slot = o_dy + CH * (TL + 4) * 4;
         P = 2 * NPAD + 1;
-        o_acc = o_slot + (TL / ssm_bring_sub(NPT)) * nthr * NPT * 4;
+        o_acc = o_slot + ((TL + SSM_BRING_SUB - 1) / SSM_BRING_SUB) * nthr * 16;
         o_raw = o_acc + ssm_round_up((nthr / 32) * TL * P * 4, 16);
         total = o_raw + (bc_size == 2 ? 2 * N * TL * 2 : 0);
     }
@@ -1801,8 +1799,8 @@ __device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigne
 
 // h <- the state after NG4 groups of 4 steps: {dt, dt u} pairs from drow, B
 // of this lane's states from Bq ([g][n][4], NPAD states per group).
-template <int NPAD, int NPT>
-__device__ __forceinline__ void ssm_bring_advance(float (&h)[NPT], const float (&A2)[NPT], const float* drow,
+template <int NPAD>
+__device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A2)[4], const float* drow,
                                                   const float* Bq, int ng4) {
     typedef ssm_math<float> M;
 #pragma unroll 1
@@ -1811,7 +1809,7 @@ __device__ __forceinline__ void ssm_bring_advance(float (&h)[NPT], const float (
         ssm_ld4(pr, drow + 8 * q);
         ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
-        for (int k = 0; k < NPT; ++k) {
+        for (int k = 0; k < 4; ++k) {
             float bv[4];
             ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
 #pragma unroll
@@ -1837,14 +1835,13 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert((NPT == 4 && NSPLIT <= 4) || (NPT == 8 && NSPLIT >= 4 && NSPLIT <= 16), "N <= 128");
-    static_assert((NSPLIT & (NSPLIT - 1)) == 0, "NSPLIT a power of two");
+    static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4), "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
-    constexpr int NPAD = NPT * NSPLIT;
+    constexpr int NPAD = 4 * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;      // channels per warp
     constexpr int VIO = 16 / sizeof(IO);  // steps per 16-byte piece of IO
-    constexpr int SB = ssm_bring_sub(NPT);
+    constexpr int SB = SSM_BRING_SUB;
     static_assert(SB == 4 || SB == 8, "sub-blocks are 1 or 2 groups of 4 steps");
 
     const int nthr = CH * NSPLIT;  // == blockDim.x, whole warps
@@ -1861,9 +1858,9 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
     const int ntile = dim / CH, tile = d0 / CH;
 
-    const ssm_bring_layout lay(CH, TL, N, NPAD, NPT, sizeof(IO), sizeof(BC), nthr);
+    const ssm_bring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), nthr);
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || nthr % 32 != 0 ||
-        TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
+        TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SSM_BRING_SUB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
         N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
         (nseg > 1 && seg_g == nullptr))
@@ -1872,7 +1869,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
     float* const dtu = reinterpret_cast<float*>(sm + lay.o_dtu);  // row c: pitch 2 TL + 4
     float* const dys = reinterpret_cast<float*>(sm + lay.o_dy);   // row c: pitch TL + 4
-    float* const slots = reinterpret_cast<float*>(sm + lay.o_slot) + tid * NPT;  // slot k at + k nthr NPT
+    float* const slots = reinterpret_cast<float*>(sm + lay.o_slot) + tid * 4;  // slot k at + k nthr 4
     float* const acc = reinterpret_cast<float*>(sm + lay.o_acc);  // warp w, step t: (w TL + t) P
     float* const accw = acc + warp * TL * lay.P;
     unsigned char* const raw = sm + lay.o_raw;
@@ -1898,10 +1895,10 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         }
     }
 
-    float A2[NPT], g[NPT], dA[NPT];
+    float A2[4], g[4], dA[4];
 #pragma unroll
-    for (int k = 0; k < NPT; ++k) {
-        const int n = s * NPT + k;
+    for (int k = 0; k < 4; ++k) {
+        const int n = s * 4 + k;
         const bool ok = n < N;
         A2[k] = ok ? A[(ssm_i64)d * N + n] * M::kLog2e : 0.0f;
         // Adjoint entering the segment from its end: the carried seed when
@@ -1920,14 +1917,14 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
     const int cmax = (int)(chunk < L ? chunk : L);
     const int tpc = (cmax + TL - 1) / TL;  // scratch slots per block
-    float* const my_scratch = scratch + ((ssm_i64)blockIdx.x * tpc * nthr + tid) * NPT;
+    float* const my_scratch = scratch + ((ssm_i64)blockIdx.x * tpc * nthr + tid) * 4;
 
     ssm_bring_walk cur((int)t_begin, (int)t_end, (int)chunk, TL);
     ssm_bring_copy<IO, BC>(sm, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N, NPAD, TL, cur, has_z, tid, nthr);
     ssm_cp_wait_all();
     ssm_bring_widen<BC>(sm, raw, lay, N, NPAD, TL, cur, tid, nthr);
 
-    float h[NPT];  // pass A's running state
+    float h[4];  // pass A's running state
     int stage = 0;
 #pragma unroll 1
     while (!cur.done) {
@@ -1935,21 +1932,21 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         nxt.next();
         const int t0 = cur.t(), tl = cur.tl(), T = cur.T;
         const bool rev = cur.rev;
-        float h0[NPT];  // an R tile's entry state
+        float h0[4];  // an R tile's entry state
         if (!rev || cur.ntl == 1) {
             if (T == 0) {  // the chunk's checkpoint
                 const float* const src = ckpt + (((ssm_i64)cur.ci * batch + b) * dim + d) * N;
 #pragma unroll
-                for (int k = 0; k < NPT; ++k) h[k] = s * NPT + k < N ? src[s * NPT + k] : 0.0f;
+                for (int k = 0; k < 4; ++k) h[k] = s * 4 + k < N ? src[s * 4 + k] : 0.0f;
             }
         }
         if (!rev) {
-            ssm_st_row<NPT>(my_scratch + (ssm_i64)T * nthr * NPT, h);
+            ssm_st4(my_scratch + (ssm_i64)T * nthr * 4, h);
         } else if (T == cur.ntl - 1) {
 #pragma unroll
-            for (int k = 0; k < NPT; ++k) h0[k] = h[k];
+            for (int k = 0; k < 4; ++k) h0[k] = h[k];
         } else {
-            ssm_ld_row<NPT>(h0, my_scratch + (ssm_i64)T * nthr * NPT);
+            ssm_ld4(h0, my_scratch + (ssm_i64)T * nthr * 4);
         }
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
@@ -1998,17 +1995,20 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
         const float* const drow = dtu + c * (2 * TL + 4);
         const float* const dyr = dys + c * (TL + 4);
-        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
-        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
+        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * 16;
+        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * 16;
         if (!rev) {
-            ssm_bring_advance<NPAD, NPT>(h, A2, drow, Bq, tl / 4);
+            ssm_bring_advance<NPAD>(h, A2, drow, Bq, tl / 4);
         } else {
             // The state entering each sub-block.
             const int nb = (tl + SB - 1) / SB;
+            {
+                float hh[4] = {h0[0], h0[1], h0[2], h0[3]};
 #pragma unroll 1
-            for (int k = 0; k < nb; ++k) {
-                ssm_st_row<NPT>(slots + k * nthr * NPT, h0);
-                if (k + 1 < nb) ssm_bring_advance<NPAD, NPT>(h0, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+                for (int k = 0; k < nb; ++k) {
+                    ssm_st4(slots + k * nthr * 4, hh);
+                    if (k + 1 < nb) ssm_bring_advance<NPAD>(hh, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+                }
             }
             IO* const urow = reinterpret_cast<IO*>(st + c * lay.pio);                 // u, then du
             IO* const drow_io = reinterpret_cast<IO*>(st + lay.rows + c * lay.pio);   // delta, then ddelta
@@ -2019,8 +2019,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             // tile's end): recompute, adjoint, finish.
             auto sub = [&](int j0, bool full) {
                 constexpr int NG = SB / 4, S = SB;
-                float hs[S + 1][NPT], as[S][NPT];
-                ssm_ld_row<NPT>(hs[0], slots + (j0 / SB) * nthr * NPT);
+                float hs[S + 1][4], as[S][4];
+                ssm_ld4(hs[0], slots + (j0 / SB) * nthr * 4);
                 const float* const dr = drow + 2 * j0;
                 const float* const Bj = Bq + j0 * NPAD;
                 const float* const Cj = Cq + j0 * NPAD;
@@ -2031,7 +2031,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     ssm_ld4(pr, dr + 8 * q);
                     ssm_ld4(pr + 4, dr + 8 * q + 4);
 #pragma unroll
-                    for (int k = 0; k < NPT; ++k) {
+                    for (int k = 0; k < 4; ++k) {
                         float bv[4];
                         ssm_ld4(bv, Bj + (q * NPAD + k) * 4);
 #pragma unroll
@@ -2059,14 +2059,14 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     for (int jj = 3; jj >= 0; --jj) {
                         const int j = 4 * q + jj;
                         const float dt = pr[2 * jj], du = pr[2 * jj + 1], dy = dyv[jj];
-                        float v[2 * NPT];  // dB of the lane's NPT states, then dC
+                        float v[8];  // dB of the lane's 4 states, then dC
                         float yp = 0.0f, gb = 0.0f, sa = 0.0f;
 #pragma unroll
-                        for (int k = 0; k < NPT; ++k) {
+                        for (int k = 0; k < 4; ++k) {
                             const float bk = Bj[(q * NPAD + k) * 4 + jj], ck = Cj[(q * NPAD + k) * 4 + jj];
                             const float ht = hs[j + 1][k];
                             yp += ck * ht;
-                            v[NPT + k] = dy * ht;
+                            v[4 + k] = dy * ht;
                             g[k] += ck * dy;
                             v[k] = g[k] * du;
                             gb += g[k] * bk;
@@ -2078,17 +2078,11 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         vals[3 * j] = yp;
                         vals[3 * j + 1] = gb;
                         vals[3 * j + 2] = sa;
-                        // dB, dC of this step summed over the warp's channels: RV values per lane.
+                        // dB, dC of this step summed over the warp's channels: one value per lane.
                         int off = 0;
                         bool own = true;
-                        ssm_reduce_scatter<2 * NPT, CPW / 2, NSPLIT>::run(v, cl, wmask, off, own);
-                        constexpr int RV = ssm_rs_len(2 * NPT, CPW / 2);
-                        if (own)
-#pragma unroll
-                            for (int r = 0; r < RV; ++r) {
-                                const int i = off + r;  // i / NPT: dB or dC; i % NPT: the state
-                                accw[(j0 + j) * P + (i / NPT) * NPAD + s * NPT + i % NPT] = v[r];
-                            }
+                        ssm_reduce_scatter<8, CPW / 2, NSPLIT>::run(v, cl, wmask, off, own);
+                        if (own) accw[(j0 + j) * P + (off >> 2) * NPAD + s * 4 + (off & 3)] = v[0];
                     }
                 }
                 // Sums over the states; the owning lane finishes its steps.
@@ -2171,8 +2165,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const ssm_i64 bd = (ssm_i64)b * dim + d;
     const ssm_i64 sbd = (ssm_i64)seg * batch * dim + bd;
 #pragma unroll
-    for (int k = 0; k < NPT; ++k) {
-        const int n = s * NPT + k;
+    for (int k = 0; k < 4; ++k) {
+        const int n = s * 4 + k;
         if (n < N) {
             dA_part[sbd * N + n] = dA[k];
             if (want_dh0 && seg == 0) dh0[bd * N + n] = g[k];  // g is now dL/dh0

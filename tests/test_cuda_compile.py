@@ -165,6 +165,25 @@ def test_ring_plans_meet_kernel_preconditions():
                     nseg, seg_len = plan["nseg"], plan["seg_len"]
                     assert plan["blocks"] == batch * (dim // ch) * nseg
                     assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+                    # The ring backward: the same case, and whole warps of channels.
+                    bplan = ss.plan_backward_ring(**shape)
+                    nsplit = plan["nsplit"]
+                    ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
+                    assert (bplan is not None) == (ch_top >= 32 // nsplit), shape
+                    if bplan is None:
+                        continue
+                    ch, tl = bplan["ch"], bplan["tl"]
+                    assert bplan["threads"] == ch * nsplit <= ss.BWD_RING_MAX_THREADS
+                    assert bplan["threads"] % 32 == 0 and ch & (ch - 1) == 0
+                    assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
+                    step = max(q, ss._BRING_SUB)
+                    assert tl % step == 0 and tl & (tl - 1) == 0 and tl < 2 * max(cmax, step)
+                    assert bplan["smem"] == ss._bwd_ring_smem_bytes(ch, tl, N, 4 * nsplit, io, bc)
+                    assert bplan["smem"] <= limits["smem_optin"]
+                    nseg, seg_len = bplan["nseg"], bplan["seg_len"]
+                    assert bplan["blocks"] == batch * (dim // ch) * nseg
+                    assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+                    assert bplan["scratch"] == bplan["blocks"] * -(-cmax // tl) * bplan["threads"] * 4
     # Not for float64, nor for N > 16 or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
@@ -173,44 +192,6 @@ def test_ring_plans_meet_kernel_preconditions():
     assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
     # Steps in 32 bits inside the kernels: L < 2**31.
     assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None
-
-
-def test_ring_backward_plans_meet_kernel_preconditions():
-    # ssm_scan_bwd_ring traps when these fail; plan_backward_ring returns None where it does
-    # not apply: the ring forward's case for N up to 128, and a warp of channels per group.
-    limits = dict(sm_count=132, smem_optin=227 * 1024)
-    for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
-                   ("float32", "float32")):
-        q = ss._ring_quantum(io, bc)
-        for N in (1, 3, 5, 16, 17, 33, 64, 100, 128, 129):
-            for dim, gb, gc in ((1536, 1, 1), (1536, 0, 1), (96, 3, 2), (64, 1, 2), (7, 7, 1)):
-                for batch, L, chunk in ((8, 2048, 256), (2, 32768, 256), (1, 40, 8), (1, 37, 7),
-                                        (2, 8, 1), (1, 100, 10**9), (1, 16, 4)):
-                    shape = dict(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk,
-                                 io=io, bc=bc, **limits)
-                    plan = ss.plan_backward_ring(**shape)
-                    cmax = min(chunk, L)
-                    ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
-                    applies = (N <= 128 and gb > 0 and gc > 0 and L % q == 0 and cmax % q == 0
-                               and ch_top >= 32 // ss.state_split(N)[1])
-                    assert (plan is not None) == applies, shape
-                    if plan is None:
-                        continue
-                    npt, nsplit = ss.state_split(N)
-                    assert (plan["npt"], plan["nsplit"]) == (npt, nsplit)
-                    ch, tl = plan["ch"], plan["tl"]
-                    assert plan["threads"] == ch * nsplit <= ss.BWD_RING_MAX_THREADS
-                    assert plan["threads"] % 32 == 0 and ch & (ch - 1) == 0
-                    assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
-                    step = max(q, ss._bring_sub(npt))
-                    assert plan["ts"] == ss._bring_sub(npt)
-                    assert tl % step == 0 and tl & (tl - 1) == 0 and tl < 2 * max(cmax, step)
-                    assert plan["smem"] == ss._bwd_ring_smem_bytes(ch, tl, N, npt * nsplit, npt, io, bc)
-                    assert plan["smem"] <= limits["smem_optin"]
-                    nseg, seg_len = plan["nseg"], plan["seg_len"]
-                    assert plan["blocks"] == batch * (dim // ch) * nseg
-                    assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
-                    assert plan["scratch"] == plan["blocks"] * -(-cmax // tl) * plan["threads"] * npt
 
 
 def _round_up(x, m):

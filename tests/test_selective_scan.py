@@ -416,11 +416,10 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
 @pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
-    """The ring backward kernel (the ring forward's shapes, N up to 128, with a warp of
-    channels per B/C group: 32 / NSPLIT): N from 1 to 128, several tiles per chunk, chunks
-    ending in half sub-blocks (float32), blocks of one and several warps, with and without
-    time segments, equals the reference and ran; with too few channels per group the other
-    kernel runs."""
+    """The ring backward kernel (the ring forward's shapes with a warp of channels per B/C
+    group: 32 / NSPLIT): N from 1 to 16, several tiles per chunk, chunks ending in half
+    sub-blocks (float32), blocks of one and several warps, with and without time segments,
+    equals the reference and ran; with too few channels per group the other kernel runs."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
     if dtype == "bfloat16":
@@ -443,11 +442,6 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
         (dict(batch=3, dim=8, L=8, N=16, b_form="step", c_form="step", with_init=True), None),
         (dict(batch=1, dim=256, L=264, N=16, b_form="group", c_form="group", groups=2,
               with_D=False, with_bias=False), 80),
-        # 8 states per lane: N 17 to 128
-        (dict(batch=2, dim=8, L=72, N=64, b_form="step", c_form="group", groups=2,
-              with_init=True), 24),
-        (dict(batch=1, dim=4, L=136, N=128, b_form="step", c_form="step", with_init=True), None),
-        (dict(batch=1, dim=16, L=48, N=33, b_form="step", c_form="step", with_z=False), 16),
     ]
     for seed, (case, chunk) in enumerate(cases):
         kinds.clear()
@@ -464,7 +458,7 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
     gpu_scan.compiler.device_limits = lambda: dict(limits(), sm_count=1)
     gpu_scan._cached_plan.cache_clear()
     try:
-        for seed in (0, 5, 7):
+        for seed in (0, 5):
             kinds.clear()
             _check_vjp("gpu", dtype, *cases[seed], 860 + seed)
             assert "bwd_ring" in kinds, kinds

@@ -84,15 +84,10 @@ _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4
 FWD_MAX_THREADS = 256
 BWD_MAX_THREADS = 64
 # The ring backward (ssm_scan_bwd_ring): at most 128 threads, 3 resident blocks asked of ptxas
-# (at most 168 registers).
+# (at most 168 registers), sub-blocks of 8 steps (SSM_BRING_SUB).
 BWD_RING_MAX_THREADS = 128
 _BWD_RING_REGS = 168
-
-
-def _bring_sub(npt: int) -> int:
-    """Steps of the ring backward's sub-blocks (mirrors ssm_bring_sub): 8 with 4 states per
-    lane, 4 with 8."""
-    return 8 if npt == 4 else 4
+_BRING_SUB = 8
 _BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
 # Registers per thread of the forward kernel, roughly (ptxas reports), by
 # (compute, NPT); only used to estimate how many blocks share an SM. The
@@ -134,7 +129,6 @@ TUNING = {
     "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
     "bwd_ring_threads": 128,
     "bwd_ring_tl": 64,
-    "bwd_ring_max_n": 128,  # the largest N sent to the ring backward
     # Time segments (see _split_time): split when the grid fills less than
     # seg_min_fill of one wave of resident blocks, aiming at seg_waves waves;
     # segments are whole chunks and at least min_seg_steps long (each costs a
@@ -243,7 +237,7 @@ def kernel_keys(full: bool = True) -> list:
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             for npt, nsplit in splits[_COMPUTE[io]]:
-                if _COMPUTE[io] == "float32" and (npt == 4 or (kind == "bwd_ring" and npt == 8)):
+                if _COMPUTE[io] == "float32" and npt == 4:
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
@@ -316,13 +310,13 @@ def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
     return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4) + raw
 
 
-def _bwd_ring_smem_bytes(ch, tl, n, npad, npt, io, bc):
+def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
     """Dynamic shared memory of ssm_scan_bwd_ring (mirrors ssm_bring_layout)."""
-    nthr = ch * (npad // npt)
+    nthr = ch * (npad // 4)
     pio = tl * _ITEMSIZE[io] + 16
     stage = 4 * ch * pio + 2 * npad * tl * 4
     rows = ch * (2 * tl + 4) * 4 + ch * (tl + 4) * 4
-    slots = (tl // _bring_sub(npt)) * nthr * npt * 4
+    slots = -(-tl // _BRING_SUB) * nthr * 16
     acc = _round_up((nthr // 32) * tl * (2 * npad + 1) * 4, 16)
     raw = 2 * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
     return 2 * stage + rows + slots + acc + raw
@@ -567,14 +561,11 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
 def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
     """Launch shape of the ring backward kernel, or None where it does not apply.
 
-    It applies where :func:`plan_forward_ring` does, but for N up to
-    ``TUNING["bwd_ring_max_n"]`` (at most 128), and where the channels of a B/C group fill a
+    It applies where :func:`plan_forward_ring` does and the channels of a B/C group fill a
     warp (``32 / NSPLIT`` of them: blocks are whole warps). Returns the keys of
-    :func:`plan_backward` (``ts`` is the sub-block: 8 steps, 4 above N = 16) and ``ring``
-    True.
+    :func:`plan_backward` (``ts`` is the sub-block, 8 steps) and ``ring`` True.
     """
-    if (_COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > min(TUNING["bwd_ring_max_n"], 128)
-            or not 1 <= L < 2**31):
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
         return None
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npt, nsplit = state_split(N, "float32")
@@ -583,7 +574,7 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     if L % q or cmax % q:
         return None
     npad = npt * nsplit
-    step = max(q, _bring_sub(npt))  # whole sub-blocks but at a chunk's end; TL a power of two
+    step = max(q, _BRING_SUB)  # whole sub-blocks but at a chunk's end; TL a power of two
 
     def choose(nseg):
         return _choose_tiles(
@@ -591,7 +582,7 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
             tl_max=_round_up(max(TUNING["bwd_ring_tl"], step), step), tl_min=TUNING["bwd_min_tl"],
             max_threads=min(TUNING["bwd_ring_threads"], BWD_RING_MAX_THREADS),
             warps_by_regs=lim["regs_per_sm"] // (_BWD_RING_REGS * 32),
-            size=lambda c, t: _bwd_ring_smem_bytes(c, t, N, npad, npt, io, bc), lim=lim,
+            size=lambda c, t: _bwd_ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
             what=f"the ring backward with N={N}", nseg=nseg, ch_min=32 // nsplit, pow2=True)
 
     try:
@@ -601,7 +592,7 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     except NotImplementedError:
         return None
     tpc = -(-cmax // tl)
-    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_bring_sub(npt), threads=ch * nsplit, blocks=blocks,
+    return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
                 smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt,
                 nseg=nseg, seg_len=seg_len, ring=True,
                 sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4))

@@ -59,14 +59,6 @@ elif which == "bwd_ring":
         (1, 64, 72, 3, "float32", None, 2, 1, full, 1000),
         (1, 64, 264, 16, "bfloat16", None, 2, 2, none, 80),
         (1, 16, 40, 16, "float32", None, 1, 1, full, 4),
-        # 8 states per lane (N 17 to 128), sub-blocks of 4 steps
-        (2, 8, 40, 17, "float32", None, 1, 1, full, 16),
-        (1, 8, 72, 64, "float32", None, 2, 1, full, 24),
-        (1, 4, 48, 128, "float32", None, 1, 1, full, 48),
-        (1, 4, 40, 100, "bfloat16", None, 1, 2, full, 8),
-        (1, 16, 24, 33, "bfloat16", "float32", 1, 1, none, 24),
-        (1, 8, 200, 128, "float32", None, 1, 1, full, 200),
-        (2, 16, 136, 40, "bfloat16", None, 2, 2, full, 136),
     ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
