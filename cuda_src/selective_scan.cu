@@ -63,12 +63,15 @@ enum : int {
 
 // Backward sub-tile: steps whose states are recomputed into registers at once.
 // TS * NPT values of h (and as many decays) live in registers during the
-// adjoint walk; 16 floats (8 doubles) per thread keep the walk within the
-// register budget of the launch bounds (no local memory in the step loops).
+// adjoint walk: 16 floats at NPT 4, 32 at NPT 8 and above (8 doubles) keep the
+// walk within the register budget of the launch bounds (a few words of local
+// memory at most). Each sub-tile ends in two block barriers, so longer is
+// better where it fits: 4-step sub-tiles at NPT 8 took N = 64 from 9.0 to 7.9
+// ms forward + backward (benchmarks/NOTES.md); at NPT 4 they spill 40 bytes.
 // ssmkit/_gpu/selective_scan.py mirrors this rule (_bwd_substeps).
 template <typename CT, int NPT>
 __host__ __device__ constexpr int ssm_bwd_substeps() {
-    return (sizeof(CT) == 8 ? 8 : 16) / NPT >= 1 ? (sizeof(CT) == 8 ? 8 : 16) / NPT : 1;
+    return (sizeof(CT) == 8 ? 8 : NPT >= 8 ? 32 : 16) / NPT >= 1 ? (sizeof(CT) == 8 ? 8 : NPT >= 8 ? 32 : 16) / NPT : 1;
 }
 
 // Shared-memory layouts, in elements of CT; every section starts at a multiple

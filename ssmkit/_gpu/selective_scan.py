@@ -200,7 +200,7 @@ def state_split(N: int, compute: str = "float32") -> tuple[int, int]:
 
 def _bwd_substeps(compute: str, npt: int) -> int:
     """TS of the backward kernel (mirrors ``ssm_bwd_substeps`` in selective_scan.cu)."""
-    budget = 8 if compute == "float64" else 16
+    budget = 8 if compute == "float64" else (32 if npt >= 8 else 16)
     return max(1, budget // npt)
 
 
