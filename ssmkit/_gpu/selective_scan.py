@@ -82,13 +82,13 @@ _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4
 # and the backward's minimum resident blocks of that size per SM (which caps its
 # registers: 168 per thread in float, 255 in double).
 FWD_MAX_THREADS = 256
-BWD_MAX_THREADS = 64
+BWD_MAX_THREADS = 128
 # The ring backward (ssm_scan_bwd_ring): at most 128 threads, 3 resident blocks asked of ptxas
 # (at most 168 registers), sub-blocks of 8 steps (SSM_BRING_SUB).
 BWD_RING_MAX_THREADS = 128
 _BWD_RING_REGS = 168
 _BRING_SUB = 8
-_BWD_MIN_BLOCKS = {"float32": 6, "float64": 4}
+_BWD_MIN_BLOCKS = {"float32": 3, "float64": 2}
 # Registers per thread of the forward kernel, roughly (ptxas reports), by
 # (compute, NPT); only used to estimate how many blocks share an SM. The
 # cp.async kernels' are capped by their launch bounds (ssm_fwd_min_blocks).
@@ -102,7 +102,7 @@ TUNING = {
     # ~10% at L 32768, N 64 and batch 64, and lose 3% at batch 8, L 2048; bwd_tl 64 wins 3%.
     "fwd_threads": 256,  # most threads per block the planner tries (CH <= this / NSPLIT)
     "fwd_tl": 64,        # longest time tile (steps)
-    "bwd_threads": 64,
+    "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
     "fwd_min_tl": 16,    # time tiles are not shortened below these to fit more blocks per SM
     "bwd_min_tl": 8,
