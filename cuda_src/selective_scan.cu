@@ -979,6 +979,22 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
+// The ring kernels' states n >= N of B and C stay zero in both stages (the copies
+// write n < N only): zeroed once, for B and, with nbc = 2, C.
+__device__ __forceinline__ void ssm_ring_zero_pad(unsigned char* sm, int stage, int o_B, int o_C, int nbc, int TL,
+                                                  int N, int NPAD, int tid, int nthr) {
+    if (N < NPAD) {
+        const int per = nbc * (TL / 4) * (NPAD - N);  // float4 slots per stage
+        for (int i = tid; i < 2 * per; i += nthr) {
+            const int st = i / per, r = i - st * per;
+            const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
+            const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
+            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            ssm_st4(reinterpret_cast<float*>(sm + st * stage + (which ? o_C : o_B)) + (g * NPAD + n) * 4, zero);
+        }
+    }
+}
+
 template <typename IO, typename BC, int NSPLIT, bool SUM, typename CT = float>
 __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
@@ -1024,18 +1040,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const bool softplus = flags & SSM_SOFTPLUS;
     const bool save_ckpt = flags & SSM_SAVE_CKPT;
 
-    // States n >= N of B and C stay zero in both stages (stores write n < N only).
-    if (N < NPAD) {
-        const int per = (SUM ? 1 : 2) * (TL / 4) * (NPAD - N);  // float4 slots per stage
-        for (int i = tid; i < 2 * per; i += nthr) {
-            const int st = i / per, r = i - st * per;
-            const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
-            const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
-            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ssm_st4(reinterpret_cast<float*>(sm + st * lay.stage + (which ? lay.o_C : lay.o_B)) + (g * NPAD + n) * 4,
-                    zero);
-        }
-    }
+    ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, SUM ? 1 : 2, TL, N, NPAD, tid, nthr);
 
     float A2[NPT], h[NPT];
     ssm_fwd_start<float, NPT, SUM>(A2, h, A, seg_h, h0, flags & SSM_HAS_H0, batch, dim, N, nseg, seg, b, d, s);
@@ -1887,18 +1892,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const bool want_dh0 = flags & SSM_HAS_H0;
     const bool has_dfinal = flags & SSM_HAS_DFINAL;
 
-    // States n >= N of B and C stay zero in both stages (copies write n < N only).
-    if (N < NPAD) {
-        const int per = 2 * (TL / 4) * (NPAD - N);  // float4 slots per stage
-        for (int i = tid; i < 2 * per; i += nthr) {
-            const int st = i / per, r = i - st * per;
-            const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
-            const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
-            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ssm_st4(reinterpret_cast<float*>(sm + st * lay.stage + (which ? lay.o_C : lay.o_B)) + (g * NPAD + n) * 4,
-                    zero);
-        }
-    }
+    ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, 2, TL, N, NPAD, tid, nthr);
 
     float A2[4], g[4], dA[4];
 #pragma unroll
@@ -1967,7 +1961,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 const int r = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
                 if (t >= tl) continue;
                 const int cc = cw0 + r;
-                float uu[VIO], dd[VIO];
+                float uu[VIO], dd[VIO];  // (as the forward's staging; a shared helper changed its code)
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.rows + cc * lay.pio + t * sizeof(IO)));
                 const float bias = has_bias ? dbias[d0 + cc] : 0.0f;

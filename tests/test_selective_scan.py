@@ -361,6 +361,15 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
         assert np.array_equal(outs[0], outs[1])
 
 
+def _record_launches(monkeypatch, gpu_scan):
+    """The kinds of the GPU kernels launched from here on, in a list that grows."""
+    kinds = []
+    launch = gpu_scan._launch
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
+                                                                      launch(key, plan, args)))
+    return kinds
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
@@ -377,10 +386,7 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
     monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
     monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
     monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
-    kinds = []
-    launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
-                                                                      launch(key, plan, args)))
+    kinds = _record_launches(monkeypatch, gpu_scan)
     cases = [
         (dict(batch=2, dim=6, L=200, N=16, b_form="step", c_form="group", groups=2,
               with_init=True), 16),
@@ -427,10 +433,7 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
     monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
     monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
     monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
-    kinds = []
-    launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
-                                                                      launch(key, plan, args)))
+    kinds = _record_launches(monkeypatch, gpu_scan)
     odd = 20 if dtype == "float32" else 24  # a chunk of 2.5 sub-blocks where 4 steps are whole
     cases = [
         (dict(batch=2, dim=16, L=200, N=16, b_form="step", c_form="group", groups=2,

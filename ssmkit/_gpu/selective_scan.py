@@ -520,6 +520,18 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
                 nseg=nseg, seg_len=seg_len, async_=use_async)
 
 
+def _ring_case(*, L, N, gb, gc, chunk_size, io, bc):
+    """``(npt, nsplit, q, cmax)`` where the ring kernels apply (float32 compute, B and C per
+    step, N <= 16, L < 2**31, L and the chunk multiples of :func:`_ring_quantum`), else None."""
+    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
+        return None
+    q = _ring_quantum(io, bc)
+    cmax = max(1, min(chunk_size, L))
+    if L % q or cmax % q:
+        return None
+    return (*state_split(N, "float32"), q, cmax)
+
+
 def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
@@ -529,14 +541,11 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
     plus ``sum_smem`` (bytes of the summary kernel) and ``ring`` True.
     """
-    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
+    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
+    if case is None:
         return None
+    npt, nsplit, q, cmax = case
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
-    npt, nsplit = state_split(N, "float32")
-    q = _ring_quantum(io, bc)
-    cmax = max(1, min(chunk_size, L))
-    if L % q or cmax % q:
-        return None
     npad = npt * nsplit
 
     def choose(nseg):
@@ -565,14 +574,11 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     warp (``32 / NSPLIT`` of them: blocks are whole warps). Returns the keys of
     :func:`plan_backward` (``ts`` is the sub-block, 8 steps) and ``ring`` True.
     """
-    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
+    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
+    if case is None:
         return None
+    npt, nsplit, q, cmax = case
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
-    npt, nsplit = state_split(N, "float32")
-    q = _ring_quantum(io, bc)
-    cmax = max(1, min(chunk_size, L))
-    if L % q or cmax % q:
-        return None
     npad = npt * nsplit
     step = max(q, _BRING_SUB)  # whole sub-blocks but at a chunk's end; TL a power of two
 
