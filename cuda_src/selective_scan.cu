@@ -866,6 +866,35 @@ struct ssm_pieces {
     }
 };
 
+// The ring kernels' copy of 16-byte piece k of row r of a tile's B (r < N) or C
+// (r - N), from step t of its global row: float, straight into its [step / 4][n][4]
+// place in stage st (B at byte o_B, C at o_C); 16-bit, as stored into row r of `raw`
+// (pitch TL * sizeof(BC)) for the widening below.
+template <typename BC>
+__device__ __forceinline__ void ssm_ring_copy_bc_piece(unsigned char* st, unsigned char* raw, int o_B, int o_C,
+                                                       const BC* Bg, const BC* Cg, ssm_i64 L, ssm_i64 t, int N,
+                                                       int NPAD, int TL, int r, int k) {
+    const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
+    unsigned char* dst;
+    if constexpr (sizeof(BC) == 4)
+        dst = st + (r < N ? o_B : o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
+    else
+        dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
+    ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
+}
+
+// 16-bit B and C: widen piece k of row r of `raw` (copied there by this thread, after
+// its ssm_cp_wait_all) to float, into its [step / 4][n][4] places in stage st.
+template <typename BC>
+__device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const unsigned char* raw, int o_B, int o_C,
+                                                     int N, int NPAD, int TL, int r, int k) {
+    float f[8];
+    ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
+    float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
+    ssm_st4(dst, f);
+    ssm_st4(dst + NPAD * 4, f + 4);
+}
+
 // Issue the cp.async copies of the tile [t, t + tl) (none when tl <= 0) and
 // commit them as one group: into stage st, the rows of u, delta and (not SUM,
 // has_z) z (row r of each at row0 + r L in global memory); B and (not SUM) C
@@ -890,16 +919,8 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
         }
         const int pbc = tl * (int)sizeof(BC) / 16;
 #pragma unroll 1
-        for (ssm_pieces w(pbc, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
-            const int r = w.r, k = w.k;
-            const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
-            unsigned char* dst;
-            if constexpr (sizeof(BC) == 4)
-                dst = st + (r < N ? lay.o_B : lay.o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
-            else
-                dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
-            ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
-        }
+        for (ssm_pieces w(pbc, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next())
+            ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, w.r, w.k);
     }
     ssm_cp_commit();
 }
@@ -913,15 +934,8 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
     if constexpr (sizeof(BC) == 2) {
         if (tl > 0)
 #pragma unroll 1
-            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next()) {
-                const int r = w.r, k = w.k;
-                float f[8];
-                ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
-                float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
-                                   ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
-                ssm_st4(dst, f);
-                ssm_st4(dst + NPAD * 4, f + 4);
-            }
+            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next())
+                ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, w.r, w.k);
     }
 }
 
@@ -1772,14 +1786,7 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
 #pragma unroll 1
         for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
             const int r = e >> lgb, k = e & ((1 << lgb) - 1);
-            if (k >= pbc) continue;
-            const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
-            unsigned char* dst;
-            if constexpr (sizeof(BC) == 4)
-                dst = st + (r < N ? lay.o_B : lay.o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
-            else
-                dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
-            ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
+            if (k < pbc) ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
         }
     }
     ssm_cp_commit();
@@ -1796,13 +1803,7 @@ __device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigne
 #pragma unroll 1
         for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
             const int r = e >> lgb, k = e & ((1 << lgb) - 1);
-            if (k >= pbc) continue;
-            float f[8];
-            ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
-            float* const dst = reinterpret_cast<float*>(st + (r < N ? lay.o_B : lay.o_C)) +
-                               ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
-            ssm_st4(dst, f);
-            ssm_st4(dst + NPAD * 4, f + 4);
+            if (k < pbc) ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
         }
     }
 }
