@@ -770,15 +770,9 @@ ssd_bwd_rows(const TX* __restrict__ X, const CT* __restrict__ GB, const CT* __re
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.y;
     const int nv = (P + 31) / 32;  // values this row gives each lane (uniform)
-    const ssm_i64 s0 = (ssm_i64)blockIdx.x * steps_per_block;
-    const ssm_i64 s1 = s0 + steps_per_block < steps ? s0 + steps_per_block : steps;
+    ssm_i64 s0, s1;
     CT Dv[SSD_ROW_VALUES], dd[SSD_ROW_VALUES];
-#pragma unroll
-    for (int k = 0; k < SSD_ROW_VALUES; ++k) {
-        const int p = lane + 32 * k;
-        Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : CT(0);
-        dd[k] = 0;
-    }
+    ssm_row_block_start(s0, s1, Dv, dd, D, h, P, steps, steps_per_block);
     for (ssm_i64 s = s0 + warp; s < s1; s += WARPS) {
         const ssm_i64 row = s * H + h, base = row * P;
         const CT e = dte[row];

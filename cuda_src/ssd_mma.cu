@@ -1767,15 +1767,9 @@ ssd_mma_bwd_rows(const T* __restrict__ dy, const T* __restrict__ z, const T* __r
     __shared__ float dd_sh[SSD_MMA_THREADS / 32][32 * SSD_MMA_ROW_VALUES];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.y;
-    const ssm_i64 s0 = (ssm_i64)blockIdx.x * steps_per_block;
-    const ssm_i64 s1 = s0 + steps_per_block < steps ? s0 + steps_per_block : steps;
+    ssm_i64 s0, s1;
     float Dv[SSD_MMA_ROW_VALUES], dd[SSD_MMA_ROW_VALUES];
-#pragma unroll
-    for (int k = 0; k < SSD_MMA_ROW_VALUES; ++k) {
-        const int p = lane + 32 * k;
-        Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
-        dd[k] = 0.0f;
-    }
+    ssm_row_block_start(s0, s1, Dv, dd, D, h, P, steps, steps_per_block);
     // Two rows per pass, every load of both issued before either is used (a row's loads
     // alone leave too few bytes in flight per warp).
     constexpr int RPP = 2, WARPS = SSD_MMA_THREADS / 32;

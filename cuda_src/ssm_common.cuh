@@ -391,6 +391,26 @@ __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst
 }
 
 // ---------------------------------------------------------------------------
+// The row kernels' opening, the counterpart of ssm_warp_partials_sum: the block's steps
+// [s0, s1) (steps_per_block of them from blockIdx.x's, cut at steps), and per lane
+// Dv[k] = D[h, lane + 32 k] (0 past P, or without D) and its partial sums dd[k] = 0.
+// ---------------------------------------------------------------------------
+template <typename CT, int VALUES>
+__device__ __forceinline__ void ssm_row_block_start(ssm_i64& s0, ssm_i64& s1, CT (&Dv)[VALUES], CT (&dd)[VALUES],
+                                                    const CT* __restrict__ D, int h, int P, ssm_i64 steps,
+                                                    int steps_per_block) {
+    const int lane = threadIdx.x & 31;
+    s0 = (ssm_i64)blockIdx.x * steps_per_block;
+    s1 = s0 + steps_per_block < steps ? s0 + steps_per_block : steps;
+#pragma unroll
+    for (int k = 0; k < VALUES; ++k) {
+        const int p = lane + 32 * k;
+        Dv[k] = D && p < P ? D[(ssm_i64)h * P + p] : CT(0);
+        dd[k] = CT(0);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // A block's per-column sums of its warps' partials, in warp order (deterministic): lane l
 // of warp w holds part[k] for column l + 32 k; out[p] = sum over w of those of column p, for
 // p < P. Every thread of the block calls it (it has a barrier); sh is the block's
