@@ -325,6 +325,22 @@ def test_float32_stays_accurate_over_long_sequences(backend):
     assert rel_err(final, final_ref) <= 1e-5
 
 
+def _force_segments(monkeypatch, gpu_scan, segments):
+    """Split time into ``segments`` (as far as the chunks allow) on inputs however small."""
+    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+
+
+def _record_launches(monkeypatch, gpu_scan):
+    """The kinds of the GPU kernels launched from here on, in a list that grows."""
+    kinds = []
+    launch = gpu_scan._launch
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
+                                                                      launch(key, plan, args)))
+    return kinds
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
@@ -339,9 +355,7 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_async", mode)
-    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
-    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
-    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+    _force_segments(monkeypatch, gpu_scan, segments)
     cases = [
         (dict(batch=2, dim=5, L=203, N=16, b_form="step", c_form="group", groups=1,
               with_init=True), 64),
@@ -361,15 +375,6 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
         assert np.array_equal(outs[0], outs[1])
 
 
-def _record_launches(monkeypatch, gpu_scan):
-    """The kinds of the GPU kernels launched from here on, in a list that grows."""
-    kinds = []
-    launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
-                                                                      launch(key, plan, args)))
-    return kinds
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
@@ -383,9 +388,7 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
-    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
-    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+    _force_segments(monkeypatch, gpu_scan, segments)
     kinds = _record_launches(monkeypatch, gpu_scan)
     cases = [
         (dict(batch=2, dim=6, L=200, N=16, b_form="step", c_form="group", groups=2,
@@ -430,9 +433,7 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
-    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
-    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+    _force_segments(monkeypatch, gpu_scan, segments)
     kinds = _record_launches(monkeypatch, gpu_scan)
     odd = 20 if dtype == "float32" else 24  # a chunk of 2.5 sub-blocks where 4 steps are whole
     cases = [
@@ -479,9 +480,7 @@ def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):
     backward), forced on small inputs with tiny chunks, equals the reference."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
-    monkeypatch.setitem(gpu_scan.TUNING, "force_segments", segments)
-    monkeypatch.setitem(gpu_scan.TUNING, "min_seg_steps", 1)
-    monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
+    _force_segments(monkeypatch, gpu_scan, segments)
     cases = [
         (dict(batch=2, dim=4, L=100, N=16, b_form="step", c_form="group", groups=2,
               with_init=True), 4),
