@@ -117,8 +117,15 @@ def run(args):
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
         bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
-        with tuning(backend, bwd_mma=()):  # the register kernel cc1d_bwd
+        with tuning(backend, bwd_warp=()):  # cc1d_bwd_mma where it applies, else cc1d_bwd
+            bwd_mma_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
+        with tuning(backend, bwd_warp=(), bwd_mma=()):  # the register kernel cc1d_bwd
             bwd_reg_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
+        spans = {}
+        if args.warp_sweep:  # cc1d_bwd_warp with other spans
+            for span in (512, 1024, 4096):
+                with tuning(backend, warp_span=span):
+                    spans[span] = cuda_median_ms(lambda: backend.backward(p, dy, None))
         ab = ab_kernels(p, dy) if args.history else {}
         print(f"{np.dtype(dtype).name} {batch}x{dim}x{L} W={W}: fwd {fwd_call:.4f} ms "
               f"(kernel {fwd_kernel:.4f}, tile {fwd_tile_kernel:.4f}, registers "
@@ -156,6 +163,9 @@ def run(args):
                    fwd_mma_kernel_of_copy=frac(fwd_bytes, fwd_mma_kernel),
                    bwd_reg_kernel_ms=round(bwd_reg_kernel, 4),
                    bwd_reg_kernel_of_copy=frac(bwd_bytes, bwd_reg_kernel),
+                   bwd_mma_kernel_ms=round(bwd_mma_kernel, 4),
+                   bwd_mma_kernel_of_copy=frac(bwd_bytes, bwd_mma_kernel),
+                   **{f"bwd_span{k}_of_copy": frac(bwd_bytes, ms) for k, ms in spans.items()},
                    fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes, update_bytes=upd_bytes,
                    fwd_of_copy=frac(fwd_bytes, fwd_call), fwd_kernel_of_copy=frac(fwd_bytes, fwd_kernel),
                    bwd_of_copy=frac(bwd_bytes, bwd_call), bwd_kernel_of_copy=frac(bwd_bytes, bwd_kernel),
@@ -200,17 +210,24 @@ def run(args):
               "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
               "(fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_mma off); "
               "fwd mma: cc1d_fwd_mma for bfloat16 (fwd_mma on); "
-              "bwd registers: cc1d_bwd (bwd_mma off). float32 runs the register kernels in "
-              "every column.", "",
+              "bwd registers: cc1d_bwd (bwd_warp and bwd_mma off); bwd mma: bwd_warp off "
+              "(cc1d_bwd_mma for bfloat16 from W = 6, else cc1d_bwd). float32 runs the "
+              "register forward in every column."
+              + (" bwd span N: cc1d_bwd_warp with TUNING['warp_span'] = N." if args.warp_sweep
+                 else ""), "",
               "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd mma | fwd new | "
-              "bwd registers | bwd new |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "bwd registers | bwd mma | bwd new |"
+              + ("".join(f" bwd span {k} |" for k in (512, 1024, 4096)) if args.warp_sweep else ""),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" * 3 if args.warp_sweep else "")]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
             f"{r['fwd_reg_kernel_of_copy']:.2f} | {r['fwd_tile_kernel_of_copy']:.2f} | "
             f"{r['fwd_mma_kernel_of_copy']:.2f} | "
             f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_reg_kernel_of_copy']:.2f} | "
-            f"{r['bwd_kernel_of_copy']:.2f} |")
+            f"{r['bwd_mma_kernel_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} |"
+            + "".join(f" {r[f'bwd_span{k}_of_copy']:.2f} |" for k in (512, 1024, 4096)
+                      if args.warp_sweep))
     if args.history:
         lines += ["", "Earlier A/B (kernel alone, fraction of copy): old: built with "
                   "-DCC1D_PREFETCH=0, one block per item, partials summed by CuPy (the structure "
@@ -430,6 +447,8 @@ def main():
                         help="also the earlier A/B builds (-DCC1D_PREFETCH=0, old and loop)")
     parser.add_argument("--mma-sweep", action="store_true",
                         help="also the tensor-core kernels with other read-ahead depths and spans")
+    parser.add_argument("--warp-sweep", action="store_true",
+                        help="also cc1d_bwd_warp with spans of 512, 1024 and 4096 steps")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     run(parser.parse_args())
 

@@ -1297,6 +1297,214 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
 }
 
 // ---------------------------------------------------------------------------------------
+// cc1d_bwd_warp: the backward with a warp per span and every neighbour in registers
+// (16-bit types and float32; no seq_idx or initial state; L a multiple of 8, rows 16-byte
+// aligned: the host sends every other case to the kernels above).
+//
+// cc1d_bwd's blocks meet at three barriers per tile and keep the chunk edges in shared
+// memory; at W = 8 in bfloat16 they ran at half the issue rate with 20 warps per SM. Here a
+// warp owns a span of one row (a multiple of CC1D_WARP_CHUNK steps) and walks it from its
+// last chunk to its first; lane l holds the 8 steps c0 + 8l .. c0 + 8l + 7 of the chunk at
+// c0 (one 16-byte vector of a 16-bit type, two of float32). Nothing waits for another warp:
+// - x before a lane's steps comes from lane l - 1 by one shuffle per step; lane 0's from
+//   lane 31 of the chunk before, which the warp has already read ahead (lane 31 hands over
+//   those registers in place of its own, which no lane needs);
+// - g after a lane's steps comes from lane l + 1; lane 31's from lane 0 of the chunk after,
+//   walked just before (lane 0 keeps those H values of g for it). Before the first chunk
+//   walked, every lane computes g on the H steps after the span (zero past L).
+// The taps, the bias and the partial sums of dweight and dbias stay in registers for the
+// whole span; at its end one reduce-scatter over the warp gives its partials, (batch, dim,
+// n_spans, W + 1) as in cc1d_bwd_mma, summed by cc1d_wsum in a fixed order.
+// The next chunk's words are read while this one is computed, into two buffers in turn.
+// ---------------------------------------------------------------------------------------
+#define CC1D_WARP_CHUNK 256  // steps per warp and round: 8 per lane
+// Blocks of CC1D_THREADS per SM the register bound leaves room for (5: 96 registers).
+#ifndef CC1D_WARP_BLOCKS
+#define CC1D_WARP_BLOCKS 5
+#endif
+
+// Eight consecutive steps of a row as stored: one 16-byte vector of a 16-bit type (kept
+// packed until used), two of float32.
+template <typename T> struct cc1d_oct {
+    static constexpr int E = 16 / (int)sizeof(T);
+    static constexpr int NV = 8 / E;
+    cc1d_words u[NV];
+    __device__ __forceinline__ void load(const T* __restrict__ p) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) u[v] = reinterpret_cast<const cc1d_words*>(p)[v];
+    }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) u[v].w[0] = u[v].w[1] = u[v].w[2] = u[v].w[3] = 0u;
+    }
+    __device__ __forceinline__ void unpack(float (&r)[8]) const {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+            cc1d_unpack_words<T, float, E>(u[v], *reinterpret_cast<float(*)[E]>(r + v * E));
+    }
+    static __device__ __forceinline__ void store(T* __restrict__ p, const float (&r)[8]) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            unsigned w[4];
+            cc1d_pack<T>::run(*reinterpret_cast<const float(*)[E]>(r + v * E), w);
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         :: "l"(p + v * E), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+        }
+    }
+};
+
+template <typename T, int W, bool HAS_BIAS, bool SILU>
+__global__ void __launch_bounds__(CC1D_THREADS, CC1D_WARP_BLOCKS)
+cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
+              const float* __restrict__ bias, const T* __restrict__ dy,
+              const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
+              int dim, ssm_i64 L, ssm_i64 span, int n_spans, int n_items) {
+    constexpr int H = W - 1;
+    constexpr int HS = H > 0 ? H : 1;
+    constexpr int CH = CC1D_WARP_CHUNK;
+    constexpr int RED = W + 1 <= 2 ? 2 : (W + 1 <= 4 ? 4 : (W + 1 <= 8 ? 8 : 16));  // padded
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(W >= 1 && W <= 8, "a lane's window is its 8 steps and the H before them");
+    typedef cc1d_oct<T> Oct;
+
+    const int lane = threadIdx.x & 31;
+    const unsigned item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
+    if (item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
+    const unsigned row = item / (unsigned)n_spans;  // 32 bits: the host checks n_items < 2^31
+    const int d = (int)(row % (unsigned)dim);
+    const ssm_i64 s0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
+    const ssm_i64 s1 = min(s0 + span, L);  // the span is [s0, s1)
+    const ssm_i64 base = (ssm_i64)row * L;
+    const T* const xr = x + base;
+    const T* const dyr = dy + base;
+    T* const dxr = dx + base;
+    float w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)d * W + k];
+    const float bv = HAS_BIAS ? bias[d] : 0.0f;
+    const bool with_dfinal = H > 0 && dfinal != nullptr;
+
+    // g = dy * silu'(z) (or dy) on a lane's 8 steps, from x on the H steps before them (xp)
+    // and on the steps themselves (xv); window position m is step -H + m.
+    auto window = [&](const float (&xp)[HS], const float (&xv)[8], int m) {
+        return m < H ? xp[m < H ? m : 0] : xv[m < H ? 0 : m - H];
+    };
+    auto grad_in = [&](const float (&xp)[HS], const float (&xv)[8], float (&g)[8]) {
+        if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float z = bv;
+#pragma unroll
+                for (int k = 0; k < W; ++k) z += w[k] * window(xp, xv, i + k);
+                g[i] *= cc1d_act<float>::dsilu(z);
+            }
+        }
+    };
+
+    // Lane 0's hand-over to lane 31: g on the H steps after the current chunk; first, after
+    // the span (every lane computes it: x on [s1 - 8, s1 + 8), dy on [s1, s1 + 8), all
+    // inside the row since s1 < L, both multiples of 8, and s1 >= CH).
+    float gkeep[HS];
+#pragma unroll
+    for (int j = 0; j < HS; ++j) gkeep[j] = 0.0f;
+    if (H > 0 && s1 < L) {
+        Oct a, b, c;
+        a.load(xr + s1 - 8);
+        b.load(xr + s1);
+        c.load(dyr + s1);
+        float xa[8], xv[8], g[8];
+        a.unpack(xa);
+        b.unpack(xv);
+        c.unpack(g);
+        float xp[HS];
+#pragma unroll
+        for (int j = 0; j < HS; ++j) xp[j] = xa[(8 - H + j) & 7];
+        grad_in(xp, xv, g);
+#pragma unroll
+        for (int j = 0; j < HS; ++j) gkeep[j] = g[j];
+    }
+
+    float dw[RED];  // dw[W] accumulates dbias; entries past W stay zero
+#pragma unroll
+    for (int k = 0; k < RED; ++k) dw[k] = 0.0f;
+
+    // One chunk: compute `cur` (the chunk at c0) while `nxt` receives the one before it
+    // (or, at the span's first chunk, lane 31 the 8 steps before the span); false when the
+    // span is done.
+    ssm_i64 c0 = s0 + (s1 - s0 - 1) / CH * CH;
+    auto step = [&](const Oct& cx, const Oct& cdy, Oct& nx, Oct& ndy) {
+        const ssm_i64 s = c0 + 8 * lane;  // this lane's first step
+        const bool more = c0 > s0;
+        if (more) {
+            nx.load(xr + s - CH);
+            ndy.load(dyr + s - CH);
+        } else if (lane == 31 && c0 > 0) {
+            nx.load(xr + c0 - 8);
+        } else {
+            nx.zero();
+        }
+        float xv[8], g[8], xn[8];
+        cx.unpack(xv);
+        cdy.unpack(g);
+        nx.unpack(xn);
+        float xp[HS];
+#pragma unroll
+        for (int j = 0; j < H; ++j)
+            xp[j] = __shfl_sync(FULL, lane == 31 ? xn[8 - H + j] : xv[8 - H + j], (lane + 31) & 31);
+        grad_in(xp, xv, g);
+        float gn[HS];  // g on the H steps after this lane's
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+            gn[j] = __shfl_sync(FULL, lane == 0 ? gkeep[j] : g[j], (lane + 1) & 31);
+            gkeep[j] = g[j];
+        }
+        float o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < W; ++k) {  // step i + H - k reads step i through tap k
+                const int m = i + H - k;
+                acc += w[k] * (m < 8 ? g[m < 8 ? m : 0] : gn[m < 8 ? 0 : m - 8]);
+            }
+            o[i] = acc;
+            dw[W] += g[i];
+#pragma unroll
+            for (int k = 0; k < W; ++k) dw[k] += g[i] * window(xp, xv, i + k);
+        }
+        if (with_dfinal && c0 + CH > L - H) {  // the final state's steps [L - H, L)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const ssm_i64 f = s + i - (L - H);
+                if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)row * H + f];
+            }
+        }
+        if (s < L) Oct::store(dxr + s, o);
+        c0 -= CH;
+        return more;
+    };
+
+    Oct ax, ady, bx, bdy;
+    if (c0 + 8 * lane < L) {
+        ax.load(xr + c0 + 8 * lane);
+        ady.load(dyr + c0 + 8 * lane);
+    } else {
+        ax.zero();
+        ady.zero();
+    }
+#pragma unroll 1
+    while (step(ax, ady, bx, bdy) && step(bx, bdy, ax, ady)) {
+    }
+
+    // The span's partials: a fixed reduce-scatter over the warp (lane `own` ends with the
+    // sum of entry `off`)
+    int off = 0;
+    bool own = true;
+    ssm_reduce_scatter<RED, 16>::run(dw, lane, FULL, off, own);
+    if (own && off <= W) partial[(ssm_i64)item * (W + 1) + off] = dw[0];
+}
+
+// ---------------------------------------------------------------------------------------
 // dweight[d, k] = sum over b and tiles of partial[b, d, tile, k], and dbias[d] the same of
 // entry W: one thread per (d, k), summing b-major then tile, a fixed order (no atomics).
 // ---------------------------------------------------------------------------------------

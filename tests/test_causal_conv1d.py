@@ -306,6 +306,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     pytest.importorskip("ml_dtypes")
     both = ("bfloat16", "float16")
     monkeypatch.setitem(gpu_conv.TUNING, "mma_span", span)
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())  # cc1d_bwd_warp has its own test
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma_min_width", 1)
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
     rng = np.random.default_rng(span)
@@ -349,6 +350,58 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
         p, _ = gpu_conv_problem(args, "silu")
         assert gpu_conv._mma_for("fwd", p, p.x) is None
         assert gpu_conv._mma_for("bwd", p, p.x) is None
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
+                                   for d in ("bfloat16", "float16", "float32")])
+@pytest.mark.parametrize("span", [256, 768])
+def test_gpu_warp_backward(dtype, span, monkeypatch):
+    """The backward with a warp per span (cc1d_bwd_warp), spans of one and three 256-step
+    chunks: lengths of one vector, at and around the chunk and the span, every width, with and
+    without bias and silu, with and without the final state's cotangent; against the
+    reference (the weight gradients to float32 accuracy) and against cc1d_bwd. An initial
+    state, seq_idx or a length not a multiple of 8 take the other kernels."""
+    import cupy
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(gpu_conv.TUNING, "warp_span", span)
+    monkeypatch.setitem(gpu_conv.TUNING, "warp_warps_per_sm", 0)
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", ())
+    rng = np.random.default_rng(span + len(dtype))
+    for W in range(1, 9):
+        for L in (8, 248, 256, 264, span + 8, 3 * span - 8, 1000):
+            inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, bias=W % 3 != 0, cuts=())
+            act = "silu" if (W + L // 8) % 3 else None
+            args, exact = cast(inputs, dtype, cupy)
+            dy = as_dtype(rng.standard_normal((2, 3, L)), dtype)
+            dfinal = rng.standard_normal((2, 3, W - 1)).astype("float32") if (W + L) % 2 else None
+            runs = []
+            for kinds in (("float16", "bfloat16", "float32"), ()):
+                monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", kinds)
+                p, _ = gpu_conv_problem(args, act)
+                assert (gpu_conv._warp_launch(p) is not None) == bool(kinds)
+                _, pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
+                                                       return_final_state=True)
+                runs.append(pullback(cupy.asarray(dy),
+                                     None if dfinal is None else cupy.asarray(dfinal)))
+            _, pullback_ref = reference.causal_conv1d_vjp(**exact, activation=act,
+                                                          return_final_state=True)
+            g_ref = pullback_ref(dy.astype(np.float64),
+                                 None if dfinal is None else dfinal.astype(np.float64))
+            warp, old = runs
+            assert rel_err(warp.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
+            assert rel_err(warp.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
+            assert rel_err(warp.weight, g_ref.weight) <= 1e-4, (W, L)
+            if args["bias"] is not None:
+                assert rel_err(warp.bias, g_ref.bias) <= 1e-4, (W, L)
+    # the cases left to the other kernels
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ("float16", "bfloat16", "float32"))
+    for kw in (dict(init=True), dict(cuts=(3,)), dict(L=12)):
+        inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 16, **kw})
+        args, _ = cast(inputs, dtype, cupy)
+        p, _ = gpu_conv_problem(args, "silu")
+        assert gpu_conv._warp_launch(p) is None, kw
 
 
 def gpu_conv_problem(args, act):
@@ -406,6 +459,43 @@ def test_mma_launch_rules(monkeypatch):
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)  # TUNING is part of the key
     assert gpu_conv._mma_launch("bwd", problem())[3] == 1  # one span of 2048
     assert gpu_conv._mma_launch("fwd", problem(L=4098))[3] == 3
+
+
+def test_warp_launch_rules(monkeypatch):
+    """Which problems cc1d_bwd_warp takes (without a GPU: stand-ins for the device and the
+    compiler), its spans, and that a launch is prepared once per shape and TUNING."""
+    import sys
+    import types
+
+    from ssmkit import _causal_conv1d
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(compiler, "device_limits", lambda: dict(sm_count=132,
+                                                                compute_capability=90))
+    built = []
+    monkeypatch.setattr(compiler, "get_kernel", lambda f, name: built.append(name) or name)
+    monkeypatch.setattr(gpu_conv, "_warp_launches", {})
+
+    def problem(L=2048, W=8, dtype=np.float32, init=False, seq=False, rows=3):
+        return _causal_conv1d.CausalConv1dProblem(  # shapes and dtypes are all that matter
+            x=np.zeros((2, rows, L), dtype=dtype), weight=np.zeros((rows, W), np.float32),
+            bias=None, initial_state=np.zeros((2, rows, W - 1)) if init else None,
+            seq_idx=np.zeros((2, L), np.int32) if seq else None, silu=True, xp=np)
+
+    kernel, grid, scalars, n_spans = gpu_conv._warp_launch(problem())
+    assert kernel == "cc1d_bwd_warp<float, 8, false, true>" and n_spans == 8
+    assert grid == (12,) and [int(v) for v in scalars] == [3, 2048, 256, 8, 48]
+    kernel, grid, scalars, n_spans = gpu_conv._warp_launch(problem(rows=3072 * 8))
+    assert n_spans == 1 and grid == (3072 * 4,) and int(scalars[2]) == 2048
+    for kw in (dict(L=2044), dict(init=True), dict(seq=True), dict(dtype=np.float64)):
+        assert gpu_conv._warp_launch(problem(**kw)) is None, kw
+    n = len(built)
+    gpu_conv._warp_launch(problem())  # cached: nothing prepared again
+    assert len(built) == n
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())  # TUNING is part of the key
+    assert gpu_conv._warp_launch(problem()) is None
 
 
 def test_mma_plan():

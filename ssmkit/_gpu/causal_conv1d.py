@@ -73,6 +73,11 @@ TUNING = {
                               # copy at W 2-3, 0.70-0.75 at 4, 0.61-0.64 at 5, 0.50-0.53 at 8);
                               # at W = 6 0.62 / 0.66 against cc1d_bwd's 0.58 / 0.61, W = 4
                               # 0.63 / 0.68 against 0.70 / 0.73 (CAUSAL_CONV1D.md)
+    "bwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose backward (no seq_idx or
+                              # initial state, L a multiple of 8, 16-byte aligned rows) runs
+                              # cc1d_bwd_warp, before cc1d_bwd_mma
+    "warp_span": 2048,        # steps of a row per warp in cc1d_bwd_warp (a multiple of 256) ...
+    "warp_warps_per_sm": 64,  # ... halved (to 256 at least) until there are this many spans
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
 }
@@ -83,11 +88,12 @@ KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bia
                                                  "has_seq"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update" or "wsum"; io : numpy dtype
+kind : "fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update" or "wsum"; io : numpy dtype
 name of x (for "wsum": of the compute type, float32 or float64); width : W (1..8; 0 for
 "wsum", whose width is an argument);
 has_bias, silu, has_seq : the template flags (has_seq is False for "update", "fwd_tile" and
-the "_mma" kinds; all False for "wsum"); the "_mma" kinds are 16-bit only."""
+the "_mma" kinds and "bwd_warp"; all False for "wsum"); the "_mma" kinds are 16-bit only,
+"bwd_warp" 16-bit or float32."""
 
 _NULL = np.uint64(0)
 
@@ -102,7 +108,7 @@ def name_expression(key: KernelKey) -> str:
     if key.kind == "wsum":
         return f"cc1d_wsum<{_CXX[key.io]}>"
     head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
-    if key.kind in ("update", "fwd_tile", "fwd_mma", "bwd_mma"):
+    if key.kind in ("update", "fwd_tile", "fwd_mma", "bwd_mma", "bwd_warp"):
         return head + ">"
     return head + f", {_b(key.has_seq)}>"
 
@@ -115,9 +121,10 @@ def kernel_keys(full: bool = True) -> list:
     and all on; both ``cc1d_wsum`` instantiations (float and double) in either list.
     """
     keys = [KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
-    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update"):
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update"):
         seqs = (False, True) if kind in ("fwd", "bwd") else (False,)
-        ios = ("float16", "bfloat16") if kind.endswith("_mma") else tuple(_CXX)
+        ios = (("float16", "bfloat16") if kind.endswith("_mma") else
+               ("float16", "bfloat16", "float32") if kind == "bwd_warp" else tuple(_CXX))
         if full:
             for io, w, hb, si, sq in itertools.product(ios, WIDTHS, (False, True), (False, True),
                                                        seqs):
@@ -301,6 +308,17 @@ def forward(p):
 MMA_CHUNK = 128  # CC1D_MMA_CHUNK in the source: steps per warp and round of products
 
 
+def _span_plan(rows, L, sm_count, chunk, span_max, warps_per_sm) -> dict:
+    """Each warp walks ``span`` steps of one row: a multiple of ``chunk``, ``span_max`` at
+    most, halved while there are fewer spans than ``warps_per_sm`` per multiprocessor."""
+    span = max(chunk, min(-(-L // chunk), span_max // chunk) * chunk)
+    while span > chunk and rows * -(-L // span) < warps_per_sm * sm_count:
+        span = max(chunk, span // 2 // chunk * chunk)
+    n_spans = -(-L // span)
+    n_items = rows * n_spans
+    return dict(span=span, n_spans=n_spans, n_items=n_items, blocks=-(-n_items // (THREADS // 32)))
+
+
 def mma_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
     """Work split of ``cc1d_fwd_mma`` and ``cc1d_bwd_mma``: each warp walks ``span`` steps of
     one row (a multiple of 128, ``TUNING["mma_span"]`` at most, halved while there are fewer
@@ -312,12 +330,18 @@ def mma_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
         ``span``, ``n_spans`` per row, ``n_items`` (rows x spans, one warp each) and
         ``blocks`` (of ``THREADS`` threads).
     """
-    span = max(MMA_CHUNK, min(-(-L // MMA_CHUNK), TUNING["mma_span"] // MMA_CHUNK) * MMA_CHUNK)
-    while span > MMA_CHUNK and rows * -(-L // span) < TUNING["mma_warps_per_sm"] * sm_count:
-        span = max(MMA_CHUNK, span // 2 // MMA_CHUNK * MMA_CHUNK)
-    n_spans = -(-L // span)
-    n_items = rows * n_spans
-    return dict(span=span, n_spans=n_spans, n_items=n_items, blocks=-(-n_items // (THREADS // 32)))
+    return _span_plan(rows, L, sm_count, MMA_CHUNK, TUNING["mma_span"],
+                      TUNING["mma_warps_per_sm"])
+
+
+WARP_CHUNK = 256  # CC1D_WARP_CHUNK in the source: steps per warp and round, 8 per lane
+
+
+def warp_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
+    """Work split of ``cc1d_bwd_warp``, as :func:`mma_plan` with chunks of 256 steps and
+    ``TUNING["warp_span"]`` / ``TUNING["warp_warps_per_sm"]``."""
+    return _span_plan(rows, L, sm_count, WARP_CHUNK, TUNING["warp_span"],
+                      TUNING["warp_warps_per_sm"])
 
 
 _mma_launches: dict = {}  # (device, kind, shape, flags, TUNING) -> _mma_launch's answer
@@ -366,6 +390,38 @@ def _mma_for(kind, p, *arrays):
     return launch if launch is not None and all(a.data.ptr % 4 == 0 for a in arrays) else None
 
 
+_warp_launches: dict = {}  # (device, shape, flags, TUNING) -> _warp_launch's answer
+
+
+def _warp_launch(p):
+    """How ``cc1d_bwd_warp`` runs ``p``, cached per shape, flags and ``TUNING``: (kernel,
+    grid, scalar arguments, spans per row), or None where the other kernels take it (the
+    dtype not in ``TUNING["bwd_warp"]``; seq_idx or an initial state; L not a multiple of 8;
+    2**31 spans or more). The arrays' 16-byte alignment is the caller's to check."""
+    import cupy
+
+    tune = (TUNING["bwd_warp"], TUNING["warp_span"], TUNING["warp_warps_per_sm"])
+    key = (cupy.cuda.runtime.getDevice(), p.io_dtype, p.width, p.bias is not None, p.silu,
+           p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
+    if key in _warp_launches:
+        return _warp_launches[key]
+    entry = None
+    if (np.dtype(p.io_dtype).name in TUNING["bwd_warp"] and p.seq_idx is None
+            and p.initial_state is None and p.L % 8 == 0 and p.L > 0):
+        plan = warp_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
+        if plan["n_items"] < 2**31:
+            name = name_expression(KernelKey("bwd_warp", _dtype_name(p.io_dtype), p.width,
+                                             p.bias is not None, p.silu, False))
+            scalars = (np.int32(p.dim), np.int64(p.L), np.int64(plan["span"]),
+                       np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
+            entry = (compiler.get_kernel(SOURCE_FILE, name), (int(plan["blocks"]),), scalars,
+                     plan["n_spans"])
+    if len(_warp_launches) >= 256:  # a bound for programs that see many shapes
+        _warp_launches.clear()
+    _warp_launches[key] = entry
+    return entry
+
+
 def backward(p, dy, dfinal_state):
     """Gradients dict(x, weight, bias, initial_state) (see the backend contract)."""
     cp = p.xp
@@ -374,8 +430,10 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    launch = _mma_for("bwd", p, p.x, dy, dx)
-    if launch is not None:
+    launch = _warp_launch(p) if _aligned(p.x, dy, dx) else None
+    if launch is None:
+        launch = _mma_for("bwd", p, p.x, dy, dx)
+    if launch is not None:  # a warp per span: cc1d_bwd_warp or cc1d_bwd_mma
         kernel, grid, scalars, n_tiles = launch
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), dy,

@@ -16,9 +16,11 @@ a known bug to see the check fail (1: chunk edge after, 2: tile halo lost, 3: th
 steps after the tile, 4: the read-ahead fetches the wrong item; for `emu.py mma`, the
 tensor-core kernels: 5: the row after a chunk, 6: the row before a chunk, 7: the taps'
 residuals, 8: the forward skips a span's last chunk, 9: chunks past L read without
-checks).
+checks; for `emu.py warp`, cc1d_bwd_warp: 10: lane 0's hand-over of g, 11: lane 31's
+read-ahead x, 12: g after the span, 13: a span's first chunk skipped).
 
     python3 tests/emulation/causal_conv1d/emu.py mma [bfloat16,float16]   # cc1d_*_mma
+    python3 tests/emulation/causal_conv1d/emu.py warp [bfloat16,float16,float32]   # cc1d_bwd_warp
 """
 import ctypes, os, sys, itertools
 import numpy as np
@@ -47,6 +49,12 @@ REPL = COMMON_REPL + [
     ('asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2bf(lo), emu_f2bf(hi));'),
     ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
     ('asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));', 'd = emu_movmatrix_trans(a);'),
+    # cc1d_bwd_warp's 16-byte vectors
+    ('for (int v = 0; v < NV; ++v) u[v] = reinterpret_cast<const cc1d_words*>(p)[v];',
+     'for (int v = 0; v < NV; ++v) u[v] = *emu_al<const cc1d_words>(p + v * E);'),
+    ('''asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         :: "l"(p + v * E), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");''',
+     'memcpy((void*)emu_al<cc1d_words>(p + v * E), w, 16);'),
 ]
 
 LAUNCH = r'''
@@ -91,6 +99,11 @@ def wrapper(key, i):
     emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
 }}
 '''
+    if key.kind == "bwd_warp":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (ssm_i64)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
+}}
+'''
     if key.kind == "fwd":
         return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
     emu_launch([=] {{ {name}((const {io}*)p[0], (const {ct}*)p[1], (const {ct}*)p[2], (const {ct}*)p[3], (const int*)p[4], ({io}*)p[5], ({io}*)p[6], (int)s[0], (ssm_i64)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
@@ -121,6 +134,14 @@ if os.environ.get('EMU_MUT') == '9':  # the tensor-core kernels: chunks past L r
     MUT = [('if (c0 >= 8 && c0 + CC1D_MMA_CHUNK <= L && !row0) {', 'if (c0 >= 8 && !row0) {')]
 if os.environ.get('EMU_MUT') == '8':  # cc1d_fwd_mma: the last chunk of a span skipped
     MUT = [('for (int c = 0; c < at.nc; ++c) {', 'for (int c = 0; c + 1 < at.nc; ++c) {')]
+if os.environ.get('EMU_MUT') == '10':  # cc1d_bwd_warp: lane 0's hand-over of g to lane 31 lost
+    MUT = [('lane == 0 ? gkeep[j] : g[j]', 'lane == 0 ? 0.0f : g[j]')]
+if os.environ.get('EMU_MUT') == '11':  # cc1d_bwd_warp: lane 31's read-ahead x not handed over
+    MUT = [('lane == 31 ? xn[8 - H + j] : xv[8 - H + j]', 'xv[8 - H + j]')]
+if os.environ.get('EMU_MUT') == '12':  # cc1d_bwd_warp: g after the span not computed
+    MUT = [('if (H > 0 && s1 < L) {', 'if (false) {')]
+if os.environ.get('EMU_MUT') == '13':  # cc1d_bwd_warp: a span's first chunk skipped
+    MUT = [('const bool more = c0 > s0;', 'const bool more = c0 > s0 + CH;')]
 def build(keys, defines=(), asan=True):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT:
@@ -241,6 +262,64 @@ def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
     return errs
 
 
+def case_warp(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
+    """cc1d_bwd_warp with spans of ``span`` steps against the reference; the weight gradients
+    through the emulated cc1d_wsum."""
+    H = W - 1
+    x = to_io(rng.standard_normal((batch, dim, L)), io)
+    ct = np.float32
+    w = (rng.standard_normal((dim, W)) / np.sqrt(W)).astype(ct)
+    b = rng.standard_normal(dim).astype(ct) if bias else None
+    act = "silu" if silu else None
+    (yr, fr), pb = reference.causal_conv1d_vjp(x.astype(np.float64), w.astype(np.float64),
+                                               None if b is None else b.astype(np.float64),
+                                               activation=act, return_final_state=True)
+    dy = to_io(rng.standard_normal(yr.shape), io)
+    dfin = rng.standard_normal(fr.shape).astype(ct) if (with_dfinal and H) else None
+    n_spans = -(-L // span)
+    n_items = batch * dim * n_spans
+    dx = np.full_like(x, np.nan)
+    part = np.full((batch, dim, n_spans, W + 1), np.nan, ct)
+    run(fns[cc.KernelKey("bwd_warp", io, W, bias, silu, False)], [x, w, b, dy, dfin, dx, part],
+        [dim, L, span, n_spans, n_items], -(-n_items // 4))
+    dw = np.full((dim, W), np.nan, ct)
+    db = np.full(dim, np.nan, ct) if bias else None
+    run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
+        [batch, dim, n_spans, W], -(-dim * (W + 1) // 128))
+    g = pb(dy.astype(np.float64), None if dfin is None else dfin.astype(np.float64))
+    errs = dict(dx=rel(dx.astype(np.float64), g.x), dw=rel(dw, g.weight))
+    if bias: errs["db"] = rel(db, g.bias)
+    return errs
+
+
+# (L, span): lengths (multiples of 8) at and around the chunk (256 steps) and the span, L < W
+WARP_CASES = [(8, 256), (16, 256), (248, 256), (256, 256), (264, 256), (504, 256), (512, 256),
+              (520, 512), (768, 256), (1024 + 8, 512), (1536 + 24, 768)]
+
+
+def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
+    """cc1d_bwd_warp over ``cases``, each width of ``widths``, the flags cycling; returns
+    (worst error per (dtype, output), failures)."""
+    rng = np.random.default_rng(seed)
+    keys = [cc.KernelKey("bwd_warp", io, W, hb, si, False) for io in ios for W in widths
+            for hb, si in itertools.product((False, True), repeat=2)]
+    keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
+    fns = build(keys, defines, asan=asan)
+    worst, fails = {}, []
+    tol = {"float16": 2e-3, "bfloat16": 1.5e-2, "float32": 1e-6}  # dx: its own rounding
+    for io in ios:
+        for W in widths:
+            for j, (L, span) in enumerate(cases):
+                hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
+                errs = case_warp(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
+                for name, e in errs.items():
+                    t = tol[io] if name == "dx" else 1e-5
+                    worst[(io, name)] = max(worst.get((io, name), 0), e)
+                    if not e <= t:
+                        fails.append((io, W, L, span, hb, si, name, e))
+    return worst, fails
+
+
 MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128), (254, 128),
              (264, 256), (384, 128), (390, 384), (512 + 6, 256), (1000, 384)]  # (L, span)
 
@@ -269,11 +348,12 @@ def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
     return worst, fails
 
 
-def main_mma(ios):
-    """``emu.py mma [dtypes]``: :func:`run_mma` over every width (EMU_W to choose)."""
+def main_mma(ios, sweep=None):
+    """``emu.py mma [dtypes]``: :func:`run_mma` (or ``sweep``: ``emu.py warp``,
+    :func:`run_warp`) over every width (EMU_W to choose)."""
     widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
     # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_BUFS 3": the source built with other settings
-    worst, fails = run_mma(ios, widths,
+    worst, fails = (sweep or run_mma)(ios, widths,
                            defines=[d for d in os.environ.get("EMU_DEFINES", "").split(",") if d])
     for f in fails:
         print("FAIL", *f)
@@ -287,6 +367,10 @@ TOL_G = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "mma":
     main_mma(sys.argv[2].split(",") if len(sys.argv) > 2 else ["bfloat16", "float16"])
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "warp":
+    main_mma(sys.argv[2].split(",") if len(sys.argv) > 2 else ["bfloat16", "float16", "float32"],
+             run_warp)
 
 if __name__ == "__main__":
     ios = sys.argv[1].split(",") if len(sys.argv) > 1 else ["float32", "float64", "bfloat16"]
