@@ -180,6 +180,7 @@ def run(args):
 
     sweep = _experiment("mma variants", mma_variants, copy_bw) if args.mma_sweep else []
     variants = _experiment("tile variants", tile_variants, copy_bw) if args.tiles else []
+    warps = _experiment("warp variants", warp_variants, copy_bw) if args.warp_blocks else []
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "causal_conv1d_h200" if "H200" in gpu else "causal_conv1d_gpu")
@@ -262,6 +263,22 @@ def run(args):
             lines.append(f"| {v['dtype']} | {v['width']} | {v['threads']} | {v['vpt']} | "
                          f"{v['fwd_ms']:.4f} | {v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | "
                          f"{v['bwd_of_copy']:.2f} |")
+    if warps:
+        lines += ["", "cc1d_bwd_warp built with -DCC1D_WARP_BLOCKS (its register bound, blocks of "
+                  "128 per SM), kernel alone (no cc1d_wsum), bias and silu, fraction of copy "
+                  "(registers in brackets):", ""]
+        bl = sorted({v["blocks"] for v in warps})
+        lines += ["| dtype | batch | dim | L | W | " + " | ".join(f"blocks {b}" for b in bl) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(bl)]
+        cases = sorted({(v["dtype"], v["batch"], v["dim"], v["L"], v["width"]) for v in warps},
+                       key=lambda c: (c[0], -c[1], c[4]))
+        for c in cases:
+            cells = []
+            for b in bl:
+                v = [v for v in warps if (v["dtype"], v["batch"], v["dim"], v["L"], v["width"],
+                                          v["blocks"]) == c + (b,)]
+                cells.append(f"{v[0]['bwd_of_copy']:.2f} ({v[0]['registers']})" if v else "-")
+            lines.append("| " + " | ".join(str(x) for x in c) + " | " + " | ".join(cells) + " |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -400,6 +417,47 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
     return out
 
 
+def warp_variants(copy_bw, blocks=(5, 6, 7, 8), widths=(2, 3, 4, 5, 6, 7, 8),
+                  shapes=((8, 3072, 2048), (4, 5376, 4096)), dtypes=("bfloat16", "float32")):
+    """Time cc1d_bwd_warp (bias, silu; the kernel alone, without cc1d_wsum) built with each
+    -DCC1D_WARP_BLOCKS of ``blocks`` (the register bound, blocks per SM), every width on the
+    first shape and widths 4 and 8 on the others, launched as the library plans it."""
+    import cupy
+    import ml_dtypes
+
+    from ssmkit._gpu import causal_conv1d as backend
+    from ssmkit._gpu import compiler
+
+    rng = cupy.random.default_rng(3)
+    src = compiler.kernel_source(backend.SOURCE_FILE)
+    out = []
+    for B in blocks:
+        opts = compiler.compile_options() + (f"-DCC1D_WARP_BLOCKS={B}",)
+        keys = {(io, W): backend.name_expression(backend.KernelKey("bwd_warp", io, W, True, True,
+                                                                   False))
+                for io in dtypes for W in widths}
+        mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
+        for io in dtypes:
+            dtype = np.dtype(ml_dtypes.bfloat16 if io == "bfloat16" else io)
+            for j, (batch, dim, L) in enumerate(shapes):
+                for W in widths if j == 0 else (4, 8):
+                    x, dy, w, b, _, dx, _ = _raw_arrays(rng, batch, dim, L, W, dtype)
+                    plan = backend.warp_plan(rows=batch * dim, L=L)
+                    partial = cupy.empty((batch, dim, plan["n_spans"], W + 1), dtype=cupy.float32)
+                    fn = mod.get_function(keys[io, W])
+                    args = (x, w, b, dy, np.uint64(0), dx, partial, np.int32(dim), np.int64(L),
+                            np.int64(plan["span"]), np.int32(plan["n_spans"]),
+                            np.int32(plan["n_items"]))
+                    ms = cuda_median_ms(lambda: fn((plan["blocks"],), (backend.THREADS,), args))
+                    act = x.size * dtype.itemsize
+                    row = dict(dtype=io, width=W, batch=batch, dim=dim, L=L, blocks=B,
+                               registers=int(fn.num_regs), bwd_ms=round(ms, 4),
+                               bwd_of_copy=round(3 * act / (ms * 1e-3) / 1e12 / copy_bw, 3))
+                    print(json.dumps(row), flush=True)
+                    out.append(row)
+    return out
+
+
 def tile_variants(copy_bw, batch=8, dim=3072, L=2048, W=4):
     """Time the raw kernels compiled with other tile shapes (-DCC1D_THREADS, -DCC1D_VPT)."""
     import cupy
@@ -447,6 +505,8 @@ def main():
                         help="also the earlier A/B builds (-DCC1D_PREFETCH=0, old and loop)")
     parser.add_argument("--mma-sweep", action="store_true",
                         help="also the tensor-core kernels with other read-ahead depths and spans")
+    parser.add_argument("--warp-blocks", action="store_true",
+                        help="also cc1d_bwd_warp built with other register bounds")
     parser.add_argument("--warp-sweep", action="store_true",
                         help="also cc1d_bwd_warp with spans of 512, 1024 and 4096 steps")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
