@@ -1318,10 +1318,21 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
 // The next chunk's words are read while this one is computed, into two buffers in turn.
 // ---------------------------------------------------------------------------------------
 #define CC1D_WARP_CHUNK 256  // steps per warp and round: 8 per lane
-// Blocks of CC1D_THREADS per SM the register bound leaves room for (5: 96 registers).
-#ifndef CC1D_WARP_BLOCKS
-#define CC1D_WARP_BLOCKS 5
+// Blocks of CC1D_THREADS per SM the register bound leaves room for (8: 64 registers, 7: 72,
+// 6: 80, 5: 96), the best of 5-8 measured per type and width (bench_causal_conv1d.py
+// --warp-blocks, kernel alone, fraction of copy): 16-bit types gain from more warps while
+// the window fits (bfloat16 W = 4: 0.73 / 0.78 / 0.81 / 0.82 with 5 / 6 / 7 / 8; 7, as 8
+// made ptxas spill a few bytes without silu), wider
+// windows spill below their need (W = 8: 0.62 / 0.62 / 0.56 / 0.45); float32 needs the
+// registers sooner (W = 8: 0.95 / 0.76 / 0.65 / 0.59). -DCC1D_WARP_BLOCKS=n sets n for all.
+template <typename T, int W> struct cc1d_warp_blocks {
+#ifdef CC1D_WARP_BLOCKS
+    static constexpr int value = CC1D_WARP_BLOCKS;
+#else
+    static constexpr int value = sizeof(T) == 2 ? (W <= 3 ? 8 : W <= 5 ? 7 : W <= 7 ? 6 : 5)
+                                                : (W <= 5 ? 6 : 5);
 #endif
+};
 
 // Eight consecutive steps of a row as stored: one 16-byte vector of a 16-bit type (kept
 // packed until used), two of float32.
@@ -1354,7 +1365,7 @@ template <typename T> struct cc1d_oct {
 };
 
 template <typename T, int W, bool HAS_BIAS, bool SILU>
-__global__ void __launch_bounds__(CC1D_THREADS, CC1D_WARP_BLOCKS)
+__global__ void __launch_bounds__(CC1D_THREADS, (cc1d_warp_blocks<T, W>::value))
 cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
               const float* __restrict__ bias, const T* __restrict__ dy,
               const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ partial,
