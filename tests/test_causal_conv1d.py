@@ -894,9 +894,10 @@ def test_gpu_refuses_widths_past_its_templates_and_mixing():
 def test_kernel_keys_cover_every_template_value():
     full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
     names = [gpu_conv.name_expression(k) for k in full]
-    assert len(set(names)) == len(names) == 642 + 128 + 128
+    # bwd_warp: 3 dtypes x 8 widths x bias x silu
+    assert len(set(names)) == len(names) == 642 + 128 + 128 + 96
     assert set(rep) <= set(full)
-    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "update", "wsum"):
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update", "wsum"):
         for field in gpu_conv.KernelKey._fields:
             values = {getattr(k, field) for k in full if k.kind == kind}
             assert {getattr(k, field) for k in rep if k.kind == kind} == values, (kind, field)

@@ -10,9 +10,12 @@ Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
   each block's x (a tile of a row, or several whole short rows, :func:`forward_tile_plan`)
   into shared memory with one bulk asynchronous copy; else ``cc1d_fwd``.
 * The backward is two: the convolution's backward (``cc1d_bwd_mma`` under the same
-  conditions with ``TUNING["bwd_mma"]``, else ``cc1d_bwd``), which writes per-item (tile
-  or span) partial sums of ``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over
-  batch and items in a fixed order (no atomics: results repeat bit for bit).
+  conditions with ``TUNING["bwd_mma"]`` from ``TUNING["bwd_mma_min_width"]``; else, for the
+  dtypes of ``TUNING["bwd_warp"]`` without seq_idx or initial state, with L a multiple of 8
+  and 16-byte aligned rows, ``cc1d_bwd_warp``, a warp per span with every neighbour in
+  registers, :func:`warp_plan`; else ``cc1d_bwd``), which writes per-item (tile or span)
+  partial sums of ``dweight``/``dbias``, and ``cc1d_wsum``, which adds them up over batch
+  and items in a fixed order (no atomics: results repeat bit for bit).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys` lists
 them and :func:`name_expression` spells one as the C++ template name that CuPy
@@ -68,14 +71,15 @@ TUNING = {
                               # 0.68-0.85 with cc1d_fwd_tile (W = 8: 0.75 / 0.84 against
                               # 0.68 / 0.82), bench_causal_conv1d.py
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
-    "bwd_mma_min_width": 6,   # ... for widths from this one: cc1d_bwd_mma costs the same at
-                              # every width, cc1d_bwd falls with it (bfloat16: 0.74-0.79 of
-                              # copy at W 2-3, 0.70-0.75 at 4, 0.61-0.64 at 5, 0.50-0.53 at 8);
-                              # at W = 6 0.62 / 0.66 against cc1d_bwd's 0.58 / 0.61, W = 4
-                              # 0.63 / 0.68 against 0.70 / 0.73 (CAUSAL_CONV1D.md)
+    "bwd_mma_min_width": 8,   # ... for widths from this one: cc1d_bwd_mma costs the same at
+                              # every width, cc1d_bwd_warp falls with it (bfloat16, kernel
+                              # alone: 0.90 of copy at W 2, 0.82 at 4, 0.72 at 6, 0.62 at 8,
+                              # where cc1d_bwd_mma ran 0.59-0.64; CAUSAL_CONV1D.md)
     "bwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose backward (no seq_idx or
                               # initial state, L a multiple of 8, 16-byte aligned rows) runs
-                              # cc1d_bwd_warp, before cc1d_bwd_mma
+                              # cc1d_bwd_warp where cc1d_bwd_mma does not take it: float32 W = 8
+                              # 0.88 / 0.90 of copy against 0.74 / 0.76 with cc1d_bwd,
+                              # bfloat16 W = 4 0.72 / 0.77 against 0.67 / 0.72
     "warp_span": 2048,        # steps of a row per warp in cc1d_bwd_warp (a multiple of 256) ...
     "warp_warps_per_sm": 64,  # ... halved (to 256 at least) until there are this many spans
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
@@ -430,10 +434,10 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    launch = _warp_launch(p) if _aligned(p.x, dy, dx) else None
-    if launch is None:
-        launch = _mma_for("bwd", p, p.x, dy, dx)
-    if launch is not None:  # a warp per span: cc1d_bwd_warp or cc1d_bwd_mma
+    launch = _mma_for("bwd", p, p.x, dy, dx)
+    if launch is None and _aligned(p.x, dy, dx):
+        launch = _warp_launch(p)
+    if launch is not None:  # a warp per span: cc1d_bwd_mma or cc1d_bwd_warp
         kernel, grid, scalars, n_tiles = launch
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), dy,
