@@ -139,14 +139,18 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     assert gpu_ssd.uses_mma(p)
     lay = gpu_ssd._Layout(p)
     chunk_states = lay.chunk_state_mma(p)
-    _, entering = lay.passing(p, chunk_states, entering=True)
+    final = cupy.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
+    _, entering = lay.passing(p, chunk_states, entering=True, final=final)
     cb = lay.cb_mma(p)
     y = cupy.empty(p.x.shape, dtype=p.io_dtype)
     return {
         "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p), calls=5),
         "ssd_mma_chunk_state": cuda_median_ms(lambda: lay.chunk_state_mma(p), calls=5),
-        "ssd_state_passing": cuda_median_ms(lambda: lay.passing(p, chunk_states, entering=True),
-                                            calls=5),
+        # as the forward without checkpoints runs it: the final states kept, not every boundary
+        "ssd_state_passing": cuda_median_ms(
+            lambda: lay.passing(p, chunk_states, entering=True, final=final), calls=5),
+        "ssd_state_passing, every boundary kept (the VJP's forward)": cuda_median_ms(
+            lambda: lay.passing(p, chunk_states, entering=True), calls=5),
         "ssd_mma_cb": cuda_median_ms(lambda: lay.cb_mma(p), calls=5),
         "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, entering, y, cb), calls=5),
     }

@@ -286,27 +286,29 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
-    auto keep = [&](ssm_i64 j, CT v) {  // the state at boundary j
+    auto slot = [&](ssm_i64 j) { return states ? -1 : bslot[b * (nc + 1) + j]; };
+    auto keep = [&](ssm_i64 j, int k, CT v) {  // the state at boundary j (k = slot(j))
         if (states) {
             states[((b * (nc + 1) + j) * H + h) * PN + o] = v;
-        } else {
-            const int k = bslot[b * (nc + 1) + j];
-            if (k >= 0) final[((ssm_i64)k * H + h) * PN + o] = v;
+        } else if (k >= 0) {
+            final[((ssm_i64)k * H + h) * PN + o] = v;
         }
     };
     CT hv = h0 ? h0[bh * PN + o] : CT(0);
-    keep(0, hv);
+    keep(0, slot(0), hv);
     for (ssm_i64 c0 = 0; c0 < nc; c0 += SSD_PASS_GROUP) {
-        // the group's loads first: a walk with one chunk's loads at a time waited on them
-        // in every step (0.186 ms for the peer bfloat16 shape, a third of copy speed)
+        // the group's loads first, then its walk
         CT dv[SSD_PASS_GROUP], sv[SSD_PASS_GROUP];
+        int kv[SSD_PASS_GROUP];
 #pragma unroll
         for (int j = 0; j < SSD_PASS_GROUP; ++j) {
             const ssm_i64 c = c0 + j;
             dv[j] = sv[j] = CT(0);
+            kv[j] = -1;
             if (c < nc) {
                 dv[j] = ssd_chunk_decay(seq, starts, cum, b, h, L, H, c);
                 sv[j] = chunk_states[((b * nc + c) * H + h) * PN + o];
+                kv[j] = slot(c + 1);
             }
         }
 #pragma unroll
@@ -321,7 +323,7 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
                     ssm_store(static_cast<ssm_half*>(entering) + i, (float)hv);
             }
             hv = dv[j] * hv + sv[j];
-            keep(c + 1, hv);
+            keep(c + 1, kv[j], hv);
         }
     }
 }
@@ -354,47 +356,32 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
     CT g = 0;
-    for (ssm_i64 c0 = nc - 1; c0 >= 0; c0 -= SSD_PASS_GROUP) {  // chunks c0, c0 - 1, ...
-        CT dv[SSD_PASS_GROUP], kv[SSD_PASS_GROUP], fv[SSD_PASS_GROUP], wv[SSD_PASS_GROUP];
-#pragma unroll
-        for (int j = 0; j < SSD_PASS_GROUP; ++j) {  // the group's loads first
-            const ssm_i64 c = c0 - j;
-            dv[j] = kv[j] = fv[j] = wv[j] = CT(0);
-            if (c >= 0 && live) {
-                if (bslot && dfinal) {
-                    const int k = bslot[b * (nc + 1) + c + 1];
-                    if (k >= 0) fv[j] = dfinal[((ssm_i64)k * H + h) * PN + o];
-                }
-                dv[j] = ssd_chunk_decay(seq, starts, cum, b, h, L, H, c);
-                kv[j] = chunk_adj[((b * nc + c) * H + h) * PN + o];
-                if (dot_with) wv[j] = dot_with[((b * (nc + 1) + c + dot_shift) * H + h) * PN + o];
+    for (ssm_i64 c = nc - 1; c >= 0; --c) {
+        if (bslot && dfinal && live) {
+            const int k = bslot[b * (nc + 1) + c + 1];
+            if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
+        }
+        const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
+        if (live) {
+            if (dHx) dHx[i] = g;  // (null: only the 16-bit copy is wanted)
+            if (dHx16) {
+                if (dhx_bf16)
+                    ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
+                else
+                    ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
             }
         }
+        if (dot_with) {  // uniform: this warp's part of <dHx[c], states[c + dot_shift]>
+            CT v = live ? g * dot_with[((b * (nc + 1) + c + dot_shift) * H + h) * PN + o] : CT(0);
 #pragma unroll
-        for (int j = 0; j < SSD_PASS_GROUP; ++j) {
-            const ssm_i64 c = c0 - j;
-            if (c < 0) break;
-            g += fv[j];
-            const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
-            if (live) {
-                if (dHx) dHx[i] = g;  // (null: only the 16-bit copy is wanted)
-                if (dHx16) {
-                    if (dhx_bf16)
-                        ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
-                    else
-                        ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
-                }
-            }
-            if (dot_with) {  // uniform: this warp's part of <dHx[c], states[c + dot_shift]>
-                CT v = live ? g * wv[j] : CT(0);
-#pragma unroll
-                for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-                if ((threadIdx.x & 31) == 0)
-                    dot_part[((b * nc + c) * H + h) * (gridDim.y * (SSD_THREADS / 32)) +
-                             blockIdx.y * (SSD_THREADS / 32) + (threadIdx.x >> 5)] = v;
-            }
-            g = dv[j] * g + kv[j];
+            for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+            if ((threadIdx.x & 31) == 0)
+                dot_part[((b * nc + c) * H + h) * (gridDim.y * (SSD_THREADS / 32)) +
+                         blockIdx.y * (SSD_THREADS / 32) + (threadIdx.x >> 5)] = v;
         }
+        if (!live) continue;
+        g = ssd_chunk_decay(seq, starts, cum, b, h, L, H, c) * g +
+            chunk_adj[((b * nc + c) * H + h) * PN + o];
     }
     if (!live) return;
     if (bslot && dfinal) {
