@@ -48,23 +48,6 @@ __device__ __forceinline__ CT ssd_exp(CT x) {  // exp(x), through the hardware e
 
 __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
-// The decay across chunk c of row b, head h: exp(cum at its last step E), or 0 when a
-// sequence starts inside the chunk (seq[E] differs from the sequence entering it).
-template <typename CT>
-__device__ __forceinline__ CT ssd_chunk_decay(const int* __restrict__ seq,
-                                              const ssm_i64* __restrict__ starts,
-                                              const CT* __restrict__ cum, ssm_i64 b, int h,
-                                              ssm_i64 L, int H, ssm_i64 c) {
-    const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
-    const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-    return same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
-}
-
-// Chunks whose loads the state passing kernels issue together before walking them.
-#ifndef SSD_PASS_GROUP
-#define SSD_PASS_GROUP 8
-#endif
-
 // --------------------------------------------------------------------------------------
 // Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
 // One thread per (b, chunk, h), h fastest. The steps go in groups of SSD_CUMSUM_ILP whose
@@ -286,45 +269,29 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
-    auto slot = [&](ssm_i64 j) { return states ? -1 : bslot[b * (nc + 1) + j]; };
-    auto keep = [&](ssm_i64 j, int k, CT v) {  // the state at boundary j (k = slot(j))
+    auto keep = [&](ssm_i64 j, CT v) {  // the state at boundary j
         if (states) {
             states[((b * (nc + 1) + j) * H + h) * PN + o] = v;
-        } else if (k >= 0) {
-            final[((ssm_i64)k * H + h) * PN + o] = v;
+        } else {
+            const int k = bslot[b * (nc + 1) + j];
+            if (k >= 0) final[((ssm_i64)k * H + h) * PN + o] = v;
         }
     };
     CT hv = h0 ? h0[bh * PN + o] : CT(0);
-    keep(0, slot(0), hv);
-    for (ssm_i64 c0 = 0; c0 < nc; c0 += SSD_PASS_GROUP) {
-        // the group's loads first, then its walk
-        CT dv[SSD_PASS_GROUP], sv[SSD_PASS_GROUP];
-        int kv[SSD_PASS_GROUP];
-#pragma unroll
-        for (int j = 0; j < SSD_PASS_GROUP; ++j) {
-            const ssm_i64 c = c0 + j;
-            dv[j] = sv[j] = CT(0);
-            kv[j] = -1;
-            if (c < nc) {
-                dv[j] = ssd_chunk_decay(seq, starts, cum, b, h, L, H, c);
-                sv[j] = chunk_states[((b * nc + c) * H + h) * PN + o];
-                kv[j] = slot(c + 1);
-            }
+    keep(0, hv);
+    for (ssm_i64 c = 0; c < nc; ++c) {
+        if (entering) {
+            const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
+            if (entering_bf16)
+                ssm_store(static_cast<ssm_bf16*>(entering) + i, (float)hv);
+            else
+                ssm_store(static_cast<ssm_half*>(entering) + i, (float)hv);
         }
-#pragma unroll
-        for (int j = 0; j < SSD_PASS_GROUP; ++j) {
-            const ssm_i64 c = c0 + j;
-            if (c >= nc) break;
-            if (entering) {
-                const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
-                if (entering_bf16)
-                    ssm_store(static_cast<ssm_bf16*>(entering) + i, (float)hv);
-                else
-                    ssm_store(static_cast<ssm_half*>(entering) + i, (float)hv);
-            }
-            hv = dv[j] * hv + sv[j];
-            keep(c + 1, kv[j], hv);
-        }
+        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+        hv = d * hv + chunk_states[((b * nc + c) * H + h) * PN + o];
+        keep(c + 1, hv);
     }
 }
 
@@ -380,8 +347,10 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                          blockIdx.y * (SSD_THREADS / 32) + (threadIdx.x >> 5)] = v;
         }
         if (!live) continue;
-        g = ssd_chunk_decay(seq, starts, cum, b, h, L, H, c) * g +
-            chunk_adj[((b * nc + c) * H + h) * PN + o];
+        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+        g = d * g + chunk_adj[((b * nc + c) * H + h) * PN + o];
     }
     if (!live) return;
     if (bslot && dfinal) {
