@@ -108,12 +108,14 @@ def run(args):
         fwd_call = cuda_median_ms(lambda: ssmkit.causal_conv1d(x, w, b, **kw))
         p, _ = api._prepare("bench", x, w, b, "silu", None, None)
         fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
-        with tuning(backend, fwd_mma=()):  # A/B: the tile kernel (16-bit)
+        with tuning(backend, fwd_warp=(), fwd_mma=()):  # A/B: the tile kernel (16-bit)
             fwd_tile_kernel = cuda_median_ms(lambda: backend.forward(p))
-        with tuning(backend, fwd_mma=("bfloat16",)):  # the tensor-core kernel (bfloat16)
+        with tuning(backend, fwd_warp=(), fwd_mma=("bfloat16",)):  # tensor cores (bfloat16)
             fwd_mma_kernel = cuda_median_ms(lambda: backend.forward(p))
-        with tuning(backend, fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
+        with tuning(backend, fwd_warp=(), fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
             fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
+        with tuning(backend, fwd_warp=("float16", "bfloat16", "float32")):  # cc1d_fwd_warp
+            fwd_warp_kernel = cuda_median_ms(lambda: backend.forward(p))
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
         bwd_kernel = cuda_median_ms(lambda: backend.backward(p, dy, None))
@@ -161,6 +163,8 @@ def run(args):
                    fwd_tile_kernel_of_copy=frac(fwd_bytes, fwd_tile_kernel),
                    fwd_mma_kernel_ms=round(fwd_mma_kernel, 4),
                    fwd_mma_kernel_of_copy=frac(fwd_bytes, fwd_mma_kernel),
+                   fwd_warp_kernel_ms=round(fwd_warp_kernel, 4),
+                   fwd_warp_kernel_of_copy=frac(fwd_bytes, fwd_warp_kernel),
                    bwd_reg_kernel_ms=round(bwd_reg_kernel, 4),
                    bwd_reg_kernel_of_copy=frac(bwd_bytes, bwd_reg_kernel),
                    bwd_mma_kernel_ms=round(bwd_mma_kernel, 4),
@@ -209,22 +213,23 @@ def run(args):
             f"{r['update_ms']:.4f} | {r['update_indexed_ms']:.4f} | {r['update_kernel_ms']:.4f} |")
     lines += ["", "A/B, kernel alone, fraction of copy bandwidth, in the same run: the library "
               "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
-              "(fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_mma off); "
-              "fwd mma: cc1d_fwd_mma for bfloat16 (fwd_mma on); "
+              "(fwd_warp, fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_warp "
+              "and fwd_mma off); fwd mma: cc1d_fwd_mma for bfloat16 (fwd_warp off, fwd_mma on); "
+              "fwd warp: cc1d_fwd_warp (fwd_warp on); "
               "bwd registers: cc1d_bwd (bwd_warp and bwd_mma off); bwd mma: bwd_warp off "
-              "(cc1d_bwd_mma for bfloat16 from W = 6, else cc1d_bwd). float32 runs the "
-              "register forward in every column."
+              "(cc1d_bwd_mma for bfloat16 from TUNING['bwd_mma_min_width'], else cc1d_bwd). "
+              "float32 runs cc1d_fwd in the registers, tile and mma columns."
               + (" bwd span N: cc1d_bwd_warp with TUNING['warp_span'] = N." if args.warp_sweep
                  else ""), "",
-              "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd mma | fwd new | "
-              "bwd registers | bwd mma | bwd new |"
+              "| dtype | batch | dim | L | W | fwd registers | fwd tile | fwd mma | fwd warp | "
+              "fwd new | bwd registers | bwd mma | bwd new |"
               + ("".join(f" bwd span {k} |" for k in (512, 1024, 4096)) if args.warp_sweep else ""),
-              "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" * 3 if args.warp_sweep else "")]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" * 3 if args.warp_sweep else "")]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['batch']} | {r['dim']} | {r['L']} | {r['width']} | "
             f"{r['fwd_reg_kernel_of_copy']:.2f} | {r['fwd_tile_kernel_of_copy']:.2f} | "
-            f"{r['fwd_mma_kernel_of_copy']:.2f} | "
+            f"{r['fwd_mma_kernel_of_copy']:.2f} | {r['fwd_warp_kernel_of_copy']:.2f} | "
             f"{r['fwd_kernel_of_copy']:.2f} | {r['bwd_reg_kernel_of_copy']:.2f} | "
             f"{r['bwd_mma_kernel_of_copy']:.2f} | {r['bwd_kernel_of_copy']:.2f} |"
             + "".join(f" {r[f'bwd_span{k}_of_copy']:.2f} |" for k in (512, 1024, 4096)
@@ -264,8 +269,9 @@ def run(args):
                          f"{v['fwd_ms']:.4f} | {v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | "
                          f"{v['bwd_of_copy']:.2f} |")
     if warps:
-        lines += ["", "cc1d_bwd_warp built with -DCC1D_WARP_BLOCKS (its register bound, blocks of "
-                  "128 per SM), kernel alone (no cc1d_wsum), bias and silu, fraction of copy "
+        lines += ["", "cc1d_fwd_warp / cc1d_bwd_warp built with -DCC1D_WARP_FWD_BLOCKS = "
+                  "-DCC1D_WARP_BLOCKS (the register bound, blocks of 128 per SM), kernels alone "
+                  "(no cc1d_wsum), bias and silu, fraction of copy, forward / backward "
                   "(registers in brackets):", ""]
         bl = sorted({v["blocks"] for v in warps})
         lines += ["| dtype | batch | dim | L | W | " + " | ".join(f"blocks {b}" for b in bl) + " |",
@@ -277,7 +283,8 @@ def run(args):
             for b in bl:
                 v = [v for v in warps if (v["dtype"], v["batch"], v["dim"], v["L"], v["width"],
                                           v["blocks"]) == c + (b,)]
-                cells.append(f"{v[0]['bwd_of_copy']:.2f} ({v[0]['registers']})" if v else "-")
+                cells.append(f"{v[0]['fwd_of_copy']:.2f} ({v[0]['fwd_registers']}) / "
+                             f"{v[0]['bwd_of_copy']:.2f} ({v[0]['registers']})" if v else "-")
             lines.append("| " + " | ".join(str(x) for x in c) + " | " + " | ".join(cells) + " |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -419,9 +426,10 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
 
 def warp_variants(copy_bw, blocks=(5, 6, 7, 8), widths=(2, 3, 4, 5, 6, 7, 8),
                   shapes=((8, 3072, 2048), (4, 5376, 4096)), dtypes=("bfloat16", "float32")):
-    """Time cc1d_bwd_warp (bias, silu; the kernel alone, without cc1d_wsum) built with each
-    -DCC1D_WARP_BLOCKS of ``blocks`` (the register bound, blocks per SM), every width on the
-    first shape and widths 4 and 8 on the others, launched as the library plans it."""
+    """Time cc1d_fwd_warp and cc1d_bwd_warp (bias, silu; kernels alone, the backward without
+    cc1d_wsum) built with each -DCC1D_WARP_FWD_BLOCKS = -DCC1D_WARP_BLOCKS of ``blocks``
+    (the register bound, blocks per SM), every width on the first shape and widths 4 and 8
+    on the others, launched as the library plans it."""
     import cupy
     import ml_dtypes
 
@@ -432,27 +440,32 @@ def warp_variants(copy_bw, blocks=(5, 6, 7, 8), widths=(2, 3, 4, 5, 6, 7, 8),
     src = compiler.kernel_source(backend.SOURCE_FILE)
     out = []
     for B in blocks:
-        opts = compiler.compile_options() + (f"-DCC1D_WARP_BLOCKS={B}",)
-        keys = {(io, W): backend.name_expression(backend.KernelKey("bwd_warp", io, W, True, True,
-                                                                   False))
-                for io in dtypes for W in widths}
+        opts = compiler.compile_options() + (f"-DCC1D_WARP_BLOCKS={B}",
+                                             f"-DCC1D_WARP_FWD_BLOCKS={B}")
+        keys = {(kind, io, W): backend.name_expression(backend.KernelKey(kind, io, W, True, True,
+                                                                         False))
+                for kind in ("fwd_warp", "bwd_warp") for io in dtypes for W in widths}
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for io in dtypes:
             dtype = np.dtype(ml_dtypes.bfloat16 if io == "bfloat16" else io)
             for j, (batch, dim, L) in enumerate(shapes):
                 for W in widths if j == 0 else (4, 8):
-                    x, dy, w, b, _, dx, _ = _raw_arrays(rng, batch, dim, L, W, dtype)
+                    x, dy, w, b, y, dx, final = _raw_arrays(rng, batch, dim, L, W, dtype)
                     plan = backend.warp_plan(rows=batch * dim, L=L)
                     partial = cupy.empty((batch, dim, plan["n_spans"], W + 1), dtype=cupy.float32)
-                    fn = mod.get_function(keys[io, W])
-                    args = (x, w, b, dy, np.uint64(0), dx, partial, np.int32(dim), np.int64(L),
-                            np.int64(plan["span"]), np.int32(plan["n_spans"]),
-                            np.int32(plan["n_items"]))
-                    ms = cuda_median_ms(lambda: fn((plan["blocks"],), (backend.THREADS,), args))
+                    fwd, bwd = (mod.get_function(keys[k, io, W]) for k in ("fwd_warp", "bwd_warp"))
+                    tail = (np.int32(dim), np.int64(L), np.int64(plan["span"]),
+                            np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
+                    grid, block = (plan["blocks"],), (backend.THREADS,)
+                    fwd_ms = cuda_median_ms(lambda: fwd(grid, block, (x, w, b, y, final) + tail))
+                    ms = cuda_median_ms(lambda: bwd(grid, block, (x, w, b, dy, np.uint64(0), dx,
+                                                                  partial) + tail))
                     act = x.size * dtype.itemsize
                     row = dict(dtype=io, width=W, batch=batch, dim=dim, L=L, blocks=B,
-                               registers=int(fn.num_regs), bwd_ms=round(ms, 4),
-                               bwd_of_copy=round(3 * act / (ms * 1e-3) / 1e12 / copy_bw, 3))
+                               registers=int(bwd.num_regs), bwd_ms=round(ms, 4),
+                               bwd_of_copy=round(3 * act / (ms * 1e-3) / 1e12 / copy_bw, 3),
+                               fwd_registers=int(fwd.num_regs), fwd_ms=round(fwd_ms, 4),
+                               fwd_of_copy=round(2 * act / (fwd_ms * 1e-3) / 1e12 / copy_bw, 3))
                     print(json.dumps(row), flush=True)
                     out.append(row)
     return out
@@ -506,7 +519,7 @@ def main():
     parser.add_argument("--mma-sweep", action="store_true",
                         help="also the tensor-core kernels with other read-ahead depths and spans")
     parser.add_argument("--warp-blocks", action="store_true",
-                        help="also cc1d_bwd_warp built with other register bounds")
+                        help="also the _warp kernels built with other register bounds")
     parser.add_argument("--warp-sweep", action="store_true",
                         help="also cc1d_bwd_warp with spans of 512, 1024 and 4096 steps")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))

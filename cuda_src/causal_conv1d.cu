@@ -1319,19 +1319,26 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
 // ---------------------------------------------------------------------------------------
 #define CC1D_WARP_CHUNK 256  // steps per warp and round: 8 per lane
 // Blocks of CC1D_THREADS per SM the register bound leaves room for (8: 64 registers, 7: 72,
-// 6: 80, 5: 96), the best of 5-8 measured per type and width (bench_causal_conv1d.py
-// --warp-blocks, kernel alone, fraction of copy): 16-bit types gain from more warps while
-// the window fits (bfloat16 W = 4: 0.73 / 0.78 / 0.81 / 0.82 with 5 / 6 / 7 / 8; 7, as 8
-// made ptxas spill a few bytes without silu), wider
-// windows spill below their need (W = 8: 0.62 / 0.62 / 0.56 / 0.45); float32 needs the
-// registers sooner (W = 8: 0.95 / 0.76 / 0.65 / 0.59). -DCC1D_WARP_BLOCKS=n sets n for all.
-template <typename T, int W> struct cc1d_warp_blocks {
-#ifdef CC1D_WARP_BLOCKS
-    static constexpr int value = CC1D_WARP_BLOCKS;
-#else
-    static constexpr int value = sizeof(T) == 2 ? (W <= 3 ? 8 : W <= 5 ? 7 : W <= 7 ? 6 : 5)
-                                                : (W <= 5 ? 6 : 5);
+// 6: 80, 5: 96). The backward's: the best of 5-8 measured per type and width
+// (bench_causal_conv1d.py --warp-blocks, kernel alone, fraction of copy). 16-bit types gain
+// from more warps while the window fits (bfloat16 W = 4: 0.73 / 0.78 / 0.81 / 0.82 with
+// 5 / 6 / 7 / 8; 7 taken, as 8 made ptxas spill a few bytes without silu); wider windows
+// spill below their need (W = 8: 0.62 / 0.62 / 0.56 / 0.45). float32 needs the registers
+// sooner (W = 8: 0.95 / 0.76 / 0.65 / 0.59). The forward (cc1d_fwd_warp) holds less: 8,
+// or 7 where ptxas spilled at 64 (16-bit W = 8, float32 from W = 5). -DCC1D_WARP_BLOCKS=n and
+// -DCC1D_WARP_FWD_BLOCKS=n set n for every backward and forward instantiation.
+#ifndef CC1D_WARP_BLOCKS
+#define CC1D_WARP_BLOCKS 0  // 0: per type and width, as below
 #endif
+#ifndef CC1D_WARP_FWD_BLOCKS
+#define CC1D_WARP_FWD_BLOCKS 0
+#endif
+template <typename T, int W, bool FWD = false> struct cc1d_warp_blocks {
+    static constexpr int measured = FWD ? (W <= (sizeof(T) == 2 ? 7 : 4) ? 8 : 7)
+                                        : sizeof(T) == 2 ? (W <= 3 ? 8 : W <= 5 ? 7 : W <= 7 ? 6 : 5)
+                                                         : (W <= 5 ? 6 : 5);
+    static constexpr int forced = FWD ? CC1D_WARP_FWD_BLOCKS : CC1D_WARP_BLOCKS;
+    static constexpr int value = forced > 0 ? forced : measured;
 };
 
 // Eight consecutive steps of a row as stored: one 16-byte vector of a 16-bit type (kept
@@ -1364,6 +1371,33 @@ template <typename T> struct cc1d_oct {
     }
 };
 
+// A warp's span: item = warp number in the grid (rows x spans, span fastest), the span
+// [s0, s1) of row `row` (channel d); base = row * L.
+struct cc1d_warp_span {
+    unsigned item, row;
+    int d;
+    ssm_i64 s0, s1, base;
+    __device__ __forceinline__ cc1d_warp_span(int n_spans, ssm_i64 span, int dim, ssm_i64 L) {
+        item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
+        row = item / (unsigned)n_spans;  // 32 bits: the host checks n_items < 2^31
+        d = (int)(row % (unsigned)dim);
+        s0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
+        s1 = min(s0 + span, L);
+        base = (ssm_i64)row * L;
+    }
+};
+
+// bias + sum_k w[k] x[i - H + k] for step i of a lane's 8: x before them in xp, theirs in xv.
+template <int W>
+__device__ __forceinline__ float cc1d_warp_z(const float (&w)[W], float bv,
+                                             const float (&xp)[W > 1 ? W - 1 : 1],
+                                             const float (&xv)[8], int i) {
+    float z = bv;
+#pragma unroll
+    for (int k = 0; k < W; ++k) z += w[k] * cc1d_pick<W - 1, 8>(xp, xv, i + k);
+    return z;
+}
+
 template <typename T, int W, bool HAS_BIAS, bool SILU>
 __global__ void __launch_bounds__(CC1D_THREADS, (cc1d_warp_blocks<T, W>::value))
 cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
@@ -1379,36 +1413,25 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     typedef cc1d_oct<T> Oct;
 
     const int lane = threadIdx.x & 31;
-    const unsigned item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
-    if (item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
-    const unsigned row = item / (unsigned)n_spans;  // 32 bits: the host checks n_items < 2^31
-    const int d = (int)(row % (unsigned)dim);
-    const ssm_i64 s0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
-    const ssm_i64 s1 = min(s0 + span, L);  // the span is [s0, s1)
-    const ssm_i64 base = (ssm_i64)row * L;
-    const T* const xr = x + base;
-    const T* const dyr = dy + base;
-    T* const dxr = dx + base;
+    const cc1d_warp_span at(n_spans, span, dim, L);
+    if (at.item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
+    const unsigned row = at.row;
+    const ssm_i64 s0 = at.s0, s1 = at.s1;
+    const T* const xr = x + at.base;
+    const T* const dyr = dy + at.base;
+    T* const dxr = dx + at.base;
     float w[W];
 #pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)d * W + k];
-    const float bv = HAS_BIAS ? bias[d] : 0.0f;
+    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
+    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
     const bool with_dfinal = H > 0 && dfinal != nullptr;
 
     // g = dy * silu'(z) (or dy) on a lane's 8 steps, from x on the H steps before them (xp)
-    // and on the steps themselves (xv); window position m is step -H + m.
-    auto window = [&](const float (&xp)[HS], const float (&xv)[8], int m) {
-        return m < H ? xp[m < H ? m : 0] : xv[m < H ? 0 : m - H];
-    };
+    // and on the steps themselves (xv)
     auto grad_in = [&](const float (&xp)[HS], const float (&xv)[8], float (&g)[8]) {
         if constexpr (SILU) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                float z = bv;
-#pragma unroll
-                for (int k = 0; k < W; ++k) z += w[k] * window(xp, xv, i + k);
-                g[i] *= cc1d_act<float>::dsilu(z);
-            }
+            for (int i = 0; i < 8; ++i) g[i] *= cc1d_act<float>::dsilu(cc1d_warp_z<W>(w, bv, xp, xv, i));
         }
     };
 
@@ -1481,7 +1504,7 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
             o[i] = acc;
             dw[W] += g[i];
 #pragma unroll
-            for (int k = 0; k < W; ++k) dw[k] += g[i] * window(xp, xv, i + k);
+            for (int k = 0; k < W; ++k) dw[k] += g[i] * cc1d_pick<H, 8>(xp, xv, i + k);
         }
         if (with_dfinal && c0 + CH > L - H) {  // the final state's steps [L - H, L)
 #pragma unroll
@@ -1512,7 +1535,95 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     int off = 0;
     bool own = true;
     ssm_reduce_scatter<RED, 16>::run(dw, lane, FULL, off, own);
-    if (own && off <= W) partial[(ssm_i64)item * (W + 1) + off] = dw[0];
+    if (own && off <= W) partial[(ssm_i64)at.item * (W + 1) + off] = dw[0];
+}
+
+// The forward the same way (the same types and conditions; no initial state): a warp walks
+// its span from the first chunk to the last; x before a lane's steps comes from lane l - 1,
+// lane 0's from lane 31 of the chunk before (each lane keeps its last H values of x for
+// that: lane 31's are the ones wanted). The next chunk's x is read while this one is
+// computed. final: (batch, dim, W - 1), the last W - 1 steps of x (L >= 8 > W - 1).
+template <typename T, int W, bool HAS_BIAS, bool SILU>
+__global__ void __launch_bounds__(CC1D_THREADS, (cc1d_warp_blocks<T, W, true>::value))
+cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
+              const float* __restrict__ bias, T* __restrict__ y, T* __restrict__ final,
+              int dim, ssm_i64 L, ssm_i64 span, int n_spans, int n_items) {
+    constexpr int H = W - 1;
+    constexpr int HS = H > 0 ? H : 1;
+    constexpr int CH = CC1D_WARP_CHUNK;
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(W >= 1 && W <= 8, "a lane's window is its 8 steps and the H before them");
+    typedef cc1d_oct<T> Oct;
+
+    const int lane = threadIdx.x & 31;
+    const cc1d_warp_span at(n_spans, span, dim, L);
+    if (at.item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
+    const ssm_i64 s0 = at.s0, s1 = at.s1;
+    const T* const xr = x + at.base;
+    T* const yr = y + at.base;
+    float w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
+    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+    const bool with_final = H > 0 && final != nullptr;
+    T* const fr = final + (ssm_i64)at.row * H;
+
+    float xkeep[HS];  // x on the H steps before the chunk (zeros before step 0)
+#pragma unroll
+    for (int j = 0; j < HS; ++j) xkeep[j] = 0.0f;
+    if (H > 0 && s0 > 0) {
+        Oct a;
+        a.load(xr + s0 - 8);
+        float xa[8];
+        a.unpack(xa);
+#pragma unroll
+        for (int j = 0; j < HS; ++j) xkeep[j] = xa[(8 - H + j) & 7];
+    }
+
+    ssm_i64 c0 = s0;
+    auto step = [&](const Oct& cx, Oct& nx) {
+        const ssm_i64 s = c0 + 8 * lane;  // this lane's first step
+        const bool more = c0 + CH < s1;
+        if (more && s + CH < L) {
+            nx.load(xr + s + CH);
+        } else {
+            nx.zero();
+        }
+        float xv[8];
+        cx.unpack(xv);
+        float xp[HS];
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+            xp[j] = __shfl_sync(FULL, lane == 31 ? xkeep[j] : xv[8 - H + j], (lane + 31) & 31);
+            xkeep[j] = xv[8 - H + j];
+        }
+        float o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float z = cc1d_warp_z<W>(w, bv, xp, xv, i);
+            o[i] = SILU ? cc1d_act<float>::silu(z) : z;
+        }
+        if (s < L) Oct::store(yr + s, o);
+        if (with_final && c0 + CH > L - H) {  // the final state's steps [L - H, L)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const ssm_i64 f = s + i - (L - H);
+                if (f >= 0 && f < H) ssm_store(fr + f, xv[i]);
+            }
+        }
+        c0 += CH;
+        return more;
+    };
+
+    Oct a, b;
+    if (c0 + 8 * lane < L) {
+        a.load(xr + c0 + 8 * lane);
+    } else {
+        a.zero();
+    }
+#pragma unroll 1
+    while (step(a, b) && step(b, a)) {
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -267,6 +267,7 @@ def test_gpu_forward_tile_kernel(dtype, tile_bytes, monkeypatch):
     if dtype in ("bfloat16", "float16"):
         pytest.importorskip("ml_dtypes")
     E = 16 // np.dtype(dtype).itemsize
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", ())
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile", ("float16", "bfloat16", "float32"))
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile_bytes", (tile_bytes, tile_bytes))
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_tile_blocks_per_sm", 0)
@@ -306,7 +307,8 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     pytest.importorskip("ml_dtypes")
     both = ("bfloat16", "float16")
     monkeypatch.setitem(gpu_conv.TUNING, "mma_span", span)
-    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())  # cc1d_bwd_warp has its own test
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", ())  # the _warp kernels have their own test
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma_min_width", 1)
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
     rng = np.random.default_rng(span)
@@ -355,19 +357,22 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
 @pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
                                    for d in ("bfloat16", "float16", "float32")])
 @pytest.mark.parametrize("span", [256, 768])
-def test_gpu_warp_backward(dtype, span, monkeypatch):
-    """The backward with a warp per span (cc1d_bwd_warp), spans of one and three 256-step
-    chunks: lengths of one vector, at and around the chunk and the span, every width, with and
-    without bias and silu, with and without the final state's cotangent; against the
-    reference (the weight gradients to float32 accuracy) and against cc1d_bwd. An initial
-    state, seq_idx or a length not a multiple of 8 take the other kernels."""
+def test_gpu_warp_kernels(dtype, span, monkeypatch):
+    """The forward and backward with a warp per span (cc1d_fwd_warp, cc1d_bwd_warp), spans of
+    one and three 256-step chunks: lengths of one vector, at and around the chunk and the
+    span, every width, with and without bias and silu, with and without the
+    final state's cotangent; against the reference (the weight gradients to float32
+    accuracy) and against cc1d_fwd / cc1d_bwd. An initial state, seq_idx or a length not a
+    multiple of 8 take the other kernels."""
     import cupy
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     monkeypatch.setitem(gpu_conv.TUNING, "warp_span", span)
     monkeypatch.setitem(gpu_conv.TUNING, "warp_warps_per_sm", 0)
-    monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", ())
+    for name in ("fwd_mma", "bwd_mma", "fwd_tile"):
+        monkeypatch.setitem(gpu_conv.TUNING, name, ())
+    warp = ("float16", "bfloat16", "float32")
     rng = np.random.default_rng(span + len(dtype))
     for W in range(1, 9):
         for L in (8, 248, 256, 264, span + 8, 3 * span - 8, 1000):
@@ -377,31 +382,39 @@ def test_gpu_warp_backward(dtype, span, monkeypatch):
             dy = as_dtype(rng.standard_normal((2, 3, L)), dtype)
             dfinal = rng.standard_normal((2, 3, W - 1)).astype("float32") if (W + L) % 2 else None
             runs = []
-            for kinds in (("float16", "bfloat16", "float32"), ()):
+            for kinds in (warp, ()):
+                monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", kinds)
                 monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", kinds)
                 p, _ = gpu_conv_problem(args, act)
-                assert (gpu_conv._warp_launch(p) is not None) == bool(kinds)
-                _, pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
-                                                       return_final_state=True)
-                runs.append(pullback(cupy.asarray(dy),
-                                     None if dfinal is None else cupy.asarray(dfinal)))
-            _, pullback_ref = reference.causal_conv1d_vjp(**exact, activation=act,
-                                                          return_final_state=True)
+                assert (gpu_conv._warp_launch("fwd", p) is not None) == bool(kinds)
+                assert (gpu_conv._warp_launch("bwd", p) is not None) == bool(kinds)
+                (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
+                                                                return_final_state=True)
+                grads = pullback(cupy.asarray(dy),
+                                 None if dfinal is None else cupy.asarray(dfinal))
+                runs.append((to_numpy(y).astype(np.float64), to_numpy(final), grads))
+            (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
+                **exact, activation=act, return_final_state=True)
             g_ref = pullback_ref(dy.astype(np.float64),
                                  None if dfinal is None else dfinal.astype(np.float64))
-            warp, old = runs
-            assert rel_err(warp.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
-            assert rel_err(warp.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
-            assert rel_err(warp.weight, g_ref.weight) <= 1e-4, (W, L)
+            (y, final, g), (y_old, final_old, old) = runs
+            assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype], (W, L)
+            assert rel_err(y, y_old) <= FORWARD_RTOL[dtype], (W, L)
+            np.testing.assert_array_equal(final, final_old)
+            assert rel_err(g.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
+            assert rel_err(g.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
+            assert rel_err(g.weight, g_ref.weight) <= 1e-4, (W, L)
             if args["bias"] is not None:
-                assert rel_err(warp.bias, g_ref.bias) <= 1e-4, (W, L)
+                assert rel_err(g.bias, g_ref.bias) <= 1e-4, (W, L)
     # the cases left to the other kernels
-    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ("float16", "bfloat16", "float32"))
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", warp)
+    monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", warp)
     for kw in (dict(init=True), dict(cuts=(3,)), dict(L=12)):
         inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 16, **kw})
         args, _ = cast(inputs, dtype, cupy)
         p, _ = gpu_conv_problem(args, "silu")
-        assert gpu_conv._warp_launch(p) is None, kw
+        assert gpu_conv._warp_launch("fwd", p) is None, kw
+        assert gpu_conv._warp_launch("bwd", p) is None, kw
 
 
 def gpu_conv_problem(args, act):
@@ -462,7 +475,7 @@ def test_mma_launch_rules(monkeypatch):
 
 
 def test_warp_launch_rules(monkeypatch):
-    """Which problems cc1d_bwd_warp takes (without a GPU: stand-ins for the device and the
+    """Which problems the _warp kernels take (without a GPU: stand-ins for the device and the
     compiler), its spans, and that a launch is prepared once per shape and TUNING."""
     import sys
     import types
@@ -484,18 +497,21 @@ def test_warp_launch_rules(monkeypatch):
             bias=None, initial_state=np.zeros((2, rows, W - 1)) if init else None,
             seq_idx=np.zeros((2, L), np.int32) if seq else None, silu=True, xp=np)
 
-    kernel, grid, scalars, n_spans = gpu_conv._warp_launch(problem())
+    kernel, grid, scalars, n_spans = gpu_conv._warp_launch("bwd", problem())
     assert kernel == "cc1d_bwd_warp<float, 8, false, true>" and n_spans == 8
     assert grid == (12,) and [int(v) for v in scalars] == [3, 2048, 256, 8, 48]
-    kernel, grid, scalars, n_spans = gpu_conv._warp_launch(problem(rows=3072 * 8))
+    kernel, grid, scalars, n_spans = gpu_conv._warp_launch("fwd", problem(rows=3072 * 8))
+    assert kernel == "cc1d_fwd_warp<float, 8, false, true>"
     assert n_spans == 1 and grid == (3072 * 4,) and int(scalars[2]) == 2048
     for kw in (dict(L=2044), dict(init=True), dict(seq=True), dict(dtype=np.float64)):
-        assert gpu_conv._warp_launch(problem(**kw)) is None, kw
+        for kind in ("fwd", "bwd"):
+            assert gpu_conv._warp_launch(kind, problem(**kw)) is None, (kind, kw)
     n = len(built)
-    gpu_conv._warp_launch(problem())  # cached: nothing prepared again
+    gpu_conv._warp_launch("bwd", problem())  # cached: nothing prepared again
     assert len(built) == n
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())  # TUNING is part of the key
-    assert gpu_conv._warp_launch(problem()) is None
+    assert gpu_conv._warp_launch("bwd", problem()) is None
+    assert gpu_conv._warp_launch("fwd", problem()) is not None
 
 
 def test_mma_plan():
@@ -894,10 +910,11 @@ def test_gpu_refuses_widths_past_its_templates_and_mixing():
 def test_kernel_keys_cover_every_template_value():
     full, rep = gpu_conv.kernel_keys(full=True), gpu_conv.kernel_keys(full=False)
     names = [gpu_conv.name_expression(k) for k in full]
-    # bwd_warp: 3 dtypes x 8 widths x bias x silu
-    assert len(set(names)) == len(names) == 642 + 128 + 128 + 96
+    # fwd_warp, bwd_warp: 3 dtypes x 8 widths x bias x silu each
+    assert len(set(names)) == len(names) == 642 + 128 + 128 + 2 * 96
     assert set(rep) <= set(full)
-    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update", "wsum"):
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "fwd_warp", "bwd", "bwd_mma", "bwd_warp", "update",
+                 "wsum"):
         for field in gpu_conv.KernelKey._fields:
             values = {getattr(k, field) for k in full if k.kind == kind}
             assert {getattr(k, field) for k in rep if k.kind == kind} == values, (kind, field)

@@ -5,7 +5,7 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
 
 * cc1d_fwd_mma and cc1d_bwd_mma against the float64 reference on a few lengths around the
   chunk and span edges (the full sweep: ``python3 tests/emulation/causal_conv1d/emu.py mma``),
-  and cc1d_bwd_warp the same way (``emu.py warp``);
+  and cc1d_fwd_warp and cc1d_bwd_warp the same way (``emu.py warp``);
 * the SSD forward and backward (ssmkit._gpu.ssd's host code, run with NumPy arrays, and its
   tensor-core kernels) on a few cases of ``tests/emulation/ssd/run_emu.py`` and
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts),
@@ -57,7 +57,7 @@ def test_warp_backward_in_emulation():
     cases = [(8, 256), (264, 256), (520, 512), (1536 + 24, 768)]
     worst, fails = emu.run_warp(["bfloat16", "float32"], [3, 8], cases=cases, asan=False)
     assert not fails, fails
-    assert {name for _, name in worst} == {"dx", "dw", "db"}
+    assert {name for _, name in worst} == {"y", "final", "dx", "dw", "db"}
 
 
 @needs_gxx

@@ -3,12 +3,15 @@
 Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
 (``forward``, ``backward``, ``update``).
 
-* The forward is one kernel: for the dtypes of ``TUNING["fwd_mma"]`` (bfloat16) without
-  seq_idx or initial state, with L even, ``cc1d_fwd_mma`` on tensor cores (a warp per span
-  of a row, :func:`mma_plan`); else on sm_90 for the dtypes of ``TUNING["fwd_tile"]``
-  (16-bit) without seq_idx and with whole 16-byte vectors ``cc1d_fwd_tile``, which brings
-  each block's x (a tile of a row, or several whole short rows, :func:`forward_tile_plan`)
-  into shared memory with one bulk asynchronous copy; else ``cc1d_fwd``.
+* The forward is one kernel: for the dtypes of ``TUNING["fwd_warp"]`` without seq_idx or
+  initial state, with L a multiple of 8 and 16-byte aligned rows, ``cc1d_fwd_warp`` (a warp
+  per span of a row with every neighbour in registers, :func:`warp_plan`); else for the
+  dtypes of ``TUNING["fwd_mma"]`` (bfloat16) under the same conditions with L even,
+  ``cc1d_fwd_mma`` on tensor cores (a warp per span, :func:`mma_plan`); else on sm_90 for
+  the dtypes of ``TUNING["fwd_tile"]`` (16-bit) without seq_idx and with whole 16-byte
+  vectors ``cc1d_fwd_tile``, which brings each block's x (a tile of a row, or several whole
+  short rows, :func:`forward_tile_plan`) into shared memory with one bulk asynchronous copy;
+  else ``cc1d_fwd``.
 * The backward is two: the convolution's backward (``cc1d_bwd_mma`` under the same
   conditions with ``TUNING["bwd_mma"]`` from ``TUNING["bwd_mma_min_width"]``; else, for the
   dtypes of ``TUNING["bwd_warp"]`` without seq_idx or initial state, with L a multiple of 8
@@ -75,12 +78,14 @@ TUNING = {
                               # every width, cc1d_bwd_warp falls with it (bfloat16, kernel
                               # alone: 0.90 of copy at W 2, 0.82 at 4, 0.72 at 6, 0.62 at 8,
                               # where cc1d_bwd_mma ran 0.59-0.64; CAUSAL_CONV1D.md)
+    "fwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose forward (the conditions
+                              # of bwd_warp) runs cc1d_fwd_warp, before the kernels above
     "bwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose backward (no seq_idx or
                               # initial state, L a multiple of 8, 16-byte aligned rows) runs
                               # cc1d_bwd_warp where cc1d_bwd_mma does not take it: float32 W = 8
                               # 0.88 / 0.90 of copy against 0.74 / 0.76 with cc1d_bwd,
                               # bfloat16 W = 4 0.72 / 0.77 against 0.67 / 0.72
-    "warp_span": 2048,        # steps of a row per warp in cc1d_bwd_warp (a multiple of 256) ...
+    "warp_span": 2048,        # steps of a row per warp in the _warp kernels (a multiple of 256) ...
     "warp_warps_per_sm": 64,  # ... halved (to 256 at least) until there are this many spans
     "mma_span": 2048,         # steps of a row per warp in those (a multiple of 128) ...
     "mma_warps_per_sm": 64,   # ... halved (to 128 at least) until there are this many spans
@@ -92,12 +97,13 @@ KernelKey = collections.namedtuple("KernelKey", ["kind", "io", "width", "has_bia
                                                  "has_seq"])
 KernelKey.__doc__ = """One kernel instantiation.
 
-kind : "fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update" or "wsum"; io : numpy dtype
+kind : "fwd", "fwd_tile", "fwd_mma", "fwd_warp", "bwd", "bwd_mma", "bwd_warp", "update" or
+"wsum"; io : numpy dtype
 name of x (for "wsum": of the compute type, float32 or float64); width : W (1..8; 0 for
 "wsum", whose width is an argument);
 has_bias, silu, has_seq : the template flags (has_seq is False for "update", "fwd_tile" and
-the "_mma" kinds and "bwd_warp"; all False for "wsum"); the "_mma" kinds are 16-bit only,
-"bwd_warp" 16-bit or float32."""
+the "_mma" and "_warp" kinds; all False for "wsum"); the "_mma" kinds are 16-bit only,
+the "_warp" kinds 16-bit or float32."""
 
 _NULL = np.uint64(0)
 
@@ -112,7 +118,7 @@ def name_expression(key: KernelKey) -> str:
     if key.kind == "wsum":
         return f"cc1d_wsum<{_CXX[key.io]}>"
     head = f"cc1d_{key.kind}<{_CXX[key.io]}, {key.width}, {_b(key.has_bias)}, {_b(key.silu)}"
-    if key.kind in ("update", "fwd_tile", "fwd_mma", "bwd_mma", "bwd_warp"):
+    if key.kind in ("update", "fwd_tile", "fwd_mma", "fwd_warp", "bwd_mma", "bwd_warp"):
         return head + ">"
     return head + f", {_b(key.has_seq)}>"
 
@@ -125,10 +131,11 @@ def kernel_keys(full: bool = True) -> list:
     and all on; both ``cc1d_wsum`` instantiations (float and double) in either list.
     """
     keys = [KernelKey("wsum", io, 0, False, False, False) for io in ("float32", "float64")]
-    for kind in ("fwd", "fwd_tile", "fwd_mma", "bwd", "bwd_mma", "bwd_warp", "update"):
+    for kind in ("fwd", "fwd_tile", "fwd_mma", "fwd_warp", "bwd", "bwd_mma", "bwd_warp",
+                 "update"):
         seqs = (False, True) if kind in ("fwd", "bwd") else (False,)
         ios = (("float16", "bfloat16") if kind.endswith("_mma") else
-               ("float16", "bfloat16", "float32") if kind == "bwd_warp" else tuple(_CXX))
+               ("float16", "bfloat16", "float32") if kind.endswith("_warp") else tuple(_CXX))
         if full:
             for io, w, hb, si, sq in itertools.product(ios, WIDTHS, (False, True), (False, True),
                                                        seqs):
@@ -273,8 +280,10 @@ def forward(p):
     H = p.width - 1
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
-    launch = _mma_for("fwd", p, p.x, y)
-    if launch is not None:
+    launch = _warp_launch("fwd", p) if _aligned(p.x, y) else None
+    if launch is None:
+        launch = _mma_for("fwd", p, p.x, y)
+    if launch is not None:  # a warp per span: cc1d_fwd_warp or cc1d_fwd_mma
         kernel, grid, scalars, _ = launch
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), y, final if H else _NULL)
                + scalars)
@@ -342,7 +351,7 @@ WARP_CHUNK = 256  # CC1D_WARP_CHUNK in the source: steps per warp and round, 8 p
 
 
 def warp_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
-    """Work split of ``cc1d_bwd_warp``, as :func:`mma_plan` with chunks of 256 steps and
+    """Work split of ``cc1d_fwd_warp`` and ``cc1d_bwd_warp``, as :func:`mma_plan` with chunks of 256 steps and
     ``TUNING["warp_span"]`` / ``TUNING["warp_warps_per_sm"]``."""
     return _span_plan(rows, L, sm_count, WARP_CHUNK, TUNING["warp_span"],
                       TUNING["warp_warps_per_sm"])
@@ -397,24 +406,25 @@ def _mma_for(kind, p, *arrays):
 _warp_launches: dict = {}  # (device, shape, flags, TUNING) -> _warp_launch's answer
 
 
-def _warp_launch(p):
-    """How ``cc1d_bwd_warp`` runs ``p``, cached per shape, flags and ``TUNING``: (kernel,
-    grid, scalar arguments, spans per row), or None where the other kernels take it (the
-    dtype not in ``TUNING["bwd_warp"]``; seq_idx or an initial state; L not a multiple of 8;
-    2**31 spans or more). The arrays' 16-byte alignment is the caller's to check."""
+def _warp_launch(kind, p):
+    """How ``cc1d_<kind>_warp`` ("fwd" or "bwd") runs ``p``, cached per shape, flags and
+    ``TUNING``: (kernel, grid, scalar arguments, spans per row), or None where the other
+    kernels take it (the dtype not in ``TUNING[kind + "_warp"]``; seq_idx or an initial
+    state; L not a multiple of 8; 2**31 spans or more). The arrays' 16-byte alignment is the
+    caller's to check."""
     import cupy
 
-    tune = (TUNING["bwd_warp"], TUNING["warp_span"], TUNING["warp_warps_per_sm"])
-    key = (cupy.cuda.runtime.getDevice(), p.io_dtype, p.width, p.bias is not None, p.silu,
+    tune = (TUNING[kind + "_warp"], TUNING["warp_span"], TUNING["warp_warps_per_sm"])
+    key = (cupy.cuda.runtime.getDevice(), kind, p.io_dtype, p.width, p.bias is not None, p.silu,
            p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
     if key in _warp_launches:
         return _warp_launches[key]
     entry = None
-    if (np.dtype(p.io_dtype).name in TUNING["bwd_warp"] and p.seq_idx is None
+    if (np.dtype(p.io_dtype).name in TUNING[kind + "_warp"] and p.seq_idx is None
             and p.initial_state is None and p.L % 8 == 0 and p.L > 0):
         plan = warp_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
         if plan["n_items"] < 2**31:
-            name = name_expression(KernelKey("bwd_warp", _dtype_name(p.io_dtype), p.width,
+            name = name_expression(KernelKey(kind + "_warp", _dtype_name(p.io_dtype), p.width,
                                              p.bias is not None, p.silu, False))
             scalars = (np.int32(p.dim), np.int64(p.L), np.int64(plan["span"]),
                        np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
@@ -436,7 +446,7 @@ def backward(p, dy, dfinal_state):
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
     launch = _mma_for("bwd", p, p.x, dy, dx)
     if launch is None and _aligned(p.x, dy, dx):
-        launch = _warp_launch(p)
+        launch = _warp_launch("bwd", p)
     if launch is not None:  # a warp per span: cc1d_bwd_mma or cc1d_bwd_warp
         kernel, grid, scalars, n_tiles = launch
         partial = cp.empty((p.batch, p.dim, n_tiles, W + 1), dtype=cd)

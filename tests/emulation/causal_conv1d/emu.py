@@ -17,10 +17,11 @@ steps after the tile, 4: the read-ahead fetches the wrong item; for `emu.py mma`
 tensor-core kernels: 5: the row after a chunk, 6: the row before a chunk, 7: the taps'
 residuals, 8: the forward skips a span's last chunk, 9: chunks past L read without
 checks; for `emu.py warp`, cc1d_bwd_warp: 10: lane 0's hand-over of g, 11: lane 31's
-read-ahead x, 12: g after the span, 13: a span's first chunk skipped).
+read-ahead x, 12: g after the span, 13: a span's first chunk skipped; cc1d_fwd_warp: 14:
+lane 31's x handed to the next chunk, 15: x before the span).
 
     python3 tests/emulation/causal_conv1d/emu.py mma [bfloat16,float16]   # cc1d_*_mma
-    python3 tests/emulation/causal_conv1d/emu.py warp [bfloat16,float16,float32]   # cc1d_bwd_warp
+    python3 tests/emulation/causal_conv1d/emu.py warp [bfloat16,float16,float32]   # cc1d_*_warp
 """
 import ctypes, os, sys, itertools
 import numpy as np
@@ -99,6 +100,11 @@ def wrapper(key, i):
     emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
 }}
 '''
+    if key.kind == "fwd_warp":
+        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
+    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], ({io}*)p[3], ({io}*)p[4], (int)s[0], (ssm_i64)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
+}}
+'''
     if key.kind == "bwd_warp":
         return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
     emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (ssm_i64)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
@@ -142,6 +148,10 @@ if os.environ.get('EMU_MUT') == '12':  # cc1d_bwd_warp: g after the span not com
     MUT = [('if (H > 0 && s1 < L) {', 'if (false) {')]
 if os.environ.get('EMU_MUT') == '13':  # cc1d_bwd_warp: a span's first chunk skipped
     MUT = [('const bool more = c0 > s0;', 'const bool more = c0 > s0 + CH;')]
+if os.environ.get('EMU_MUT') == '14':  # cc1d_fwd_warp: lane 31's x not handed to the next chunk
+    MUT = [('lane == 31 ? xkeep[j] : xv[8 - H + j]', 'xv[8 - H + j]')]
+if os.environ.get('EMU_MUT') == '15':  # cc1d_fwd_warp: the x before the span not read
+    MUT = [('if (H > 0 && s0 > 0) {', 'if (false) {')]
 def build(keys, defines=(), asan=True):
     src = compiler.kernel_source(cc.SOURCE_FILE)
     for a, b in MUT:
@@ -263,8 +273,8 @@ def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
 
 
 def case_warp(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
-    """cc1d_bwd_warp with spans of ``span`` steps against the reference; the weight gradients
-    through the emulated cc1d_wsum."""
+    """cc1d_fwd_warp and cc1d_bwd_warp with spans of ``span`` steps against the reference;
+    the weight gradients through the emulated cc1d_wsum."""
     H = W - 1
     x = to_io(rng.standard_normal((batch, dim, L)), io)
     ct = np.float32
@@ -278,6 +288,13 @@ def case_warp(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
     dfin = rng.standard_normal(fr.shape).astype(ct) if (with_dfinal and H) else None
     n_spans = -(-L // span)
     n_items = batch * dim * n_spans
+    y = np.full_like(x, np.nan)
+    fin = np.full((batch, dim, H), np.nan, x.dtype)
+    run(fns[cc.KernelKey("fwd_warp", io, W, bias, silu, False)], [x, w, b, y, fin if H else None],
+        [dim, L, span, n_spans, n_items], -(-n_items // 4))
+    errs = {"y": rel(y.astype(np.float64), yr)}
+    if H:
+        errs["final"] = rel(fin.astype(np.float64), fr)
     dx = np.full_like(x, np.nan)
     part = np.full((batch, dim, n_spans, W + 1), np.nan, ct)
     run(fns[cc.KernelKey("bwd_warp", io, W, bias, silu, False)], [x, w, b, dy, dfin, dx, part],
@@ -287,7 +304,7 @@ def case_warp(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
     run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
         [batch, dim, n_spans, W], -(-dim * (W + 1) // 128))
     g = pb(dy.astype(np.float64), None if dfin is None else dfin.astype(np.float64))
-    errs = dict(dx=rel(dx.astype(np.float64), g.x), dw=rel(dw, g.weight))
+    errs.update(dx=rel(dx.astype(np.float64), g.x), dw=rel(dw, g.weight))
     if bias: errs["db"] = rel(db, g.bias)
     return errs
 
@@ -298,11 +315,11 @@ WARP_CASES = [(8, 256), (16, 256), (248, 256), (256, 256), (264, 256), (504, 256
 
 
 def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
-    """cc1d_bwd_warp over ``cases``, each width of ``widths``, the flags cycling; returns
-    (worst error per (dtype, output), failures)."""
+    """cc1d_fwd_warp and cc1d_bwd_warp over ``cases``, each width of ``widths``, the flags
+    cycling; returns (worst error per (dtype, output), failures)."""
     rng = np.random.default_rng(seed)
-    keys = [cc.KernelKey("bwd_warp", io, W, hb, si, False) for io in ios for W in widths
-            for hb, si in itertools.product((False, True), repeat=2)]
+    keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_warp", "bwd_warp")
+            for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
     keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
     fns = build(keys, defines, asan=asan)
     worst, fails = {}, []
@@ -313,7 +330,7 @@ def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
                 hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
                 errs = case_warp(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
                 for name, e in errs.items():
-                    t = tol[io] if name == "dx" else 1e-5
+                    t = (tol[io] if name in ("dx", "y") else 0 if name == "final" else 1e-5)
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
                     if not e <= t:
                         fails.append((io, W, L, span, hb, si, name, e))
