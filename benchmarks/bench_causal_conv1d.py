@@ -114,7 +114,7 @@ def run(args):
             fwd_mma_kernel = cuda_median_ms(lambda: backend.forward(p))
         with tuning(backend, fwd_warp=(), fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
             fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
-        with tuning(backend, fwd_warp=("float16", "bfloat16", "float32")):  # cc1d_fwd_warp
+        with tuning(backend, fwd_warp=("float16", "bfloat16", "float32"), fwd_mma=()):  # warp
             fwd_warp_kernel = cuda_median_ms(lambda: backend.forward(p))
         _, pullback = ssmkit.causal_conv1d_vjp(x, w, b, **kw)
         bwd_call = cuda_median_ms(lambda: pullback(dy))
@@ -215,7 +215,7 @@ def run(args):
               "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
               "(fwd_warp, fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_warp "
               "and fwd_mma off); fwd mma: cc1d_fwd_mma for bfloat16 (fwd_warp off, fwd_mma on); "
-              "fwd warp: cc1d_fwd_warp (fwd_warp on); "
+              "fwd warp: cc1d_fwd_warp (fwd_warp on for every dtype, fwd_mma off); "
               "bwd registers: cc1d_bwd (bwd_warp and bwd_mma off); bwd mma: bwd_warp off "
               "(cc1d_bwd_mma for bfloat16 from TUNING['bwd_mma_min_width'], else cc1d_bwd). "
               "float32 runs cc1d_fwd in the registers, tile and mma columns."

@@ -310,6 +310,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", ())  # the _warp kernels have their own test
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma_min_width", 1)
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma_min_width", 1)
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
     rng = np.random.default_rng(span)
     for W in range(1, 9):
@@ -454,7 +455,9 @@ def test_mma_launch_rules(monkeypatch):
     kernel, grid, scalars, n_spans = gpu_conv._mma_launch("bwd", problem())
     assert kernel == "cc1d_bwd_mma<ssm_bf16, 8, true, true>" and n_spans == 16
     assert grid == (24,) and [int(v) for v in scalars] == [3, 2048, 128, 16, 96]
-    assert gpu_conv._mma_launch("bwd", problem(W=5)) is None  # below bwd_mma_min_width
+    for kind in ("fwd", "bwd"):  # below {kind}_mma_min_width
+        assert gpu_conv._mma_launch(kind, problem(W=5)) is None
+    monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma_min_width", 1)
     assert gpu_conv._mma_launch("fwd", problem(W=5)) is not None
     for kw in (dict(L=2047), dict(init=True), dict(seq=True), dict(dtype=np.float32),
                dict(dtype=np.float16)):
@@ -500,18 +503,21 @@ def test_warp_launch_rules(monkeypatch):
     kernel, grid, scalars, n_spans = gpu_conv._warp_launch("bwd", problem())
     assert kernel == "cc1d_bwd_warp<float, 8, false, true>" and n_spans == 8
     assert grid == (12,) and [int(v) for v in scalars] == [3, 2048, 256, 8, 48]
-    kernel, grid, scalars, n_spans = gpu_conv._warp_launch("fwd", problem(rows=3072 * 8))
-    assert kernel == "cc1d_fwd_warp<float, 8, false, true>"
+    assert gpu_conv._warp_launch("fwd", problem()) is None  # float32: cc1d_fwd
+    kernel, grid, scalars, n_spans = gpu_conv._warp_launch("fwd", problem(rows=3072 * 8,
+                                                                          dtype=np.float16))
+    assert kernel == "cc1d_fwd_warp<ssm_half, 8, false, true>"
     assert n_spans == 1 and grid == (3072 * 4,) and int(scalars[2]) == 2048
     for kw in (dict(L=2044), dict(init=True), dict(seq=True), dict(dtype=np.float64)):
         for kind in ("fwd", "bwd"):
+            kw = dict(dict(dtype=np.float16), **kw)
             assert gpu_conv._warp_launch(kind, problem(**kw)) is None, (kind, kw)
     n = len(built)
     gpu_conv._warp_launch("bwd", problem())  # cached: nothing prepared again
     assert len(built) == n
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", ())  # TUNING is part of the key
     assert gpu_conv._warp_launch("bwd", problem()) is None
-    assert gpu_conv._warp_launch("fwd", problem()) is not None
+    assert gpu_conv._warp_launch("fwd", problem(dtype=np.float16)) is not None
 
 
 def test_mma_plan():

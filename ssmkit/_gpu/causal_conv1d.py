@@ -3,15 +3,16 @@
 Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
 (``forward``, ``backward``, ``update``).
 
-* The forward is one kernel: for the dtypes of ``TUNING["fwd_warp"]`` without seq_idx or
-  initial state, with L a multiple of 8 and 16-byte aligned rows, ``cc1d_fwd_warp`` (a warp
-  per span of a row with every neighbour in registers, :func:`warp_plan`); else for the
-  dtypes of ``TUNING["fwd_mma"]`` (bfloat16) under the same conditions with L even,
-  ``cc1d_fwd_mma`` on tensor cores (a warp per span, :func:`mma_plan`); else on sm_90 for
-  the dtypes of ``TUNING["fwd_tile"]`` (16-bit) without seq_idx and with whole 16-byte
-  vectors ``cc1d_fwd_tile``, which brings each block's x (a tile of a row, or several whole
-  short rows, :func:`forward_tile_plan`) into shared memory with one bulk asynchronous copy;
-  else ``cc1d_fwd``.
+* The forward is one kernel: for the dtypes of ``TUNING["fwd_mma"]`` (bfloat16) without
+  seq_idx or initial state, with L even, from ``TUNING["fwd_mma_min_width"]``,
+  ``cc1d_fwd_mma`` on tensor cores (a warp per span of a row, :func:`mma_plan`); else for
+  the dtypes of ``TUNING["fwd_warp"]`` (16-bit) without seq_idx or initial state, with L a
+  multiple of 8 and 16-byte aligned rows, ``cc1d_fwd_warp`` (a warp per span with every
+  neighbour in registers, :func:`warp_plan`); else on sm_90 for the dtypes of
+  ``TUNING["fwd_tile"]`` (16-bit) without seq_idx and with whole 16-byte vectors
+  ``cc1d_fwd_tile``, which brings each block's x (a tile of a row, or several whole short
+  rows, :func:`forward_tile_plan`) into shared memory with one bulk asynchronous copy; else
+  ``cc1d_fwd``.
 * The backward is two: the convolution's backward (``cc1d_bwd_mma`` under the same
   conditions with ``TUNING["bwd_mma"]`` from ``TUNING["bwd_mma_min_width"]``; else, for the
   dtypes of ``TUNING["bwd_warp"]`` without seq_idx or initial state, with L a multiple of 8
@@ -73,13 +74,18 @@ TUNING = {
                               # state, L even, sm_80): bfloat16 0.73-0.85 of copy against
                               # 0.68-0.85 with cc1d_fwd_tile (W = 8: 0.75 / 0.84 against
                               # 0.68 / 0.82), bench_causal_conv1d.py
+    "fwd_mma_min_width": 8,   # ... for widths from this one (below, cc1d_fwd_warp: bfloat16
+                              # 0.81-0.86 of copy at W 2-7 with 64 registers, cc1d_fwd_mma
+                              # 0.78-0.84 at 4 and 8, cc1d_fwd_warp at 8 0.70 / 0.75 with the
+                              # 72 registers it needs without silu; CAUSAL_CONV1D.md)
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
     "bwd_mma_min_width": 8,   # ... for widths from this one: cc1d_bwd_mma costs the same at
                               # every width, cc1d_bwd_warp falls with it (bfloat16, kernel
                               # alone: 0.90 of copy at W 2, 0.82 at 4, 0.72 at 6, 0.62 at 8,
                               # where cc1d_bwd_mma ran 0.59-0.64; CAUSAL_CONV1D.md)
-    "fwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose forward (the conditions
-                              # of bwd_warp) runs cc1d_fwd_warp, before the kernels above
+    "fwd_warp": ("float16", "bfloat16"),  # dtypes whose forward (the conditions of bwd_warp)
+                              # runs cc1d_fwd_warp where cc1d_fwd_mma does not take it (float32:
+                              # 0.86-0.94 of copy, as cc1d_fwd's 0.87-0.95, so cc1d_fwd stays)
     "bwd_warp": ("float16", "bfloat16", "float32"),  # dtypes whose backward (no seq_idx or
                               # initial state, L a multiple of 8, 16-byte aligned rows) runs
                               # cc1d_bwd_warp where cc1d_bwd_mma does not take it: float32 W = 8
@@ -280,10 +286,10 @@ def forward(p):
     H = p.width - 1
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     final = cp.empty((p.batch, p.dim, H), dtype=p.io_dtype)
-    launch = _warp_launch("fwd", p) if _aligned(p.x, y) else None
-    if launch is None:
-        launch = _mma_for("fwd", p, p.x, y)
-    if launch is not None:  # a warp per span: cc1d_fwd_warp or cc1d_fwd_mma
+    launch = _mma_for("fwd", p, p.x, y)
+    if launch is None and _aligned(p.x, y):
+        launch = _warp_launch("fwd", p)
+    if launch is not None:  # a warp per span: cc1d_fwd_mma or cc1d_fwd_warp
         kernel, grid, scalars, _ = launch
         kernel(grid, (THREADS,), (p.x, p.weight, _ptr(p.bias), y, final if H else _NULL)
                + scalars)
@@ -370,7 +376,7 @@ def _mma_launch(kind, p):
     import cupy
 
     tune = (TUNING[kind + "_mma"], TUNING["mma_span"], TUNING["mma_warps_per_sm"],
-            TUNING["bwd_mma_min_width"])
+            TUNING[kind + "_mma_min_width"])
     key = (cupy.cuda.runtime.getDevice(), kind, p.io_dtype, p.width, p.bias is not None, p.silu,
            p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
     if key in _mma_launches:
@@ -378,7 +384,7 @@ def _mma_launch(kind, p):
     limits = compiler.device_limits()
     entry = None
     if (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"]
-            and (kind == "fwd" or p.width >= TUNING["bwd_mma_min_width"])
+            and p.width >= TUNING[kind + "_mma_min_width"]
             and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
             and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
             and limits["compute_capability"] >= 80):
