@@ -110,7 +110,7 @@ def run(args):
         fwd_kernel = cuda_median_ms(lambda: backend.forward(p))
         with tuning(backend, fwd_warp=(), fwd_mma=()):  # A/B: the tile kernel (16-bit)
             fwd_tile_kernel = cuda_median_ms(lambda: backend.forward(p))
-        with tuning(backend, fwd_warp=(), fwd_mma=("bfloat16",)):  # tensor cores (bfloat16)
+        with tuning(backend, fwd_warp=(), fwd_mma=("bfloat16",), fwd_mma_min_width=1):  # mma
             fwd_mma_kernel = cuda_median_ms(lambda: backend.forward(p))
         with tuning(backend, fwd_warp=(), fwd_mma=(), fwd_tile=()):  # the register kernel cc1d_fwd
             fwd_reg_kernel = cuda_median_ms(lambda: backend.forward(p))
@@ -214,7 +214,8 @@ def run(args):
     lines += ["", "A/B, kernel alone, fraction of copy bandwidth, in the same run: the library "
               "(new), and the other kernels chosen through TUNING: fwd registers: cc1d_fwd "
               "(fwd_warp, fwd_mma and fwd_tile off); fwd tile: cc1d_fwd_tile for 16-bit (fwd_warp "
-              "and fwd_mma off); fwd mma: cc1d_fwd_mma for bfloat16 (fwd_warp off, fwd_mma on); "
+              "and fwd_mma off); fwd mma: cc1d_fwd_mma for bfloat16 (fwd_warp off, fwd_mma on at "
+              "every width); "
               "fwd warp: cc1d_fwd_warp (fwd_warp on for every dtype, fwd_mma off); "
               "bwd registers: cc1d_bwd (bwd_warp and bwd_mma off); bwd mma: bwd_warp off "
               "(cc1d_bwd_mma for bfloat16 from TUNING['bwd_mma_min_width'], else cc1d_bwd). "
