@@ -390,28 +390,6 @@ __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst
 #endif
 }
 
-// Every thread of the block, after writing its part of shared `src`: copy `bytes` (a
-// multiple of 16) from `src` to global `dst` (both 16-byte aligned) with one bulk
-// asynchronous copy; thread 0 issues it and waits until the copy has read `src` (the block
-// may then end; the writes land before the kernel completes). Before sm_90: a block-wide copy.
-__device__ __forceinline__ void ssm_bulk_store(void* dst, const void* src, unsigned int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");  // the writes, to the copy
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                     : : "l"(dst), "r"(ssm_smem_addr(src)), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" : : : "memory");
-        asm volatile("cp.async.bulk.wait_group.read 0;" : : : "memory");
-    }
-#else
-    __syncthreads();
-    struct alignas(16) V16 { unsigned int w[4]; };
-    for (unsigned int j = threadIdx.x; j < bytes / 16; j += blockDim.x)
-        static_cast<V16*>(dst)[j] = static_cast<const V16*>(src)[j];
-#endif
-}
-
 // ---------------------------------------------------------------------------
 // The row kernels' opening, the counterpart of ssm_warp_partials_sum: the block's steps
 // [s0, s1) (steps_per_block of them from blockIdx.x's, cut at steps), and per lane

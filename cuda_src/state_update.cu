@@ -754,12 +754,6 @@ ssm_state_update_vec(
 // registers a thread needs (its state values, B and C, about 24 more; fitted to ptxas -v on
 // sm_90): the fewer registers, the more blocks and tiles in flight per SM. Left to itself
 // ptxas either spilled or took 80 and more (bfloat16, N = 128: 56 under this bound).
-// The tile kernel's new state: 1, back into the tile and out with one bulk asynchronous copy
-// (ssm_bulk_store); 0, stored from registers by each thread.
-#ifndef SU_TILE_BULK_STORE
-#define SU_TILE_BULK_STORE 0
-#endif
-
 template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
     static constexpr int V = su_vec<ST>::V;
     static constexpr int regs = (CH * PPT * V + 2 * CH * V) * (sizeof(ST) == 8 ? 2 : 1) + 24;
@@ -891,7 +885,7 @@ ssm_state_update_tile(
                     if (r < nrows && j < nv) {
                         su_vec16 v;
                         su_vec<ST>::pack(v, s[i][c]);
-                        if (last && !SU_TILE_BULK_STORE) sg[r * nv + j] = v;
+                        if (last) sg[r * nv + j] = v;
                         else su_tile[r * nv + j] = v;
                     }
                 }
@@ -924,5 +918,4 @@ ssm_state_update_tile(
             }
         }
     }
-    if (SU_TILE_BULK_STORE) ssm_bulk_store(sg, su_tile, tile_bytes);  // the new state
 }
