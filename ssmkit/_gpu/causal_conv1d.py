@@ -49,6 +49,7 @@ import os
 
 import numpy as np
 
+from .. import _arrays
 from . import compiler
 
 __all__ = ["forward", "backward", "update", "KernelKey", "kernel_keys",
@@ -178,7 +179,7 @@ def _aligned(*arrays) -> bool:
 
 
 def _dtype_name(dtype) -> str:
-    name = np.dtype(dtype).name
+    name = _arrays.dtype_name(dtype)
     if name not in _CXX:
         raise TypeError(f"ssmkit GPU causal_conv1d: unsupported dtype {name!r}; expected one of "
                         f"{sorted(_CXX)}")
@@ -383,7 +384,7 @@ def _mma_launch(kind, p):
         return _mma_launches[key]
     limits = compiler.device_limits()
     entry = None
-    if (np.dtype(p.io_dtype).name in TUNING[kind + "_mma"]
+    if (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_mma"]
             and p.width >= TUNING[kind + "_mma_min_width"]
             and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
             and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
@@ -426,7 +427,7 @@ def _warp_launch(kind, p):
     if key in _warp_launches:
         return _warp_launches[key]
     entry = None
-    if (np.dtype(p.io_dtype).name in TUNING[kind + "_warp"] and p.seq_idx is None
+    if (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_warp"] and p.seq_idx is None
             and p.initial_state is None and p.L % 8 == 0 and p.L > 0):
         plan = warp_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
         if plan["n_items"] < 2**31:
@@ -469,7 +470,7 @@ def backward(p, dy, dfinal_state):
         _launch_items(key, n_items, args)
     dweight = cp.empty((p.dim, W), dtype=cd)
     dbias = cp.empty((p.dim,), dtype=cd) if p.bias is not None else None
-    wsum = KernelKey("wsum", np.dtype(cd).name, 0, False, False, False)
+    wsum = KernelKey("wsum", _arrays.dtype_name(cd), 0, False, False, False)
     _launch(wsum, -(-p.dim * (W + 1) // THREADS),
             (partial, dweight, _ptr(dbias), np.int32(p.batch), np.int32(p.dim),
              np.int32(n_tiles), np.int32(W)))

@@ -47,6 +47,7 @@ import os
 
 import numpy as np
 
+from .. import _arrays
 from . import compiler
 
 __all__ = [
@@ -171,8 +172,7 @@ _RING_REGS = 128
 
 
 def _dtype_name(dt) -> str:
-    dt = np.dtype(dt)
-    name = dt.name
+    name = _arrays.dtype_name(dt)
     if name not in _CXX:
         raise TypeError(f"ssmkit GPU selective_scan: unsupported dtype {name!r}; "
                         f"expected one of {sorted(_CXX)}")

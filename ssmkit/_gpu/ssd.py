@@ -63,6 +63,7 @@ import os
 
 import numpy as np
 
+from .. import _arrays
 from . import compiler
 
 __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
@@ -110,7 +111,7 @@ def chunk_starts(L: int, chunk_size: int, seq_ends=None) -> np.ndarray:
 
 
 def _dtype_name(dt) -> str:
-    return np.dtype(dt).name
+    return _arrays.dtype_name(dt)
 
 
 def tile_rows(compute: str) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _arrays
 from . import compiler
 
 __all__ = ["state_update", "launch_args", "run_plan", "plan_problem", "plan_is_current",
@@ -257,7 +258,7 @@ def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, 
 
 
 def _dtype_name(dt) -> str:
-    name = np.dtype(dt).name
+    name = _arrays.dtype_name(dt)
     if name not in _CXX:
         raise TypeError(f"ssmkit.state_update (GPU): unsupported dtype {name!r}; expected one "
                         f"of {sorted(_CXX)}")
