@@ -1372,7 +1372,7 @@ template <typename T> struct cc1d_oct {
 };
 
 // A warp's span: item = warp number in the grid (rows x spans, span fastest), the span
-// [s0, s1) of row `row` (channel d); base = row * L.
+// [s0, s1) of row `row` (channel d); base = row * L; and the channel's taps.
 struct cc1d_warp_span {
     unsigned item, row;
     int d;
@@ -1384,6 +1384,15 @@ struct cc1d_warp_span {
         s0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
         s1 = min(s0 + span, L);
         base = (ssm_i64)row * L;
+    }
+    // the channel's taps and bias (0 without)
+    template <int W, bool HAS_BIAS>
+    __device__ __forceinline__ void taps(const float* __restrict__ weight,
+                                         const float* __restrict__ bias, float (&w)[W],
+                                         float& bv) const {
+#pragma unroll
+        for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)d * W + k];
+        bv = HAS_BIAS ? bias[d] : 0.0f;
     }
 };
 
@@ -1420,10 +1429,8 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     const T* const xr = x + at.base;
     const T* const dyr = dy + at.base;
     T* const dxr = dx + at.base;
-    float w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
-    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+    float w[W], bv;
+    at.taps<W, HAS_BIAS>(weight, bias, w, bv);
     const bool with_dfinal = H > 0 && dfinal != nullptr;
 
     // g = dy * silu'(z) (or dy) on a lane's 8 steps, from x on the H steps before them (xp)
@@ -1561,10 +1568,8 @@ cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     const ssm_i64 s0 = at.s0, s1 = at.s1;
     const T* const xr = x + at.base;
     T* const yr = y + at.base;
-    float w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[(ssm_i64)at.d * W + k];
-    const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
+    float w[W], bv;
+    at.taps<W, HAS_BIAS>(weight, bias, w, bv);
     const bool with_final = H > 0 && final != nullptr;
     T* const fr = final + (ssm_i64)at.row * H;
 

@@ -321,29 +321,14 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
             p, _ = gpu_conv_problem(args, act)
             dy = as_dtype(rng.standard_normal((2, 3, L)), dtype)
             dfinal = rng.standard_normal((2, 3, W - 1)).astype("float32") if L % 4 else None
-            runs = []
-            for kinds in (both, ()):
+
+            def use(on):
+                kinds = both if on else ()
                 monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", kinds)
                 monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", kinds)
-                assert (gpu_conv._mma_for("bwd", p, p.x) is not None) == bool(kinds)
-                (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
-                                                                return_final_state=True)
-                grads = pullback(cupy.asarray(dy),
-                                 None if dfinal is None else cupy.asarray(dfinal))
-                runs.append((to_numpy(y).astype(np.float64), to_numpy(final), grads))
-            (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
-                **exact, activation=act, return_final_state=True)
-            g_ref = pullback_ref(dy.astype(np.float64),
-                                 None if dfinal is None else dfinal.astype(np.float64))
-            (y, final, mma), (y_old, final_old, old) = runs
-            assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype], (W, L)
-            assert rel_err(y, y_old) <= FORWARD_RTOL[dtype], (W, L)
-            np.testing.assert_array_equal(final, final_old)
-            assert rel_err(mma.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
-            assert rel_err(mma.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
-            assert rel_err(mma.weight, g_ref.weight) <= 1e-4, (W, L)
-            if args["bias"] is not None:
-                assert rel_err(mma.bias, g_ref.bias) <= 1e-4, (W, L)
+                assert (gpu_conv._mma_for("bwd", p, p.x) is not None) == on
+
+            check_against_other_kernels(use, args, exact, act, dy, dfinal, dtype, (W, L))
     # the cases left to the other kernels
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", both)
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", both)
@@ -382,31 +367,16 @@ def test_gpu_warp_kernels(dtype, span, monkeypatch):
             args, exact = cast(inputs, dtype, cupy)
             dy = as_dtype(rng.standard_normal((2, 3, L)), dtype)
             dfinal = rng.standard_normal((2, 3, W - 1)).astype("float32") if (W + L) % 2 else None
-            runs = []
-            for kinds in (warp, ()):
+
+            def use(on):
+                kinds = warp if on else ()
                 monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", kinds)
                 monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", kinds)
                 p, _ = gpu_conv_problem(args, act)
-                assert (gpu_conv._warp_launch("fwd", p) is not None) == bool(kinds)
-                assert (gpu_conv._warp_launch("bwd", p) is not None) == bool(kinds)
-                (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
-                                                                return_final_state=True)
-                grads = pullback(cupy.asarray(dy),
-                                 None if dfinal is None else cupy.asarray(dfinal))
-                runs.append((to_numpy(y).astype(np.float64), to_numpy(final), grads))
-            (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
-                **exact, activation=act, return_final_state=True)
-            g_ref = pullback_ref(dy.astype(np.float64),
-                                 None if dfinal is None else dfinal.astype(np.float64))
-            (y, final, g), (y_old, final_old, old) = runs
-            assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype], (W, L)
-            assert rel_err(y, y_old) <= FORWARD_RTOL[dtype], (W, L)
-            np.testing.assert_array_equal(final, final_old)
-            assert rel_err(g.x, g_ref.x) <= GRAD_RTOL[dtype], (W, L)
-            assert rel_err(g.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype]
-            assert rel_err(g.weight, g_ref.weight) <= 1e-4, (W, L)
-            if args["bias"] is not None:
-                assert rel_err(g.bias, g_ref.bias) <= 1e-4, (W, L)
+                assert (gpu_conv._warp_launch("fwd", p) is not None) == on
+                assert (gpu_conv._warp_launch("bwd", p) is not None) == on
+
+            check_against_other_kernels(use, args, exact, act, dy, dfinal, dtype, (W, L))
     # the cases left to the other kernels
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", warp)
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", warp)
@@ -416,6 +386,34 @@ def test_gpu_warp_kernels(dtype, span, monkeypatch):
         p, _ = gpu_conv_problem(args, "silu")
         assert gpu_conv._warp_launch("fwd", p) is None, kw
         assert gpu_conv._warp_launch("bwd", p) is None, kw
+
+
+def check_against_other_kernels(use, args, exact, act, dy, dfinal, dtype, case):
+    """The forward and VJP with the kernels under test (``use(True)`` selects them) against
+    the reference (the weight gradients to float32 accuracy) and against the other kernels
+    (``use(False)``); ``case`` names the case in the messages."""
+    import cupy
+
+    runs = []
+    for on in (True, False):
+        use(on)
+        (y, final), pullback = ssmkit.causal_conv1d_vjp(**args, activation=act,
+                                                        return_final_state=True)
+        grads = pullback(cupy.asarray(dy), None if dfinal is None else cupy.asarray(dfinal))
+        runs.append((to_numpy(y).astype(np.float64), to_numpy(final), grads))
+    (y_ref, final_ref), pullback_ref = reference.causal_conv1d_vjp(
+        **exact, activation=act, return_final_state=True)
+    g_ref = pullback_ref(dy.astype(np.float64),
+                         None if dfinal is None else dfinal.astype(np.float64))
+    (y, final, g), (y_old, final_old, old) = runs
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype], case
+    assert rel_err(y, y_old) <= FORWARD_RTOL[dtype], case
+    np.testing.assert_array_equal(final, final_old)
+    assert rel_err(g.x, g_ref.x) <= GRAD_RTOL[dtype], case
+    assert rel_err(g.x, to_numpy(old.x).astype(np.float64)) <= GRAD_RTOL[dtype], case
+    assert rel_err(g.weight, g_ref.weight) <= 1e-4, case
+    if args["bias"] is not None:
+        assert rel_err(g.bias, g_ref.bias) <= 1e-4, case
 
 
 def gpu_conv_problem(args, act):
@@ -441,7 +439,7 @@ def test_mma_launch_rules(monkeypatch):
     monkeypatch.setattr(compiler, "device_limits", lambda: limits)
     built = []
     monkeypatch.setattr(compiler, "get_kernel", lambda f, name: built.append(name) or name)
-    monkeypatch.setattr(gpu_conv, "_mma_launches", {})
+    monkeypatch.setattr(gpu_conv, "_span_launches", {})
     pytest.importorskip("ml_dtypes")
     import ml_dtypes
 
@@ -492,7 +490,7 @@ def test_warp_launch_rules(monkeypatch):
                                                                 compute_capability=90))
     built = []
     monkeypatch.setattr(compiler, "get_kernel", lambda f, name: built.append(name) or name)
-    monkeypatch.setattr(gpu_conv, "_warp_launches", {})
+    monkeypatch.setattr(gpu_conv, "_span_launches", {})
 
     def problem(L=2048, W=8, dtype=np.float32, init=False, seq=False, rows=3):
         return _causal_conv1d.CausalConv1dProblem(  # shapes and dtypes are all that matter

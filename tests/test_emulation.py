@@ -32,30 +32,30 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
                                reason="needs g++ (C++20) for the emulation")
 
 
-@needs_gxx
-def test_tensor_core_convolution_kernels_in_emulation():
+def _conv_emulation():
+    """tests/emulation/causal_conv1d/emu.py as a module."""
     pytest.importorskip("ml_dtypes")
     sys.path.insert(0, os.path.join(HERE, "emulation", "causal_conv1d"))
     try:
         import emu
     finally:
         sys.path.pop(0)
+    return emu
+
+
+@needs_gxx
+def test_tensor_core_convolution_kernels_in_emulation():
     cases = [(8, 128), (130, 128), (264, 256), (390, 384)]
-    worst, fails = emu.run_mma(["bfloat16"], [3, 8], cases=cases, asan=False)
+    worst, fails = _conv_emulation().run_mma(["bfloat16"], [3, 8], cases=cases, asan=False)
     assert not fails, fails
     assert {name for _, name in worst} == {"y", "final", "dx", "dw", "db"}
 
 
 @needs_gxx
-def test_warp_backward_in_emulation():
-    pytest.importorskip("ml_dtypes")
-    sys.path.insert(0, os.path.join(HERE, "emulation", "causal_conv1d"))
-    try:
-        import emu
-    finally:
-        sys.path.pop(0)
+def test_warp_convolution_kernels_in_emulation():
     cases = [(8, 256), (264, 256), (520, 512), (1536 + 24, 768)]
-    worst, fails = emu.run_warp(["bfloat16", "float32"], [3, 8], cases=cases, asan=False)
+    worst, fails = _conv_emulation().run_warp(["bfloat16", "float32"], [3, 8], cases=cases,
+                                              asan=False)
     assert not fails, fails
     assert {name for _, name in worst} == {"y", "final", "dx", "dw", "db"}
 

@@ -364,43 +364,54 @@ def warp_plan(*, rows: int, L: int, sm_count: int = 132) -> dict:
                       TUNING["warp_warps_per_sm"])
 
 
-_mma_launches: dict = {}  # (device, kind, shape, flags, TUNING) -> _mma_launch's answer
+_span_launches: dict = {}  # (device, kernel kind, shape, flags, TUNING) -> _span_launch's answer
 
 
-def _mma_launch(kind, p):
-    """How ``cc1d_<kind>_mma`` ("fwd" or "bwd") runs ``p``, cached per shape, flags and
-    ``TUNING``: (kernel, grid, scalar arguments, spans per row), or None where the other
-    kernels take it (not in ``TUNING[kind + "_mma"]``, the backward below
-    ``TUNING["bwd_mma_min_width"]``; seq_idx or an initial state; L odd, or so large that a
-    step plus two spans would pass 2**31; before sm_80; 2**31 spans or more: the kernels
-    count in 32 bits). The arrays' 4-byte alignment is the caller's to check."""
+def _span_launch(kind, p, tune, applies, plan_of, int_steps):
+    """The launch of the warp-per-span kernel ``cc1d_<kind>`` ("fwd_mma", "bwd_warp"...) for
+    ``p``, cached per shape, flags and ``tune`` (the TUNING values it depends on): (kernel,
+    grid, scalar arguments, spans per row), or None where ``applies()`` says no or there are
+    2**31 spans or more (the kernels count warps in 32 bits). ``plan_of(rows, L, sm_count)``
+    splits the rows; ``int_steps``: the steps go to the kernel as int32 (else int64)."""
     import cupy
 
-    tune = (TUNING[kind + "_mma"], TUNING["mma_span"], TUNING["mma_warps_per_sm"],
-            TUNING[kind + "_mma_min_width"])
     key = (cupy.cuda.runtime.getDevice(), kind, p.io_dtype, p.width, p.bias is not None, p.silu,
            p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
-    if key in _mma_launches:
-        return _mma_launches[key]
-    limits = compiler.device_limits()
+    if key in _span_launches:
+        return _span_launches[key]
     entry = None
-    if (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_mma"]
-            and p.width >= TUNING[kind + "_mma_min_width"]
-            and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
-            and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
-            and limits["compute_capability"] >= 80):
-        plan = mma_plan(rows=p.batch * p.dim, L=p.L, sm_count=limits["sm_count"])
+    if applies():
+        plan = plan_of(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
         if plan["n_items"] < 2**31:
-            name = name_expression(KernelKey(kind + "_mma", _dtype_name(p.io_dtype), p.width,
+            name = name_expression(KernelKey(kind, _dtype_name(p.io_dtype), p.width,
                                              p.bias is not None, p.silu, False))
-            scalars = (np.int32(p.dim), np.int32(p.L), np.int32(plan["span"]),
+            steps = np.int32 if int_steps else np.int64
+            scalars = (np.int32(p.dim), steps(p.L), steps(plan["span"]),
                        np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
             entry = (compiler.get_kernel(SOURCE_FILE, name), (int(plan["blocks"]),), scalars,
                      plan["n_spans"])
-    if len(_mma_launches) >= 256:  # a bound for programs that see many shapes
-        _mma_launches.clear()
-    _mma_launches[key] = entry
+    if len(_span_launches) >= 256:  # a bound for programs that see many shapes
+        _span_launches.clear()
+    _span_launches[key] = entry
     return entry
+
+
+def _mma_launch(kind, p):
+    """How ``cc1d_<kind>_mma`` ("fwd" or "bwd") runs ``p`` (:func:`_span_launch`), or None
+    where the other kernels take it (not in ``TUNING[kind + "_mma"]``, below
+    ``TUNING[kind + "_mma_min_width"]``; seq_idx or an initial state; L odd, or so large that
+    a step plus two spans would pass 2**31: the kernels count steps in 32 bits; before
+    sm_80). The arrays' 4-byte alignment is the caller's to check."""
+    def applies():
+        return (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_mma"]
+                and p.width >= TUNING[kind + "_mma_min_width"]
+                and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
+                and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
+                and compiler.device_limits()["compute_capability"] >= 80)
+
+    tune = (TUNING[kind + "_mma"], TUNING["mma_span"], TUNING["mma_warps_per_sm"],
+            TUNING[kind + "_mma_min_width"])
+    return _span_launch(kind + "_mma", p, tune, applies, mma_plan, int_steps=True)
 
 
 def _mma_for(kind, p, *arrays):
@@ -410,37 +421,17 @@ def _mma_for(kind, p, *arrays):
     return launch if launch is not None and all(a.data.ptr % 4 == 0 for a in arrays) else None
 
 
-_warp_launches: dict = {}  # (device, shape, flags, TUNING) -> _warp_launch's answer
-
-
 def _warp_launch(kind, p):
-    """How ``cc1d_<kind>_warp`` ("fwd" or "bwd") runs ``p``, cached per shape, flags and
-    ``TUNING``: (kernel, grid, scalar arguments, spans per row), or None where the other
-    kernels take it (the dtype not in ``TUNING[kind + "_warp"]``; seq_idx or an initial
-    state; L not a multiple of 8; 2**31 spans or more). The arrays' 16-byte alignment is the
-    caller's to check."""
-    import cupy
+    """How ``cc1d_<kind>_warp`` ("fwd" or "bwd") runs ``p`` (:func:`_span_launch`), or None
+    where the other kernels take it (the dtype not in ``TUNING[kind + "_warp"]``; seq_idx or
+    an initial state; L not a multiple of 8). The arrays' 16-byte alignment is the caller's
+    to check."""
+    def applies():
+        return (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_warp"] and p.seq_idx is None
+                and p.initial_state is None and p.L % 8 == 0 and p.L > 0)
 
     tune = (TUNING[kind + "_warp"], TUNING["warp_span"], TUNING["warp_warps_per_sm"])
-    key = (cupy.cuda.runtime.getDevice(), kind, p.io_dtype, p.width, p.bias is not None, p.silu,
-           p.seq_idx is None, p.initial_state is None, p.batch, p.dim, p.L, tune)
-    if key in _warp_launches:
-        return _warp_launches[key]
-    entry = None
-    if (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_warp"] and p.seq_idx is None
-            and p.initial_state is None and p.L % 8 == 0 and p.L > 0):
-        plan = warp_plan(rows=p.batch * p.dim, L=p.L, sm_count=compiler.device_limits()["sm_count"])
-        if plan["n_items"] < 2**31:
-            name = name_expression(KernelKey(kind + "_warp", _dtype_name(p.io_dtype), p.width,
-                                             p.bias is not None, p.silu, False))
-            scalars = (np.int32(p.dim), np.int64(p.L), np.int64(plan["span"]),
-                       np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
-            entry = (compiler.get_kernel(SOURCE_FILE, name), (int(plan["blocks"]),), scalars,
-                     plan["n_spans"])
-    if len(_warp_launches) >= 256:  # a bound for programs that see many shapes
-        _warp_launches.clear()
-    _warp_launches[key] = entry
-    return entry
+    return _span_launch(kind + "_warp", p, tune, applies, warp_plan, int_steps=False)
 
 
 def backward(p, dy, dfinal_state):

@@ -236,9 +236,10 @@ def case(fns, io, W, batch, dim, L, bias, silu, seq_cuts, init, rng, vpt, misali
     if init and H: errs["dh0"] = rel(dh0, g.initial_state)
     return errs
 
-def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
-    """cc1d_fwd_mma and cc1d_bwd_mma with spans of ``span`` steps against the reference; the
-    weight gradients through the emulated cc1d_wsum."""
+def case_spans(fns, family, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
+    """cc1d_fwd_<family> and cc1d_bwd_<family> ("mma" or "warp": a warp per span) with spans
+    of ``span`` steps against the reference; the weight gradients through the emulated
+    cc1d_wsum."""
     H = W - 1
     x = to_io(rng.standard_normal((batch, dim, L)), io)
     w = (rng.standard_normal((dim, W)) / np.sqrt(W)).astype(np.float32)
@@ -253,54 +254,17 @@ def case_mma(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
     n_items = batch * dim * n_spans
     y = np.full_like(x, np.nan)
     fin = np.full((batch, dim, H), np.nan, x.dtype)
-    run(fns[cc.KernelKey("fwd_mma", io, W, bias, silu, False)], [x, w, b, y, fin if H else None],
+    run(fns[cc.KernelKey("fwd_" + family, io, W, bias, silu, False)], [x, w, b, y, fin if H else None],
         [dim, L, span, n_spans, n_items], -(-n_items // 4))
     errs = {"y": rel(y.astype(np.float64), yr)}
     if H:
         errs["final"] = rel(fin.astype(np.float64), fr)
     dx = np.full_like(x, np.nan)
     part = np.full((batch, dim, n_spans, W + 1), np.nan, np.float32)
-    key = cc.KernelKey("bwd_mma", io, W, bias, silu, False)
+    key = cc.KernelKey("bwd_" + family, io, W, bias, silu, False)
     run(fns[key], [x, w, b, dy, dfin, dx, part], [dim, L, span, n_spans, n_items], -(-n_items // 4))
     dw = np.full((dim, W), np.nan, np.float32)
     db = np.full(dim, np.nan, np.float32) if bias else None
-    run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
-        [batch, dim, n_spans, W], -(-dim * (W + 1) // 128))
-    g = pb(dy.astype(np.float64), None if dfin is None else dfin.astype(np.float64))
-    errs.update(dx=rel(dx.astype(np.float64), g.x), dw=rel(dw, g.weight))
-    if bias: errs["db"] = rel(db, g.bias)
-    return errs
-
-
-def case_warp(fns, io, W, batch, dim, L, bias, silu, span, with_dfinal, rng):
-    """cc1d_fwd_warp and cc1d_bwd_warp with spans of ``span`` steps against the reference;
-    the weight gradients through the emulated cc1d_wsum."""
-    H = W - 1
-    x = to_io(rng.standard_normal((batch, dim, L)), io)
-    ct = np.float32
-    w = (rng.standard_normal((dim, W)) / np.sqrt(W)).astype(ct)
-    b = rng.standard_normal(dim).astype(ct) if bias else None
-    act = "silu" if silu else None
-    (yr, fr), pb = reference.causal_conv1d_vjp(x.astype(np.float64), w.astype(np.float64),
-                                               None if b is None else b.astype(np.float64),
-                                               activation=act, return_final_state=True)
-    dy = to_io(rng.standard_normal(yr.shape), io)
-    dfin = rng.standard_normal(fr.shape).astype(ct) if (with_dfinal and H) else None
-    n_spans = -(-L // span)
-    n_items = batch * dim * n_spans
-    y = np.full_like(x, np.nan)
-    fin = np.full((batch, dim, H), np.nan, x.dtype)
-    run(fns[cc.KernelKey("fwd_warp", io, W, bias, silu, False)], [x, w, b, y, fin if H else None],
-        [dim, L, span, n_spans, n_items], -(-n_items // 4))
-    errs = {"y": rel(y.astype(np.float64), yr)}
-    if H:
-        errs["final"] = rel(fin.astype(np.float64), fr)
-    dx = np.full_like(x, np.nan)
-    part = np.full((batch, dim, n_spans, W + 1), np.nan, ct)
-    run(fns[cc.KernelKey("bwd_warp", io, W, bias, silu, False)], [x, w, b, dy, dfin, dx, part],
-        [dim, L, span, n_spans, n_items], -(-n_items // 4))
-    dw = np.full((dim, W), np.nan, ct)
-    db = np.full(dim, np.nan, ct) if bias else None
     run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
         [batch, dim, n_spans, W], -(-dim * (W + 1) // 128))
     g = pb(dy.astype(np.float64), None if dfin is None else dfin.astype(np.float64))
@@ -328,7 +292,7 @@ def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
         for W in widths:
             for j, (L, span) in enumerate(cases):
                 hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
-                errs = case_warp(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
+                errs = case_spans(fns, "warp", io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
                 for name, e in errs.items():
                     t = (tol[io] if name in ("dx", "y") else 0 if name == "final" else 1e-5)
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
@@ -356,7 +320,7 @@ def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
         for W in widths:
             for j, (L, span) in enumerate(cases):
                 hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
-                errs = case_mma(fns, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
+                errs = case_spans(fns, "mma", io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
                 for name, e in errs.items():
                     t = tol[io] if name in ("dx", "y") else (0 if name == "final" else 1e-4)
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
