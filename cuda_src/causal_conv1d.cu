@@ -934,7 +934,8 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // products; per element there remain silu or silu', a few conversions, loads and stores.
 // Measured on the H200 (bench_causal_conv1d.py, bfloat16, benchmarks/CAUSAL_CONV1D.md): the
 // forward 0.80-0.89 of copy (cc1d_fwd_tile 0.74-0.86 in the same runs), the backward at
-// W = 8 0.60-0.65 (cc1d_bwd 0.50-0.54); below W = 6 cc1d_bwd stays the faster backward.
+// W = 8 0.60-0.65 (cc1d_bwd 0.50-0.54). Below W = 8 the warp kernels further down
+// (cc1d_fwd_warp, cc1d_bwd_warp) are the faster ones, so the host uses these from W = 8.
 //
 // A warp owns one span of one row (items: rows x spans, span fastest) and walks it in
 // chunks of 128 steps (the backward from the last to the first). A chunk is 16 rows of 8
