@@ -90,24 +90,16 @@ def wrapper(key, i):
     emu_launch([=] {{ {name}((const {ct}*)p[0], ({ct}*)p[1], ({ct}*)p[2], (int)s[0], (int)s[1], (int)s[2], (int)s[3]); }}, grid, CC1D_THREADS);
 }}
 '''
-    if key.kind == "fwd_mma":
+    if key.kind in ("fwd_mma", "fwd_warp", "bwd_mma", "bwd_warp"):  # a warp per span
+        st = "int" if key.kind.endswith("_mma") else "ssm_i64"  # the type of L and the span
+        tail = f"(int)s[0], ({st})s[1], ({st})s[2], (int)s[3], (int)s[4]"
+        if key.kind.startswith("fwd"):
+            head = f"(const {io}*)p[0], (const float*)p[1], (const float*)p[2], ({io}*)p[3], ({io}*)p[4]"
+        else:
+            head = (f"(const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], "
+                    f"(const float*)p[4], ({io}*)p[5], (float*)p[6]")
         return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], ({io}*)p[3], ({io}*)p[4], (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
-}}
-'''
-    if key.kind == "bwd_mma":
-        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
-}}
-'''
-    if key.kind == "fwd_warp":
-        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], ({io}*)p[3], ({io}*)p[4], (int)s[0], (ssm_i64)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
-}}
-'''
-    if key.kind == "bwd_warp":
-        return f'''extern "C" void k{i}(void** p, long long* s, unsigned grid) {{
-    emu_launch([=] {{ {name}((const {io}*)p[0], (const float*)p[1], (const float*)p[2], (const {io}*)p[3], (const float*)p[4], ({io}*)p[5], (float*)p[6], (int)s[0], (ssm_i64)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4]); }}, grid, CC1D_THREADS);
+    emu_launch([=] {{ {name}({head}, {tail}); }}, grid, CC1D_THREADS);
 }}
 '''
     if key.kind == "fwd":
