@@ -151,9 +151,28 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
             lambda: lay.passing(p, chunk_states, entering=True, final=final), calls=5),
         "ssd_state_passing, every boundary kept (the VJP's forward)": cuda_median_ms(
             lambda: lay.passing(p, chunk_states, entering=True), calls=5),
+        "ssd_mma_state_walk (chunk states and passing in one kernel)": cuda_median_ms(
+            lambda: lay.state_walk_mma(p, final=final), calls=5),
+        "ssd_mma_state_walk, every boundary kept": cuda_median_ms(
+            lambda: lay.state_walk_mma(p), calls=5),
         "ssd_mma_cb": cuda_median_ms(lambda: lay.cb_mma(p), calls=5),
         "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, entering, y, cb), calls=5),
+        **{f"whole forward, {label}": _forward_with_walk(cupy, x, chunk, walk)
+           for walk, label in ((True, "state walk"), (False, "chunk states then passing"))},
     }
+
+
+def _forward_with_walk(cupy, x, chunk, walk):
+    """Device ms per ssmkit.ssd call with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` set to ``walk``."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    before = gpu_ssd.MMA_STATE_WALK
+    gpu_ssd.MMA_STATE_WALK = walk
+    try:
+        return cuda_median_ms(lambda: ssmkit.ssd(**x, chunk_size=chunk, dt_softplus=True),
+                              calls=5)
+    finally:
+        gpu_ssd.MMA_STATE_WALK = before
 
 
 def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):

@@ -61,6 +61,7 @@ __device__ __forceinline__ float ssd_mma_exp(float x) {  // exp(x) through the h
 __device__ __forceinline__ int ssd_mma_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
 struct alignas(16) ssd_mma_u4 { unsigned v[4]; };  // 8 16-bit values, one 128-bit access
+struct alignas(8) ssd_mma_f2 { float v[2]; };      // 2 floats, one 64-bit access
 
 // The staging loops below hand a block's items (8 consecutive values of a row) to its
 // threads round-robin, BATCH items per thread at a time (SSD_MMA_STAGE_BATCH unless a
@@ -497,6 +498,177 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             const int n = n0 + 8 * j + 2 * t + (i & 1);
             if (p < P && n < N) o[(ssm_i64)p * N + n] = acc[j][i];
         }
+}
+
+// --------------------------------------------------------------------------------------
+// The forward's chunk states and their passing in one walk along the chunks (tensor
+// cores): what ssd_mma_chunk_state followed by ssd_state_passing (ssd.cu) compute, without
+// the float32 chunk states' round trip through memory (at the peer shape of
+// benchmarks/SSD.md, 168 MB written and read back). A block owns one (batch row, head) and
+// a 64 (p) x 64 (n) tile of the state, kept in registers (warp w its rows 16 w .., as in
+// ssd_mma_chunk_state), and walks the row's chunks in order:
+//   entering[c] = S rounded to T (ssd_mma_chunk_out's operand);
+//   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T from stages of 64 steps on tensor cores,
+//   d_c and w_s as in ssd_mma_chunk_state and ssd_state_passing (a sequence starting
+//   inside chunk c zeroes d_c and the weights of the steps before it); the products
+//   accumulate onto d_c S (the two kernels add d_c S to S_c summed from zero: the same
+//   terms, float32 roundings in another order; a second set of accumulators would make
+//   ptxas spill at 5 blocks per SM);
+// and keeps the state at every boundary j in float32: states[b, j] (the checkpoints) or,
+// with states null, final[k] for k = bslot[b, j] >= 0. The stages go through two buffers:
+// the next stage's copies (cp.async) are in flight while this one is multiplied, across
+// chunk ends too.
+// Grid: (batch * H * ceil(P / 64) * ceil(N / 64)), the n tiles of a (row, head) adjacent
+// (they read the same x, from L2). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
+// --------------------------------------------------------------------------------------
+// f(j, i, p N + n, n + 1 < N) for the live entries (p, n) of a warp tile's accumulators
+// acc[j][i], i = 0 and 2 (with i + 1, the next column): p = pa + 8 (i >= 2), n = na + 8 j
+// (pa = the warp's first row + g, na = the tile's first column + 2 t).
+template <int NT, typename F>
+__device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N, const F& f) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+            const int p = pa + (i >= 2 ? 8 : 0), n = na + 8 * j;
+            if (p < P && n < N) f(j, i, (ssm_i64)p * N + n, n + 1 < N);
+        }
+}
+
+#ifndef SSD_MMA_WALK_BLOCKS
+#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM (6 x 37 KiB of shared memory, 80 registers; 5 spilled)
+#endif
+template <typename T>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_WALK_BLOCKS)
+ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
+                   const float* __restrict__ dte, const float* __restrict__ cum,
+                   const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                   const float* __restrict__ h0, float* __restrict__ states,
+                   T* __restrict__ entering, const int* __restrict__ bslot,
+                   float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
+    constexpr int NW = 64, NT = NW / 8, LDB = NW + 8;
+    alignas(16) __shared__ unsigned short xs[2][SSD_MMA_ROWS * SSD_MMA_LD];  // x[s][p]
+    alignas(16) __shared__ unsigned short bs[2][SSD_MMA_ROWS * LDB];         // B[s][n]
+    __shared__ float ws[2][SSD_MMA_ROWS];                                    // w_s
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned p_tiles = (P + 63) / 64, n_tiles = (N + NW - 1) / NW;
+    const unsigned q = blockIdx.x / n_tiles, bh = q / p_tiles;  // 32-bit quotients
+    const int n0 = (int)(blockIdx.x - q * n_tiles) * NW, p0 = (int)(q - bh * p_tiles) * 64;
+    const ssm_i64 b = bh / (unsigned)H;
+    const int h = (int)(bh - (unsigned)b * (unsigned)H);
+    const int gB = ssd_mma_group(h, H, G);
+    const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
+    const ssm_i64 PN = (ssm_i64)P * N;
+    const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
+
+    const int pa = p0 + 16 * warp + g, na = n0 + 2 * t;  // this thread's entries (below)
+
+    float S[NT][4];
+    ssd_mma_zero(S);
+    if (h0) {
+        const float* src = h0 + bh * PN;
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+            S[j][i] = src[o];
+            if (two) S[j][i + 1] = src[o + 1];
+        });
+    }
+    auto keep = [&](ssm_i64 jb) {  // the state at boundary jb
+        float* dst;
+        if (states) {
+            dst = states + ((b * (nc + 1) + jb) * H + h) * PN;
+        } else {
+            const int k = bslot[b * (nc + 1) + jb];
+            if (k < 0) return;
+            dst = final + ((ssm_i64)k * H + h) * PN;
+        }
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+            if (two && pair) {
+                *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
+            } else {
+                dst[o] = S[j][i];
+                if (two) dst[o + 1] = S[j][i + 1];
+            }
+        });
+    };
+
+    // Stage `k` <- steps s0 .. of chunk c (at most 64, up to the chunk's end), with their
+    // weights w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s; one commit group.
+    auto stage = [&](int k, ssm_i64 c, ssm_i64 s0) {
+        const ssm_i64 E = starts[c + 1] - 1;
+        const int ns = (int)(E + 1 - s0 < SSD_MMA_ROWS ? E + 1 - s0 : SSD_MMA_ROWS);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
+            xs[k], X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, NW, LDB>(
+            bs[k], Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
+        ssd_mma_cp_commit();
+        if (tid < SSD_MMA_ROWS) {  // while the copies land
+            float w = 0.0f;
+            if (tid < ns) {
+                const ssm_i64 s = s0 + tid, i = (b * L + s) * H + h;
+                if (ssd_mma_seq(seq, b * L + s) == ssd_mma_seq(seq, b * L + E))
+                    w = ssd_mma_exp(cum[(b * L + E) * H + h] - cum[i]) * dte[i];
+            }
+            ws[k][tid] = w;
+        }
+    };
+
+    int k = 0;  // the buffer of the stage being multiplied
+    stage(0, 0, starts[0]);
+    keep(0);
+    for (ssm_i64 c = 0; c < nc; ++c) {
+        const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+        {  // the state entering chunk c, in 16 bits
+            T* dst = entering + ((b * nc + c) * H + h) * PN;
+            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+                if (two && pair) {
+                    *reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(S[j][i], S[j][i + 1]);
+                } else {
+                    ssm_store(dst + o, S[j][i]);
+                    if (two) ssm_store(dst + o + 1, S[j][i + 1]);
+                }
+            });
+        }
+        const bool same = ssd_mma_seq(seq, b * L + E) ==
+                          ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        const float d = same ? ssd_mma_exp(cum[(b * L + E) * H + h]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) S[j][i] *= d;  // the chunk's own terms add onto it
+        for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
+            const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
+            __syncthreads();  // the other buffer's last stage has been multiplied
+            // the next stage: the chunk's next steps, or the next chunk's first
+            const bool more = s0 + SSD_MMA_ROWS < t1;
+            if (more || c + 1 < nc)
+                stage(k ^ 1, more ? c : c + 1, more ? s0 + SSD_MMA_ROWS : t1);
+            else
+                ssd_mma_cp_commit();  // (an empty group keeps the count of the wait below)
+            ssd_mma_cp_wait<1>();     // this stage's copies have landed
+            __syncthreads();
+            const ssd_mma_saddr x_lane = ssd_mma_lane_b<SSD_MMA_LD>(xs[k], lane);
+            const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs[k], lane);
+#pragma unroll
+            for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
+                if (k0 < ns) {  // uniform over the block
+                    unsigned a[4], al[4];
+                    ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, 16 * warp, k0);
+                    ssd_mma_weigh_a<T, false>(a, al, ws[k], k0, lane);
+#pragma unroll
+                    for (int j = 0; j < NT; j += 2) {
+                        unsigned bf[4];
+                        ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
+                        ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
+                    }
+                }
+            }
+            k ^= 1;
+        }
+        keep(c + 1);
+    }
+    ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last group was empty)
 }
 
 // --------------------------------------------------------------------------------------

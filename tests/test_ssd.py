@@ -532,6 +532,48 @@ MMA_CASES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(MMA_CASES) + 1))
+def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, case):
+    """ssd_mma_state_walk (chunk states and passing in one kernel, the default) against
+    ssd_mma_chunk_state + ssd_state_passing: the same final states up to float32 roundings,
+    outputs up to a last-bit rounding of the 16-bit entering states; both with checkpoints
+    (ssd_vjp) and without (ssd). The last case packs sequences (cu_seqlens)."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    cu = None
+    if case == len(MMA_CASES):
+        batch, L, H, P, G, N, chunk, kw = 1, 190, 3, 64, 1, 64, 64, dict(with_init=True)
+        cu = np.array([0, 50, 50, 121, 190])
+    else:
+        batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
+    rng = np.random.default_rng(300 + case)
+    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    if cu is not None:
+        inputs["initial_state"] = rng.standard_normal((len(cu) - 1, H, P, N))
+    arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
+    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True,
+                cu_seqlens=None if cu is None else xp_for("gpu").asarray(cu))
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    calls = _count_calls(monkeypatch, "state_walk_mma")
+    got = {}
+    for walk in (True, False):
+        monkeypatch.setattr(gpu_ssd, "MMA_STATE_WALK", walk)
+        y, fin = ssmkit.ssd(**arrays, **opts)
+        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
+        got[walk] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+    assert len(calls) == 2, "the walk ran once per call with the switch on, never off"
+    (y1, f1, yv1, fv1), (y0, f0, yv0, fv0) = got[True], got[False]
+    assert rel_err(f1, f0) < 1e-5 and rel_err(fv1, fv0) < 1e-5
+    assert np.array_equal(f1, fv1)  # final states only, or from the checkpoints: the same
+    u = UNIT_ROUNDOFF[dtype_name]
+    assert rel_err(y1, y0) < 4 * u and rel_err(yv1, yv0) < 4 * u
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(MMA_CASES)))
 def test_tensor_core_forward_matches_reference(monkeypatch, dtype_name, case):
     if dtype_name == "bfloat16":

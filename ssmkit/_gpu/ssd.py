@@ -184,10 +184,20 @@ def mma_state_width(N: int) -> int:
     return 64 if N <= 64 else 128
 
 
+def mma_walk_name(io: str) -> str:
+    """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel)."""
+    return f"ssd_mma_state_walk<{_CTYPE[io]}>"
+
+
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
-            + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io)])
+            + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)])
+
+
+# The tensor-core forward's chunk states and passing in one walk along the chunks
+# (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
+MMA_STATE_WALK = True
 
 
 def uses_mma(p) -> bool:
@@ -433,6 +443,27 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
+    def state_walk_mma(self, p, *, final=None):
+        """The forward's chunk states and their passing on tensor cores in one kernel
+        (``ssd_mma_state_walk``): returns ``(states, entering)``, the float32 boundary states
+        (batch, nc + 1, H, P, N) and the states entering each chunk rounded to the 16-bit
+        input dtype (batch, nc, H, P, N), as :meth:`passing` of :meth:`chunk_state_mma`
+        does. With ``final`` (n_slots, H, P, N), only the final states are kept, there, and
+        ``states`` is None."""
+        cp = p.xp
+        states = None
+        if final is None:
+            states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+        entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
+        tiles = -(-p.P // 64) * -(-p.N // 64)
+        _launch(mma_walk_name(self.io), (p.batch * p.H * tiles,),
+                (p.x, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts,
+                 _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final),
+                 np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
+                 np.int32(p.N), np.int64(self.nc)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+        return states, entering
+
     def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
@@ -569,8 +600,11 @@ def ssd_forward(p, *, save_checkpoints):
     if uses_mma(p):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
-        states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True,
-                                       final=None if save_checkpoints else final)
+        keep = None if save_checkpoints else final
+        if MMA_STATE_WALK:
+            states, entering = lay.state_walk_mma(p, final=keep)
+        else:
+            states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True, final=keep)
         lay.out_mma(p, entering, y)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))

@@ -4,7 +4,7 @@ REPL swaps the inline-PTX lines (ldmatrix and cp.async among them) and vector ca
 emu_common.h / prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
 
@@ -30,6 +30,8 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);', '*emu_al<unsigned>(p) = ssd_mma_pack<T>(v[0], v[1]);'),
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
+    ('*reinterpret_cast<ssd_mma_f2*>(dst + o) = ', '*emu_al<ssd_mma_f2>(dst + o) = '),
+    ('*reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(', '*emu_al<unsigned>(dst + o) = ssd_mma_pack<T>('),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
     # ldmatrix: shared-window addresses become host pointers
     ('typedef unsigned ssd_mma_saddr;', 'typedef unsigned long ssd_mma_saddr;'),
@@ -96,6 +98,9 @@ STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 OUT_T = ("const T*,const float*,const T*,const T*,const float*,const T*,const float*,const float*,"
          "const int*,const ssm_i64*,T*").split(",")
 OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+WALK_T = ("const T*,const T*,const float*,const float*,const int*,const ssm_i64*,const float*,"
+          "float*,T*,const int*,float*").split(",")
+WALK_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")
 CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 
@@ -128,6 +133,7 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
     for pw in (32, 64, 128):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
+    KERNELS[f"walk_{tag}"] = (f"ssd_mma_state_walk<{T}>", T, WALK_T, WALK_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
