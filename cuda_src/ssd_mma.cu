@@ -508,20 +508,33 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // a 64 (p) x 64 (n) tile of the state, kept in registers (warp w its rows 16 w .., as in
 // ssd_mma_chunk_state), and walks the row's chunks in order:
 //   entering[c] = S rounded to T (ssd_mma_chunk_out's operand);
-//   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T from stages of 64 steps on tensor cores,
-//   d_c and w_s as in ssd_mma_chunk_state and ssd_state_passing (a sequence starting
-//   inside chunk c zeroes d_c and the weights of the steps before it); the products
-//   accumulate onto d_c S (the two kernels add d_c S to S_c summed from zero: the same
-//   terms, float32 roundings in another order; a second set of accumulators would make
-//   ptxas spill at 5 blocks per SM);
+//   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T on tensor cores, d_c and w_s as in
+//   ssd_mma_chunk_state and ssd_state_passing (a sequence starting inside chunk c zeroes
+//   d_c and the weights of the steps before it); the products accumulate onto d_c S (the
+//   two kernels add d_c S to S_c summed from zero: the same terms, float32 roundings in
+//   another order; a second set of accumulators made ptxas spill);
 // and keeps the state at every boundary j in float32: states[b, j] (the checkpoints) or,
-// with states null, final[k] for k = bslot[b, j] >= 0. The stages go through two buffers:
-// the next stage's copies (cp.async) are in flight while this one is multiplied, across
-// chunk ends too.
+// with states null, final[k] for k = bslot[b, j] >= 0.
+// The walk is a pipeline of stages of WR steps (never across a chunk's end) through WB
+// shared buffers: while stage q is multiplied, the copies (cp.async) of stages q + 1 ..
+// q + WB - 1 are in flight, and the chunk sums, dt' and labels of stage q + WB - 1 are
+// loaded into registers, to become stage q + WB - 2's weights (ws, and d_c in ds for a
+// chunk's first stage) at the next stage. No global load is waited for on the way from
+// one stage to the next: the walk's speed is set by the bytes in flight.
 // Grid: (batch * H * ceil(P / 64) * ceil(N / 64)), the n tiles of a (row, head) adjacent
 // (they read the same x, from L2). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
+#ifndef SSD_MMA_WALK_BLOCKS
+#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM (6 x 37 KiB of shared memory, 80 registers; 5 spilled)
+#endif
+#ifndef SSD_MMA_WALK_ROWS
+#define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (16 or a multiple of 16 up to 64)
+#endif
+#ifndef SSD_MMA_WALK_BUFS
+#define SSD_MMA_WALK_BUFS 4  // WB: stage buffers (WB - 1 stages in flight)
+#endif
+
 // f(j, i, p N + n, n + 1 < N) for the live entries (p, n) of a warp tile's accumulators
 // acc[j][i], i = 0 and 2 (with i + 1, the next column): p = pa + 8 (i >= 2), n = na + 8 j
 // (pa = the warp's first row + g, na = the tile's first column + 2 t).
@@ -536,9 +549,6 @@ __device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N,
         }
 }
 
-#ifndef SSD_MMA_WALK_BLOCKS
-#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM (6 x 37 KiB of shared memory, 80 registers; 5 spilled)
-#endif
 template <typename T>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_WALK_BLOCKS)
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
@@ -548,9 +558,12 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    T* __restrict__ entering, const int* __restrict__ bslot,
                    float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
     constexpr int NW = 64, NT = NW / 8, LDB = NW + 8;
-    alignas(16) __shared__ unsigned short xs[2][SSD_MMA_ROWS * SSD_MMA_LD];  // x[s][p]
-    alignas(16) __shared__ unsigned short bs[2][SSD_MMA_ROWS * LDB];         // B[s][n]
-    __shared__ float ws[2][SSD_MMA_ROWS];                                    // w_s
+    constexpr int WR = SSD_MMA_WALK_ROWS, WB = SSD_MMA_WALK_BUFS;
+    static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 2, "stage rows, buffers");
+    alignas(16) __shared__ unsigned short xs[WB][WR * SSD_MMA_LD];  // x[s][p]
+    alignas(16) __shared__ unsigned short bs[WB][WR * LDB];         // B[s][n]
+    __shared__ float ws[WB][WR];  // w_s
+    __shared__ float ds[WB];      // d_c, for a chunk's first stage
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const unsigned p_tiles = (P + 63) / 64, n_tiles = (N + NW - 1) / NW;
@@ -560,9 +573,8 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const int h = (int)(bh - (unsigned)b * (unsigned)H);
     const int gB = ssd_mma_group(h, H, G);
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
-    const ssm_i64 PN = (ssm_i64)P * N;
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L;
     const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
-
     const int pa = p0 + 16 * warp + g, na = n0 + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
@@ -593,34 +605,79 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         });
     };
 
-    // Stage `k` <- steps s0 .. of chunk c (at most 64, up to the chunk's end), with their
-    // weights w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s; one commit group.
-    auto stage = [&](int k, ssm_i64 c, ssm_i64 s0) {
-        const ssm_i64 E = starts[c + 1] - 1;
-        const int ns = (int)(E + 1 - s0 < SSD_MMA_ROWS ? E + 1 - s0 : SSD_MMA_ROWS);
-        ssd_mma_stage_async<T, SSD_MMA_ROWS, 64, SSD_MMA_LD>(
-            xs[k], X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
-        ssd_mma_stage_async<T, SSD_MMA_ROWS, NW, LDB>(
-            bs[k], Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
-        ssd_mma_cp_commit();
-        if (tid < SSD_MMA_ROWS) {  // while the copies land
-            float w = 0.0f;
-            if (tid < ns) {
-                const ssm_i64 s = s0 + tid, i = (b * L + s) * H + h;
-                if (ssd_mma_seq(seq, b * L + s) == ssd_mma_seq(seq, b * L + E))
-                    w = ssd_mma_exp(cum[(b * L + E) * H + h] - cum[i]) * dte[i];
-            }
-            ws[k][tid] = w;
+    // A stage: steps s0 .. of chunk c, up to WR and the chunk's end.
+    struct Stage { ssm_i64 c, s0; };
+    auto advance = [&](Stage& u) {
+        const ssm_i64 t1 = starts[u.c + 1];
+        if (u.s0 + WR < t1) {
+            u.s0 += WR;
+        } else {
+            ++u.c;
+            u.s0 = t1;
         }
     };
+    auto copy_stage = [&](const Stage& u, int k) {  // into buffer k (cp.async)
+        const ssm_i64 t1 = starts[u.c + 1];
+        const int ns = (int)(t1 - u.s0 < WR ? t1 - u.s0 : WR);
+        ssd_mma_stage_async<T, WR, 64, SSD_MMA_LD>(
+            xs[k], X + ((row + u.s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
+        ssd_mma_stage_async<T, WR, NW, LDB>(
+            bs[k], Bm + ((row + u.s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
+    };
+    // A stage's weight inputs, loaded into registers by threads tid < WR (step s0 + tid;
+    // thread 0 also the label before the chunk, for d_c), turned into ws / ds a stage later.
+    float r_cum_e = 0.0f, r_cum_s = 0.0f, r_dt = 0.0f;
+    int r_seq_e = 0, r_seq_s = 0, r_seq_p = 0;
+    bool r_live = false;
+    auto load_weights = [&](const Stage& u) {
+        if (tid >= WR) return;
+        const ssm_i64 t0 = starts[u.c], E = starts[u.c + 1] - 1;
+        r_live = u.s0 + tid <= E;
+        const ssm_i64 s = r_live ? u.s0 + tid : E;
+        r_cum_e = cum[(row + E) * H + h];
+        r_cum_s = cum[(row + s) * H + h];
+        r_dt = dte[(row + s) * H + h];
+        r_seq_e = ssd_mma_seq(seq, row + E);
+        r_seq_s = ssd_mma_seq(seq, row + s);
+        r_seq_p = ssd_mma_seq(seq, row + (t0 > 0 ? t0 - 1 : 0));
+    };
+    auto put_weights = [&](int k) {
+        if (tid >= WR) return;
+        ws[k][tid] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
+        if (tid == 0) ds[k] = r_seq_e == r_seq_p ? ssd_mma_exp(r_cum_e) : 0.0f;
+    };
+
+    // Prologue: stages 0 .. WB - 2 in flight, the weights of 0 .. WB - 3 in place, those of
+    // WB - 2 in registers.
+    Stage next{0, starts[0]};  // the next stage to copy
+#pragma unroll
+    for (int k = 0; k < WB - 1; ++k) {
+        if (next.c < nc) {
+            copy_stage(next, k);
+            load_weights(next);
+            advance(next);
+        }
+        ssd_mma_cp_commit();  // (empty past the last stage: the groups keep their count)
+        if (k < WB - 2) put_weights(k);
+    }
+    keep(0);
 
     int k = 0;  // the buffer of the stage being multiplied
-    stage(0, 0, starts[0]);
-    keep(0);
-    for (ssm_i64 c = 0; c < nc; ++c) {
-        const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
-        {  // the state entering chunk c, in 16 bits
-            T* dst = entering + ((b * nc + c) * H + h) * PN;
+    for (Stage cur{0, starts[0]}; cur.c < nc; advance(cur), k = (k + 1) % WB) {
+        const ssm_i64 c = cur.c, t1 = starts[c + 1];
+        const int ns = (int)(t1 - cur.s0 < WR ? t1 - cur.s0 : WR);
+        __syncthreads();  // the buffer of the stage before is free
+        put_weights((k + WB - 2) % WB);
+        if (next.c < nc) {
+            copy_stage(next, (k + WB - 1) % WB);
+            load_weights(next);
+            advance(next);
+        }
+        ssd_mma_cp_commit();
+        ssd_mma_cp_wait<WB - 1>();  // this stage's copies have landed
+        __syncthreads();
+        if (cur.s0 == starts[c]) {  // the chunk's first stage
+            T* dst = entering + ((b * nc + c) * H + h) * PN;  // the state entering it, in 16 bits
             ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
                 if (two && pair) {
                     *reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(S[j][i], S[j][i + 1]);
@@ -629,46 +686,31 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                     if (two) ssm_store(dst + o + 1, S[j][i + 1]);
                 }
             });
+            const float d = ds[k];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) S[j][i] *= d;  // the chunk's own terms add onto it
         }
-        const bool same = ssd_mma_seq(seq, b * L + E) ==
-                          ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-        const float d = same ? ssd_mma_exp(cum[(b * L + E) * H + h]) : 0.0f;
+        const ssd_mma_saddr x_lane = ssd_mma_lane_b<SSD_MMA_LD>(xs[k], lane);
+        const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs[k], lane);
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int k0 = 0; k0 < WR; k0 += 16) {
+            if (k0 < ns) {  // uniform over the block
+                unsigned a[4], al[4];
+                ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, 16 * warp, k0);
+                ssd_mma_weigh_a<T, false>(a, al, ws[k], k0, lane);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) S[j][i] *= d;  // the chunk's own terms add onto it
-        for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
-            const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
-            __syncthreads();  // the other buffer's last stage has been multiplied
-            // the next stage: the chunk's next steps, or the next chunk's first
-            const bool more = s0 + SSD_MMA_ROWS < t1;
-            if (more || c + 1 < nc)
-                stage(k ^ 1, more ? c : c + 1, more ? s0 + SSD_MMA_ROWS : t1);
-            else
-                ssd_mma_cp_commit();  // (an empty group keeps the count of the wait below)
-            ssd_mma_cp_wait<1>();     // this stage's copies have landed
-            __syncthreads();
-            const ssd_mma_saddr x_lane = ssd_mma_lane_b<SSD_MMA_LD>(xs[k], lane);
-            const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs[k], lane);
-#pragma unroll
-            for (int k0 = 0; k0 < SSD_MMA_ROWS; k0 += 16) {
-                if (k0 < ns) {  // uniform over the block
-                    unsigned a[4], al[4];
-                    ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, 16 * warp, k0);
-                    ssd_mma_weigh_a<T, false>(a, al, ws[k], k0, lane);
-#pragma unroll
-                    for (int j = 0; j < NT; j += 2) {
-                        unsigned bf[4];
-                        ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
-                        ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
-                    }
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
+                    ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
                 }
             }
-            k ^= 1;
         }
-        keep(c + 1);
+        if (cur.s0 + WR >= t1) keep(c + 1);  // the chunk's last stage
     }
-    ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last group was empty)
+    ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
 }
 
 // --------------------------------------------------------------------------------------

@@ -550,8 +550,6 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
         batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
     rng = np.random.default_rng(300 + case)
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
-    if cu is not None:
-        inputs["initial_state"] = rng.standard_normal((len(cu) - 1, H, P, N))
     arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
     opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True,
                 cu_seqlens=None if cu is None else xp_for("gpu").asarray(cu))
