@@ -332,14 +332,55 @@ def run_cpu(args):
           f"float64 reference loop (forward) {ref * 1e3:.1f} ms")
 
 
+# ssd_mma_state_walk's compile-time shape: steps per stage, stage buffers, blocks per SM
+WALK_VARIANTS = [(32, 4, 6), (16, 8, 6), (64, 2, 6), (32, 3, 6), (32, 5, 4)]
+
+
+def walk_sweep():
+    """Device ms of ssd_mma_state_walk (final states only, as ssmkit.ssd runs it) at the
+    peer bfloat16 shape for each of WALK_VARIANTS, each compiled in a process of its own
+    (SSMKIT_CUDA_DEFINES), against the two kernels it replaces, timed in the same process."""
+    import subprocess
+
+    code = (
+        "import json, math, sys; sys.path.insert(0, %r)\n"
+        "import cupy, bench_ssd\n"
+        "from ssmkit import _ssd\n"
+        "from ssmkit._gpu import ssd as g\n"
+        "from timing import cuda_median_ms\n"
+        "x = bench_ssd.make_inputs(cupy, 'bfloat16', 4, 4096, 80, 64, 1, 128)\n"
+        "p, _, _ = _ssd._prepare('ssd', x['x'], x['dt'], x['A'], x['B'], x['C'], 256, x['D'], "
+        "None, x['dt_bias'], True, (0.0, math.inf), None, None, None)\n"
+        "lay = g._Layout(p)\n"
+        "final = cupy.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)\n"
+        "cs = lay.chunk_state_mma(p)\n"
+        "walk = cuda_median_ms(lambda: lay.state_walk_mma(p, final=final), calls=5)\n"
+        "two = cuda_median_ms(lambda: (lay.chunk_state_mma(p), lay.passing(p, cs, "
+        "entering=True, final=final)), calls=5)\n"
+        "print(json.dumps(dict(walk_ms=round(walk, 4), two_kernels_ms=round(two, 4))))\n"
+    ) % os.path.dirname(os.path.abspath(__file__))
+    for rows, bufs, blocks in WALK_VARIANTS:
+        defines = (f"SSD_MMA_WALK_ROWS={rows} SSD_MMA_WALK_BUFS={bufs} "
+                   f"SSD_MMA_WALK_BLOCKS={blocks}")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, SSMKIT_CUDA_DEFINES=defines))
+        last = (run.stdout.strip().splitlines() or [run.stderr.strip()[-300:]])[-1]
+        print(f"{defines}: {last}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="time the CPU backend")
     ap.add_argument("--quick", action="store_true", help="only the peers' two rows")
+    ap.add_argument("--walk-sweep", action="store_true",
+                    help="time ssd_mma_state_walk's compile-time variants (WALK_VARIANTS)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "results"))
     args = ap.parse_args()
-    run_cpu(args) if args.cpu else run_gpu(args)
+    if args.walk_sweep:
+        walk_sweep()
+    else:
+        run_cpu(args) if args.cpu else run_gpu(args)
 
 
 if __name__ == "__main__":
