@@ -526,18 +526,24 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_WALK_BLOCKS
-#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM (6 x 37 KiB of shared memory, 80 registers; 5 spilled)
+#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM at NW = 64 (6 x 37 KiB of shared memory, 80 registers)
+#endif
+#ifndef SSD_MMA_WALK_BLOCKS_WIDE
+#define SSD_MMA_WALK_BLOCKS_WIDE 4  // blocks per SM at NW = 128 (128 registers)
 #endif
 #ifndef SSD_MMA_WALK_ROWS
-#define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (16 or a multiple of 16 up to 64)
+#define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (a multiple of 16, at most 64)
 #endif
 #ifndef SSD_MMA_WALK_BUFS
-#define SSD_MMA_WALK_BUFS 4  // WB: stage buffers (WB - 1 stages in flight)
+#define SSD_MMA_WALK_BUFS 4  // WB: stage buffers at NW = 64 (WB - 1 stages in flight)
+#endif
+#ifndef SSD_MMA_WALK_BUFS_WIDE
+#define SSD_MMA_WALK_BUFS_WIDE 3  // at NW = 128 (48 KiB of static shared memory hold 3)
 #endif
 
 // f(j, i, p N + n, n + 1 < N) for the live entries (p, n) of a warp tile's accumulators
 // acc[j][i], i = 0 and 2 (with i + 1, the next column): p = pa + 8 (i >= 2), n = na + 8 j
-// (pa = the warp's first row + g, na = the tile's first column + 2 t).
+// (pa = the warp's first row + g, na = the tile's first column + 2 t). P N < 2^31.
 template <int NT, typename F>
 __device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N, const F& f) {
 #pragma unroll
@@ -545,20 +551,47 @@ __device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N,
 #pragma unroll
         for (int i = 0; i < 4; i += 2) {
             const int p = pa + (i >= 2 ? 8 : 0), n = na + 8 * j;
-            if (p < P && n < N) f(j, i, (ssm_i64)p * N + n, n + 1 < N);
+            if (p < P && n < N) f(j, i, p * N + n, n + 1 < N);
         }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_WALK_BLOCKS)
+// Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
+// t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
+struct ssd_mma_walker {
+    ssm_i64 c, s0, t1, t2;
+    bool first;  // s0 is the chunk's first step
+    __device__ __forceinline__ ssd_mma_walker(const ssm_i64* starts, ssm_i64 nc)
+        : c(0), s0(starts[0]), t1(starts[1]), t2(starts[nc > 1 ? 2 : 1]), first(true) {}
+    __device__ __forceinline__ int rows(int WR) const { return (int)(t1 - s0 < WR ? t1 - s0 : WR); }
+    __device__ __forceinline__ bool last(int WR) const { return s0 + WR >= t1; }
+    // To the next stage; true when it starts a chunk.
+    __device__ __forceinline__ bool advance(int WR, const ssm_i64* starts, ssm_i64 nc) {
+        first = s0 + WR >= t1;
+        if (!first) {
+            s0 += WR;
+        } else {
+            ++c;
+            s0 = t1;
+            t1 = t2;
+            if (c + 2 <= nc) t2 = starts[c + 2];
+        }
+        return first;
+    }
+};
+
+template <typename T, int NW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS,
+                                  NW == 64 ? SSD_MMA_WALK_BLOCKS : SSD_MMA_WALK_BLOCKS_WIDE)
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    const float* __restrict__ dte, const float* __restrict__ cum,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    const float* __restrict__ h0, float* __restrict__ states,
                    T* __restrict__ entering, const int* __restrict__ bslot,
                    float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
-    constexpr int NW = 64, NT = NW / 8, LDB = NW + 8;
-    constexpr int WR = SSD_MMA_WALK_ROWS, WB = SSD_MMA_WALK_BUFS;
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    constexpr int NT = NW / 8, LDB = NW + 8;
+    constexpr int WR = SSD_MMA_WALK_ROWS;
+    constexpr int WB = NW == 64 ? SSD_MMA_WALK_BUFS : SSD_MMA_WALK_BUFS_WIDE;
     static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 2, "stage rows, buffers");
     alignas(16) __shared__ unsigned short xs[WB][WR * SSD_MMA_LD];  // x[s][p]
     alignas(16) __shared__ unsigned short bs[WB][WR * LDB];         // B[s][n]
@@ -573,7 +606,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const int h = (int)(bh - (unsigned)b * (unsigned)H);
     const int gB = ssd_mma_group(h, H, G);
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
-    const ssm_i64 PN = (ssm_i64)P * N, row = b * L;
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P, GN = (ssm_i64)G * N;
     const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
     const int pa = p0 + 16 * warp + g, na = n0 + 2 * t;  // this thread's entries (below)
 
@@ -581,7 +614,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     ssd_mma_zero(S);
     if (h0) {
         const float* src = h0 + bh * PN;
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
             S[j][i] = src[o];
             if (two) S[j][i + 1] = src[o + 1];
         });
@@ -595,7 +628,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
             if (k < 0) return;
             dst = final + ((ssm_i64)k * H + h) * PN;
         }
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
             if (two && pair) {
                 *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
             } else {
@@ -605,41 +638,59 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         });
     };
 
-    // A stage: steps s0 .. of chunk c, up to WR and the chunk's end.
-    struct Stage { ssm_i64 c, s0; };
-    auto advance = [&](Stage& u) {
-        const ssm_i64 t1 = starts[u.c + 1];
-        if (u.s0 + WR < t1) {
-            u.s0 += WR;
+    // Copies of a stage into buffer k. With vec, thread tid copies 8 columns cc of rows
+    // rr + 16 i of both tiles, from source pointers that step down the rows with the walk.
+    const int rr = tid >> 3, cc = (tid & 7) * 8;
+    static_assert(SSD_MMA_THREADS == 128 && NW % 64 == 0, "8 column groups x 16 rows a pass");
+    const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;   // at step 0
+    const T* b_src = Bm + (row * G + gB) * N + n0 + cc + rr * GN;
+    const bool x_cols = cc < P - p0;
+    auto copy_stage = [&](const ssd_mma_walker& u, int k) {
+        const int ns = u.rows(WR);
+        if (vec) {
+#pragma unroll
+            for (int i = 0; i < WR / 16; ++i) {
+                const bool live = rr + 16 * i < ns;
+                const bool xl = live && x_cols;  // (a copy that is not live reads nothing)
+                ssd_mma_cp16(xs[k] + (rr + 16 * i) * SSD_MMA_LD + cc,
+                             xl ? x_src + 16 * i * HP : X, xl);
+#pragma unroll
+                for (int nb = 0; nb < NW; nb += 64) {
+                    const bool bl = live && nb + cc < N - n0;
+                    ssd_mma_cp16(bs[k] + (rr + 16 * i) * LDB + nb + cc,
+                                 bl ? b_src + 16 * i * GN + nb : Bm, bl);
+                }
+            }
         } else {
-            ++u.c;
-            u.s0 = t1;
+            ssd_mma_stage_async<T, WR, 64, SSD_MMA_LD>(
+                xs[k], X + ((row + u.s0) * H + h) * P + p0, HP, ns, P - p0, vec, tid);
+            ssd_mma_stage_async<T, WR, NW, LDB>(
+                bs[k], Bm + ((row + u.s0) * G + gB) * N + n0, GN, ns, N - n0, vec, tid);
         }
+        x_src += ns * HP;
+        b_src += ns * GN;
     };
-    auto copy_stage = [&](const Stage& u, int k) {  // into buffer k (cp.async)
-        const ssm_i64 t1 = starts[u.c + 1];
-        const int ns = (int)(t1 - u.s0 < WR ? t1 - u.s0 : WR);
-        ssd_mma_stage_async<T, WR, 64, SSD_MMA_LD>(
-            xs[k], X + ((row + u.s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
-        ssd_mma_stage_async<T, WR, NW, LDB>(
-            bs[k], Bm + ((row + u.s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
-    };
-    // A stage's weight inputs, loaded into registers by threads tid < WR (step s0 + tid;
-    // thread 0 also the label before the chunk, for d_c), turned into ws / ds a stage later.
+    // A stage's weight inputs, loaded into registers by threads tid < WR (step s0 + tid),
+    // turned into ws (and d_c into ds, by thread 0) a stage later. The chunk's own values
+    // (its end's chunk sum and label, the label before it) are loaded when the walk enters it.
     float r_cum_e = 0.0f, r_cum_s = 0.0f, r_dt = 0.0f;
     int r_seq_e = 0, r_seq_s = 0, r_seq_p = 0;
     bool r_live = false;
-    auto load_weights = [&](const Stage& u) {
+    auto load_chunk = [&](const ssd_mma_walker& u) {
         if (tid >= WR) return;
-        const ssm_i64 t0 = starts[u.c], E = starts[u.c + 1] - 1;
-        r_live = u.s0 + tid <= E;
-        const ssm_i64 s = r_live ? u.s0 + tid : E;
+        const ssm_i64 E = u.t1 - 1;
         r_cum_e = cum[(row + E) * H + h];
+        r_seq_e = ssd_mma_seq(seq, row + E);
+        r_seq_p = ssd_mma_seq(seq, row + (u.s0 > 0 ? u.s0 - 1 : 0));
+    };
+    auto load_steps = [&](const ssd_mma_walker& u) {
+        if (tid >= WR) return;
+        const int ns = u.rows(WR);
+        r_live = tid < ns;
+        const ssm_i64 s = u.s0 + (r_live ? tid : ns - 1);
         r_cum_s = cum[(row + s) * H + h];
         r_dt = dte[(row + s) * H + h];
-        r_seq_e = ssd_mma_seq(seq, row + E);
         r_seq_s = ssd_mma_seq(seq, row + s);
-        r_seq_p = ssd_mma_seq(seq, row + (t0 > 0 ? t0 - 1 : 0));
     };
     auto put_weights = [&](int k) {
         if (tid >= WR) return;
@@ -647,38 +698,36 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         if (tid == 0) ds[k] = r_seq_e == r_seq_p ? ssd_mma_exp(r_cum_e) : 0.0f;
     };
 
+    ssd_mma_walker next(starts, nc);  // the next stage to copy
+    auto issue = [&](int k) {  // its copies into buffer k, its weights' inputs into registers
+        if (next.c >= nc) return;
+        copy_stage(next, k);
+        if (next.first) load_chunk(next);
+        load_steps(next);
+        next.advance(WR, starts, nc);
+    };
     // Prologue: stages 0 .. WB - 2 in flight, the weights of 0 .. WB - 3 in place, those of
     // WB - 2 in registers.
-    Stage next{0, starts[0]};  // the next stage to copy
 #pragma unroll
     for (int k = 0; k < WB - 1; ++k) {
-        if (next.c < nc) {
-            copy_stage(next, k);
-            load_weights(next);
-            advance(next);
-        }
+        issue(k);
         ssd_mma_cp_commit();  // (empty past the last stage: the groups keep their count)
         if (k < WB - 2) put_weights(k);
     }
     keep(0);
 
     int k = 0;  // the buffer of the stage being multiplied
-    for (Stage cur{0, starts[0]}; cur.c < nc; advance(cur), k = (k + 1) % WB) {
-        const ssm_i64 c = cur.c, t1 = starts[c + 1];
-        const int ns = (int)(t1 - cur.s0 < WR ? t1 - cur.s0 : WR);
+    for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(WR, starts, nc), k = (k + 1) % WB) {
+        const int ns = cur.rows(WR);
         __syncthreads();  // the buffer of the stage before is free
         put_weights((k + WB - 2) % WB);
-        if (next.c < nc) {
-            copy_stage(next, (k + WB - 1) % WB);
-            load_weights(next);
-            advance(next);
-        }
+        issue((k + WB - 1) % WB);
         ssd_mma_cp_commit();
         ssd_mma_cp_wait<WB - 1>();  // this stage's copies have landed
         __syncthreads();
-        if (cur.s0 == starts[c]) {  // the chunk's first stage
-            T* dst = entering + ((b * nc + c) * H + h) * PN;  // the state entering it, in 16 bits
-            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, ssm_i64 o, bool two) {
+        if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
+            T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
+            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
                 if (two && pair) {
                     *reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(S[j][i], S[j][i + 1]);
                 } else {
@@ -708,7 +757,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                 }
             }
         }
-        if (cur.s0 + WR >= t1) keep(c + 1);  // the chunk's last stage
+        if (cur.last(WR)) keep(cur.c + 1);
     }
     ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
 }

@@ -184,9 +184,10 @@ def mma_state_width(N: int) -> int:
     return 64 if N <= 64 else 128
 
 
-def mma_walk_name(io: str) -> str:
-    """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel)."""
-    return f"ssd_mma_state_walk<{_CTYPE[io]}>"
+def mma_walk_name(io: str, nw: int | None = None) -> str:
+    """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel)
+    whose blocks own ``nw`` (default ``MMA_WALK_NW``) state columns n."""
+    return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
 def mma_kernel_names(io: str) -> list:
@@ -198,6 +199,8 @@ def mma_kernel_names(io: str) -> list:
 # The tensor-core forward's chunk states and passing in one walk along the chunks
 # (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
 MMA_STATE_WALK = True
+# The state columns n of a walk block: 64 or 128 (one block per 64 x MMA_WALK_NW tile).
+MMA_WALK_NW = 64
 
 
 def uses_mma(p) -> bool:
@@ -455,7 +458,7 @@ class _Layout:
         if final is None:
             states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
         entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        tiles = -(-p.P // 64) * -(-p.N // 64)
+        tiles = -(-p.P // 64) * -(-p.N // MMA_WALK_NW)
         _launch(mma_walk_name(self.io), (p.batch * p.H * tiles,),
                 (p.x, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts,
                  _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final),
