@@ -505,8 +505,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // cores): what ssd_mma_chunk_state followed by ssd_state_passing (ssd.cu) compute, without
 // the float32 chunk states' round trip through memory (at the peer shape of
 // benchmarks/SSD.md, 168 MB written and read back). A block owns one (batch row, head) and
-// a 64 (p) x 64 (n) tile of the state, kept in registers (warp w its rows 16 w .., as in
-// ssd_mma_chunk_state), and walks the row's chunks in order:
+// a 64 (p) x NW (n) tile of the state, kept in registers (NW / 16 warps, each a 16 x 64
+// piece), and walks the row's chunks in order:
 //   entering[c] = S rounded to T (ssd_mma_chunk_out's operand);
 //   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T on tensor cores, d_c and w_s as in
 //   ssd_mma_chunk_state and ssd_state_passing (a sequence starting inside chunk c zeroes
@@ -521,15 +521,16 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // loaded into registers, to become stage q + WB - 2's weights (ws, and d_c in ds for a
 // chunk's first stage) at the next stage. No global load is waited for on the way from
 // one stage to the next: the walk's speed is set by the bytes in flight.
-// Grid: (batch * H * ceil(P / 64) * ceil(N / 64)), the n tiles of a (row, head) adjacent
-// (they read the same x, from L2). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// NW = 128 stages x once for 128 columns n (at NW = 64 two blocks read it, the second
+// mostly from L2). Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 2 NW threads,
+// the n tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_WALK_BLOCKS
 #define SSD_MMA_WALK_BLOCKS 6  // blocks per SM at NW = 64 (6 x 37 KiB of shared memory, 80 registers)
 #endif
 #ifndef SSD_MMA_WALK_BLOCKS_WIDE
-#define SSD_MMA_WALK_BLOCKS_WIDE 4  // blocks per SM at NW = 128 (128 registers)
+#define SSD_MMA_WALK_BLOCKS_WIDE 3  // blocks (of 8 warps) per SM at NW = 128
 #endif
 #ifndef SSD_MMA_WALK_ROWS
 #define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (a multiple of 16, at most 64)
@@ -580,7 +581,7 @@ struct ssd_mma_walker {
 };
 
 template <typename T, int NW>
-__global__ void __launch_bounds__(SSD_MMA_THREADS,
+__global__ void __launch_bounds__(NW / 64 * SSD_MMA_THREADS,
                                   NW == 64 ? SSD_MMA_WALK_BLOCKS : SSD_MMA_WALK_BLOCKS_WIDE)
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    const float* __restrict__ dte, const float* __restrict__ cum,
@@ -589,7 +590,8 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    T* __restrict__ entering, const int* __restrict__ bslot,
                    float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
-    constexpr int NT = NW / 8, LDB = NW + 8;
+    // 4 warps per 64 columns n: warp w owns rows 16 (w % 4) .. and columns 64 (w / 4) ..
+    constexpr int NT = 8, LDB = NW + 8, THREADS = NW / 64 * SSD_MMA_THREADS;
     constexpr int WR = SSD_MMA_WALK_ROWS;
     constexpr int WB = NW == 64 ? SSD_MMA_WALK_BUFS : SSD_MMA_WALK_BUFS_WIDE;
     static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 2, "stage rows, buffers");
@@ -608,7 +610,8 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P, GN = (ssm_i64)G * N;
     const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
-    const int pa = p0 + 16 * warp + g, na = n0 + 2 * t;  // this thread's entries (below)
+    const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's piece of the tile
+    const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
     ssd_mma_zero(S);
@@ -639,9 +642,10 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     };
 
     // Copies of a stage into buffer k. With vec, thread tid copies 8 columns cc of rows
-    // rr + 16 i of both tiles, from source pointers that step down the rows with the walk.
+    // rr + RS i of both tiles, from source pointers that step down the rows with the walk.
+    constexpr int RS = THREADS / 8;  // rows a pass of the block covers
+    static_assert(WR % RS == 0, "whole passes");
     const int rr = tid >> 3, cc = (tid & 7) * 8;
-    static_assert(SSD_MMA_THREADS == 128 && NW % 64 == 0, "8 column groups x 16 rows a pass");
     const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;   // at step 0
     const T* b_src = Bm + (row * G + gB) * N + n0 + cc + rr * GN;
     const bool x_cols = cc < P - p0;
@@ -649,19 +653,19 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         const int ns = u.rows(WR);
         if (vec) {
 #pragma unroll
-            for (int i = 0; i < WR / 16; ++i) {
-                const bool live = rr + 16 * i < ns;
+            for (int i = 0; i < WR / RS; ++i) {
+                const bool live = rr + RS * i < ns;
                 const bool xl = live && x_cols;  // (a copy that is not live reads nothing)
-                ssd_mma_cp16(xs[k] + (rr + 16 * i) * SSD_MMA_LD + cc,
-                             xl ? x_src + 16 * i * HP : X, xl);
+                ssd_mma_cp16(xs[k] + (rr + RS * i) * SSD_MMA_LD + cc,
+                             xl ? x_src + RS * i * HP : X, xl);
 #pragma unroll
                 for (int nb = 0; nb < NW; nb += 64) {
                     const bool bl = live && nb + cc < N - n0;
-                    ssd_mma_cp16(bs[k] + (rr + 16 * i) * LDB + nb + cc,
-                                 bl ? b_src + 16 * i * GN + nb : Bm, bl);
+                    ssd_mma_cp16(bs[k] + (rr + RS * i) * LDB + nb + cc,
+                                 bl ? b_src + RS * i * GN + nb : Bm, bl);
                 }
             }
-        } else {
+        } else if (tid < SSD_MMA_THREADS) {  // (the staging helpers take 128 threads)
             ssd_mma_stage_async<T, WR, 64, SSD_MMA_LD>(
                 xs[k], X + ((row + u.s0) * H + h) * P + p0, HP, ns, P - p0, vec, tid);
             ssd_mma_stage_async<T, WR, NW, LDB>(
@@ -747,12 +751,12 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         for (int k0 = 0; k0 < WR; k0 += 16) {
             if (k0 < ns) {  // uniform over the block
                 unsigned a[4], al[4];
-                ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, 16 * warp, k0);
+                ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, wp, k0);
                 ssd_mma_weigh_a<T, false>(a, al, ws[k], k0, lane);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
-                    ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, k0);
+                    ssd_mma_load_bt2<LDB>(bf, b_lane, wn + 8 * j, k0);
                     ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
                 }
             }

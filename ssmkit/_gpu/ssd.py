@@ -199,7 +199,8 @@ def mma_kernel_names(io: str) -> list:
 # The tensor-core forward's chunk states and passing in one walk along the chunks
 # (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
 MMA_STATE_WALK = True
-# The state columns n of a walk block: 64 or 128 (one block per 64 x MMA_WALK_NW tile).
+# The state columns n of a walk block: 64 (4 warps) or 128 (8 warps, x staged once for both
+# halves); one block per 64 x MMA_WALK_NW tile of the state.
 MMA_WALK_NW = 64
 
 
@@ -464,7 +465,7 @@ class _Layout:
                  _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final),
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.N), np.int64(self.nc)),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
 
     def cb_mma(self, p, *, transposed=False):
