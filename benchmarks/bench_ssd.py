@@ -334,9 +334,9 @@ def run_cpu(args):
 
 # ssd_mma_state_walk's variants: state columns per block (MMA_WALK_NW), compile-time defines
 WALK_VARIANTS = [
+    (64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3"),  # the defaults
     (64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=4"),
     (64, "SSD_MMA_WALK_ROWS=64 SSD_MMA_WALK_BUFS=2"),
-    (64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3"),
     (64, "SSD_MMA_WALK_ROWS=16 SSD_MMA_WALK_BUFS=8"),
     (128, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS_WIDE=3"),
     (128, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS_WIDE=2"),

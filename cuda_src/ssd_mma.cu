@@ -527,7 +527,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_WALK_BLOCKS
-#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM at NW = 64 (6 x 37 KiB of shared memory, 80 registers)
+#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM at NW = 64 (80 registers, 28 KiB of shared memory)
 #endif
 #ifndef SSD_MMA_WALK_BLOCKS_WIDE
 #define SSD_MMA_WALK_BLOCKS_WIDE 3  // blocks (of 8 warps) per SM at NW = 128
@@ -536,7 +536,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 #define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (a multiple of 16, at most 64)
 #endif
 #ifndef SSD_MMA_WALK_BUFS
-#define SSD_MMA_WALK_BUFS 4  // WB: stage buffers at NW = 64 (WB - 1 stages in flight)
+#define SSD_MMA_WALK_BUFS 3  // WB: stage buffers at NW = 64 (WB - 1 stages in flight)
 #endif
 #ifndef SSD_MMA_WALK_BUFS_WIDE
 #define SSD_MMA_WALK_BUFS_WIDE 3  // at NW = 128 (48 KiB of static shared memory hold 3)
