@@ -505,7 +505,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // cores): what ssd_mma_chunk_state followed by ssd_state_passing (ssd.cu) compute, without
 // the float32 chunk states' round trip through memory (at the peer shape of
 // benchmarks/SSD.md, 168 MB written and read back). A block owns one (batch row, head) and
-// a 64 (p) x NW (n) tile of the state, kept in registers (NW / 16 warps, each a 16 x 64
+// a 64 (p) x NW (n) tile of the state, kept in registers (4 NW / WN warps, each a 16 x WN
 // piece), and walks the row's chunks in order:
 //   entering[c] = S rounded to T (ssd_mma_chunk_out's operand);
 //   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T on tensor cores, d_c and w_s as in
@@ -515,22 +515,20 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 //   another order; a second set of accumulators made ptxas spill);
 // and keeps the state at every boundary j in float32: states[b, j] (the checkpoints) or,
 // with states null, final[k] for k = bslot[b, j] >= 0.
-// The walk is a pipeline of stages of WR steps (never across a chunk's end) through WB
-// shared buffers: while stage q is multiplied, the copies (cp.async) of stages q + 1 ..
-// q + WB - 1 are in flight, and the chunk sums, dt' and labels of stage q + WB - 1 are
-// loaded into registers, to become stage q + WB - 2's weights (ws, and d_c in ds for a
+// The walk is a pipeline of stages of WR steps (never across a chunk's end) through WB >= 3
+// shared buffers, one barrier per stage: while stage q is multiplied, the copies (cp.async)
+// of stages q + 1 .. q + WB - 1 are in flight, and the chunk sums, dt' and labels of stage
+// q + WB - 1 are loaded into registers, to become its weights (ws, and d_c in ds for a
 // chunk's first stage) at the next stage. No global load is waited for on the way from
-// one stage to the next: the walk's speed is set by the bytes in flight.
+// one stage to the next.
 // NW = 128 stages x once for 128 columns n (at NW = 64 two blocks read it, the second
-// mostly from L2). Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 2 NW threads,
-// the n tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// mostly from L2); WN = 32 makes more warps of fewer registers each.
+// Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 128 NW / WN threads, the n
+// tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
-#ifndef SSD_MMA_WALK_BLOCKS
-#define SSD_MMA_WALK_BLOCKS 6  // blocks per SM at NW = 64 (80 registers, 28 KiB of shared memory)
-#endif
-#ifndef SSD_MMA_WALK_BLOCKS_WIDE
-#define SSD_MMA_WALK_BLOCKS_WIDE 3  // blocks (of 8 warps) per SM at NW = 128
+#ifndef SSD_MMA_WALK_SM_THREADS
+#define SSD_MMA_WALK_SM_THREADS 768  // threads per SM (6 blocks of 4 warps: 80 registers)
 #endif
 #ifndef SSD_MMA_WALK_ROWS
 #define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (a multiple of 16, at most 64)
@@ -580,21 +578,21 @@ struct ssd_mma_walker {
     }
 };
 
-template <typename T, int NW>
-__global__ void __launch_bounds__(NW / 64 * SSD_MMA_THREADS,
-                                  NW == 64 ? SSD_MMA_WALK_BLOCKS : SSD_MMA_WALK_BLOCKS_WIDE)
+template <typename T, int NW, int WN>
+__global__ void __launch_bounds__(NW / WN * SSD_MMA_THREADS,
+                                  SSD_MMA_WALK_SM_THREADS / (NW / WN * SSD_MMA_THREADS))
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    const float* __restrict__ dte, const float* __restrict__ cum,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    const float* __restrict__ h0, float* __restrict__ states,
                    T* __restrict__ entering, const int* __restrict__ bslot,
                    float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
-    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
-    // 4 warps per 64 columns n: warp w owns rows 16 (w % 4) .. and columns 64 (w / 4) ..
-    constexpr int NT = 8, LDB = NW + 8, THREADS = NW / 64 * SSD_MMA_THREADS;
+    static_assert((NW == 64 || NW == 128) && (WN == 32 || WN == 64) && WN <= NW, "NW, WN");
+    // 4 warps per WN columns n: warp w owns rows 16 (w % 4) .. and columns WN (w / 4) ..
+    constexpr int NT = WN / 8, LDB = NW + 8, THREADS = NW / WN * SSD_MMA_THREADS;
     constexpr int WR = SSD_MMA_WALK_ROWS;
     constexpr int WB = NW == 64 ? SSD_MMA_WALK_BUFS : SSD_MMA_WALK_BUFS_WIDE;
-    static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 2, "stage rows, buffers");
+    static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 3, "stage rows, buffers");
     alignas(16) __shared__ unsigned short xs[WB][WR * SSD_MMA_LD];  // x[s][p]
     alignas(16) __shared__ unsigned short bs[WB][WR * LDB];         // B[s][n]
     __shared__ float ws[WB][WR];  // w_s
@@ -610,7 +608,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P, GN = (ssm_i64)G * N;
     const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
-    const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's piece of the tile
+    const int wp = 16 * (warp & 3), wn = WN * (warp >> 2);  // the warp's piece of the tile
     const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
@@ -720,15 +718,16 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     }
     keep(0);
 
+    // One barrier per stage: after it, this stage's copies and weights are the block's, and
+    // the buffer of the stage before (multiplied by every warp) takes the next copies.
     int k = 0;  // the buffer of the stage being multiplied
     for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(WR, starts, nc), k = (k + 1) % WB) {
         const int ns = cur.rows(WR);
-        __syncthreads();  // the buffer of the stage before is free
-        put_weights((k + WB - 2) % WB);
+        ssd_mma_cp_wait<WB - 2>();  // this thread's copies of this stage have landed
+        __syncthreads();
+        put_weights((k + WB - 2) % WB);  // (its stage is multiplied after another barrier)
         issue((k + WB - 1) % WB);
         ssd_mma_cp_commit();
-        ssd_mma_cp_wait<WB - 1>();  // this stage's copies have landed
-        __syncthreads();
         if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
             T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
             ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
