@@ -332,16 +332,12 @@ def run_cpu(args):
           f"float64 reference loop (forward) {ref * 1e3:.1f} ms")
 
 
-# ssd_mma_state_walk's variants: state columns per block and per warp (MMA_WALK_NW,
-# MMA_WALK_WN), compile-time defines
+# ssd_mma_state_walk's variants: state columns per block (MMA_WALK_NW), compile-time defines
 WALK_VARIANTS = [
-    (64, 64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3"),  # the defaults
-    (64, 64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=4"),
-    (64, 64, "SSD_MMA_WALK_ROWS=16 SSD_MMA_WALK_BUFS=6"),
-    (128, 64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS_WIDE=3"),
-    (64, 32, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3"),
-    (64, 32, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3 SSD_MMA_WALK_SM_THREADS=1024"),
-    (64, 32, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=4 SSD_MMA_WALK_SM_THREADS=1024"),
+    (64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=3"),  # the defaults
+    (64, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS=4"),
+    (64, "SSD_MMA_WALK_ROWS=16 SSD_MMA_WALK_BUFS=6"),
+    (128, "SSD_MMA_WALK_ROWS=32 SSD_MMA_WALK_BUFS_WIDE=3"),
 ]
 
 
@@ -360,7 +356,7 @@ def walk_sweep():
         "x = bench_ssd.make_inputs(cupy, 'bfloat16', 4, 4096, 80, 64, 1, 128)\n"
         "p, _, _ = _ssd._prepare('ssd', x['x'], x['dt'], x['A'], x['B'], x['C'], 256, x['D'], "
         "None, x['dt_bias'], True, (0.0, math.inf), None, None, None)\n"
-        "g.MMA_WALK_NW, g.MMA_WALK_WN = int(sys.argv[1]), int(sys.argv[2])\n"
+        "g.MMA_WALK_NW = int(sys.argv[1])\n"
         "lay = g._Layout(p)\n"
         "final = cupy.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)\n"
         "cs = lay.chunk_state_mma(p)\n"
@@ -369,11 +365,11 @@ def walk_sweep():
         "entering=True, final=final)), calls=5)\n"
         "print(json.dumps(dict(walk_ms=round(walk, 4), two_kernels_ms=round(two, 4))))\n"
     ) % os.path.dirname(os.path.abspath(__file__))
-    for nw, wn, defines in WALK_VARIANTS:
-        run = subprocess.run([sys.executable, "-c", code, str(nw), str(wn)], capture_output=True,
+    for nw, defines in WALK_VARIANTS:
+        run = subprocess.run([sys.executable, "-c", code, str(nw)], capture_output=True,
                              text=True, env=dict(os.environ, SSMKIT_CUDA_DEFINES=defines))
         last = (run.stdout.strip().splitlines() or [run.stderr.strip()[-300:]])[-1]
-        print(f"NW {nw}, WN {wn}, {defines}: {last}", flush=True)
+        print(f"NW {nw}, {defines}: {last}", flush=True)
 
 
 def main():

@@ -505,7 +505,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // cores): what ssd_mma_chunk_state followed by ssd_state_passing (ssd.cu) compute, without
 // the float32 chunk states' round trip through memory (at the peer shape of
 // benchmarks/SSD.md, 168 MB written and read back). A block owns one (batch row, head) and
-// a 64 (p) x NW (n) tile of the state, kept in registers (4 NW / WN warps, each a 16 x WN
+// a 64 (p) x NW (n) tile of the state, kept in registers (NW / 16 warps, each a 16 x 64
 // piece), and walks the row's chunks in order:
 //   entering[c] = S rounded to T (ssd_mma_chunk_out's operand);
 //   S = d_c S + S_c, S_c = sum_s w_s x_s B_s^T on tensor cores, d_c and w_s as in
@@ -522,9 +522,8 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // chunk's first stage) at the next stage. No global load is waited for on the way from
 // one stage to the next.
 // NW = 128 stages x once for 128 columns n (at NW = 64 two blocks read it, the second
-// mostly from L2); WN = 32 makes more warps of fewer registers each.
-// Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 128 NW / WN threads, the n
-// tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// mostly from L2). Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 2 NW threads,
+// the n tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N); bslot (batch, nc + 1); final (slots, H, P, N).
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_WALK_SM_THREADS
@@ -578,18 +577,18 @@ struct ssd_mma_walker {
     }
 };
 
-template <typename T, int NW, int WN>
-__global__ void __launch_bounds__(NW / WN * SSD_MMA_THREADS,
-                                  SSD_MMA_WALK_SM_THREADS / (NW / WN * SSD_MMA_THREADS))
+template <typename T, int NW>
+__global__ void __launch_bounds__(NW / 64 * SSD_MMA_THREADS,
+                                  SSD_MMA_WALK_SM_THREADS / (NW / 64 * SSD_MMA_THREADS))
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    const float* __restrict__ dte, const float* __restrict__ cum,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    const float* __restrict__ h0, float* __restrict__ states,
                    T* __restrict__ entering, const int* __restrict__ bslot,
                    float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
-    static_assert((NW == 64 || NW == 128) && (WN == 32 || WN == 64) && WN <= NW, "NW, WN");
-    // 4 warps per WN columns n: warp w owns rows 16 (w % 4) .. and columns WN (w / 4) ..
-    constexpr int NT = WN / 8, LDB = NW + 8, THREADS = NW / WN * SSD_MMA_THREADS;
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    // 4 warps per 64 columns n: warp w owns rows 16 (w % 4) .. and columns 64 (w / 4) ..
+    constexpr int NT = 8, LDB = NW + 8, THREADS = NW / 64 * SSD_MMA_THREADS;
     constexpr int WR = SSD_MMA_WALK_ROWS;
     constexpr int WB = NW == 64 ? SSD_MMA_WALK_BUFS : SSD_MMA_WALK_BUFS_WIDE;
     static_assert(WR % 16 == 0 && WR <= SSD_MMA_ROWS && WB >= 3, "stage rows, buffers");
@@ -608,7 +607,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P, GN = (ssm_i64)G * N;
     const bool pair = (N & 1) == 0;  // entries n, n + 1 (n even) as one 8- or 4-byte access
-    const int wp = 16 * (warp & 3), wn = WN * (warp >> 2);  // the warp's piece of the tile
+    const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's piece of the tile
     const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
@@ -672,31 +671,36 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         x_src += ns * HP;
         b_src += ns * GN;
     };
-    // A stage's weight inputs, loaded into registers by threads tid < WR (step s0 + tid),
-    // turned into ws (and d_c into ds, by thread 0) a stage later. The chunk's own values
-    // (its end's chunk sum and label, the label before it) are loaded when the walk enters it.
+    // A stage's weight inputs, loaded into registers by WR / (THREADS / 32) lanes of each warp
+    // (the barriers wait for the slowest warp: the work is spread), thread j taking step
+    // s0 + j, turned into ws (and d_c into ds, by thread 0) a stage later. The chunk's own
+    // values (its end's chunk sum and label, the label before it) are loaded when the walk
+    // enters it.
+    constexpr int WPS = WR / (THREADS / 32);  // steps per warp
+    static_assert(WR % (THREADS / 32) == 0, "the stage's steps spread evenly over the warps");
+    const int j_step = warp * WPS + lane;     // this thread's step (when lane < WPS)
     float r_cum_e = 0.0f, r_cum_s = 0.0f, r_dt = 0.0f;
     int r_seq_e = 0, r_seq_s = 0, r_seq_p = 0;
     bool r_live = false;
     auto load_chunk = [&](const ssd_mma_walker& u) {
-        if (tid >= WR) return;
+        if (lane >= WPS) return;
         const ssm_i64 E = u.t1 - 1;
         r_cum_e = cum[(row + E) * H + h];
         r_seq_e = ssd_mma_seq(seq, row + E);
         r_seq_p = ssd_mma_seq(seq, row + (u.s0 > 0 ? u.s0 - 1 : 0));
     };
     auto load_steps = [&](const ssd_mma_walker& u) {
-        if (tid >= WR) return;
+        if (lane >= WPS) return;
         const int ns = u.rows(WR);
-        r_live = tid < ns;
-        const ssm_i64 s = u.s0 + (r_live ? tid : ns - 1);
+        r_live = j_step < ns;
+        const ssm_i64 s = u.s0 + (r_live ? j_step : ns - 1);
         r_cum_s = cum[(row + s) * H + h];
         r_dt = dte[(row + s) * H + h];
         r_seq_s = ssd_mma_seq(seq, row + s);
     };
     auto put_weights = [&](int k) {
-        if (tid >= WR) return;
-        ws[k][tid] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
+        if (lane >= WPS) return;
+        ws[k][j_step] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
         if (tid == 0) ds[k] = r_seq_e == r_seq_p ? ssd_mma_exp(r_cum_e) : 0.0f;
     };
 

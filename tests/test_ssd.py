@@ -556,19 +556,18 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
     calls = _count_calls(monkeypatch, "state_walk_mma")
     got = {}
-    widths = ((64, 64), (128, 64), (64, 32))  # state columns n of a block, of a warp
-    for walk, (nw, wn) in [(False, (64, 64))] + [(True, w) for w in widths]:
+    widths = (64, 128)  # the state columns n of a block
+    for walk, nw in [(False, 64)] + [(True, w) for w in widths]:
         monkeypatch.setattr(gpu_ssd, "MMA_STATE_WALK", walk)
         monkeypatch.setattr(gpu_ssd, "MMA_WALK_NW", nw)
-        monkeypatch.setattr(gpu_ssd, "MMA_WALK_WN", wn)
         y, fin = ssmkit.ssd(**arrays, **opts)
         (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
-        got[walk, nw, wn] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+        got[walk, nw] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
     assert len(calls) == 2 * len(widths), "the walk ran once per call with the switch on"
-    y0, f0, yv0, fv0 = got[False, 64, 64]
+    y0, f0, yv0, fv0 = got[False, 64]
     u = UNIT_ROUNDOFF[dtype_name]
     for w in widths:
-        y1, f1, yv1, fv1 = got[(True,) + w]
+        y1, f1, yv1, fv1 = got[True, w]
         assert rel_err(f1, f0) < 1e-5 and rel_err(fv1, fv0) < 1e-5, w
         assert np.array_equal(f1, fv1), w  # final states only, or from the checkpoints
         assert rel_err(y1, y0) < 4 * u and rel_err(yv1, yv0) < 4 * u, w

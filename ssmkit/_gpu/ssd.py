@@ -184,11 +184,10 @@ def mma_state_width(N: int) -> int:
     return 64 if N <= 64 else 128
 
 
-def mma_walk_name(io: str, nw: int | None = None, wn: int | None = None) -> str:
+def mma_walk_name(io: str, nw: int | None = None) -> str:
     """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel)
-    whose blocks own ``nw`` (default ``MMA_WALK_NW``) state columns n, ``wn`` (default
-    ``MMA_WALK_WN``) per warp."""
-    return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}, {wn or MMA_WALK_WN}>"
+    whose blocks own ``nw`` (default ``MMA_WALK_NW``) state columns n."""
+    return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
 def mma_kernel_names(io: str) -> list:
@@ -200,10 +199,9 @@ def mma_kernel_names(io: str) -> list:
 # The tensor-core forward's chunk states and passing in one walk along the chunks
 # (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
 MMA_STATE_WALK = True
-# The state columns n of a walk block, 64 or 128 (x staged once for them), and of each of its
-# warps, 64 or 32: one block of 4 MMA_WALK_NW / MMA_WALK_WN warps per 64 x MMA_WALK_NW tile.
+# The state columns n of a walk block: 64 (4 warps) or 128 (8 warps, x staged once for both
+# halves); one block per 64 x MMA_WALK_NW tile of the state.
 MMA_WALK_NW = 64
-MMA_WALK_WN = 64
 
 
 def uses_mma(p) -> bool:
@@ -467,7 +465,7 @@ class _Layout:
                  _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final),
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.N), np.int64(self.nc)),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // MMA_WALK_WN)
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
 
     def cb_mma(self, p, *, transposed=False):

@@ -133,9 +133,8 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
     for pw in (32, 64, 128):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
-    for nw, wn in ((64, 64), (128, 64), (64, 32)):
-        KERNELS[f"walk_{tag}_{nw}_{wn}"] = (f"ssd_mma_state_walk<{T}, {nw}, {wn}>", T, WALK_T,
-                                            WALK_S)
+    for nw in (64, 128):
+        KERNELS[f"walk_{tag}_{nw}"] = (f"ssd_mma_state_walk<{T}, {nw}>", T, WALK_T, WALK_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
