@@ -671,36 +671,33 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         x_src += ns * HP;
         b_src += ns * GN;
     };
-    // A stage's weight inputs, loaded into registers by WR / (THREADS / 32) lanes of each warp
-    // (the barriers wait for the slowest warp: the work is spread), thread j taking step
-    // s0 + j, turned into ws (and d_c into ds, by thread 0) a stage later. The chunk's own
-    // values (its end's chunk sum and label, the label before it) are loaded when the walk
-    // enters it.
-    constexpr int WPS = WR / (THREADS / 32);  // steps per warp
-    static_assert(WR % (THREADS / 32) == 0, "the stage's steps spread evenly over the warps");
-    const int j_step = warp * WPS + lane;     // this thread's step (when lane < WPS)
+    // A stage's weight inputs, loaded into registers by threads tid < WR (step s0 + tid),
+    // turned into ws (and d_c into ds, by thread 0) a stage later. The chunk's own values
+    // (its end's chunk sum and label, the label before it) are loaded when the walk enters it.
+    // (Spread over every warp's first lanes, so that the barrier does not wait for warp 0,
+    // they took longer: 0.245 against 0.237 ms, benchmarks/SSD.md.)
     float r_cum_e = 0.0f, r_cum_s = 0.0f, r_dt = 0.0f;
     int r_seq_e = 0, r_seq_s = 0, r_seq_p = 0;
     bool r_live = false;
     auto load_chunk = [&](const ssd_mma_walker& u) {
-        if (lane >= WPS) return;
+        if (tid >= WR) return;
         const ssm_i64 E = u.t1 - 1;
         r_cum_e = cum[(row + E) * H + h];
         r_seq_e = ssd_mma_seq(seq, row + E);
         r_seq_p = ssd_mma_seq(seq, row + (u.s0 > 0 ? u.s0 - 1 : 0));
     };
     auto load_steps = [&](const ssd_mma_walker& u) {
-        if (lane >= WPS) return;
+        if (tid >= WR) return;
         const int ns = u.rows(WR);
-        r_live = j_step < ns;
-        const ssm_i64 s = u.s0 + (r_live ? j_step : ns - 1);
+        r_live = tid < ns;
+        const ssm_i64 s = u.s0 + (r_live ? tid : ns - 1);
         r_cum_s = cum[(row + s) * H + h];
         r_dt = dte[(row + s) * H + h];
         r_seq_s = ssd_mma_seq(seq, row + s);
     };
     auto put_weights = [&](int k) {
-        if (lane >= WPS) return;
-        ws[k][j_step] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
+        if (tid >= WR) return;
+        ws[k][tid] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
         if (tid == 0) ds[k] = r_seq_e == r_seq_p ? ssd_mma_exp(r_cum_e) : 0.0f;
     };
 
