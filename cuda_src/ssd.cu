@@ -151,50 +151,86 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
 // --------------------------------------------------------------------------------------
 // The layout pass in one kernel: per step, dt' = clip(softplus?(dt + dt_bias)) and its
 // derivative d dt' / d dt (factor, or null), as ssmkit._ssd.effective_dt computes them, and
-// per chunk cum = the inclusive prefix sums of dt' A[h]. Walk and grouped loads of
-// ssd_chunk_cumsum. clip = 0: lo and hi are not used.
+// per chunk cum = the inclusive prefix sums of dt' A[h]. clip = 0: lo and hi are not used.
+// A block per (b, chunk, 32 heads): lane = head (a warp's loads and stores are rows of 32
+// consecutive heads), warp w = the w-th of SSD_THREADS / 32 runs of the chunk's steps.
+// Each warp sums its run; after one barrier each adds the runs before it and walks its run
+// again to write (dt read twice, the second time mostly from L1; the sums are those of the
+// steps in order, grouped by runs). A thread per (b, chunk,
+// head) walking the whole chunk left an H200 with about one warp per SM at the peer shape of
+// benchmarks/SSD.md, waiting on its loads (0.07 ms for 21 MB).
+// Grid: (batch * nc, ceil(H / 32)).
 // --------------------------------------------------------------------------------------
+// dt' (d) and d dt' / d dt (g) of one raw step dt + dt_bias, as ssmkit._ssd.effective_dt.
+template <typename CT>
+__device__ __forceinline__ void ssd_effective_dt(CT raw, int softplus, int clip, CT lo, CT hi,
+                                                 CT& d, CT& g) {
+    d = raw;
+    g = 1;
+    if (softplus && raw <= CT(20)) {
+        d = ssm_math<CT>::softplus(raw);
+        g = ssm_math<CT>::sigmoid(raw);
+    }
+    if (clip) {
+        if (!(d >= lo && d <= hi)) g = 0;
+        d = d < lo ? lo : (d > hi ? hi : d);
+    }
+}
+
+// f(j, dt[at + j H]) for the steps j = lo_j .. hi_j - 1 in order, SSD_CUMSUM_ILP loads issued
+// before their values are used (zeros for a thread that is not live).
+template <typename CT, typename F>
+__device__ __forceinline__ void ssd_walk_run(const CT* p, ssm_i64 H, ssm_i64 lo_j, ssm_i64 hi_j,
+                                             bool live, F f) {
+    for (ssm_i64 j0 = lo_j; j0 < hi_j; j0 += SSD_CUMSUM_ILP) {
+        CT v[SSD_CUMSUM_ILP];
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
+            v[k] = live && j0 + k < hi_j ? p[(j0 + k) * H] : CT(0);
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
+            if (j0 + k < hi_j) f(j0 + k, v[k]);
+    }
+}
+
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
              const CT* __restrict__ A, const ssm_i64* __restrict__ starts, CT* __restrict__ dte,
              CT* __restrict__ factor, CT* __restrict__ cum, ssm_i64 L, int H, ssm_i64 nc,
-             ssm_i64 total, int softplus, int clip, CT lo, CT hi) {
-    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
-    if (i >= total) return;
-    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
-    const ssm_i64 b = w.b, t0 = w.t0, n = w.t1 - t0;
-    const int h = w.h;
-    const ssm_i64 off = (b * L + t0) * H + h;
-    const CT bias = dt_bias ? dt_bias[h] : CT(0);
-    const CT a = A[h];
+             int softplus, int clip, CT lo, CT hi) {
+    constexpr int RUNS = SSD_THREADS / 32;
+    __shared__ CT run_sum[RUNS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const ssm_i64 b = blockIdx.x / nc, c = blockIdx.x - b * nc;
+    const int h = blockIdx.y * 32 + lane;
+    const bool live = h < H;
+    const ssm_i64 t0 = starts[c], n = starts[c + 1] - t0;
+    const ssm_i64 per = (n + RUNS - 1) / RUNS;
+    const ssm_i64 lo_j = warp * per < n ? warp * per : n, hi_j = lo_j + per < n ? lo_j + per : n;
+    const ssm_i64 off = (b * L + t0) * H + (live ? h : 0);
+    const CT bias = live && dt_bias ? dt_bias[h] : CT(0);
+    const CT a = live ? A[h] : CT(0);
     CT s = 0;
-    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
-        CT v[SSD_CUMSUM_ILP];
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
-            v[k] = j0 + k < n ? dt[off + (j0 + k) * H] : CT(0);
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
-            if (j0 + k < n) {
-                const CT raw = dt_bias ? v[k] + bias : v[k];
-                CT d = raw, f = 1;
-                if (softplus && raw <= CT(20)) {
-                    d = ssm_math<CT>::softplus(raw);
-                    f = ssm_math<CT>::sigmoid(raw);
-                }
-                if (clip) {
-                    if (!(d >= lo && d <= hi)) f = 0;
-                    d = d < lo ? lo : (d > hi ? hi : d);
-                }
-                s += d * a;
-                const ssm_i64 o = off + (j0 + k) * H;
-                dte[o] = d;
-                if (factor) factor[o] = f;
-                cum[o] = s;
-            }
-        }
-    }
+    ssd_walk_run(dt + off, H, lo_j, hi_j, live, [&](ssm_i64, CT v) {
+        CT d, g;
+        ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
+        s += d * a;
+    });
+    run_sum[warp][lane] = s;
+    __syncthreads();
+    s = 0;
+    for (int w = 0; w < warp; ++w) s += run_sum[w][lane];  // the runs before this one
+    if (!live) return;
+    ssd_walk_run(dt + off, H, lo_j, hi_j, live, [&](ssm_i64 j, CT v) {
+        CT d, g;
+        ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
+        s += d * a;
+        const ssm_i64 o = off + j * H;
+        dte[o] = d;
+        if (factor) factor[o] = g;
+        cum[o] = s;
+    });
 }
 
 // --------------------------------------------------------------------------------------

@@ -66,8 +66,8 @@ def test_warp_convolution_kernels_in_emulation():
     ("run_emu.py", ["0", "8", "4"]),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights)
     ("run_emu_bwd.py", ["14", "18", "21"]),
-    ("run_emu_cumsum.py", []),  # ssd_chunk_cumsum, ssd_chunk_dt, ssd_bwd_dt (kernel text)
-    ("run_emu_mm.py", []),  # ssd_chunk_mm, the CUDA-core products (float and double)
+    ("run_emu_cumsum.py", []),  # ssd_chunk_cumsum, ssd_bwd_dt (kernel text)
+    ("run_emu_mm.py", []),  # ssd_chunk_mm, the CUDA-core products (float and double), ssd_chunk_dt
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")

@@ -365,12 +365,11 @@ class _Layout:
         self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
         self.factor = cp.empty_like(self.dte)
         self.cum = cp.empty_like(self.dte)
-        total = p.batch * self.nc * p.H
         ct = np.float64 if self.ct == "float64" else np.float32
-        _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", (-(-total // THREADS),),
+        _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", (p.batch * self.nc, -(-p.H // 32)),
                 (cp.ascontiguousarray(p.dt), _ptr(p.dt_bias), p.A, self.starts, self.dte,
                  self.factor, self.cum, np.int64(L), np.int32(p.H), np.int64(self.nc),
-                 np.int64(total), np.int32(1 if p.dt_softplus else 0),
+                 np.int32(1 if p.dt_softplus else 0),
                  np.int32(1 if p.dt_clip else 0), ct(p.dt_lo), ct(p.dt_hi)))
 
     def chunk_sums(self, p, a, *, reverse):

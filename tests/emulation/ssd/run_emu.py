@@ -37,7 +37,7 @@ def np_cumsum(args):
 def np_chunk_dt(args):
     """ssd.cu's ssd_chunk_dt: dt' and its derivative as ssmkit._ssd.effective_dt, chunk sums of
     dt' A (the kernel text itself is checked by run_emu_cumsum.py)."""
-    dt, bias, A, starts, dte, factor, cum, L, H, nc, total, softplus, clip, lo, hi = args
+    dt, bias, A, starts, dte, factor, cum, L, H, nc, softplus, clip, lo, hi = args
     raw = dt if bias is gssd._NULL or bias is None else dt + bias[None, None, :]
     v, f = raw, np.ones_like(raw)
     if softplus:
@@ -50,7 +50,7 @@ def np_chunk_dt(args):
     dte[...] = v
     if not (factor is gssd._NULL or factor is None):
         factor[...] = f
-    np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, total, 0))
+    np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, 0, 0))
 
 def np_passing(args):
     chunk, cum, seq, starts, h0, states, L, H, PN, nc, entering, _bf16, bslot, final = args

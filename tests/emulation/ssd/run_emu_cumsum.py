@@ -1,10 +1,9 @@
-"""Host check of ssd.cu's ssd_chunk_cumsum (the chunk prefix and suffix sums), ssd_chunk_dt
-(the layout pass: dt', its derivative, chunk sums of dt' A) and ssd_bwd_dt (the backward's
-ddt and its per-chunk sums): the kernel text compiled for the
-host (g++, AddressSanitizer; ssm_math's softplus and sigmoid as libm expressions of the same
-form), one thread at a time, against NumPy (cumsum; ssmkit._ssd.effective_dt) on chunk
-boundaries from ssmkit's own chunk_starts (regular chunks, sequence ends, length 1, chunks
-shorter and longer than the unrolled group of loads), with and without softplus, bias, clip.
+"""Host check of ssd.cu's ssd_chunk_cumsum (the chunk prefix and suffix sums) and ssd_bwd_dt
+(the backward's ddt and its per-chunk sums): the kernel text compiled for the host (g++,
+AddressSanitizer), one thread at a time, against NumPy on chunk boundaries from ssmkit's own
+chunk_starts (regular chunks, sequence ends, length 1, chunks shorter and longer than the
+unrolled group of loads). The layout pass ssd_chunk_dt, whose warps share a barrier, is
+checked by run_emu_mm.py.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
         python3 tests/emulation/ssd/run_emu_cumsum.py
@@ -21,11 +20,9 @@ from ssmkit._gpu.ssd import chunk_starts
 
 src = compiler.kernel_source("ssd.cu")
 m = re.search(r"#define SSD_CUMSUM_ILP.*?\nssd_chunk_cumsum\(.*?\n}\n", src, re.S)
-m2 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
-               r"ssd_chunk_dt\(.*?\n}\n", src, re.S)
 m3 = re.search(r"template <typename CT>\n__global__ void __launch_bounds__\(SSD_THREADS\)\n"
                r"ssd_bwd_dt\(.*?\n}\n", src, re.S)
-assert m and m2 and m3, "ssd_chunk_cumsum, ssd_chunk_dt or ssd_bwd_dt not found"
+assert m and m3, "ssd_chunk_cumsum or ssd_bwd_dt not found"
 text = r'''
 #include <cstdint>
 typedef long long ssm_i64;
@@ -37,28 +34,13 @@ typedef long long ssm_i64;
 #define __restrict__
 struct Idx { unsigned x; };
 static thread_local Idx blockIdx, threadIdx;
-#include <cmath>
-template <typename T> struct ssm_math {
-    static T softplus(T x) { return x <= T(20) ? std::log1p(std::exp(x)) : x; }
-    static T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
-};
-''' + m.group(0) + m2.group(0) + m3.group(0) + r'''
+''' + m.group(0) + m3.group(0) + r'''
 extern "C" void run(const float* a, float* out, const ssm_i64* starts, ssm_i64 L, int H,
                     ssm_i64 nc, ssm_i64 total, int reverse, unsigned blocks) {
     for (unsigned bx = 0; bx < blocks; ++bx)
         for (unsigned t = 0; t < SSD_THREADS; ++t) {
             blockIdx.x = bx; threadIdx.x = t;
             ssd_chunk_cumsum<float>(a, out, starts, L, H, nc, total, reverse);
-        }
-}
-extern "C" void run_dt(const float* dt, const float* bias, const float* A, const ssm_i64* starts,
-                       float* dte, float* factor, float* cum, ssm_i64 L, int H, ssm_i64 nc,
-                       ssm_i64 total, int softplus, int clip, float lo, float hi, unsigned blocks) {
-    for (unsigned bx = 0; bx < blocks; ++bx)
-        for (unsigned t = 0; t < SSD_THREADS; ++t) {
-            blockIdx.x = bx; threadIdx.x = t;
-            ssd_chunk_dt<float>(dt, bias, A, starts, dte, factor, cum, L, H, nc, total,
-                                softplus, clip, lo, hi);
         }
 }
 '''
@@ -102,39 +84,6 @@ for batch, L, H, Q, ends in [(2, 37, 3, 8, None), (1, 1, 2, 256, None), (1, 17, 
         print(f"batch {batch} L {L} H {H} chunk {Q} ends {ends} reverse {rev}: "
               f"{'OK' if ok else 'FAIL'}")
 
-import math, types
-from ssmkit._ssd import effective_dt
-for batch, L, H, Q, ends, softplus, bias, lim in [
-        (2, 37, 3, 8, None, True, True, (0.0, math.inf)),
-        (1, 1, 2, 256, None, True, False, (0.0, math.inf)),
-        (3, 300, 5, 64, [5, 5, 100, 299], True, True, (0.05, 0.4)),
-        (2, 9, 4, 1, None, False, True, (0.0, math.inf)),
-        (1, 530, 7, 256, [3, 260], False, False, (0.1, math.inf))]:
-    st = chunk_starts(L, Q, ends)
-    nc = len(st) - 1
-    total = batch * nc * H
-    dt = (rng.standard_normal((batch, L, H)) * 3 + (0 if softplus else 1)).astype(np.float32)
-    dt[0, 0, 0] = 25.0  # past softplus's cut
-    b = rng.standard_normal(H).astype(np.float32) if bias else None
-    A = -rng.uniform(0.5, 2, H).astype(np.float32)
-    p = types.SimpleNamespace(xp=np, dt=dt, dt_bias=b, dt_softplus=softplus, dt_lo=lim[0],
-                              dt_hi=lim[1], dt_clip=lim != (0.0, math.inf),
-                              compute_dtype=np.float32)
-    v_ref, f_ref = effective_dt(p)
-    cum_ref = np.empty_like(v_ref)
-    for c in range(nc):
-        cum_ref[:, st[c]:st[c + 1]] = np.cumsum((v_ref * A)[:, st[c]:st[c + 1]], 1)
-    dte, fac, cum = (np.full_like(dt, np.nan) for _ in range(3))
-    ptr = lambda x: None if x is None else x.ctypes.data_as(ctypes.c_void_p)
-    lib.run_dt(ptr(dt), ptr(b), ptr(A), ptr(st), ptr(dte), ptr(fac), ptr(cum),
-               ctypes.c_longlong(L), ctypes.c_int(H), ctypes.c_longlong(nc),
-               ctypes.c_longlong(total), ctypes.c_int(softplus), ctypes.c_int(p.dt_clip),
-               ctypes.c_float(lim[0]), ctypes.c_float(lim[1]), ctypes.c_uint(-(-total // 256)))
-    ok = all(bool(np.allclose(a, r, rtol=2e-6, atol=1e-6))
-             for a, r in ((dte, v_ref), (fac, f_ref), (cum, cum_ref)))
-    allok &= ok
-    print(f"chunk_dt batch {batch} L {L} H {H} chunk {Q} ends {ends} softplus {softplus} "
-          f"bias {bias} dt_limit {lim}: {'OK' if ok else 'FAIL'}")
 for batch, L, H, Q, ends in [(2, 37, 3, 8, None), (1, 1, 2, 256, None),
                              (3, 300, 5, 64, [5, 5, 100, 299]), (1, 530, 7, 256, [3, 260])]:
     st = chunk_starts(L, Q, ends)

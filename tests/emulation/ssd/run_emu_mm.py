@@ -5,20 +5,21 @@ __syncthreads), every product kind (y with D and z, ycore, GB, dB, dC), float an
 every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts (a length-1
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
 multiples of the stage or of the column group) and head groups of U, W and Vv; and the
-backward's per-step pass ssd_bwd_rows and the chunk states ssd_chunk_state (both forms)
-against NumPy (all cases, with no arguments).
+backward's per-step pass ssd_bwd_rows, the chunk states ssd_chunk_state (both forms) and
+the layout pass ssd_chunk_dt against NumPy (all cases, with no arguments).
 
     python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
 
 SSD_EMU_MUTATE='old=>new' plants a deliberate bug (first occurrence) to see the check fail.
 Ends with "ALL OK" or "SOME FAILED" (exit status 0 or 1).
 """
-import ctypes, os, sys
+import ctypes, math, os, sys, types
 import numpy as np
 import build  # puts the repository on sys.path
 from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma
 from ssmkit._gpu import compiler
 from ssmkit._gpu import ssd as gssd
+from ssmkit._ssd import effective_dt
 import exact_mm
 
 PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const T*,const T*,const int*,"
@@ -51,6 +52,22 @@ def kernels():
     return out
 
 
+# ssd_chunk_dt takes its clip bounds as floating-point scalars: a wrapper of its own.
+CHUNK_DT_WRAPPERS = "".join(f'''
+extern "C" void emu_chunk_dt_{T}(EmuBuf* a, long long* s, double* f, unsigned gx, unsigned gy) {{
+    std::vector<void*> r = emu_copy_in(a, 7);
+    auto call = [&r, s, f] {{
+        ssd_chunk_dt<{T}>((const {T}*)r[0], (const {T}*)r[1], (const {T}*)r[2],
+                          (const ssm_i64*)r[3], ({T}*)r[4], ({T}*)r[5], ({T}*)r[6],
+                          (ssm_i64)s[0], (int)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4],
+                          ({T})f[0], ({T})f[1]);
+    }};
+    emu_launch(call, gx, gy, 1, 256);
+    emu_copy_out(a, r, 7);
+}}
+''' for T in ("float", "double"))
+
+
 def build_so():
     src = compiler.kernel_source(gssd.SOURCE_FILE)
     mut = os.environ.get("SSD_EMU_MUTATE")
@@ -60,7 +77,7 @@ def build_so():
         src = src.replace(old, new, 1)
     src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
-        build.wrapper("emu_" + sym, *v) for sym, v in kernels().items()))
+        build.wrapper("emu_" + sym, *v) for sym, v in kernels().items()) + CHUNK_DT_WRAPPERS)
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
                       include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
 
@@ -246,6 +263,55 @@ def run_state(lib, i):
     return ok
 
 
+# ssd_chunk_dt: (io, batch, L, H, chunk, sequence ends, softplus, bias, dt_limit)
+CHUNK_DT_CASES = [
+    ("float32", 2, 37, 3, 8, None, True, True, (0.0, math.inf)),
+    ("float32", 1, 1, 2, 256, None, True, False, (0.0, math.inf)),
+    ("float32", 3, 300, 5, 64, [5, 5, 100, 299], True, True, (0.05, 0.4)),
+    ("float32", 2, 9, 4, 1, None, False, True, (0.0, math.inf)),
+    ("float32", 1, 530, 7, 530, [3, 260], False, False, (0.1, math.inf)),
+    ("float32", 2, 70, 40, 64, None, True, True, (0.0, math.inf)),  # two blocks of heads
+    ("float64", 1, 100, 33, 37, [50], True, True, (0.0, 0.9)),
+]
+
+
+def run_chunk_dt(lib, i):
+    """ssd_chunk_dt (block per chunk and 32 heads, runs of steps per warp) against NumPy:
+    ssmkit._ssd.effective_dt and float64 chunk sums of dt' A."""
+    io, batch, L, H, Q, ends, softplus, bias, lim = CHUNK_DT_CASES[i]
+    T, dt_type = IO[io]
+    rng = np.random.default_rng(400 + i)
+    st = gssd.chunk_starts(L, Q, ends)
+    nc = len(st) - 1
+    dt = (rng.standard_normal((batch, L, H)) * 3 + (0 if softplus else 1)).astype(dt_type)
+    dt[0, 0, 0] = 25.0  # past softplus's cut
+    b = rng.standard_normal(H).astype(dt_type) if bias else None
+    A = -rng.uniform(0.5, 2, H).astype(dt_type)
+    clip = lim != (0.0, math.inf)
+    p = types.SimpleNamespace(xp=np, dt=dt, dt_bias=b, dt_softplus=softplus, dt_lo=lim[0],
+                              dt_hi=lim[1], dt_clip=clip, compute_dtype=dt_type)
+    v_ref, f_ref = effective_dt(p)
+    cum_ref = np.empty(v_ref.shape)
+    for c in range(nc):
+        cum_ref[:, st[c]:st[c + 1]] = np.cumsum((v_ref.astype(np.float64) * A)[:, st[c]:st[c + 1]], 1)
+    dte, fac, cum = (np.full_like(dt, np.nan) for _ in range(3))
+    bufs = [dt, b, A, st, dte, fac, cum]
+    eb = (EmuBuf * 7)(*[EmuBuf(None, 0) if v is None else EmuBuf(v.ctypes.data, v.nbytes)
+                        for v in bufs])
+    s = (ctypes.c_longlong * 5)(L, H, nc, int(softplus), int(clip))
+    f = (ctypes.c_double * 2)(lim[0], lim[1] if clip else 0.0)
+    getattr(lib, f"emu_chunk_dt_{T}")(eb, s, f, batch * nc, -(-H // 32))
+    tol = 2e-6 if io == "float32" else 1e-13
+    ok = True
+    for name, out, ref in (("dt'", dte, v_ref), ("factor", fac, f_ref), ("cum", cum, cum_ref)):
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        if np.isnan(out).any():
+            err = float("inf")
+        print(f"chunk_dt {i} {io} {name:6s}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        ok = ok and err < tol
+    return ok
+
+
 def main(argv):
     which = [int(v) for v in argv] or range(len(CASES))
     lib = ctypes.CDLL(build_so())
@@ -253,6 +319,7 @@ def main(argv):
     if not argv:
         ok = all([run_rows(lib, i) for i in range(len(ROW_CASES))]) and ok
         ok = all([run_state(lib, i) for i in range(len(STATE_CASES))]) and ok
+        ok = all([run_chunk_dt(lib, i) for i in range(len(CHUNK_DT_CASES))]) and ok
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1
 
