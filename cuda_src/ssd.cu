@@ -49,85 +49,125 @@ __device__ __forceinline__ CT ssd_exp(CT x) {  // exp(x), through the hardware e
 __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
 // --------------------------------------------------------------------------------------
-// Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
-// One thread per (b, chunk, h), h fastest. The steps go in groups of SSD_CUMSUM_ILP whose
-// loads are issued before the sums: a few threads per SM walk long chunks, so one load in
-// flight per thread would leave the time to the memory latency.
+// The per-chunk passes over (batch, L, H) arrays (ssd_chunk_cumsum, ssd_bwd_dt, ssd_chunk_dt)
+// take a block per (b, chunk, 32 heads): lane = head (a warp's loads and stores are rows of
+// 32 consecutive heads), warp w = the w-th of SSD_RUNS runs of the chunk's steps. Each warp
+// sums its run; after a barrier each adds the runs before it (after it, for suffix sums)
+// and walks its run again (the second time mostly from L1). Sums over a chunk are those of
+// its steps in order, grouped by runs. (A thread per (b, chunk, head) walking the whole chunk
+// left an H200 with about one warp per SM at the peer shape of benchmarks/SSD.md: 0.04-0.09
+// ms per pass for 5-21 MB.) Grid: (batch * nc, ceil(H / 32)).
+// The steps of a run go in groups of SSD_CUMSUM_ILP whose loads are issued before the sums.
 // --------------------------------------------------------------------------------------
 #define SSD_CUMSUM_ILP 8
+#define SSD_RUNS (SSD_THREADS / 32)
 
-// Thread i of a pass with one thread per (b, chunk, h), h fastest: its row b, chunk c, head h
-// and the chunk's steps t0 .. t1 - 1 (shared by ssd_chunk_cumsum, ssd_chunk_dt, ssd_bwd_dt).
-struct ssd_chunk_thread {
-    ssm_i64 b, c, t0, t1;
-    int h;
+// Where this thread of a per-chunk pass works: row b, chunk c, head h (live: h < H), its
+// run's steps lo .. hi - 1 of the chunk, and the offset of the chunk's first step of head h.
+struct ssd_chunk_run {
+    ssm_i64 b, c, lo, hi, off;
+    int h, lane, warp;
+    bool live;
 };
-__device__ __forceinline__ ssd_chunk_thread ssd_chunk_thread_at(ssm_i64 i, int H, ssm_i64 nc,
-                                                                const ssm_i64* starts) {
-    ssd_chunk_thread w;
-    w.h = (int)(i % H);
-    w.c = (i / H) % nc;
-    w.b = i / ((ssm_i64)H * nc);
-    w.t0 = starts[w.c];
-    w.t1 = starts[w.c + 1];
-    return w;
+__device__ __forceinline__ ssd_chunk_run ssd_chunk_run_here(ssm_i64 L, int H, ssm_i64 nc,
+                                                           const ssm_i64* starts) {
+    ssd_chunk_run r;
+    r.lane = threadIdx.x & 31;
+    r.warp = threadIdx.x >> 5;
+    r.b = blockIdx.x / nc;
+    r.c = blockIdx.x - r.b * nc;
+    r.h = blockIdx.y * 32 + r.lane;
+    r.live = r.h < H;
+    const ssm_i64 t0 = starts[r.c], n = starts[r.c + 1] - t0;
+    const ssm_i64 per = (n + SSD_RUNS - 1) / SSD_RUNS;
+    r.lo = r.warp * per < n ? r.warp * per : n;
+    r.hi = r.lo + per < n ? r.lo + per : n;
+    r.off = (r.b * L + t0) * H + (r.live ? r.h : 0);
+    return r;
 }
 
+// f(j, p[j H]) for the steps j of run r in order (backwards with `reverse`), the loads of
+// SSD_CUMSUM_ILP steps issued before their values are used (zeros when r is not live).
+template <typename CT, typename F>
+__device__ __forceinline__ void ssd_walk_run(const CT* p, int H, const ssd_chunk_run& r,
+                                             bool reverse, F f) {
+    const ssm_i64 n = r.hi - r.lo;
+    for (ssm_i64 k0 = 0; k0 < n; k0 += SSD_CUMSUM_ILP) {
+        CT v[SSD_CUMSUM_ILP];
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+            const ssm_i64 j = reverse ? r.hi - 1 - (k0 + k) : r.lo + k0 + k;
+            v[k] = r.live && k0 + k < n ? p[j * H] : CT(0);
+        }
+#pragma unroll
+        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
+            if (k0 + k < n) f(reverse ? r.hi - 1 - (k0 + k) : r.lo + k0 + k, v[k]);
+    }
+}
+
+// The sum of the other runs' values run_sum[w][lane] before run `warp` (after it, added from
+// the last, with `reverse`).
+template <typename CT>
+__device__ __forceinline__ CT ssd_runs_before(const CT (&run_sum)[SSD_RUNS][32], int warp,
+                                              int lane, bool reverse) {
+    CT s = 0;
+    if (reverse) {
+        for (int w = SSD_RUNS - 1; w > warp; --w) s += run_sum[w][lane];
+    } else {
+        for (int w = 0; w < warp; ++w) s += run_sum[w][lane];
+    }
+    return s;
+}
+
+// Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* __restrict__ starts,
-                 ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total, int reverse) {
-    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
-    if (i >= total) return;
-    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
-    const ssm_i64 b = w.b, t0 = w.t0, t1 = w.t1, n = t1 - t0;
-    const int h = w.h;
-    // step j of the walk (j = 0 .. n - 1) is t0 + j, or t1 - 1 - j in reverse
-    const ssm_i64 first = reverse ? t1 - 1 : t0, dir = reverse ? -1 : 1;
-    const CT* src = a + (b * L + first) * H + h;
-    CT* dst = out + (b * L + first) * H + h;
-    const ssm_i64 step = dir * H;
+                 ssm_i64 L, int H, ssm_i64 nc, int reverse) {
+    __shared__ CT run_sum[SSD_RUNS][32];
+    const ssd_chunk_run r = ssd_chunk_run_here(L, H, nc, starts);
     CT s = 0;
-    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
-        CT v[SSD_CUMSUM_ILP];
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
-            v[k] = j0 + k < n ? src[(j0 + k) * step] : CT(0);
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
-            s += v[k];
-            if (j0 + k < n) dst[(j0 + k) * step] = s;
-        }
-    }
+    ssd_walk_run(a + r.off, H, r, reverse, [&](ssm_i64, CT v) { s += v; });
+    run_sum[r.warp][r.lane] = s;
+    __syncthreads();
+    s = ssd_runs_before(run_sum, r.warp, r.lane, reverse);
+    if (!r.live) return;
+    ssd_walk_run(a + r.off, H, r, reverse, [&](ssm_i64 j, CT v) {
+        s += v;
+        out[r.off + j * H] = s;
+    });
 }
 
 // --------------------------------------------------------------------------------------
 // The backward's last pass over (batch, L, H), in one kernel: sdcum = the suffix sums of
-// dcum inside each chunk (ssd_chunk_cumsum's walk, reverse), then per step
+// dcum inside each chunk (ssd_chunk_cumsum's runs, reverse), then per step
 //   ddt = (xGB + A[h] sdcum) * factor   (factor = d dt' / d dt),
 // and per (b, chunk, h) the partial sums over the chunk's steps of dte * sdcum (dA) and of
-// ddt (d dt_bias), for the host to add up in a fixed order. One thread per (b, chunk, h).
+// ddt (d dt_bias), for the host to add up in a fixed order: part_*[(b * nc + c) * H + h],
+// each the sum of the runs' sums in run order.
 // --------------------------------------------------------------------------------------
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __restrict__ A,
            const CT* __restrict__ dte, const CT* __restrict__ factor,
            const ssm_i64* __restrict__ starts, CT* __restrict__ ddt, CT* __restrict__ part_dA,
-           CT* __restrict__ part_dbias, ssm_i64 L, int H, ssm_i64 nc, ssm_i64 total) {
-    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;
-    if (i >= total) return;
-    const ssd_chunk_thread w = ssd_chunk_thread_at(i, H, nc, starts);
-    const ssm_i64 b = w.b, t0 = w.t0, t1 = w.t1, n = t1 - t0;
-    const int h = w.h;
-    const CT a = A[h];
-    const ssm_i64 first = (b * L + t1 - 1) * H + h, step = -(ssm_i64)H;  // walking backwards
-    CT s = 0, sum_dA = 0, sum_ddt = 0;
-    for (ssm_i64 j0 = 0; j0 < n; j0 += SSD_CUMSUM_ILP) {
+           CT* __restrict__ part_dbias, ssm_i64 L, int H, ssm_i64 nc) {
+    __shared__ CT run_sum[SSD_RUNS][32], run_dA[SSD_RUNS][32], run_ddt[SSD_RUNS][32];
+    const ssd_chunk_run r = ssd_chunk_run_here(L, H, nc, starts);
+    const CT a = r.live ? A[r.h] : CT(0);
+    CT s = 0;
+    ssd_walk_run(dcum + r.off, H, r, true, [&](ssm_i64, CT v) { s += v; });
+    run_sum[r.warp][r.lane] = s;
+    __syncthreads();
+    s = ssd_runs_before(run_sum, r.warp, r.lane, true);
+    CT sum_dA = 0, sum_ddt = 0;
+    const ssm_i64 n = r.hi - r.lo;
+    for (ssm_i64 k0 = 0; k0 < n; k0 += SSD_CUMSUM_ILP) {  // backwards, 4 loads per step
         CT vd[SSD_CUMSUM_ILP], vx[SSD_CUMSUM_ILP], ve[SSD_CUMSUM_ILP], vf[SSD_CUMSUM_ILP];
 #pragma unroll
         for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
-            const ssm_i64 at = first + (j0 + k) * step;
-            const bool in = j0 + k < n;
+            const ssm_i64 at = r.off + (r.hi - 1 - (k0 + k)) * H;
+            const bool in = r.live && k0 + k < n;
             vd[k] = in ? dcum[at] : CT(0);
             vx[k] = in ? xGB[at] : CT(0);
             ve[k] = in ? dte[at] : CT(0);
@@ -135,31 +175,35 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
         }
 #pragma unroll
         for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
-            if (j0 + k < n) {
+            if (r.live && k0 + k < n) {
                 s += vd[k];
                 const CT g = (vx[k] + a * s) * vf[k];
-                ddt[first + (j0 + k) * step] = g;
+                ddt[r.off + (r.hi - 1 - (k0 + k)) * H] = g;
                 sum_dA += ve[k] * s;
                 sum_ddt += g;
             }
         }
     }
-    part_dA[i] = sum_dA;
-    part_dbias[i] = sum_ddt;
+    run_dA[r.warp][r.lane] = sum_dA;
+    run_ddt[r.warp][r.lane] = sum_ddt;
+    __syncthreads();
+    if (r.warp == 0 && r.live) {
+        CT ta = 0, tb = 0;
+        for (int w = 0; w < SSD_RUNS; ++w) {
+            ta += run_dA[w][r.lane];
+            tb += run_ddt[w][r.lane];
+        }
+        const ssm_i64 i = (r.b * nc + r.c) * H + r.h;
+        part_dA[i] = ta;
+        part_dbias[i] = tb;
+    }
 }
 
 // --------------------------------------------------------------------------------------
 // The layout pass in one kernel: per step, dt' = clip(softplus?(dt + dt_bias)) and its
 // derivative d dt' / d dt (factor, or null), as ssmkit._ssd.effective_dt computes them, and
-// per chunk cum = the inclusive prefix sums of dt' A[h]. clip = 0: lo and hi are not used.
-// A block per (b, chunk, 32 heads): lane = head (a warp's loads and stores are rows of 32
-// consecutive heads), warp w = the w-th of SSD_THREADS / 32 runs of the chunk's steps.
-// Each warp sums its run; after one barrier each adds the runs before it and walks its run
-// again to write (dt read twice, the second time mostly from L1; the sums are those of the
-// steps in order, grouped by runs). A thread per (b, chunk,
-// head) walking the whole chunk left an H200 with about one warp per SM at the peer shape of
-// benchmarks/SSD.md, waiting on its loads (0.07 ms for 21 MB).
-// Grid: (batch * nc, ceil(H / 32)).
+// per chunk cum = the inclusive prefix sums of dt' A[h] (in runs, as ssd_chunk_cumsum).
+// clip = 0: lo and hi are not used.
 // --------------------------------------------------------------------------------------
 // dt' (d) and d dt' / d dt (g) of one raw step dt + dt_bias, as ssmkit._ssd.effective_dt.
 template <typename CT>
@@ -177,56 +221,31 @@ __device__ __forceinline__ void ssd_effective_dt(CT raw, int softplus, int clip,
     }
 }
 
-// f(j, dt[at + j H]) for the steps j = lo_j .. hi_j - 1 in order, SSD_CUMSUM_ILP loads issued
-// before their values are used (zeros for a thread that is not live).
-template <typename CT, typename F>
-__device__ __forceinline__ void ssd_walk_run(const CT* p, ssm_i64 H, ssm_i64 lo_j, ssm_i64 hi_j,
-                                             bool live, F f) {
-    for (ssm_i64 j0 = lo_j; j0 < hi_j; j0 += SSD_CUMSUM_ILP) {
-        CT v[SSD_CUMSUM_ILP];
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
-            v[k] = live && j0 + k < hi_j ? p[(j0 + k) * H] : CT(0);
-#pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k)
-            if (j0 + k < hi_j) f(j0 + k, v[k]);
-    }
-}
-
 template <typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
              const CT* __restrict__ A, const ssm_i64* __restrict__ starts, CT* __restrict__ dte,
              CT* __restrict__ factor, CT* __restrict__ cum, ssm_i64 L, int H, ssm_i64 nc,
              int softplus, int clip, CT lo, CT hi) {
-    constexpr int RUNS = SSD_THREADS / 32;
-    __shared__ CT run_sum[RUNS][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const ssm_i64 b = blockIdx.x / nc, c = blockIdx.x - b * nc;
-    const int h = blockIdx.y * 32 + lane;
-    const bool live = h < H;
-    const ssm_i64 t0 = starts[c], n = starts[c + 1] - t0;
-    const ssm_i64 per = (n + RUNS - 1) / RUNS;
-    const ssm_i64 lo_j = warp * per < n ? warp * per : n, hi_j = lo_j + per < n ? lo_j + per : n;
-    const ssm_i64 off = (b * L + t0) * H + (live ? h : 0);
-    const CT bias = live && dt_bias ? dt_bias[h] : CT(0);
-    const CT a = live ? A[h] : CT(0);
+    __shared__ CT run_sum[SSD_RUNS][32];
+    const ssd_chunk_run r = ssd_chunk_run_here(L, H, nc, starts);
+    const CT bias = r.live && dt_bias ? dt_bias[r.h] : CT(0);
+    const CT a = r.live ? A[r.h] : CT(0);
     CT s = 0;
-    ssd_walk_run(dt + off, H, lo_j, hi_j, live, [&](ssm_i64, CT v) {
+    ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64, CT v) {
         CT d, g;
         ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
         s += d * a;
     });
-    run_sum[warp][lane] = s;
+    run_sum[r.warp][r.lane] = s;
     __syncthreads();
-    s = 0;
-    for (int w = 0; w < warp; ++w) s += run_sum[w][lane];  // the runs before this one
-    if (!live) return;
-    ssd_walk_run(dt + off, H, lo_j, hi_j, live, [&](ssm_i64 j, CT v) {
+    s = ssd_runs_before(run_sum, r.warp, r.lane, false);
+    if (!r.live) return;
+    ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64 j, CT v) {
         CT d, g;
         ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
         s += d * a;
-        const ssm_i64 o = off + j * H;
+        const ssm_i64 o = r.off + j * H;
         dte[o] = d;
         if (factor) factor[o] = g;
         cum[o] = s;

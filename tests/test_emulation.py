@@ -9,9 +9,9 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
 * the SSD forward and backward (ssmkit._gpu.ssd's host code, run with NumPy arrays, and its
   tensor-core kernels) on a few cases of ``tests/emulation/ssd/run_emu.py`` and
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts),
-  and the kernel text of ssd.cu's chunk sums, layout pass and the backward's ddt pass
-  (``run_emu_cumsum.py``, without AddressSanitizer here) and of its CUDA-core chunk products
-  (``run_emu_mm.py``, every kind and column-group count, float and double);
+  and the kernel text of ssd.cu's CUDA-core chunk products and of its per-chunk passes (chunk
+  sums, layout, the backward's ddt pass) (``run_emu_mm.py``, every kind and column-group
+  count, float and double);
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
   small N, every option) and on its ring list (the shapes the ring forward kernels take),
@@ -66,8 +66,8 @@ def test_warp_convolution_kernels_in_emulation():
     ("run_emu.py", ["0", "8", "4"]),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights)
     ("run_emu_bwd.py", ["14", "18", "21"]),
-    ("run_emu_cumsum.py", []),  # ssd_chunk_cumsum, ssd_bwd_dt (kernel text)
-    ("run_emu_mm.py", []),  # ssd_chunk_mm, the CUDA-core products (float and double), ssd_chunk_dt
+    # ssd_chunk_mm, the CUDA-core products (float and double); the per-chunk passes
+    ("run_emu_mm.py", []),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")

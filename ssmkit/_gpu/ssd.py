@@ -366,7 +366,10 @@ class _Layout:
         self.factor = cp.empty_like(self.dte)
         self.cum = cp.empty_like(self.dte)
         ct = np.float64 if self.ct == "float64" else np.float32
-        _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", (p.batch * self.nc, -(-p.H // 32)),
+        # the per-chunk passes (ssd_chunk_dt, ssd_chunk_cumsum, ssd_bwd_dt): a block per
+        # (row, chunk, 32 heads)
+        self.chunk_grid = (p.batch * self.nc, -(-p.H // 32))
+        _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", self.chunk_grid,
                 (cp.ascontiguousarray(p.dt), _ptr(p.dt_bias), p.A, self.starts, self.dte,
                  self.factor, self.cum, np.int64(L), np.int32(p.H), np.int64(self.nc),
                  np.int32(1 if p.dt_softplus else 0),
@@ -374,10 +377,9 @@ class _Layout:
 
     def chunk_sums(self, p, a, *, reverse):
         out = p.xp.empty_like(a)
-        total = p.batch * self.nc * p.H
-        _launch(f"ssd_chunk_cumsum<{_CTYPE[self.ct]}>", (-(-total // THREADS),),
+        _launch(f"ssd_chunk_cumsum<{_CTYPE[self.ct]}>", self.chunk_grid,
                 (p.xp.ascontiguousarray(a), out, self.starts, np.int64(p.L), np.int32(p.H),
-                 np.int64(self.nc), np.int64(total), np.int32(1 if reverse else 0)))
+                 np.int64(self.nc), np.int32(1 if reverse else 0)))
         return out
 
     def chunk_state(self, p, X, Y, adjoint):
@@ -848,13 +850,11 @@ def _bwd_dt(p, lay, dcum, xGB):
     sums over (batch, L) of dte sdcum (dA) and of ddt (d dt_bias): one kernel
     (ssd_chunk_dt's partial sums per chunk) and two small sums in a fixed order."""
     cp = p.xp
-    total = p.batch * lay.nc * p.H
     ddt = cp.empty_like(lay.dte)
     part = cp.empty((2, p.batch * lay.nc, p.H), dtype=p.compute_dtype)
-    _launch(f"ssd_bwd_dt<{_CTYPE[lay.ct]}>", (-(-total // THREADS),),
+    _launch(f"ssd_bwd_dt<{_CTYPE[lay.ct]}>", lay.chunk_grid,
             (cp.ascontiguousarray(dcum), cp.ascontiguousarray(xGB), p.A, lay.dte, lay.factor,
-             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc),
-             np.int64(total)))
+             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc)))
     sums = part.sum(axis=1)
     return ddt, sums[0], sums[1]
 

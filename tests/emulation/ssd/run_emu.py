@@ -27,7 +27,7 @@ for k, (name, *_r) in build.KERNELS.items():
     SYM[name] = getattr(lib, "emu_" + k)
 
 def np_cumsum(args):
-    a, out, starts, L, H, nc, total, reverse = args
+    a, out, starts, L, H, nc, reverse = args
     batch = a.shape[0]
     for c in range(int(nc)):
         t0, t1 = int(starts[c]), int(starts[c + 1])
@@ -36,7 +36,7 @@ def np_cumsum(args):
 
 def np_chunk_dt(args):
     """ssd.cu's ssd_chunk_dt: dt' and its derivative as ssmkit._ssd.effective_dt, chunk sums of
-    dt' A (the kernel text itself is checked by run_emu_cumsum.py)."""
+    dt' A (the kernel text itself is checked by run_emu_mm.py)."""
     dt, bias, A, starts, dte, factor, cum, L, H, nc, softplus, clip, lo, hi = args
     raw = dt if bias is gssd._NULL or bias is None else dt + bias[None, None, :]
     v, f = raw, np.ones_like(raw)
@@ -50,7 +50,7 @@ def np_chunk_dt(args):
     dte[...] = v
     if not (factor is gssd._NULL or factor is None):
         factor[...] = f
-    np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, 0, 0))
+    np_cumsum((v * A[None, None, :], cum, starts, L, H, nc, 0))
 
 def np_passing(args):
     chunk, cum, seq, starts, h0, states, L, H, PN, nc, entering, _bf16, bslot, final = args
@@ -77,10 +77,10 @@ def np_passing(args):
 
 def np_bwd_dt(args):
     """ssd.cu's ssd_bwd_dt: chunk suffix sums of dcum, ddt, per-chunk partial sums."""
-    dcum, xGB, A, dte, factor, starts, ddt, part_dA, part_db, L, H, nc, total = args
+    dcum, xGB, A, dte, factor, starts, ddt, part_dA, part_db, L, H, nc = args
     batch = dcum.shape[0]
     sd = np.empty_like(dcum)
-    np_cumsum((dcum, sd, starts, L, H, nc, total, 1))
+    np_cumsum((dcum, sd, starts, L, H, nc, 1))
     ddt[...] = (xGB + A[None, None, :] * sd) * factor
     for c in range(int(nc)):
         t0, t1 = int(starts[c]), int(starts[c + 1])

@@ -6,7 +6,8 @@ every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts 
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
 multiples of the stage or of the column group) and head groups of U, W and Vv; and the
 backward's per-step pass ssd_bwd_rows, the chunk states ssd_chunk_state (both forms) and
-the layout pass ssd_chunk_dt against NumPy (all cases, with no arguments).
+the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt against
+NumPy (all cases, with no arguments).
 
     python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
 
@@ -52,6 +53,18 @@ def kernels():
     return out
 
 
+# The per-chunk passes over (batch, L, H) arrays, float and double.
+RUN_PTRS = {"cumsum": "const T*,T*,const ssm_i64*".split(","),
+            "bwd_dt": "const T*,const T*,const T*,const T*,const T*,const ssm_i64*,T*,T*,T*".split(",")}
+RUN_SCALARS = {"cumsum": ["ssm_i64", "int", "ssm_i64", "int"], "bwd_dt": ["ssm_i64", "int", "ssm_i64"]}
+
+
+def run_kernels():
+    return {f"{k}_{io}": (f"ssd_{'chunk_cumsum' if k == 'cumsum' else k}<{T}>", T, RUN_PTRS[k],
+                          RUN_SCALARS[k])
+            for k in RUN_PTRS for io, (T, _) in IO.items()}
+
+
 # ssd_chunk_dt takes its clip bounds as floating-point scalars: a wrapper of its own.
 CHUNK_DT_WRAPPERS = "".join(f'''
 extern "C" void emu_chunk_dt_{T}(EmuBuf* a, long long* s, double* f, unsigned gx, unsigned gy) {{
@@ -77,7 +90,8 @@ def build_so():
         src = src.replace(old, new, 1)
     src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
-        build.wrapper("emu_" + sym, *v) for sym, v in kernels().items()) + CHUNK_DT_WRAPPERS)
+        build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
+        + CHUNK_DT_WRAPPERS)
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
                       include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
 
@@ -312,6 +326,55 @@ def run_chunk_dt(lib, i):
     return ok
 
 
+# ssd_chunk_cumsum and ssd_bwd_dt: (io, batch, L, H, chunk, sequence ends)
+RUN_CASES = [("float32", 2, 37, 3, 8, None), ("float32", 1, 1, 2, 256, None),
+             ("float32", 1, 17, 1, 17, None), ("float32", 3, 300, 5, 64, [5, 5, 100, 299]),
+             ("float32", 2, 9, 4, 1, None), ("float32", 1, 530, 7, 530, [3, 260]),
+             ("float32", 2, 70, 40, 64, None), ("float64", 1, 100, 33, 37, [50])]
+
+
+def run_runs(lib, i):
+    """ssd_chunk_cumsum (both directions) and ssd_bwd_dt against float64 NumPy."""
+    io, batch, L, H, Q, ends = RUN_CASES[i]
+    T, dt_type = IO[io]
+    rng = np.random.default_rng(500 + i)
+    st = gssd.chunk_starts(L, Q, ends)
+    nc = len(st) - 1
+    grid = (batch * nc, -(-H // 32))
+    tol = 2e-6 if io == "float32" else 1e-13
+    f = lambda v: v.astype(np.float64)
+    sums = lambda v, rev: np.concatenate([  # chunk prefix (suffix) sums, float64
+        (np.cumsum(f(v)[:, st[c]:st[c + 1]][:, ::-1], 1)[:, ::-1] if rev
+         else np.cumsum(f(v)[:, st[c]:st[c + 1]], 1)) for c in range(nc)], axis=1)
+    outs, refs = {}, {}
+    a = rng.standard_normal((batch, L, H)).astype(dt_type)
+    for rev in (0, 1):
+        out = np.full_like(a, np.nan)
+        launch(lib, f"emu_cumsum_{io}", grid[0], [a, out, st], [L, H, nc, rev], grid_y=grid[1])
+        outs[f"cumsum rev {rev}"], refs[f"cumsum rev {rev}"] = out, sums(a, rev)
+    dcum, xGB, dte, fac = (rng.standard_normal((batch, L, H)).astype(dt_type) for _ in range(4))
+    A = -rng.uniform(0.5, 2, H).astype(dt_type)
+    ddt = np.full_like(dcum, np.nan)
+    pa, pb = (np.full((batch, nc, H), np.nan, dt_type) for _ in range(2))
+    launch(lib, f"emu_bwd_dt_{io}", grid[0], [dcum, xGB, A, dte, fac, st, ddt, pa, pb],
+           [L, H, nc], grid_y=grid[1])
+    sd = sums(dcum, 1)
+    ddt_ref = (f(xGB) + f(A) * sd) * f(fac)
+    outs.update(ddt=ddt, part_dA=pa, part_dbias=pb)
+    refs.update(ddt=ddt_ref,
+                part_dA=np.stack([(f(dte) * sd)[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1),
+                part_dbias=np.stack([ddt_ref[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1))
+    ok = True
+    for name, out in outs.items():
+        ref = refs[name]
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        if np.isnan(out).any():
+            err = float("inf")
+        print(f"runs {i} {io} {name:12s}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        ok = ok and err < tol
+    return ok
+
+
 def main(argv):
     which = [int(v) for v in argv] or range(len(CASES))
     lib = ctypes.CDLL(build_so())
@@ -320,6 +383,7 @@ def main(argv):
         ok = all([run_rows(lib, i) for i in range(len(ROW_CASES))]) and ok
         ok = all([run_state(lib, i) for i in range(len(STATE_CASES))]) and ok
         ok = all([run_chunk_dt(lib, i) for i in range(len(CHUNK_DT_CASES))]) and ok
+        ok = all([run_runs(lib, i) for i in range(len(RUN_CASES))]) and ok
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1
 
