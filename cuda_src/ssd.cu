@@ -254,36 +254,43 @@ ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
 
 // --------------------------------------------------------------------------------------
 // C_t . B_t for every step and head, cb[(b * L + t) * H + h] = sum_n B[b, t, gB, n] C[b, t,
-// gC, n] with gB = h / (H / GB), gC = h / (H / GC), summed in CT in n order: the diagonal of
-// each head's C B^T block, which the tensor-core backward adds in float32 (rows = batch * L).
-// Grid: ceil(rows * H / 256); one thread per (step, head), so that a warp's threads mostly
-// read the same rows of B and C.
+// gC, n] with gB = h / (H / GB), gC = h / (H / GC): the diagonal of each head's C B^T block,
+// which the tensor-core backward adds in float32 (rows = batch * L). A warp per row: for each
+// class of heads that read the same groups (runs of H / classes heads, classes a multiple of
+// GB and GC; one class when G = 1), the lanes sum the products of their pieces of the two
+// rows (16 bytes at a time), a butterfly adds the lanes' sums, and the lanes write the value
+// for the class's heads. (A thread per (step, head) recomputed each dot H / classes times.)
+// Grid: ceil(rows / 8) blocks of 256 threads.
 // --------------------------------------------------------------------------------------
 template <typename TB, typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_diag_cb(const TB* __restrict__ B, const TB* __restrict__ C, CT* __restrict__ cb,
-            ssm_i64 rows, int H, int GB, int GC, int N) {
-    const ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x;  // row * H + h
-    if (i >= rows * H) return;
-    const ssm_i64 row = i / H;
-    const int h = (int)(i - row * H);
-    const TB* const bp = B + (row * GB + h / (H / GB)) * N;
-    const TB* const cq = C + (row * GC + h / (H / GC)) * N;
-    CT s = CT(0);
-    int n = 0;
+            ssm_i64 rows, int H, int GB, int GC, int N, int classes) {
+    const int lane = threadIdx.x & 31;
+    const ssm_i64 row = (ssm_i64)blockIdx.x * (SSD_THREADS / 32) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // (a whole warp: the butterfly below stays within live warps)
     constexpr int V = 16 / (int)sizeof(TB);  // values per 16-byte load
-    if ((((unsigned long long)bp | (unsigned long long)cq) & 15) == 0) {
-        for (; n + V <= N; n += V) {  // the same sum, in the same order, 16 bytes at a time
-            const uint4 wb = *reinterpret_cast<const uint4*>(bp + n);
-            const uint4 wc = *reinterpret_cast<const uint4*>(cq + n);
-            const TB* const vb = reinterpret_cast<const TB*>(&wb);
-            const TB* const vc = reinterpret_cast<const TB*>(&wc);
+    const int per_class = H / classes;
+    for (int k = 0; k < classes; ++k) {
+        const TB* const bp = B + (row * GB + k / (classes / GB)) * N;
+        const TB* const cq = C + (row * GC + k / (classes / GC)) * N;
+        CT s = CT(0);
+        if ((((unsigned long long)bp | (unsigned long long)cq) & 15) == 0 && N % V == 0) {
+            for (int n = V * lane; n < N; n += 32 * V) {
+                const uint4 wb = *reinterpret_cast<const uint4*>(bp + n);
+                const uint4 wc = *reinterpret_cast<const uint4*>(cq + n);
+                const TB* const vb = reinterpret_cast<const TB*>(&wb);
+                const TB* const vc = reinterpret_cast<const TB*>(&wc);
 #pragma unroll
-            for (int k = 0; k < V; ++k) s += (CT)ssm_load(vb[k]) * (CT)ssm_load(vc[k]);
+                for (int q = 0; q < V; ++q) s += (CT)ssm_load(vb[q]) * (CT)ssm_load(vc[q]);
+            }
+        } else {
+            for (int n = lane; n < N; n += 32) s += (CT)ssm_load(bp[n]) * (CT)ssm_load(cq[n]);
         }
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+        for (int h = k * per_class + lane; h < (k + 1) * per_class; h += 32) cb[row * H + h] = s;
     }
-    for (; n < N; ++n) s += (CT)ssm_load(bp[n]) * (CT)ssm_load(cq[n]);
-    cb[i] = s;
 }
 
 // --------------------------------------------------------------------------------------

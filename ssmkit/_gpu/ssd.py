@@ -636,13 +636,15 @@ def _sum_runs(xp, part):
 
 def _diag_cb(p, cd):
     """C_t . B_t for every head, (batch, L, H) in the compute dtype: the diagonal of each
-    head's C B^T block (head h reads group h / (H / G) of B and of C); ``ssd_diag_cb``."""
+    head's C B^T block (head h reads group h / (H / G) of B and of C); ``ssd_diag_cb``, once
+    per class of heads that read the same groups (``head_classes``)."""
     out = p.xp.empty((p.batch, p.L, p.H), dtype=cd)
-    total = p.batch * p.L * p.H
+    rows = p.batch * p.L
+    GB, GC = p.B.shape[2], p.C.shape[2]
     _launch(f"ssd_diag_cb<{_CTYPE[_dtype_name(p.bc_dtype)]}, {_CTYPE[_dtype_name(cd)]}>",
-            (max(1, -(-total // THREADS)),),
-            (p.B, p.C, out, np.int64(p.batch * p.L), np.int32(p.H), np.int32(p.B.shape[2]),
-             np.int32(p.C.shape[2]), np.int32(p.N)))
+            (max(1, -(-rows // (THREADS // 32))),),
+            (p.B, p.C, out, np.int64(rows), np.int32(p.H), np.int32(GB), np.int32(GC),
+             np.int32(p.N), np.int32(head_classes(p.H, GB, GC))))
     return out
 
 

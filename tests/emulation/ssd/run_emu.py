@@ -95,7 +95,7 @@ def np_sum_parts(args):
     out[...] = acc
 
 def np_diag_cb(args):
-    B, C, out, rows, H, GB, GC, N = args
+    B, C, out, rows, H, GB, GC, N, classes = args
     h = np.arange(int(H))
     b = B.astype(np.float32)[:, :, h // (int(H) // int(GB))]
     c = C.astype(np.float32)[:, :, h // (int(H) // int(GC))]

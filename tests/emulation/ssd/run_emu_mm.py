@@ -6,8 +6,8 @@ every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts 
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
 multiples of the stage or of the column group) and head groups of U, W and Vv; and the
 backward's per-step pass ssd_bwd_rows, the chunk states ssd_chunk_state (both forms) and
-the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt against
-NumPy (all cases, with no arguments).
+the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt, and
+ssd_diag_cb against NumPy (all cases, with no arguments).
 
     python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
 
@@ -65,6 +65,21 @@ def run_kernels():
             for k in RUN_PTRS for io, (T, _) in IO.items()}
 
 
+# ssd_diag_cb has two types: wrappers of its own (B and C in TB, out in CT).
+DIAG_TYPES = {"float32": ("float", "float"), "float64": ("double", "double"),
+              "bfloat16": ("ssm_bf16", "float")}
+DIAG_CB_WRAPPERS = "".join(f'''
+extern "C" void emu_diag_cb_{io}(EmuBuf* a, long long* s, unsigned gx) {{
+    std::vector<void*> r = emu_copy_in(a, 3);
+    auto call = [&r, s] {{
+        ssd_diag_cb<{TB}, {CT}>((const {TB}*)r[0], (const {TB}*)r[1], ({CT}*)r[2], (ssm_i64)s[0],
+                               (int)s[1], (int)s[2], (int)s[3], (int)s[4], (int)s[5]);
+    }};
+    emu_launch(call, gx, 1, 1, 256);
+    emu_copy_out(a, r, 3);
+}}
+''' for io, (TB, CT) in DIAG_TYPES.items())
+
 # ssd_chunk_dt takes its clip bounds as floating-point scalars: a wrapper of its own.
 CHUNK_DT_WRAPPERS = "".join(f'''
 extern "C" void emu_chunk_dt_{T}(EmuBuf* a, long long* s, double* f, unsigned gx, unsigned gy) {{
@@ -91,7 +106,7 @@ def build_so():
     src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
         build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
-        + CHUNK_DT_WRAPPERS)
+        + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS)
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
                       include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
 
@@ -375,6 +390,36 @@ def run_runs(lib, i):
     return ok
 
 
+# ssd_diag_cb: (io, rows, H, GB, GC, N)
+DIAG_CASES = [("bfloat16", 5, 4, 1, 1, 128), ("float32", 37, 6, 2, 3, 40),
+              ("float32", 3, 8, 2, 1, 7), ("bfloat16", 70, 80, 1, 1, 128),
+              ("float64", 9, 4, 4, 2, 66)]
+
+
+def run_diag_cb(lib, i):
+    """ssd_diag_cb (a warp per step, once per class of heads) against float64 NumPy."""
+    import ml_dtypes
+    io, rows, H, GB, GC, N = DIAG_CASES[i]
+    rng = np.random.default_rng(600 + i)
+    tb = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}[io]
+    ct = np.float64 if io == "float64" else np.float32
+    B = rng.standard_normal((rows, GB, N)).astype(tb)
+    C = rng.standard_normal((rows, GC, N)).astype(tb)
+    out = np.full((rows, H), np.nan, ct)
+    bufs = [B, C, out]
+    eb = (EmuBuf * 3)(*[EmuBuf(v.ctypes.data, v.nbytes) for v in bufs])
+    s = (ctypes.c_longlong * 6)(rows, H, GB, GC, N, gssd.head_classes(H, GB, GC))
+    getattr(lib, f"emu_diag_cb_{io}")(eb, s, -(-rows // 8))
+    h = np.arange(H)
+    ref = (B.astype(np.float64)[:, h // (H // GB)] * C.astype(np.float64)[:, h // (H // GC)]).sum(-1)
+    err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    if np.isnan(out).any():
+        err = float("inf")
+    tol = 1e-13 if io == "float64" else 2e-6
+    print(f"diag_cb {i} {io}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+    return err < tol
+
+
 def main(argv):
     which = [int(v) for v in argv] or range(len(CASES))
     lib = ctypes.CDLL(build_so())
@@ -384,6 +429,7 @@ def main(argv):
         ok = all([run_state(lib, i) for i in range(len(STATE_CASES))]) and ok
         ok = all([run_chunk_dt(lib, i) for i in range(len(CHUNK_DT_CASES))]) and ok
         ok = all([run_runs(lib, i) for i in range(len(RUN_CASES))]) and ok
+        ok = all([run_diag_cb(lib, i) for i in range(len(DIAG_CASES))]) and ok
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1
 
