@@ -212,11 +212,6 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
             lambda: lay.chunk_state(p, dyc, p.C, adjoint=True)),
         "adjoint passing": _back_to_back(
             lambda: gpu_ssd._adjoint_passing(p, lay, K, None, rounded=True)),
-        "the two above with the chunk-end dots (the backward before the walk)": _back_to_back(
-            lambda: gpu_ssd._adjoint_passing(p, lay, lay.chunk_state_mma(p, dy, p.C, adjoint=True),
-                                             None, rounded=True, dot_with=checkpoints[0])),
-        "adjoint walk (ssd_mma_state_walk, adjoint form, with the dots)": _back_to_back(
-            lambda: lay.adjoint_walk_mma(p, dy, None, checkpoints[0])),
         "GB": _back_to_back(
             lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
                                cb=cbt)),
@@ -224,22 +219,7 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
         "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, entering)),
         "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
         "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None)),
-        "whole backward, adjoint chunk state then passing": _backward_with_walk(
-            lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None)),
     }
-
-
-def _backward_with_walk(fn):
-    """Device ms per call of ``fn`` with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` off (the adjoint
-    chunk sums, then the adjoint passing)."""
-    from ssmkit._gpu import ssd as gpu_ssd
-
-    before = gpu_ssd.MMA_STATE_WALK
-    gpu_ssd.MMA_STATE_WALK = False
-    try:
-        return _back_to_back(fn)
-    finally:
-        gpu_ssd.MMA_STATE_WALK = before
 
 
 def run_gpu(args):

@@ -521,16 +521,6 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // q + WB - 1 are loaded into registers, to become its weights (ws, and d_c in ds for a
 // chunk's first stage) at the next stage. No global load is waited for on the way from
 // one stage to the next.
-// ADJ = true: the backward's adjoint form, what ssd_mma_chunk_state<T, NW, true> followed by
-// ssd_adjoint_passing (ssd.cu) compute. The walk goes from the last chunk to the first with
-// the adjoint g in S (zero at the start): at chunk c, g += the final state's adjoint of the
-// boundary after it (h0 holds dfinal (slots, H, P, N), read where bslot names a slot);
-// entering[c] = g in 16 bits (dHx16); dot_part (or null) receives <g, states[b, c]> by warps
-// (see adjoint_enters); then g = d_c g + K_c, K_c = sum_s [seq_s == seq_prev] exp(cum_s)
-// X_s Bm_s^T with X = dY and Bm = C, w_s X_s a hi + lo pair of 16-bit values (as the
-// adjoint ssd_mma_chunk_state). At the end, final[b, h] = g (the initial state's adjoint;
-// plus dfinal where boundary 0 ends a sequence, an empty one).
-// states is read, not written.
 // NW = 128 stages x once for 128 columns n (at NW = 64 two blocks read it, the second
 // mostly from L2). Grid: (batch * H * ceil(P / 64) * ceil(N / NW)) blocks of 2 NW threads,
 // the n tiles of a (row, head) adjacent. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
@@ -538,9 +528,6 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_WALK_SM_THREADS
 #define SSD_MMA_WALK_SM_THREADS 768  // threads per SM (6 blocks of 4 warps: 80 registers)
-#endif
-#ifndef SSD_MMA_WALK_SM_THREADS_ADJ
-#define SSD_MMA_WALK_SM_THREADS_ADJ 512  // the adjoint form (hi + lo fragments: 128 registers; 96 spilled)
 #endif
 #ifndef SSD_MMA_WALK_ROWS
 #define SSD_MMA_WALK_ROWS 32  // WR: steps per stage (a multiple of 16, at most 64)
@@ -566,56 +553,39 @@ __device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N,
         }
 }
 
-// Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its steps t0 ..
-// t1 - 1), the chunks in order, or last to first with REV (a chunk's stages in order either
-// way); tn, the far end of the chunk the walk enters next, is loaded a chunk ahead so that no
-// stage waits for it.
-template <bool REV>
+// Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
+// t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
 struct ssd_mma_walker {
-    ssm_i64 c, s0, t0, t1, tn;
+    ssm_i64 c, s0, t1, t2;
     bool first;  // s0 is the chunk's first step
-    __device__ __forceinline__ ssd_mma_walker(const ssm_i64* starts, ssm_i64 nc) : first(true) {
-        c = REV ? nc - 1 : 0;
-        t0 = starts[c];
-        t1 = starts[c + 1];
-        tn = REV ? starts[nc > 1 ? nc - 2 : 0] : starts[nc > 1 ? 2 : 1];
-        s0 = t0;
-    }
-    __device__ __forceinline__ bool done(ssm_i64 nc) const { return REV ? c < 0 : c >= nc; }
+    __device__ __forceinline__ ssd_mma_walker(const ssm_i64* starts, ssm_i64 nc)
+        : c(0), s0(starts[0]), t1(starts[1]), t2(starts[nc > 1 ? 2 : 1]), first(true) {}
     __device__ __forceinline__ int rows(int WR) const { return (int)(t1 - s0 < WR ? t1 - s0 : WR); }
     __device__ __forceinline__ bool last(int WR) const { return s0 + WR >= t1; }
-    // To the next stage (first: it starts a chunk).
-    __device__ __forceinline__ void advance(int WR, const ssm_i64* starts, ssm_i64 nc) {
+    // To the next stage; true when it starts a chunk.
+    __device__ __forceinline__ bool advance(int WR, const ssm_i64* starts, ssm_i64 nc) {
         first = s0 + WR >= t1;
         if (!first) {
             s0 += WR;
-        } else if (!REV) {
-            ++c;
-            t0 = t1;
-            t1 = tn;
-            if (c + 2 <= nc) tn = starts[c + 2];
-            s0 = t0;
         } else {
-            --c;
-            t1 = t0;
-            t0 = tn;
-            if (c >= 1) tn = starts[c - 1];
-            s0 = t0;
+            ++c;
+            s0 = t1;
+            t1 = t2;
+            if (c + 2 <= nc) t2 = starts[c + 2];
         }
+        return first;
     }
 };
 
-template <typename T, int NW, bool ADJ>
+template <typename T, int NW>
 __global__ void __launch_bounds__(NW / 64 * SSD_MMA_THREADS,
-                                  (ADJ ? SSD_MMA_WALK_SM_THREADS_ADJ : SSD_MMA_WALK_SM_THREADS) /
-                                      (NW / 64 * SSD_MMA_THREADS))
+                                  SSD_MMA_WALK_SM_THREADS / (NW / 64 * SSD_MMA_THREADS))
 ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
                    const float* __restrict__ dte, const float* __restrict__ cum,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    const float* __restrict__ h0, float* __restrict__ states,
                    T* __restrict__ entering, const int* __restrict__ bslot,
-                   float* __restrict__ final, float* __restrict__ dot_part, ssm_i64 L, int H,
-                   int P, int G, int N, ssm_i64 nc) {
+                   float* __restrict__ final, ssm_i64 L, int H, int P, int G, int N, ssm_i64 nc) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     // 4 warps per 64 columns n: warp w owns rows 16 (w % 4) .. and columns 64 (w / 4) ..
     constexpr int NT = 8, LDB = NW + 8, THREADS = NW / 64 * SSD_MMA_THREADS;
@@ -640,9 +610,9 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's piece of the tile
     const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
-    float S[NT][4];  // the state (ADJ: the adjoint)
+    float S[NT][4];
     ssd_mma_zero(S);
-    if (h0 && !ADJ) {
+    if (h0) {
         const float* src = h0 + bh * PN;
         ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
             S[j][i] = src[o];
@@ -668,53 +638,16 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         });
     };
 
-    // ADJ, at the start of chunk c (walking backwards): the final state's adjoint joins at
-    // the boundary after the chunk (dfinal, in h0's place, where bslot names a slot), and
-    // dot_part receives this warp's part of <adjoint, states[b, c]> (the boundary state
-    // entering the chunk), one value per warp of each block of the (row, head):
-    // dot_part[((b * nc + c) * H + h) * parts + tile * warps + warp].
-    auto adjoint_enters = [&](ssm_i64 c) {
-        const int slot = bslot[b * (nc + 1) + c + 1];
-        if (h0 && slot >= 0) {
-            const float* src = h0 + ((ssm_i64)slot * H + h) * PN;
-            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-                S[j][i] += src[o];
-                if (two) S[j][i + 1] += src[o + 1];
-            });
-        }
-        if (!dot_part) return;
-        const float* st = states + ((b * (nc + 1) + c) * H + h) * PN;
-        float dot = 0.0f;
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            dot += S[j][i] * st[o];
-            if (two) dot += S[j][i + 1] * st[o + 1];
-        });
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
-        const int warps = THREADS / 32, parts = (int)(p_tiles * n_tiles) * warps;
-        const int tile = (int)(blockIdx.x - bh * p_tiles * n_tiles);
-        if (lane == 0) dot_part[((b * nc + c) * H + h) * parts + tile * warps + warp] = dot;
-    };
-
     // Copies of a stage into buffer k. With vec, thread tid copies 8 columns cc of rows
     // rr + RS i of both tiles, from source pointers that step down the rows with the walk.
     constexpr int RS = THREADS / 8;  // rows a pass of the block covers
     static_assert(WR % RS == 0, "whole passes");
     const int rr = tid >> 3, cc = (tid & 7) * 8;
-    // The copies' rows follow each other inside a chunk (and from one chunk to the next,
-    // walking forwards): the pointers step down them, and go to the chunk's first row where
-    // a backward walk enters a chunk.
-    const T* const x_row0 = X + (row * H + h) * P + p0 + cc + rr * HP;   // at step 0
-    const T* const b_row0 = Bm + (row * G + gB) * N + n0 + cc + rr * GN;
-    const T* x_src = x_row0;
-    const T* b_src = b_row0;
+    const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;   // at step 0
+    const T* b_src = Bm + (row * G + gB) * N + n0 + cc + rr * GN;
     const bool x_cols = cc < P - p0;
-    auto copy_stage = [&](const ssd_mma_walker<ADJ>& u, int k) {
+    auto copy_stage = [&](const ssd_mma_walker& u, int k) {
         const int ns = u.rows(WR);
-        if (ADJ && u.first) {
-            x_src = x_row0 + u.s0 * HP;
-            b_src = b_row0 + u.s0 * GN;
-        }
         if (vec) {
 #pragma unroll
             for (int i = 0; i < WR / RS; ++i) {
@@ -746,14 +679,14 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     float r_cum_e = 0.0f, r_cum_s = 0.0f, r_dt = 0.0f;
     int r_seq_e = 0, r_seq_s = 0, r_seq_p = 0;
     bool r_live = false;
-    auto load_chunk = [&](const ssd_mma_walker<ADJ>& u) {
+    auto load_chunk = [&](const ssd_mma_walker& u) {
         if (tid >= WR) return;
         const ssm_i64 E = u.t1 - 1;
         r_cum_e = cum[(row + E) * H + h];
         r_seq_e = ssd_mma_seq(seq, row + E);
-        r_seq_p = ssd_mma_seq(seq, row + (u.s0 > 0 ? u.s0 - 1 : 0));  // (s0 = t0 here)
+        r_seq_p = ssd_mma_seq(seq, row + (u.s0 > 0 ? u.s0 - 1 : 0));
     };
-    auto load_steps = [&](const ssd_mma_walker<ADJ>& u) {
+    auto load_steps = [&](const ssd_mma_walker& u) {
         if (tid >= WR) return;
         const int ns = u.rows(WR);
         r_live = tid < ns;
@@ -764,16 +697,13 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     };
     auto put_weights = [&](int k) {
         if (tid >= WR) return;
-        if (ADJ)  // w_s = [seq_s == seq_prev] exp(cum_s), as ssd_mma_chunk_state's adjoint form
-            ws[k][tid] = r_live && r_seq_s == r_seq_p ? ssd_mma_exp(r_cum_s) : 0.0f;
-        else
-            ws[k][tid] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
+        ws[k][tid] = r_live && r_seq_s == r_seq_e ? ssd_mma_exp(r_cum_e - r_cum_s) * r_dt : 0.0f;
         if (tid == 0) ds[k] = r_seq_e == r_seq_p ? ssd_mma_exp(r_cum_e) : 0.0f;
     };
 
-    ssd_mma_walker<ADJ> next(starts, nc);  // the next stage to copy
+    ssd_mma_walker next(starts, nc);  // the next stage to copy
     auto issue = [&](int k) {  // its copies into buffer k, its weights' inputs into registers
-        if (next.done(nc)) return;
+        if (next.c >= nc) return;
         copy_stage(next, k);
         if (next.first) load_chunk(next);
         load_steps(next);
@@ -787,13 +717,12 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         ssd_mma_cp_commit();  // (empty past the last stage: the groups keep their count)
         if (k < WB - 2) put_weights(k);
     }
-    if (!ADJ) keep(0);
+    keep(0);
 
     // One barrier per stage: after it, this stage's copies and weights are the block's, and
     // the buffer of the stage before (multiplied by every warp) takes the next copies.
     int k = 0;  // the buffer of the stage being multiplied
-    for (ssd_mma_walker<ADJ> cur(starts, nc); !cur.done(nc);
-         cur.advance(WR, starts, nc), k = (k + 1) % WB) {
+    for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(WR, starts, nc), k = (k + 1) % WB) {
         const int ns = cur.rows(WR);
         ssd_mma_cp_wait<WB - 2>();  // this thread's copies of this stage have landed
         __syncthreads();
@@ -801,7 +730,6 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         issue((k + WB - 1) % WB);
         ssd_mma_cp_commit();
         if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
-            if (ADJ) adjoint_enters(cur.c);
             T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
             ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
                 if (two && pair) {
@@ -824,28 +752,18 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
             if (k0 < ns) {  // uniform over the block
                 unsigned a[4], al[4];
                 ssd_mma_load_at<SSD_MMA_LD>(a, x_lane, wp, k0);
-                ssd_mma_weigh_a<T, ADJ>(a, al, ws[k], k0, lane);
+                ssd_mma_weigh_a<T, false>(a, al, ws[k], k0, lane);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned bf[4];
                     ssd_mma_load_bt2<LDB>(bf, b_lane, wn + 8 * j, k0);
                     ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
-                    if (ADJ) ssd_mma_run2<T>(S[j], S[j + 1], al, bf);  // hi, then lo
                 }
             }
         }
-        if (!ADJ && cur.last(WR)) keep(cur.c + 1);
+        if (cur.last(WR)) keep(cur.c + 1);
     }
     ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
-    if (ADJ) {  // the initial state's adjoint (with dfinal where boundary 0 ends a sequence)
-        const int slot = bslot[b * (nc + 1)];
-        const float* src = h0 && slot >= 0 ? h0 + ((ssm_i64)slot * H + h) * PN : nullptr;
-        float* dst = final + bh * PN;
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            dst[o] = src ? S[j][i] + src[o] : S[j][i];
-            if (two) dst[o + 1] = src ? S[j][i + 1] + src[o + 1] : S[j][i + 1];
-        });
-    }
 }
 
 // --------------------------------------------------------------------------------------

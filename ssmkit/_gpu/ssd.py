@@ -184,12 +184,10 @@ def mma_state_width(N: int) -> int:
     return 64 if N <= 64 else 128
 
 
-def mma_walk_name(io: str, nw: int | None = None, adjoint: bool = False) -> str:
-    """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel;
-    with ``adjoint``, the backward's adjoint chunk sums and passing) whose blocks own ``nw``
-    (default ``MMA_WALK_NW``) state columns n."""
-    return (f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}, "
-            f"{'true' if adjoint else 'false'}>")
+def mma_walk_name(io: str, nw: int | None = None) -> str:
+    """The ``ssd_mma_state_walk`` instance (chunk states and their passing in one kernel)
+    whose blocks own ``nw`` (default ``MMA_WALK_NW``) state columns n."""
+    return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
 def mma_kernel_names(io: str) -> list:
@@ -198,9 +196,8 @@ def mma_kernel_names(io: str) -> list:
             + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)])
 
 
-# The tensor-core forward's chunk states and passing in one walk along the chunks, and the
-# backward's adjoint chunk sums and adjoint passing likewise (ssd_mma_state_walk); False:
-# ssd_mma_chunk_state, then ssd_state_passing or ssd_adjoint_passing (to compare).
+# The tensor-core forward's chunk states and passing in one walk along the chunks
+# (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
 MMA_STATE_WALK = True
 # The state columns n of a walk block: 64 (4 warps) or 128 (8 warps, x staged once for both
 # halves); one block per 64 x MMA_WALK_NW tile of the state.
@@ -251,7 +248,6 @@ def mma_bwd_kernel_names(io: str) -> list:
     the two passes of the per-step element-wise work."""
     return ([mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
-            + [mma_walk_name(io, adjoint=True)]
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
             + [mma_dc_name(io), mma_db_name(io)])
 
@@ -467,31 +463,11 @@ class _Layout:
         tiles = -(-p.P // 64) * -(-p.N // MMA_WALK_NW)
         _launch(mma_walk_name(self.io), (p.batch * p.H * tiles,),
                 (p.x, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts,
-                 _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final), _NULL,
+                 _ptr(p.initial_state), _ptr(states), entering, self.bslot, _ptr(final),
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.N), np.int64(self.nc)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
-
-    def adjoint_walk_mma(self, p, dY16, dfinal, states):
-        """The backward's adjoint chunk sums and adjoint passing on tensor cores in one
-        kernel (``ssd_mma_state_walk`` in its adjoint form), as ``chunk_state_mma(p, dY16,
-        p.C, adjoint=True)`` then ``_adjoint_passing(..., rounded=True, dot_with=states)``:
-        returns ``(dinit, dHx16, end_dot)``, the initial state's adjoint (batch, H, P, N)
-        float32, the adjoint leaving each chunk in the 16-bit input dtype (batch, nc, H, P,
-        N), and <dHx[c], states[c]> (batch, nc, H)."""
-        cp = p.xp
-        dinit = cp.empty((p.batch, p.H, p.P, p.N), dtype=p.compute_dtype)
-        dHx16 = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        tiles = -(-p.P // 64) * -(-p.N // MMA_WALK_NW)
-        threads = MMA_THREADS * MMA_WALK_NW // 64
-        part = cp.empty((p.batch, self.nc, p.H, tiles * threads // 32), dtype=p.compute_dtype)
-        _launch(mma_walk_name(self.io, adjoint=True), (p.batch * p.H * tiles,),
-                (dY16, p.C, self.dte, self.cum, _ptr(p.seq_idx), self.starts, _ptr(dfinal),
-                 states, dHx16, self.bslot, dinit, part, np.int64(p.L), np.int32(p.H),
-                 np.int32(p.P), np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
-                source=MMA_SOURCE_FILE, threads=threads)
-        return dinit, dHx16, part.sum(axis=-1)
 
     def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
@@ -749,19 +725,16 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dY16, dz = pre["dY16"], pre["dz"]
     else:
         dY16, dz = dy, None
-    if MMA_ADJOINT_STATE and MMA_STATE_WALK:  # adjoint chunk sums and passing in one walk
-        dinit, dHx16, end_dot = lay.adjoint_walk_mma(p, dY16, dfinal, states)
-    else:
-        if MMA_ADJOINT_STATE:
-            K = lay.chunk_state_mma(p, dY16, p.C, adjoint=True)
-        else:  # the CUDA-core kernel on float32 dY (dy silu(z), not rounded)
-            dY = dy.astype(cd)
-            if p.z is not None:
-                zc = p.z.astype(cd)
-                dY *= zc / (1 + cp.exp(-zc))
-            K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
-        _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
-                                                    dot_with=states)
+    if MMA_ADJOINT_STATE:
+        K = lay.chunk_state_mma(p, dY16, p.C, adjoint=True)
+    else:  # the CUDA-core kernel on float32 dY (dy silu(z), not rounded)
+        dY = dy.astype(cd)
+        if p.z is not None:
+            zc = p.z.astype(cd)
+            dY *= zc / (1 + cp.exp(-zc))
+        K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
+    _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
+                                                dot_with=states)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)

@@ -99,7 +99,7 @@ OUT_T = ("const T*,const float*,const T*,const T*,const float*,const T*,const fl
          "const int*,const ssm_i64*,T*").split(",")
 OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
 WALK_T = ("const T*,const T*,const float*,const float*,const int*,const ssm_i64*,const float*,"
-          "float*,T*,const int*,float*,float*").split(",")
+          "float*,T*,const int*,float*").split(",")
 WALK_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")
 CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
@@ -134,9 +134,7 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
         KERNELS[f"out_{tag}_{pw}"] = (f"ssd_mma_chunk_out<{T}, {pw}, {128 if pw <= 64 else 64}>", T, OUT_T, OUT_S)
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
     for nw in (64, 128):
-        for adj in ("false", "true"):
-            KERNELS[f"walk_{tag}_{nw}_{adj}"] = (f"ssd_mma_state_walk<{T}, {nw}, {adj}>", T,
-                                                 WALK_T, WALK_S)
+        KERNELS[f"walk_{tag}_{nw}"] = (f"ssd_mma_state_walk<{T}, {nw}>", T, WALK_T, WALK_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
