@@ -537,7 +537,8 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
     """ssd_mma_state_walk (chunk states and passing in one kernel, the default) against
     ssd_mma_chunk_state + ssd_state_passing: the same final states up to float32 roundings,
     outputs up to a last-bit rounding of the 16-bit entering states; both with checkpoints
-    (ssd_vjp) and without (ssd). The last case packs sequences (cu_seqlens)."""
+    (ssd_vjp) and without (ssd); every gradient from the walk's checkpoints. The last case
+    packs sequences (cu_seqlens)."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     if dtype_name == "bfloat16":
@@ -555,14 +556,20 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
                 cu_seqlens=None if cu is None else xp_for("gpu").asarray(cu))
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
     calls = _count_calls(monkeypatch, "state_walk_mma")
-    got = {}
+    xp = xp_for("gpu")
+    dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
+    got, grads = {}, {}
     widths = (64, 128)  # the state columns n of a block
     for walk, nw in [(False, 64)] + [(True, w) for w in widths]:
         monkeypatch.setattr(gpu_ssd, "MMA_STATE_WALK", walk)
         monkeypatch.setattr(gpu_ssd, "MMA_WALK_NW", nw)
         y, fin = ssmkit.ssd(**arrays, **opts)
-        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
+        (yv, finv), pullback = ssmkit.ssd_vjp(**arrays, **opts)
         got[walk, nw] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+        dfin = xp.asarray(np.random.default_rng(7).standard_normal(finv.shape), dtype=finv.dtype)
+        g = pullback(dy, dfin)  # from the walk's checkpoints
+        grads[walk, nw] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                           if getattr(g, f) is not None}
     assert len(calls) == 2 * len(widths), "the walk ran once per call with the switch on"
     y0, f0, yv0, fv0 = got[False, 64]
     u = UNIT_ROUNDOFF[dtype_name]
@@ -571,6 +578,10 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
         assert rel_err(f1, f0) < 1e-5 and rel_err(fv1, fv0) < 1e-5, w
         assert np.array_equal(f1, fv1), w  # final states only, or from the checkpoints
         assert rel_err(y1, y0) < 4 * u and rel_err(yv1, yv0) < 4 * u, w
+        # dt, A, dt_bias sum terms that cancel many-fold: the gradient tolerance there
+        for f, g0 in grads[False, 64].items():
+            bound = GRAD_RTOL[dtype_name] if f in ("dt", "A", "dt_bias") else 4 * u
+            assert rel_err(grads[True, w][f], g0) < bound, (w, f)
 
 
 @pytest.mark.gpu
