@@ -153,6 +153,20 @@ def chunked_problem(rng, dt, batch, L, chunk, ends, H):
     return starts, seq, cum, dte
 
 
+def max_rel_err(out, ref):
+    """max |out - ref| / max |ref|; infinite where out holds a NaN (an entry not written)."""
+    if np.isnan(out).any():
+        return float("inf")
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def check(label, out, ref, tol):
+    """Prints the relative error of out against ref and whether it is under tol."""
+    err = max_rel_err(out, ref)
+    print(f"{label}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+    return err < tol
+
+
 def run_case(lib, i):
     io, batch, L, chunk, ends, H, XU, XW, XV, K, V = CASES[i]
     T, dt = IO[io]
@@ -331,14 +345,8 @@ def run_chunk_dt(lib, i):
     f = (ctypes.c_double * 2)(lim[0], lim[1] if clip else 0.0)
     getattr(lib, f"emu_chunk_dt_{T}")(eb, s, f, batch * nc, -(-H // 32))
     tol = 2e-6 if io == "float32" else 1e-13
-    ok = True
-    for name, out, ref in (("dt'", dte, v_ref), ("factor", fac, f_ref), ("cum", cum, cum_ref)):
-        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-        if np.isnan(out).any():
-            err = float("inf")
-        print(f"chunk_dt {i} {io} {name:6s}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
-        ok = ok and err < tol
-    return ok
+    return all([check(f"chunk_dt {i} {io} {name:6s}", out, ref, tol) for name, out, ref in
+                (("dt'", dte, v_ref), ("factor", fac, f_ref), ("cum", cum, cum_ref))])
 
 
 # ssd_chunk_cumsum and ssd_bwd_dt: (io, batch, L, H, chunk, sequence ends)
@@ -379,15 +387,8 @@ def run_runs(lib, i):
     refs.update(ddt=ddt_ref,
                 part_dA=np.stack([(f(dte) * sd)[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1),
                 part_dbias=np.stack([ddt_ref[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1))
-    ok = True
-    for name, out in outs.items():
-        ref = refs[name]
-        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-        if np.isnan(out).any():
-            err = float("inf")
-        print(f"runs {i} {io} {name:12s}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
-        ok = ok and err < tol
-    return ok
+    return all([check(f"runs {i} {io} {name:12s}", out, refs[name], tol)
+                for name, out in outs.items()])
 
 
 # ssd_diag_cb: (io, rows, H, GB, GC, N)
@@ -412,12 +413,7 @@ def run_diag_cb(lib, i):
     getattr(lib, f"emu_diag_cb_{io}")(eb, s, -(-rows // 8))
     h = np.arange(H)
     ref = (B.astype(np.float64)[:, h // (H // GB)] * C.astype(np.float64)[:, h // (H // GC)]).sum(-1)
-    err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-    if np.isnan(out).any():
-        err = float("inf")
-    tol = 1e-13 if io == "float64" else 2e-6
-    print(f"diag_cb {i} {io}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
-    return err < tol
+    return check(f"diag_cb {i} {io}", out, ref, 1e-13 if io == "float64" else 2e-6)
 
 
 def main(argv):
