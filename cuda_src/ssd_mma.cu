@@ -1,15 +1,17 @@
 // ssd_mma.cu: the matrix-heavy kernels of Mamba-2's SSD scan on tensor cores, for 16-bit
 // x, B, C (float16 or bfloat16; products accumulate in float32). Launched by ssmkit._gpu.ssd
-// in place of ssd_chunk_state and the forward ssd_chunk_mm of ssd.cu, and (unless
-// SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products (ssd_mma_chunk_mm), its
-// adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its CuPy element-wise work
-// (ssd_mma_bwd_rows, at the end of this file); the layout, the chunk sums and the state and
-// adjoint passing stay in ssd.cu.
+// in place of ssd_chunk_state, ssd_state_passing and the forward ssd_chunk_mm of ssd.cu,
+// and (unless SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products
+// (ssd_mma_chunk_mm), its adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its
+// CuPy element-wise work (ssd_mma_bwd_rows, at the end of this file); the layout, the chunk
+// sums and the adjoint passing stay in ssd.cu.
 // Notation, chunks, restarts (seq) and layouts are those of ssd.cu. Checked on the host
 // by compiling this text with the PTX replaced by an emulation of the fragment layouts.
 //
 //   ssd_mma_chunk_state  S_c = sum_s w_s x_s B_s^T (P x N, float32 out),
 //                        w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s;
+//   ssd_mma_state_walk   the same sums and their passing between chunks (ssd.cu's
+//                        ssd_state_passing) in one walk, the state in registers;
 //   ssd_mma_chunk_out    y_t = [seq_t == seq_prev] exp(cum_t) states[c] C_t
 //                            + sum_{s<=t, seq_s == seq_t} exp(cum_t - cum_s) dt'_s (C_t.B_s) x_s
 //                        then + D x_t and * silu(z_t).

@@ -18,11 +18,16 @@ Forward
     CUDA cores (float, double, and 16-bit inputs with the tensor cores off).
     The chunks are cut every ``chunk_size`` steps and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
-    For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 and 4
-    run on tensor cores instead (``cuda_src/ssd_mma.cu``: ``ssd_mma_chunk_state``,
-    ``ssd_mma_chunk_out``, which reads each chunk's C B^T from ``ssd_mma_cb``, made once
-    for all the heads that share B and C; every option supported). ``SSMKIT_SSD_MMA=0`` in the
-    environment selects the CUDA-core kernels for every call (to compare the two).
+    For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 to 4
+    run on tensor cores instead (``cuda_src/ssd_mma.cu``): steps 2 and 3 in one walk
+    along each row's chunks, the state in registers (``ssd_mma_state_walk``;
+    ``MMA_STATE_WALK = False`` runs ``ssd_mma_chunk_state`` then ``ssd_state_passing``),
+    step 4 in ``ssd_mma_chunk_out``, which reads each chunk's C B^T from ``ssd_mma_cb``,
+    made once for all the heads that share B and C; every option supported.
+    ``SSMKIT_SSD_MMA=0`` in the environment selects the CUDA-core kernels for every call
+    (to compare the two). The per-chunk passes over (batch, L, H) arrays (``ssd_chunk_dt``
+    and, in the backward, ``ssd_chunk_cumsum`` and ``ssd_bwd_dt``) take a block per (row,
+    chunk, 32 heads), its warps runs of the chunk's steps.
 
 Backward (from the boundary states the forward kept, nothing per step)
     the outputs are recomputed without gate (``ssd_chunk_mm``), the adjoint
