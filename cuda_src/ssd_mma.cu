@@ -783,18 +783,14 @@ __device__ __forceinline__ ssm_i64 ssd_mma_cb_at(ssm_i64 block, int warp, int j,
     return block * (SSD_MMA_ROWS * SSD_MMA_ROWS) + ((warp * 8 + j) * 32 + lane) * 4;
 }
 
-// This warp's fragments j < jn of block `block` of a buffer in ssd_mma_cb's order (the
-// others are left as they are).
+// This warp's fragments of block `block` of a buffer in ssd_mma_cb's order.
 __device__ __forceinline__ void ssd_mma_cb_load(float (&gacc)[8][4], const float* cb,
-                                                ssm_i64 block, int warp, int lane, int jn = 8) {
+                                                ssm_i64 block, int warp, int lane) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        if (j < jn) {
-            const ssm_f4 v =
-                *reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(block, warp, j, lane));
+        const ssm_f4 v = *reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(block, warp, j, lane));
 #pragma unroll
-            for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
-        }
+        for (int i = 0; i < 4; ++i) gacc[j][i] = v.v[i];
     }
 }
 
@@ -1001,9 +997,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         // This warp's fragments of the block, first: their round trip (L2) overlaps the
         // barrier, the staging and the chunk sums' loads.
         float gacc[8][4];
-        // (on the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) only)
-        ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane,
-                        q0 == r0 ? 2 * (warp + 1) : 8);
+        ssd_mma_cb_load(gacc, cb, cb_blocks + (q0 - t0) / SSD_MMA_ROWS, warp, lane);
         __syncthreads();  // the previous pass's reads (x buffers, cum_q, dt_q, seq_q) are done
         if (DOUBLE) {  // the next pass's tile into the other buffer
             if (q0 + SSD_MMA_ROWS < q_end) stage_x(it & 1 ? xt : cs, q0 + SSD_MMA_ROWS);
@@ -1058,7 +1052,6 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         } else {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                if (dq == 0 && (j >> 1) > warp) continue;  // past the diagonal: not multiplied
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
