@@ -270,27 +270,35 @@ WARP_CASES = [(8, 256), (16, 256), (248, 256), (256, 256), (264, 256), (504, 256
               (520, 512), (768, 256), (1024 + 8, 512), (1536 + 24, 768)]
 
 
-def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
-    """cc1d_fwd_warp and cc1d_bwd_warp over ``cases``, each width of ``widths``, the flags
-    cycling; returns (worst error per (dtype, output), failures)."""
+def run_spans(family, ios, widths, cases, tol, tol_rest, defines, asan, seed):
+    """The forward and backward kernels of ``family`` ("warp" or "mma") over ``cases``
+    ((L, span) pairs), each width of ``widths``, the flags cycling: every output within
+    ``tol[io]`` (y and dx: their own rounding), the final state exact, the rest (the weight
+    gradients) within ``tol_rest``. Returns (worst error per (dtype, output), failures)."""
     rng = np.random.default_rng(seed)
-    keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_warp", "bwd_warp")
+    keys = [cc.KernelKey(f"{d}_{family}", io, W, hb, si, False) for d in ("fwd", "bwd")
             for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
     keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
     fns = build(keys, defines, asan=asan)
     worst, fails = {}, []
-    tol = {"float16": 2e-3, "bfloat16": 1.5e-2, "float32": 1e-6}  # dx: its own rounding
     for io in ios:
         for W in widths:
             for j, (L, span) in enumerate(cases):
                 hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
-                errs = case_spans(fns, "warp", io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
+                errs = case_spans(fns, family, io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0,
+                                  rng)
                 for name, e in errs.items():
-                    t = (tol[io] if name in ("dx", "y") else 0 if name == "final" else 1e-5)
+                    t = tol[io] if name in ("dx", "y") else (0 if name == "final" else tol_rest)
                     worst[(io, name)] = max(worst.get((io, name), 0), e)
                     if not e <= t:
                         fails.append((io, W, L, span, hb, si, name, e))
     return worst, fails
+
+
+def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
+    """cc1d_fwd_warp and cc1d_bwd_warp over ``cases`` (:func:`run_spans`)."""
+    tol = {"float16": 2e-3, "bfloat16": 1.5e-2, "float32": 1e-6}  # dx: its own rounding
+    return run_spans("warp", ios, widths, cases, tol, 1e-5, defines, asan, seed)
 
 
 MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128), (254, 128),
@@ -299,26 +307,9 @@ MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128),
 
 def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
     """cc1d_fwd_mma and cc1d_bwd_mma over ``cases`` (even lengths at and around the chunk
-    (128), the span and L < W; spans of 128, 256 and 384 steps), each width of ``widths``,
-    the flags cycling; returns (worst error per (dtype, output), failures)."""
-    rng = np.random.default_rng(seed)
-    keys = [cc.KernelKey(kind, io, W, hb, si, False) for kind in ("fwd_mma", "bwd_mma")
-            for io in ios for W in widths for hb, si in itertools.product((False, True), repeat=2)]
-    keys += [cc.KernelKey("wsum", "float32", 0, False, False, False)]
-    fns = build(keys, defines, asan=asan)
-    worst, fails = {}, []
+    (128), the span and L < W; spans of 128, 256 and 384 steps; :func:`run_spans`)."""
     tol = {"float16": 2e-3, "bfloat16": 1.5e-2}  # a 16-bit dx: its rounding, 2^-9 / 2^-12
-    for io in ios:
-        for W in widths:
-            for j, (L, span) in enumerate(cases):
-                hb, si = [(True, True), (False, True), (True, False), (False, False)][(W + j) % 4]
-                errs = case_spans(fns, "mma", io, W, 2, 3, L, hb, si, span, (W + j) % 3 != 0, rng)
-                for name, e in errs.items():
-                    t = tol[io] if name in ("dx", "y") else (0 if name == "final" else 1e-4)
-                    worst[(io, name)] = max(worst.get((io, name), 0), e)
-                    if not e <= t:
-                        fails.append((io, W, L, span, hb, si, name, e))
-    return worst, fails
+    return run_spans("mma", ios, widths, cases, tol, 1e-4, defines, asan, seed)
 
 
 def main_mma(ios, sweep=None):
