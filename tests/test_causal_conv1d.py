@@ -332,12 +332,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     # the cases left to the other kernels
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", both)
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", both)
-    for kw in (dict(init=True), dict(cuts=(3,)), dict(L=9)):
-        inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 10, **kw})
-        args, _ = cast(inputs, dtype, cupy)
-        p, _ = gpu_conv_problem(args, "silu")
-        assert gpu_conv._mma_for("fwd", p, p.x) is None
-        assert gpu_conv._mma_for("bwd", p, p.x) is None
+    assert_left_to_other_kernels(rng, dtype, 10, 9, lambda kind, p: gpu_conv._mma_for(kind, p, p.x))
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_gpu)
@@ -380,12 +375,21 @@ def test_gpu_warp_kernels(dtype, span, monkeypatch):
     # the cases left to the other kernels
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_warp", warp)
     monkeypatch.setitem(gpu_conv.TUNING, "bwd_warp", warp)
-    for kw in (dict(init=True), dict(cuts=(3,)), dict(L=12)):
-        inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": 16, **kw})
+    assert_left_to_other_kernels(rng, dtype, 16, 12, gpu_conv._warp_launch)
+
+
+def assert_left_to_other_kernels(rng, dtype, L, odd_L, launch):
+    """With the kernels under test selected, ``launch(kind, problem)`` is None (the other
+    kernels run) for an initial state, for seq_idx, and for length ``odd_L`` instead of
+    ``L``, forward and backward."""
+    import cupy
+
+    for kw in (dict(init=True), dict(cuts=(3,)), dict(L=odd_L)):
+        inputs = make_inputs(rng, batch=1, dim=2, W=4, **{"L": L, **kw})
         args, _ = cast(inputs, dtype, cupy)
         p, _ = gpu_conv_problem(args, "silu")
-        assert gpu_conv._warp_launch("fwd", p) is None, kw
-        assert gpu_conv._warp_launch("bwd", p) is None, kw
+        assert launch("fwd", p) is None, kw
+        assert launch("bwd", p) is None, kw
 
 
 def check_against_other_kernels(use, args, exact, act, dy, dfinal, dtype, case):
