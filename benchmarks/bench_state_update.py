@@ -206,44 +206,22 @@ def inplace_ceiling_ms(cp, nbytes):
 def launch_us_per_call(launch, calls=100, reps=11):
     """Wall-clock microseconds CuPy takes to launch the kernel with prepared arguments
     (54 of them): the part of the host time that only fewer arguments would cut."""
-    import time
-
-    import cupy
-
-    times = []
-    for _ in range(reps):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            launch()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    cupy.cuda.Device().synchronize()
-    return float(np.median(times))
+    return timing.host_median_us(launch, calls=calls, reps=reps, sync=True)
 
 
 def host_us_per_call(call, calls=200, reps=15):
     """Wall-clock microseconds of the host side of ``call``, every kernel a no-op (median
     over ``reps`` batches of ``calls``; known calls replay their plans)."""
-    import time
-
     from ssmkit._gpu import compiler
 
     real = compiler.get_kernel
     compiler.get_kernel = lambda filename, name: (lambda grid, block, args, **launch: None)
     _state_update._KNOWN_CALLS.clear()  # plans made from here on hold the no-op kernel
     try:
-        for _ in range(20):
-            call()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            times.append((time.perf_counter() - t0) / calls * 1e6)
+        return timing.host_median_us(call, calls=calls, reps=reps, warmup=20)
     finally:
         compiler.get_kernel = real
         _state_update._KNOWN_CALLS.clear()
-    return float(np.median(times))
 
 
 def write_markdown(rows, path):

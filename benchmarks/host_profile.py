@@ -14,12 +14,13 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ssmkit  # noqa: E402
+from timing import host_median_us  # noqa: E402
 
 
 def cases():
@@ -57,22 +58,6 @@ def cases():
     }
 
 
-def wall_us(fn, calls=200, reps=9):
-    import cupy
-
-    for _ in range(20):
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-        cupy.cuda.Device().synchronize()
-    return float(np.median(times))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--top", type=int, default=25)
@@ -84,7 +69,7 @@ def main():
         if only and not any(o in name for o in only):
             continue
         try:
-            us = wall_us(fn)
+            us = host_median_us(fn, calls=200, reps=9, warmup=20, sync=True)
         except Exception as e:  # a case that does not run here: say so, go on
             print(f"{name}: failed: {e!r}")
             continue

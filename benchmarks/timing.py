@@ -59,6 +59,34 @@ def cuda_median_ms(fn, warmup=3, reps=20, calls=1):
     return float(np.median(times))
 
 
+def host_median_us(fn, calls=200, reps=9, warmup=0, sync=False):
+    """Median over ``reps`` of the wall-clock microseconds per call of ``calls`` back-to-back
+    calls of ``fn`` after ``warmup`` calls: the host's side of a call, where the GPU work is
+    negligible or never waited for. With ``sync``, the device is synchronised before each
+    batch and after the last, so that no batch waits on work queued by the one before."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if sync:
+            _device_sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    if sync:
+        _device_sync()
+    return float(np.median(times))
+
+
+def _device_sync():
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
 def copy_tbps(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth of an ``nbytes`` buffer, bytes read plus written, in TB/s."""
     import cupy
