@@ -115,10 +115,6 @@ def chunk_starts(L: int, chunk_size: int, seq_ends=None) -> np.ndarray:
     return np.unique(np.concatenate([regular, ends[(ends > 0) & (ends <= L)]]))
 
 
-def _dtype_name(dt) -> str:
-    return _arrays.dtype_name(dt)
-
-
 def tile_rows(compute: str) -> int:
     """Rows per tile of ``ssd_chunk_mm`` (ssd_mm_tile<CT>::R): 64 in float, 32 in double."""
     return 32 if compute == "float64" else 64
@@ -212,7 +208,7 @@ MMA_WALK_NW = 64
 def uses_mma(p) -> bool:
     """Whether the forward of problem ``p`` runs on the tensor-core kernels: 16-bit x with B
     and C in the same dtype, P <= 128, and ``SSMKIT_SSD_MMA`` not set to ``0``."""
-    io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)
+    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
     return (io in ("float16", "bfloat16") and bc == io and p.P <= MMA_WIDTHS[-1]
             and os.environ.get("SSMKIT_SSD_MMA", "1") != "0")
 
@@ -280,7 +276,7 @@ def uses_mma_bwd(p) -> bool:
     the same dtype, P <= 128 and N <= 128. Every option (D, z, seq_idx, cu_seqlens, initial
     and final states) is supported: they act outside the products or through the chunk
     boundaries and restart mask the kernels share with the CUDA-core ones."""
-    io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)
+    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
     return (os.environ.get("SSMKIT_SSD_MMA_BWD", "1") != "0" and io in ("float16", "bfloat16")
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
 
@@ -295,7 +291,7 @@ def _ptr(x):
 
 
 def _check(p):
-    io, ct, bc = _dtype_name(p.io_dtype), _dtype_name(p.compute_dtype), _dtype_name(p.bc_dtype)
+    io, ct, bc = (_arrays.dtype_name(d) for d in (p.io_dtype, p.compute_dtype, p.bc_dtype))
     if (io, bc) not in DTYPE_PAIRS or _COMPUTE[io] != ct:
         raise TypeError(f"ssd (GPU): dtypes x {io}, B/C {bc}, compute {ct} are not a supported "
                         f"combination")
@@ -633,7 +629,7 @@ def _sum_runs(xp, part):
         return part[0]
     out = xp.empty(part.shape[1:], dtype=part.dtype)
     n = out.size
-    _launch(f"ssd_sum_parts<{_CTYPE[_dtype_name(part.dtype)]}>",
+    _launch(f"ssd_sum_parts<{_CTYPE[_arrays.dtype_name(part.dtype)]}>",
             (max(1, min(-(-n // THREADS), 4096)),),
             (part, out, np.int64(n), np.int32(part.shape[0])))
     return out
@@ -646,7 +642,8 @@ def _diag_cb(p, cd):
     out = p.xp.empty((p.batch, p.L, p.H), dtype=cd)
     rows = p.batch * p.L
     GB, GC = p.B.shape[2], p.C.shape[2]
-    _launch(f"ssd_diag_cb<{_CTYPE[_dtype_name(p.bc_dtype)]}, {_CTYPE[_dtype_name(cd)]}>",
+    tb, ct = _CTYPE[_arrays.dtype_name(p.bc_dtype)], _CTYPE[_arrays.dtype_name(cd)]
+    _launch(f"ssd_diag_cb<{tb}, {ct}>",
             (max(1, -(-rows // (THREADS // 32))),),
             (p.B, p.C, out, np.int64(rows), np.int32(p.H), np.int32(GB), np.int32(GC),
              np.int32(p.N), np.int32(head_classes(p.H, GB, GC))))
