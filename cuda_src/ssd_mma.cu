@@ -541,6 +541,17 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 #define SSD_MMA_WALK_BUFS_WIDE 3  // at NW = 128 (48 KiB of static shared memory hold 3)
 #endif
 
+// v rounded to T into p[0], p[1] (the second only when `two`); pair: one 32-bit store.
+template <typename T>
+__device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const float (&v)[2]) {
+    if (pair) {
+        *reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);
+    } else {
+        ssm_store(p, v[0]);
+        if (two) ssm_store(p + 1, v[1]);
+    }
+}
+
 // f(j, i, p N + n, n + 1 < N) for the live entries (p, n) of a warp tile's accumulators
 // acc[j][i], i = 0 and 2 (with i + 1, the next column): p = pa + 8 (i >= 2), n = na + 8 j
 // (pa = the warp's first row + g, na = the tile's first column + 2 t). P N < 2^31.
@@ -734,12 +745,8 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
             T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
             ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-                if (two && pair) {
-                    *reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(S[j][i], S[j][i + 1]);
-                } else {
-                    ssm_store(dst + o, S[j][i]);
-                    if (two) ssm_store(dst + o + 1, S[j][i + 1]);
-                }
+                const float v[2] = {S[j][i], S[j][i + 1]};
+                ssd_mma_set2(dst + o, two && pair, two, v);
             });
             const float d = ds[k];
 #pragma unroll
@@ -863,17 +870,6 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
         for (int i = 0; i < 4; ++i)
             v.v[i] = fs[(8 * j + 2 * t + (i & 1)) * LDF + 16 * warp + g + (i >= 2 ? 8 : 0)];
         *reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(block, warp, j, lane)) = v;
-    }
-}
-
-// v rounded to T into p[0], p[1] (the second only when `two`); pair: one 32-bit store.
-template <typename T>
-__device__ __forceinline__ void ssd_mma_set2(T* p, bool pair, bool two, const float (&v)[2]) {
-    if (pair) {
-        *reinterpret_cast<unsigned*>(p) = ssd_mma_pack<T>(v[0], v[1]);
-    } else {
-        ssm_store(p, v[0]);
-        if (two) ssm_store(p + 1, v[1]);
     }
 }
 

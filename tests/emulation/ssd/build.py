@@ -31,7 +31,6 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<const ssm_f4*>(cb + ssd_mma_cb_at(', '*emu_al<const ssm_f4>(cb + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssd_mma_f2*>(dst + o) = ', '*emu_al<ssd_mma_f2>(dst + o) = '),
-    ('*reinterpret_cast<unsigned*>(dst + o) = ssd_mma_pack<T>(', '*emu_al<unsigned>(dst + o) = ssd_mma_pack<T>('),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
     # ldmatrix: shared-window addresses become host pointers
     ('typedef unsigned ssd_mma_saddr;', 'typedef unsigned long ssd_mma_saddr;'),
