@@ -162,17 +162,23 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     }
 
 
-def _forward_with_walk(cupy, x, chunk, walk):
-    """Device ms per ssmkit.ssd call with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` set to ``walk``."""
+def _with_switch(name, value, fn, **timing):
+    """Device ms of ``fn`` (cuda_median_ms) with the switch ``ssmkit._gpu.ssd.<name>`` set to
+    ``value``."""
     from ssmkit._gpu import ssd as gpu_ssd
 
-    before = gpu_ssd.MMA_STATE_WALK
-    gpu_ssd.MMA_STATE_WALK = walk
+    before = getattr(gpu_ssd, name)
+    setattr(gpu_ssd, name, value)
     try:
-        return cuda_median_ms(lambda: ssmkit.ssd(**x, chunk_size=chunk, dt_softplus=True),
-                              calls=5)
+        return cuda_median_ms(fn, **timing)
     finally:
-        gpu_ssd.MMA_STATE_WALK = before
+        setattr(gpu_ssd, name, before)
+
+
+def _forward_with_walk(cupy, x, chunk, walk):
+    """Device ms per ssmkit.ssd call with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` set to ``walk``."""
+    return _with_switch("MMA_STATE_WALK", walk,
+                        lambda: ssmkit.ssd(**x, chunk_size=chunk, dt_softplus=True), calls=5)
 
 
 def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
@@ -201,6 +207,7 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     xGB = cupy.empty((batch, L, H), dtype=cupy.float32)
     go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt)
     dyc = dy.astype(cupy.float32)
+    rows = gpu_ssd._fused_rows(p, lay, dy, cb)
     return {
         "layout (dt', chunk sums)": _back_to_back(lambda: gpu_ssd._Layout(p)),
         "C B^T and its transpose": _back_to_back(lambda: lay.cb_mma(p, transposed=True)),
@@ -218,7 +225,15 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
         "dB (summed over heads)": _back_to_back(lambda: lay.db_mma(p, dy, dHx, cbt, xGB)),
         "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, entering)),
         "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
-        "whole backward": _back_to_back(lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None)),
+        "ycore with the rows' first part (fused)": _back_to_back(
+            lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
+                               rows=rows)),
+        "GB with the rows' final part (fused)": _back_to_back(
+            lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
+                               cb=cbt, rows=rows)),
+        **{f"whole backward, {label}": _with_switch(
+            "MMA_ROWS_FUSED", fused, lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None),
+            calls=5) for fused, label in ((True, "rows fused"), (False, "rows pass"))},
     }
 
 

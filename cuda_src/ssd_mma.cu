@@ -1168,9 +1168,130 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 
+// p[0], p[1] as floats (p[1] only when `two`, else 0); pair: one 32-bit load.
+template <typename T>
+__device__ __forceinline__ void ssd_mma_get2(const T* p, bool pair, bool two, float (&v)[2]) {
+    if (pair) {
+        const unsigned w = ssd_mma_pair(reinterpret_cast<const unsigned short*>(p));
+        T lo, hi;
+        lo.bits = (unsigned short)(w & 0xffffu);
+        hi.bits = (unsigned short)(w >> 16);
+        v[0] = ssm_load(lo);
+        v[1] = ssm_load(hi);
+    } else {
+        v[0] = ssm_load(p[0]);
+        v[1] = two ? ssm_load(p[1]) : 0.0f;
+    }
+}
+
+// The backward's per-step element-wise work (ssd_mma_bwd_rows, the same arithmetic) done in
+// the epilogue of the product that makes its float32 rows, so that those rows never go to
+// memory. The block holds rows ra = 16 warp + g and rb = ra + 8 of its 64 (live below nr),
+// every column p < P (lane t: p = 8 j + 2 t and p + 1), of head h; row0 = (b L + r0) H + h.
+// e_r = dte_r cbd_r (cbd: C_r . B_r); dY = dy silu'(z) (dy without z).
+//   FUSE = 1 (ycore, acc = yo): with z, dY16 = dY rounded to T and
+//     dz = dy y_pre sigmoid(z) (1 + z (1 - sigmoid(z))), y_pre = (yo + e x) + D x;
+//     dcum[row] = sum_p round_T(dY)_p yo_p (the first half of dcum).
+//   FUSE = 2 (GB, acc = go): dx = (go + e dY) + D dY rounded to T,
+//     dcum[row] -= sum_p x_p go_p, and the block's per-column sums of dY x, in warp order,
+//     to dD_part (when not null; red: the block's 4 x 32 NT floats of shared scratch).
+template <typename T, int FUSE, int NT>
+__device__ __forceinline__ void ssd_mma_rows_epilogue(
+        const float (&acc)[NT][4], const T* __restrict__ dy, const T* __restrict__ z,
+        const T* __restrict__ X, const float* __restrict__ D, const float* __restrict__ dte,
+        const float* __restrict__ cbd, T* __restrict__ dY16, T* __restrict__ dz,
+        T* __restrict__ dx, float* __restrict__ dcum, float* __restrict__ dD_part,
+        float* red, ssm_i64 row0, int H, int h, int P, int nr, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const bool pair = (P & 1) == 0 &&
+                      (((unsigned long long)dy | (unsigned long long)X |
+                        (unsigned long long)(z ? z : dy) |
+                        (unsigned long long)(FUSE == 1 ? (dz ? dz : dy) : dx) |
+                        (unsigned long long)(FUSE == 1 ? (dY16 ? dY16 : dy) : dx)) & 3) == 0;
+    float dd[NT][2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = 16 * warp + g + 8 * half;
+        const bool live = r < nr;
+        const ssm_i64 row = row0 + (ssm_i64)(live ? r : 0) * H;
+        const float e = dte[row] * cbd[row];
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int p = 8 * j + 2 * t;
+            if (half == 0) dd[j][0] = dd[j][1] = 0.0f;
+            if (!live || p >= P) continue;
+            const bool two = p + 1 < P;
+            const ssm_i64 i = row * P + p;
+            float dyv[2], xv[2] = {0.0f, 0.0f}, zv[2] = {0.0f, 0.0f};
+            ssd_mma_get2(dy + i, pair, two, dyv);
+            if (FUSE == 2 || z) ssd_mma_get2(X + i, pair, two, xv);
+            if (z) ssd_mma_get2(z + i, pair, two, zv);
+            float Dv[2] = {0.0f, 0.0f};
+            if (D) {
+                Dv[0] = D[(ssm_i64)h * P + p];
+                if (two) Dv[1] = D[(ssm_i64)h * P + p + 1];
+            }
+            float o[2], o_dz[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float a = acc[j][2 * half + k];  // zero past P
+                float dYv = dyv[k];
+                if (z) {
+                    const float sg = ssm_math<float>::sigmoid(zv[k]);
+                    if (FUSE == 1) {
+                        const float y_pre = (a + e * xv[k]) + Dv[k] * xv[k];
+                        o_dz[k] = dyv[k] * y_pre * sg * (1.0f + zv[k] * (1.0f - sg));
+                    }
+                    dYv = dyv[k] * zv[k] * sg;
+                }
+                if (FUSE == 1) {
+                    T d16;
+                    ssm_store(&d16, dYv);
+                    o[k] = dYv;
+                    sum += ssm_load(d16) * a;
+                } else {
+                    o[k] = (a + e * dYv) + Dv[k] * dYv;
+                    sum += xv[k] * a;
+                    dd[j][k] += dYv * xv[k];
+                }
+            }
+            if (FUSE == 1 && z) {
+                ssd_mma_set2(dY16 + i, pair, two, o);
+                ssd_mma_set2(dz + i, pair, two, o_dz);
+            } else if (FUSE == 2) {
+                ssd_mma_set2(dx + i, pair, two, o);
+            }
+        }
+        // the 4 lanes t of a row hold its columns
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (t == 0 && live) dcum[row] = FUSE == 1 ? sum : dcum[row] - sum;
+    }
+    if (FUSE == 2 && dD_part) {  // uniform: the columns' sums over the 8 lanes g, then the warps
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                float v = dd[j][k];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (g == 0) red[warp * 8 * NT + 8 * j + 2 * t + k] = v;
+            }
+        __syncthreads();
+        for (int p = threadIdx.x; p < P; p += SSD_MMA_THREADS) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < SSD_MMA_THREADS / 32; ++w) v += red[w * 8 * NT + p];
+            dD_part[(ssm_i64)h * P + p] = v;
+        }
+    }
+}
+
 // Blocks per SM: 3 for VW <= 64 (at 4, 128 registers, NVRTC 12 spilled: with HSUM, and for
 // VW = 32 once M came in 16 bits), 2 for VW = 128.
-template <typename T, bool UPPER, int DTW, bool MT, bool HSUM, int VW, int KW>
+template <typename T, bool UPPER, int DTW, bool MT, bool HSUM, int VW, int KW, int FUSE>
 __global__ void __launch_bounds__(SSD_MMA_THREADS,
                                   VW <= 64 ? 3 : 2)
 ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __restrict__ Vv,
@@ -1182,8 +1303,13 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                  int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
                  int tiles_per_chunk, int with_diag, int XO, int head_splits,
                  ssm_i64 part_stride, int XR, int dt_out, const float* __restrict__ cbm,
-                 int classes) {
+                 const T* __restrict__ dy, const T* __restrict__ z, const T* __restrict__ X,
+                 const float* __restrict__ D, const float* __restrict__ cbd,
+                 T* __restrict__ dY16, T* __restrict__ dz, T* __restrict__ dx,
+                 float* __restrict__ dcum, float* __restrict__ dD_part, int classes) {
     static_assert(VW % 16 == 0 && VW <= 128, "VW: a multiple of 16, at most 128");
+    static_assert(FUSE == 0 || (!HSUM && !MT && DTW == (FUSE == 1 ? 1 : 2) && UPPER == (FUSE == 2)),
+                  "FUSE: 1 with the ycore instance, 2 with the GB instance");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     static_assert(DTW >= 0 && DTW <= 2, "DTW: 0, 1 or 2");
     constexpr int NT = VW / 8;  // D tiles of 16 x 8 per warp
@@ -1433,6 +1559,15 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
 
         // 3. Row dots, dt' scaling, store (the first head of the set) or add (the next ones):
         // each thread adds to the entries it stored itself, in head order (deterministic).
+        // FUSE: the rows' element-wise work instead, nothing stored to out.
+        if constexpr (FUSE != 0) {
+            if (FUSE == 2 && dD_part) __syncthreads();  // ms is free for the column sums
+            ssd_mma_rows_epilogue<T, FUSE, NT>(
+                acc, dy, z, X, D, dte, cbd, dY16, dz, dx, dcum,
+                dD_part ? dD_part + (((ssm_i64)bu * per_set + ctile) * H) * V : nullptr,
+                reinterpret_cast<float*>(ms), (b * L + r0) * H + h, H, h, V, nr, warp, lane);
+            return;
+        }
         {
             const int ra = 16 * warp + g, rb = ra + 8;
             if (DTW == 0 && rowdot) {  // uniform: rowdot[b, r, h] = sum_v out_r[v] Xr_r[v]

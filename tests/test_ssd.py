@@ -588,6 +588,48 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(MMA_CASES)))
+def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
+    """The backward's per-step work in ycore's and GB's epilogues (MMA_ROWS_FUSED, the
+    default) against the products' float32 rows read back by ssd_mma_bwd_rows: the same
+    arithmetic, so x, z, B, C and the initial state agree to a rounding; D, and dt, A,
+    dt_bias (whose sums cancel many-fold), through row sums taken in another order."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
+    rng = np.random.default_rng(500 + case)
+    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
+    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    passes = []
+    rows_pass = gpu_ssd._rows
+    monkeypatch.setattr(gpu_ssd, "_rows", lambda *a, **k: passes.append(1) or rows_pass(*a, **k))
+    xp = xp_for("gpu")
+    dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
+    grads = {}
+    for fused in (False, True):
+        monkeypatch.setattr(gpu_ssd, "MMA_ROWS_FUSED", fused)
+        (_, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts)
+        dfin = xp.asarray(np.random.default_rng(8).standard_normal(fin.shape), dtype=fin.dtype)
+        g = pullback(dy, dfin)
+        grads[fused] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                        if getattr(g, f) is not None}
+    on_mma = max(P, N) <= gpu_ssd.MMA_WIDTHS[-1]
+    assert len(passes) == ((2 if kw.get("with_z", True) else 1) if on_mma else 0)
+    u = UNIT_ROUNDOFF[dtype_name]
+    for f, g0 in grads[False].items():
+        bound = GRAD_RTOL[dtype_name] if f in ("dt", "A", "dt_bias") else (
+            1e-5 if f == "D" else 4 * u)
+        assert rel_err(grads[True][f], g0) < bound, f
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(MMA_CASES)))
 def test_tensor_core_forward_matches_reference(monkeypatch, dtype_name, case):
     if dtype_name == "bfloat16":
         pytest.importorskip("ml_dtypes")
@@ -683,13 +725,17 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 4 * len(gpu_ssd.MMA_WIDTHS) + 6
+    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 6
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
     assert gpu_ssd.mma_dc_name("float16") in names and gpu_ssd.mma_db_name("float16") in names
     assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64) == \
-        "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128>"
+        "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128, 0>"
+    assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64, fused=True) == \
+        "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128, 2>"
+    assert gpu_ssd.mma_mm_name("ycore", "float16", 40, fused=True) == \
+        "ssd_mma_chunk_mm<ssm_half, false, 1, false, false, 64, 128, 1>"
     assert gpu_ssd.mma_mm_name("dC", "float16", 100) == \
-        "ssd_mma_chunk_mm<ssm_half, false, 1, true, true, 128, 64>"
+        "ssd_mma_chunk_mm<ssm_half, false, 1, true, true, 128, 64, 0>"
 
 
 def test_head_splits_cover_every_head_once():

@@ -223,14 +223,21 @@ MMA_BWD_KINDS = {
 }
 
 
-def mma_mm_name(kind: str, io: str, V: int) -> str:
+# The products whose epilogue can take the per-step element-wise work (FUSE of
+# ssd_mma_chunk_mm): ycore the part before the other products, GB the part after them.
+MMA_FUSE = {"ycore": 1, "GB": 2}
+
+
+def mma_mm_name(kind: str, io: str, V: int, fused: bool = False) -> str:
     """The ``ssd_mma_chunk_mm`` instance of a backward product with V output columns:
-    VW = mma_width(V), the K slice KW = 128 (64 for VW = 128, to stay within 48 KiB)."""
+    VW = mma_width(V), the K slice KW = 128 (64 for VW = 128, to stay within 48 KiB);
+    ``fused``: with the per-step work in its epilogue (``MMA_FUSE``, ycore and GB only)."""
     vw = mma_width(V)
     upper, dtw, mt, hsum = MMA_BWD_KINDS[kind]
     flags = ", ".join(["true" if upper else "false", str(dtw), "true" if mt else "false",
                        "true" if hsum else "false"])
-    return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}>"
+    fuse = MMA_FUSE[kind] if fused else 0
+    return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}, {fuse}>"
 
 
 def mma_dc_name(io: str) -> str:
@@ -245,9 +252,11 @@ def mma_db_name(io: str) -> str:
 
 def mma_bwd_kernel_names(io: str) -> list:
     """Name expressions of the backward's tensor-core kernels for 16-bit inputs of dtype ``io``:
-    the four chunk products at every width, the adjoint chunk state at both widths NW, and
-    the two passes of the per-step element-wise work."""
+    the four chunk products at every width (ycore and GB also with the per-step work
+    fused), the adjoint chunk state at both widths NW, and the two passes of the per-step
+    element-wise work."""
     return ([mma_mm_name(kind, io, vw) for kind in MMA_BWD_KINDS for vw in MMA_WIDTHS]
+            + [mma_mm_name(kind, io, vw, fused=True) for kind in MMA_FUSE for vw in MMA_WIDTHS]
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
             + [mma_dc_name(io), mma_db_name(io)])
@@ -256,6 +265,11 @@ def mma_bwd_kernel_names(io: str) -> list:
 # The backward's adjoint chunk sums on tensor cores (ssd_mma_chunk_state<T, NW, true>) on
 # the tensor-core path; False: the CUDA-core ssd_chunk_state on float32 dY (to compare).
 MMA_ADJOINT_STATE = True
+
+# The per-step element-wise work in the epilogues of ycore and GB (FUSE of
+# ssd_mma_chunk_mm), so that their float32 (batch, L, H, P) rows never go to memory; False:
+# the products write them and ssd_mma_bwd_rows reads them back (to compare).
+MMA_ROWS_FUSED = True
 
 # Blocks a head-summing product (dB, dC) aims for: enough to fill an H200 (132 SMs, 2-4
 # blocks each) several times over, so that the chunk's uneven tiles balance out.
@@ -506,7 +520,7 @@ class _Layout:
         return out
 
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,
-               dt_out=False, Xr=None, rowdot=None, cb=None):
+               dt_out=False, Xr=None, rowdot=None, cb=None, rows=None):
         """One backward chunk product on tensor cores (see ssd_mma_chunk_mm): 16-bit U, W, Vv
         and M (a boundary state or adjoint rounded to 16 bits); returns float32 (batch, L, H,
         V), or with ``groups`` = G the sums over the heads of each of G groups, (batch, L, G,
@@ -516,23 +530,31 @@ class _Layout:
         dotted with ``Xr`` (batch, L, XR, V) per head; ``dt_out`` scales each head's row t by
         dt'_t (after ``rowdot``). ``cb``, for U = C, W = B (ycore) or U = B, W = C (GB): the
         blocks of U W^T from :meth:`cb_mma` (its ``cbt`` for GB), read instead of computed
-        per head."""
+        per head. ``rows`` (ycore and GB): a dict of :func:`_fused_rows`'s arrays; the
+        product then does the per-step work in its epilogue (see ``ssd_mma_rows_epilogue``)
+        and returns None, its rows never stored."""
         V, K = Vv.shape[3], U.shape[3]
         if (groups is not None) != MMA_BWD_KINDS[kind][3]:
             raise ValueError(f"ssd (GPU): the {kind} product sums over heads only with groups")
         XO = p.H if groups is None else groups
-        blocks, splits, part = self._head_runs(p, XO, V)
-        _launch(mma_mm_name(kind, self.io, V), (blocks * splits,),
-                (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
+        if rows is None:
+            blocks, splits, part = self._head_runs(p, XO, V)
+        else:  # the per-step work in the epilogue: one head per block, nothing stored
+            blocks, splits, part = p.batch * XO * self.nc * self.mma_tiles, 1, None
+        r = rows or {}
+        _launch(mma_mm_name(kind, self.io, V, fused=rows is not None), (blocks * splits,),
+                (U, W, Vv, M, self.dte, self.cum, _ptr(p.seq_idx), self.starts, _ptr(part),
                  _ptr(Xd), _ptr(bnd), _ptr(Xr), _ptr(rowdot), np.int64(p.L), np.int32(p.H),
                  np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(Vv.shape[2]), np.int32(K),
                  np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(self.mma_tiles),
                  np.int32(1 if with_diag else 0), np.int32(XO), np.int32(splits),
                  np.int64(p.batch * p.L * XO * V), np.int32(1 if Xr is None else Xr.shape[2]),
                  np.int32(1 if dt_out else 0), _ptr(cb),
+                 *(_ptr(r.get(k)) for k in ("dy", "z", "x", "D", "cbd", "dY16", "dz", "dx",
+                                            "dcum", "dD_part")),
                  np.int32(1 if cb is None else cb.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(p.xp, part)
+        return None if part is None else _sum_runs(p.xp, part)
 
     def _head_runs(self, p, groups, V):
         """The launch of a product over each of ``groups`` groups' heads (one head per group
@@ -703,6 +725,23 @@ def _rows(p, lay, dy, final, cb, yo, go=None):
     return out
 
 
+def _fused_rows(p, lay, dy, cb):
+    """The arrays of the per-step work fused into ycore's and GB's epilogues (``rows`` of
+    :meth:`_Layout.mm_mma`): inputs dy, z, x, D, cbd (C_t . B_t); outputs dY16 and dz
+    (with z only; ycore), dx, dcum (ycore's half, then GB's) and dD_part (GB's per-block
+    column sums, (blocks, H, P), zero for the tiles past a chunk's end)."""
+    cp = p.xp
+    io, cd = p.io_dtype, p.compute_dtype
+    gate = p.z is not None
+    return dict(dy=dy, z=p.z, x=p.x, D=p.D, cbd=cb,
+                dY16=cp.empty(p.x.shape, dtype=io) if gate else None,
+                dz=cp.empty(p.x.shape, dtype=io) if gate else None,
+                dx=cp.empty(p.x.shape, dtype=io),
+                dcum=cp.empty((p.batch, p.L, p.H), dtype=cd),
+                dD_part=None if p.D is None else cp.zeros(
+                    (p.batch * lay.nc * lay.mma_tiles, p.H, p.P), dtype=cd))
+
+
 def _backward_mma(p, lay, states, entering, dy, dfinal):
     """The backward's products on tensor cores (see the module docstring): returns dx, dz,
     dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), bnd (each step's
@@ -718,11 +757,15 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     cb = _diag_cb(p, cd)
     # C B^T once per chunk for all heads, read by ycore and (transposed) by GB
     cbl, cbt = lay.cb_mma(p, transposed=True)
-    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl)
     # dY = dy silu'(z) enters every product rounded to the input dtype (the adjoint chunk
     # sums too, where exp(cum_t) dY_t is then split into hi + lo 16-bit parts, so K is not
     # rounded further); without z it is dy itself.
-    if p.z is not None:
+    rows = _fused_rows(p, lay, dy, cb) if MMA_ROWS_FUSED else None
+    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
+                           rows=rows)
+    if rows is not None:
+        dY16, dz = (dy, None) if p.z is None else (rows["dY16"], rows["dz"])
+    elif p.z is not None:
         pre = _rows(p, lay, dy, False, cb, ycore_off)
         dY16, dz = pre["dY16"], pre["dz"]
     else:
@@ -741,7 +784,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
     dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx16, with_diag=False, Xd=p.x, bnd=bnd,
-                          cb=cbt)
+                          cb=cbt, rows=rows)
     # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
     # arrays); dB scaled by dt' there, after its rows' dots with B:
     # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
@@ -755,7 +798,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dC = lay.dc_mma(p, dY16, entering)
     else:
         dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
-    post = _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
+    post = rows if rows is not None else _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
                 bnd=bnd, dinit=dinit, end_dot=end_dot)

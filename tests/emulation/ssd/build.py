@@ -138,7 +138,11 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
         "int", "int", "ssm_i64", "int", "int"]
-MM_T2, MM_S2 = ["const float*"], ["int"]  # cbm, classes: after the scalars above
+# cbm, the fused per-step work's arrays (dy, z, X, D, cbd, dY16, dz, dx, dcum, dD_part), classes:
+# after the scalars above
+MM_T2 = ("const float*,const T*,const T*,const T*,const float*,const float*,T*,T*,T*,float*,"
+         "float*").split(",")
+MM_S2 = ["int"]
 DC_T = ("const T*,const T*,const T*,const T*,const float*,const float*,const int*,"
         "const ssm_i64*,float*").split(",")
 DC_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int", "ssm_i64"]

@@ -8,6 +8,8 @@ products from exact_mm.py, a float64 NumPy mirror of ssd_chunk_mm).
     python3 tests/emulation/ssd/run_emu_bwd.py [case numbers] [--asan]
 
 Prints per gradient: on vs reference / off vs reference / |on - off| over |reference|, then
+the largest |fused - unfused| over |reference| (the per-step work in ycore's and GB's
+epilogues against ssd_mma_bwd_rows: the same arithmetic, row sums in another order), then
 "ALL OK" or "SOME FAILED". Mutation check: SSD_EMU_MUTATE='old=>new' ... run_emu_bwd.py 9
 """
 import dataclasses, math, os, sys, time
@@ -92,10 +94,12 @@ def launch(name, grid, args, **kw):
 gssd._launch = launch
 
 FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
+FUSED_GAP = 5e-4  # fused against unfused per-step work: float32 row sums in another order
 
 def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
-         softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048):
+         softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048, fused=True):
     os.environ["SSMKIT_SSD_MMA_BWD"] = "1" if mma else "0"
+    gssd.MMA_ROWS_FUSED = fused  # the per-step work in ycore's and GB's epilogues
     gssd.MMA_SUM_BLOCKS = sum_blocks  # small: dB, dC summed over runs of several heads
     rng = np.random.default_rng(seed)
     GC = GC or G
@@ -132,6 +136,8 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     el = time.time() - t
     assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (4 if mma else 0), calls
     assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
+    assert sum(n.startswith("ssd_mma_bwd_rows") for n in calls) == (
+        0 if not mma or fused else 1 + (zv is not None)), calls
     if h0 is not None:
         for slot, row in passthrough:
             g["initial_state"][row] += dfinal[slot]
@@ -187,16 +193,18 @@ if __name__ == "__main__":
         if sel and i not in sel: continue
         errs0, _, _, (g0, gr) = case(dtype, *shape, **opts, seed=i, mma=False)
         errs, ok, el, (g1, _) = case(dtype, *shape, **opts, seed=i, mma=True)
-        def gap(k):  # |on - off| / |reference| (absolute where the reference is 0), as the GPU test
+        _, _, _, (g2, _) = case(dtype, *shape, **opts, seed=i, mma=True, fused=False)
+        def gap(k, g0=g0):  # |on - off| / |reference| (absolute where the reference is 0), as the GPU test
             d = np.asarray(g1[k]).astype(np.float64) - np.asarray(g0[k]).astype(np.float64)
             n = np.linalg.norm(np.asarray(getattr(gr, k), np.float64))
             return np.linalg.norm(d) / (n if n > 0 else 1.0)
         gaps = {k: gap(k) for k in errs}
-        ok = ok and max(gaps.values()) <= 4 * GRAD_RTOL[dtype]
+        fgap = max(gap(k, g2) for k in errs)
+        ok = ok and max(gaps.values()) <= 4 * GRAD_RTOL[dtype] and fgap <= FUSED_GAP
         allok &= ok
         es = " ".join(f"{k}={v:.1e}/{errs0[k]:.1e}/{gaps[k]:.1e}" for k, v in errs.items())
         print("  (per gradient: switch on vs reference / switch off vs reference / on vs off)")
-        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}) "
+        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}; fused vs unfused {fgap:.1e}) "
               f"{'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
     print("ALL OK" if allok else "SOME FAILED")
     sys.exit(0 if allok else 1)

@@ -1,0 +1,52 @@
+"""A/B of one boolean switch of ``ssmkit._gpu.ssd`` (MMA_ROWS_FUSED, MMA_STATE_WALK, ...) on the
+SSD peer configuration (bfloat16, batch 4, L 4096, H 80, P 64, G 1, N 128, chunk 256), in one
+process, the two settings alternating: forward and forward+backward, without and with z
+(CUDA-event medians of back-to-back calls, ``timing.cuda_median_ms``). Prints one
+``AB {json}`` line per round and setting.
+
+    PYTHONPATH=$PWD python3 benchmarks/ab_ssd_switch.py NAME [ROUNDS]
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cupy  # noqa: E402
+
+import ssmkit  # noqa: E402
+from ssmkit._gpu import ssd as gpu_ssd  # noqa: E402
+from bench_ssd import make_inputs  # noqa: E402
+from timing import copy_tbps, cuda_median_ms  # noqa: E402
+
+PEER = ("bfloat16", 4, 4096, 80, 64, 1, 128)  # dtype, batch, L, H, P, G, N
+CHUNK = 256
+
+
+def main(name, rounds=3):
+    if not isinstance(getattr(gpu_ssd, name), bool):
+        raise ValueError(f"{name} is not a boolean switch of ssmkit._gpu.ssd")
+    x = make_inputs(cupy, *PEER)
+    xz = dict(x, z=x["x"][:, ::-1].copy())
+    kw = dict(chunk_size=CHUNK, dt_softplus=True)
+    dy = cupy.ones_like(x["x"])
+
+    def fwd_bwd(a):
+        _, pullback = ssmkit.ssd_vjp(**a, **kw)
+        pullback(dy)
+
+    print("copy TB/s", round(copy_tbps(), 3), flush=True)
+    for rnd in range(int(rounds)):
+        for value in (True, False):
+            setattr(gpu_ssd, name, value)
+            row = {"round": rnd, name: value,
+                   "fwd": cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5),
+                   "fwd with z": cuda_median_ms(lambda: ssmkit.ssd(**xz, **kw), calls=5),
+                   "fwd+bwd": cuda_median_ms(lambda: fwd_bwd(x), reps=5, calls=3),
+                   "fwd+bwd with z": cuda_median_ms(lambda: fwd_bwd(xz), reps=5, calls=3)}
+            cupy.get_default_memory_pool().free_all_blocks()
+            print("AB", json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                    for k, v in row.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
