@@ -1168,20 +1168,20 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 
-// p[0], p[1] as floats (p[1] only when `two`, else 0); pair: one 32-bit load.
+// p[0], p[1] as the bits of one register (p[1] only when `two`, else 0); pair: one 32-bit
+// load.
 template <typename T>
-__device__ __forceinline__ void ssd_mma_get2(const T* p, bool pair, bool two, float (&v)[2]) {
-    if (pair) {
-        const unsigned w = ssd_mma_pair(reinterpret_cast<const unsigned short*>(p));
-        T lo, hi;
-        lo.bits = (unsigned short)(w & 0xffffu);
-        hi.bits = (unsigned short)(w >> 16);
-        v[0] = ssm_load(lo);
-        v[1] = ssm_load(hi);
-    } else {
-        v[0] = ssm_load(p[0]);
-        v[1] = two ? ssm_load(p[1]) : 0.0f;
-    }
+__device__ __forceinline__ unsigned ssd_mma_get2(const T* p, bool pair, bool two) {
+    if (pair) return ssd_mma_pair(reinterpret_cast<const unsigned short*>(p));
+    return (unsigned)p[0].bits | (two ? (unsigned)p[1].bits << 16 : 0u);
+}
+
+// The value of half k (0: low) of a register of two 16-bit values.
+template <typename T>
+__device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
+    T v;
+    v.bits = (unsigned short)(k ? w >> 16 : w & 0xffffu);
+    return ssm_load(v);
 }
 
 // The backward's per-step element-wise work (ssd_mma_bwd_rows, the same arithmetic) done in
@@ -1194,7 +1194,9 @@ __device__ __forceinline__ void ssd_mma_get2(const T* p, bool pair, bool two, fl
 //     dcum[row] = sum_p round_T(dY)_p yo_p (the first half of dcum).
 //   FUSE = 2 (GB, acc = go): dx = (go + e dY) + D dY rounded to T,
 //     dcum[row] -= sum_p x_p go_p, and the block's per-column sums of dY x, in warp order,
-//     to dD_part (when not null; red: the block's 4 x 32 NT floats of shared scratch).
+//     to dD_part (when not null; red: the block's 4 x 8 NT floats of shared scratch).
+// Every load is issued before the first is used: one round trip per block, not one per
+// column pair.
 template <typename T, int FUSE, int NT>
 __device__ __forceinline__ void ssd_mma_rows_epilogue(
         const float (&acc)[NT][4], const T* __restrict__ dy, const T* __restrict__ z,
@@ -1208,13 +1210,39 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                         (unsigned long long)(z ? z : dy) |
                         (unsigned long long)(FUSE == 1 ? (dz ? dz : dy) : dx) |
                         (unsigned long long)(FUSE == 1 ? (dY16 ? dY16 : dy) : dx)) & 3) == 0;
-    float dd[NT][2];
+    const bool need_x = FUSE == 2 || z;
+    // 1. Loads: the two rows' dy, x, z pairs, e and (GB) the first half of dcum; D's pairs.
+    unsigned w_dy[2][NT], w_x[2][NT], w_z[2][NT];
+    float e[2], dcum0[2], Dv[NT][2];
+    ssm_i64 row[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = 16 * warp + g + 8 * half;
         const bool live = r < nr;
-        const ssm_i64 row = row0 + (ssm_i64)(live ? r : 0) * H;
-        const float e = dte[row] * cbd[row];
+        row[half] = row0 + (ssm_i64)(live ? r : 0) * H;
+        e[half] = dte[row[half]] * cbd[row[half]];
+        dcum0[half] = FUSE == 2 ? dcum[row[half]] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int p = 8 * j + 2 * t;
+            const bool in = live && p < P, two = p + 1 < P;
+            const ssm_i64 i = row[half] * P + p;
+            w_dy[half][j] = in ? ssd_mma_get2(dy + i, pair, two) : 0u;
+            w_x[half][j] = in && need_x ? ssd_mma_get2(X + i, pair, two) : 0u;
+            w_z[half][j] = in && z ? ssd_mma_get2(z + i, pair, two) : 0u;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int p = 8 * j + 2 * t;
+        Dv[j][0] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
+        Dv[j][1] = D && p + 1 < P ? D[(ssm_i64)h * P + p + 1] : 0.0f;
+    }
+    // 2. The arithmetic of ssd_mma_bwd_rows, and the stores.
+    float dd[NT][2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const bool live = 16 * warp + g + 8 * half < nr;
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -1222,28 +1250,22 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
             if (half == 0) dd[j][0] = dd[j][1] = 0.0f;
             if (!live || p >= P) continue;
             const bool two = p + 1 < P;
-            const ssm_i64 i = row * P + p;
-            float dyv[2], xv[2] = {0.0f, 0.0f}, zv[2] = {0.0f, 0.0f};
-            ssd_mma_get2(dy + i, pair, two, dyv);
-            if (FUSE == 2 || z) ssd_mma_get2(X + i, pair, two, xv);
-            if (z) ssd_mma_get2(z + i, pair, two, zv);
-            float Dv[2] = {0.0f, 0.0f};
-            if (D) {
-                Dv[0] = D[(ssm_i64)h * P + p];
-                if (two) Dv[1] = D[(ssm_i64)h * P + p + 1];
-            }
+            const ssm_i64 i = row[half] * P + p;
             float o[2], o_dz[2];
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 const float a = acc[j][2 * half + k];  // zero past P
-                float dYv = dyv[k];
+                const float dyv = ssd_mma_half<T>(w_dy[half][j], k);
+                const float xv = ssd_mma_half<T>(w_x[half][j], k);
+                float dYv = dyv;
                 if (z) {
-                    const float sg = ssm_math<float>::sigmoid(zv[k]);
+                    const float zv = ssd_mma_half<T>(w_z[half][j], k);
+                    const float sg = ssm_math<float>::sigmoid(zv);
                     if (FUSE == 1) {
-                        const float y_pre = (a + e * xv[k]) + Dv[k] * xv[k];
-                        o_dz[k] = dyv[k] * y_pre * sg * (1.0f + zv[k] * (1.0f - sg));
+                        const float y_pre = (a + e[half] * xv) + Dv[j][k] * xv;
+                        o_dz[k] = dyv * y_pre * sg * (1.0f + zv * (1.0f - sg));
                     }
-                    dYv = dyv[k] * zv[k] * sg;
+                    dYv = dyv * zv * sg;
                 }
                 if (FUSE == 1) {
                     T d16;
@@ -1251,9 +1273,9 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                     o[k] = dYv;
                     sum += ssm_load(d16) * a;
                 } else {
-                    o[k] = (a + e * dYv) + Dv[k] * dYv;
-                    sum += xv[k] * a;
-                    dd[j][k] += dYv * xv[k];
+                    o[k] = (a + e[half] * dYv) + Dv[j][k] * dYv;
+                    sum += xv * a;
+                    dd[j][k] += dYv * xv;
                 }
             }
             if (FUSE == 1 && z) {
@@ -1266,7 +1288,7 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         // the 4 lanes t of a row hold its columns
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (t == 0 && live) dcum[row] = FUSE == 1 ? sum : dcum[row] - sum;
+        if (t == 0 && live) dcum[row[half]] = FUSE == 1 ? sum : dcum0[half] - sum;
     }
     if (FUSE == 2 && dD_part) {  // uniform: the columns' sums over the 8 lanes g, then the warps
 #pragma unroll

@@ -623,7 +623,9 @@ def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
     for f, g0 in grads[False].items():
         bound = GRAD_RTOL[dtype_name] if f in ("dt", "A", "dt_bias") else (
             1e-5 if f == "D" else 4 * u)
-        assert rel_err(grads[True][f], g0) < bound, f
+        # relative, with a floor for gradients that are roundoff themselves (dA at L = 1)
+        scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
+        assert np.linalg.norm(grads[True][f] - g0) <= bound * scale, f
 
 
 @pytest.mark.gpu
