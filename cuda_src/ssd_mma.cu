@@ -1194,15 +1194,18 @@ __device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
 //     dcum[row] = sum_p round_T(dY)_p yo_p (the first half of dcum).
 //   FUSE = 2 (GB, acc = go): dx = (go + e dY) + D dY rounded to T,
 //     dcum[row] -= sum_p x_p go_p, and the block's per-column sums of dY x, in warp order,
-//     to dD_part (when not null; red: the block's 4 x 8 NT floats of shared scratch).
-// Every load is issued before the first is used: one round trip per block, not one per
-// column pair.
-template <typename T, int FUSE, int NT>
+//     to dD_part (when not null; red: the block's 4 x 8 NT floats of shared scratch, free
+//     once every warp is past its reads of the staged rows).
+// STAGED: the rows' dy, x, z come from shared tiles (rows of LDS values, zero past nr and
+// P; the caller copied them while the product ran), else from global memory, every load
+// issued before the first is used (one round trip per block, not one per column pair).
+template <typename T, int FUSE, int NT, bool STAGED, int LDS>
 __device__ __forceinline__ void ssd_mma_rows_epilogue(
         const float (&acc)[NT][4], const T* __restrict__ dy, const T* __restrict__ z,
         const T* __restrict__ X, const float* __restrict__ D, const float* __restrict__ dte,
         const float* __restrict__ cbd, T* __restrict__ dY16, T* __restrict__ dz,
         T* __restrict__ dx, float* __restrict__ dcum, float* __restrict__ dD_part,
+        const unsigned short* dys, const unsigned short* xs, const unsigned short* zs,
         float* red, ssm_i64 row0, int H, int h, int P, int nr, int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const bool pair = (P & 1) == 0 &&
@@ -1212,6 +1215,11 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                         (unsigned long long)(FUSE == 1 ? (dY16 ? dY16 : dy) : dx)) & 3) == 0;
     const bool need_x = FUSE == 2 || z;
     // 1. Loads: the two rows' dy, x, z pairs, e and (GB) the first half of dcum; D's pairs.
+    auto fetch = [&](const T* src, const unsigned short* tile, int r, int p, ssm_i64 i,
+                     bool two) -> unsigned {
+        if constexpr (STAGED) return ssd_mma_pair(tile + r * LDS + p);
+        else return ssd_mma_get2(src + i, pair, two);
+    };
     unsigned w_dy[2][NT], w_x[2][NT], w_z[2][NT];
     float e[2], dcum0[2], Dv[NT][2];
     ssm_i64 row[2];
@@ -1227,9 +1235,9 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
             const int p = 8 * j + 2 * t;
             const bool in = live && p < P, two = p + 1 < P;
             const ssm_i64 i = row[half] * P + p;
-            w_dy[half][j] = in ? ssd_mma_get2(dy + i, pair, two) : 0u;
-            w_x[half][j] = in && need_x ? ssd_mma_get2(X + i, pair, two) : 0u;
-            w_z[half][j] = in && z ? ssd_mma_get2(z + i, pair, two) : 0u;
+            w_dy[half][j] = in ? fetch(dy, dys, r, p, i, two) : 0u;
+            w_x[half][j] = in && need_x ? fetch(X, xs, r, p, i, two) : 0u;
+            w_z[half][j] = in && z ? fetch(z, zs, r, p, i, two) : 0u;
         }
     }
 #pragma unroll
@@ -1299,8 +1307,14 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                 v += __shfl_xor_sync(0xffffffffu, v, 4);
                 v += __shfl_xor_sync(0xffffffffu, v, 8);
                 v += __shfl_xor_sync(0xffffffffu, v, 16);
-                if (g == 0) red[warp * 8 * NT + 8 * j + 2 * t + k] = v;
+                dd[j][k] = v;
             }
+        __syncthreads();  // every warp is past its reads of the tiles red may share
+        if (g == 0)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int k = 0; k < 2; ++k) red[warp * 8 * NT + 8 * j + 2 * t + k] = dd[j][k];
         __syncthreads();
         for (int p = threadIdx.x; p < P; p += SSD_MMA_THREADS) {
             float v = 0.0f;
@@ -1383,7 +1397,14 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     const bool u_resident = K <= KW;  // one slice: us is staged once, in step 1
     // U W^T read from ssd_mma_cb's blocks (cbm): only the C B^T products (ycore and GB, the
     // instances without MT), so that dB and dC carry no code for it.
-    const bool use_cb = !MT && cbm;
+    // FUSE: always (the host passes the blocks), which leaves us and ms free in step 2.
+    const bool use_cb = FUSE != 0 || (!MT && cbm);
+    // FUSE with VW <= 64: the epilogue's rows of dy, x, z are copied into us (dy) and ms
+    // (x, then z) with step 2's first tile; at VW = 128 they do not fit and are read from
+    // global memory in the epilogue.
+    constexpr bool STAGED = FUSE != 0 && VW <= 64;
+    static_assert(!STAGED || (SSD_MMA_ROWS * LDV <= SSD_MMA_ROWS * LDK &&
+                              2 * SSD_MMA_ROWS * LDV <= MS), "the staged rows fit us and ms");
     const int off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
     float* const part = HSUM ? out + hs * part_stride : out;
 
@@ -1518,6 +1539,19 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     }
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
                         vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
+                    if constexpr (STAGED) {
+                        if (q0 == q_begin) {  // the epilogue's rows, in flight with this tile
+                            const ssm_i64 at = ((b * L + r0) * H + h) * V;
+                            auto rows_in = [&](unsigned short* dst, const T* src) {
+                                ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                                    dst, src + at, (ssm_i64)H * V, nr, V,
+                                    vec && ((unsigned long long)src & 15) == 0, tid);
+                            };
+                            rows_in(us, dy);
+                            if (FUSE == 2 || z) rows_in(ms, X);
+                            if (z) rows_in(ms + SSD_MMA_ROWS * LDV, z);
+                        }
+                    }
                 }
                 if (!use_cb) {
                     if (!u_resident) stage_u(k0);
@@ -1583,11 +1617,11 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         // each thread adds to the entries it stored itself, in head order (deterministic).
         // FUSE: the rows' element-wise work instead, nothing stored to out.
         if constexpr (FUSE != 0) {
-            if (FUSE == 2 && dD_part) __syncthreads();  // ms is free for the column sums
-            ssd_mma_rows_epilogue<T, FUSE, NT>(
+            ssd_mma_rows_epilogue<T, FUSE, NT, STAGED, LDV>(
                 acc, dy, z, X, D, dte, cbd, dY16, dz, dx, dcum,
                 dD_part ? dD_part + (((ssm_i64)bu * per_set + ctile) * H) * V : nullptr,
-                reinterpret_cast<float*>(ms), (b * L + r0) * H + h, H, h, V, nr, warp, lane);
+                us, ms, ms + SSD_MMA_ROWS * LDV, reinterpret_cast<float*>(vt),
+                (b * L + r0) * H + h, H, h, V, nr, warp, lane);
             return;
         }
         {

@@ -537,6 +537,9 @@ class _Layout:
         if (groups is not None) != MMA_BWD_KINDS[kind][3]:
             raise ValueError(f"ssd (GPU): the {kind} product sums over heads only with groups")
         XO = p.H if groups is None else groups
+        if rows is not None and (kind not in MMA_FUSE or cb is None):
+            raise ValueError(f"ssd (GPU): the per-step work fuses into ycore and GB only, "
+                             f"reading the C B^T blocks (cb); got {kind} with cb={cb is not None}")
         if rows is None:
             blocks, splits, part = self._head_runs(p, XO, V)
         else:  # the per-step work in the epilogue: one head per block, nothing stored
