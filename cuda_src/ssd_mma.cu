@@ -1188,7 +1188,8 @@ __device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
 // the epilogue of the product that makes its float32 rows, so that those rows never go to
 // memory. The block holds rows ra = 16 warp + g and rb = ra + 8 of its 64 (live below nr),
 // every column p < P (lane t: p = 8 j + 2 t and p + 1), of head h; row0 = (b L + r0) H + h.
-// e_r = dte_r cbd_r (cbd: C_r . B_r); dY = dy silu'(z) (dy without z).
+// e_r = dte_r (C_r . B_r), D_p and (GB) dcum_r come from shared arrays the block filled at
+// its start (e_s, d_s, dc_s; d_s zero past P or without D); dY = dy silu'(z) (dy without z).
 //   FUSE = 1 (ycore, acc = yo): with z, dY16 = dY rounded to T and
 //     dz = dy y_pre sigmoid(z) (1 + z (1 - sigmoid(z))), y_pre = (yo + e x) + D x;
 //     dcum[row] = sum_p round_T(dY)_p yo_p (the first half of dcum).
@@ -1202,11 +1203,11 @@ __device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
 template <typename T, int FUSE, int NT, bool STAGED, int LDS>
 __device__ __forceinline__ void ssd_mma_rows_epilogue(
         const float (&acc)[NT][4], const T* __restrict__ dy, const T* __restrict__ z,
-        const T* __restrict__ X, const float* __restrict__ D, const float* __restrict__ dte,
-        const float* __restrict__ cbd, T* __restrict__ dY16, T* __restrict__ dz,
-        T* __restrict__ dx, float* __restrict__ dcum, float* __restrict__ dD_part,
-        const unsigned short* dys, const unsigned short* xs, const unsigned short* zs,
-        float* red, ssm_i64 row0, int H, int h, int P, int nr, int warp, int lane) {
+        const T* __restrict__ X, const float* e_s, const float* d_s, const float* dc_s,
+        T* __restrict__ dY16, T* __restrict__ dz, T* __restrict__ dx, float* __restrict__ dcum,
+        float* __restrict__ dD_part, const unsigned short* dys, const unsigned short* xs,
+        const unsigned short* zs, float* red, ssm_i64 row0, int H, int h, int P, int nr,
+        int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const bool pair = (P & 1) == 0 &&
                       (((unsigned long long)dy | (unsigned long long)X |
@@ -1214,7 +1215,8 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                         (unsigned long long)(FUSE == 1 ? (dz ? dz : dy) : dx) |
                         (unsigned long long)(FUSE == 1 ? (dY16 ? dY16 : dy) : dx)) & 3) == 0;
     const bool need_x = FUSE == 2 || z;
-    // 1. Loads: the two rows' dy, x, z pairs, e and (GB) the first half of dcum; D's pairs.
+    // 1. Loads: the two rows' dy, x, z pairs, e and (GB) the first half of dcum; D's pairs
+    // (none from global memory when STAGED).
     auto fetch = [&](const T* src, const unsigned short* tile, int r, int p, ssm_i64 i,
                      bool two) -> unsigned {
         if constexpr (STAGED) return ssd_mma_pair(tile + r * LDS + p);
@@ -1228,8 +1230,8 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         const int r = 16 * warp + g + 8 * half;
         const bool live = r < nr;
         row[half] = row0 + (ssm_i64)(live ? r : 0) * H;
-        e[half] = dte[row[half]] * cbd[row[half]];
-        dcum0[half] = FUSE == 2 ? dcum[row[half]] : 0.0f;
+        e[half] = e_s[r];
+        dcum0[half] = FUSE == 2 ? dc_s[r] : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int p = 8 * j + 2 * t;
@@ -1243,8 +1245,8 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const int p = 8 * j + 2 * t;
-        Dv[j][0] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
-        Dv[j][1] = D && p + 1 < P ? D[(ssm_i64)h * P + p + 1] : 0.0f;
+        Dv[j][0] = d_s[p];
+        Dv[j][1] = d_s[p + 1];
     }
     // 2. The arithmetic of ssd_mma_bwd_rows, and the stores.
     float dd[NT][2];
@@ -1361,6 +1363,9 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
     __shared__ float dt_r[SSD_MMA_ROWS];
     __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
     __shared__ float col_w[SSD_MMA_ROWS], row_f[SSD_MMA_ROWS];  // a whole tile's factors (below)
+    // FUSE: the rows' e_r = dt'_r (C_r . B_r), D (zero past V) and GB's first half of dcum
+    __shared__ float e_s[FUSE ? SSD_MMA_ROWS : 1], d_s[FUSE ? VW : 1];
+    __shared__ float dc_s[FUSE == 2 ? SSD_MMA_ROWS : 1];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -1420,6 +1425,14 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
             dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
             seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+            if constexpr (FUSE != 0) {
+                e_s[tid] = dte[(b * L + r) * H + h] * cbd[(b * L + r) * H + h];
+                if constexpr (FUSE == 2) dc_s[tid] = dcum[(b * L + r) * H + h];
+            }
+        }
+        if constexpr (FUSE != 0) {
+            for (int v = tid; v < VW; v += SSD_MMA_THREADS)
+                d_s[v] = D && v < V ? D[(ssm_i64)h * V + v] : 0.0f;
         }
 
         float acc[NT][4];
@@ -1618,7 +1631,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         // FUSE: the rows' element-wise work instead, nothing stored to out.
         if constexpr (FUSE != 0) {
             ssd_mma_rows_epilogue<T, FUSE, NT, STAGED, LDV>(
-                acc, dy, z, X, D, dte, cbd, dY16, dz, dx, dcum,
+                acc, dy, z, X, e_s, d_s, dc_s, dY16, dz, dx, dcum,
                 dD_part ? dD_part + (((ssm_i64)bu * per_set + ctile) * H) * V : nullptr,
                 us, ms, ms + SSD_MMA_ROWS * LDV, reinterpret_cast<float*>(vt),
                 (b * L + r0) * H + h, H, h, V, nr, warp, lane);
