@@ -47,8 +47,10 @@ Backward (from the boundary states the forward kept, nothing per step)
     H, N) array exists), the adjoint chunk sums (``ssd_mma_chunk_state`` in its adjoint
     form, exp(cum_t) dY_t as a hi + lo pair of 16-bit values: float32-accurate to about
     16 bits; ``MMA_ADJOINT_STATE = False`` runs ``ssd_chunk_state`` instead), and the per-step element-wise work (z gate, D, dx, the chunk sums' cotangent,
-    dD) fused into ``ssd_mma_bwd_rows``, one pass before the products (with z only) and
-    one after. Every option is supported there (D, z, seq_idx, cu_seqlens, initial and
+    dD) in the epilogues of the recomputed output (ycore) and of (G B) (``FUSE`` of
+    ``ssd_mma_chunk_mm``), so that their float32 rows never go to memory
+    (``MMA_ROWS_FUSED = False``: written, then read back by ``ssd_mma_bwd_rows``, one pass
+    before the products with z and one after). Every option is supported there (D, z, seq_idx, cu_seqlens, initial and
     final states); other shapes and dtypes use the CUDA-core products. On that path the
     (G B) product carries dt'_s, the diagonal terms (s = t) of the recomputed
     output and of (G B) are added in float32, ``x_s . (G B)_s`` comes from
