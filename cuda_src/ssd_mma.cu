@@ -1215,64 +1215,57 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                         (unsigned long long)(FUSE == 1 ? (dz ? dz : dy) : dx) |
                         (unsigned long long)(FUSE == 1 ? (dY16 ? dY16 : dy) : dx)) & 3) == 0;
     const bool need_x = FUSE == 2 || z;
-    // 1. Loads: the two rows' dy, x, z pairs, e and (GB) the first half of dcum; D's pairs
-    // (none from global memory when STAGED).
-    auto fetch = [&](const T* src, const unsigned short* tile, int r, int p, ssm_i64 i,
-                     bool two) -> unsigned {
-        if constexpr (STAGED) return ssd_mma_pair(tile + r * LDS + p);
-        else return ssd_mma_get2(src + i, pair, two);
-    };
-    unsigned w_dy[2][NT], w_x[2][NT], w_z[2][NT];
-    float e[2], dcum0[2], Dv[NT][2];
-    ssm_i64 row[2];
+    float dd[NT][2];
 #pragma unroll
+    for (int j = 0; j < NT; ++j) dd[j][0] = dd[j][1] = 0.0f;
+    // One row at a time (the loop kept rolled: the body is long, and twice of it cost the
+    // instruction cache more than the row's loads cost in latency).
+#pragma unroll 1
     for (int half = 0; half < 2; ++half) {
         const int r = 16 * warp + g + 8 * half;
         const bool live = r < nr;
-        row[half] = row0 + (ssm_i64)(live ? r : 0) * H;
-        e[half] = e_s[r];
-        dcum0[half] = FUSE == 2 ? dc_s[r] : 0.0f;
+        const ssm_i64 row = row0 + (ssm_i64)(live ? r : 0) * H;
+        // 1. Loads: the row's dy, x, z pairs (every one issued before the first is used).
+        unsigned w_dy[NT], w_x[NT], w_z[NT];
+        float a[NT][2];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int p = 8 * j + 2 * t;
             const bool in = live && p < P, two = p + 1 < P;
-            const ssm_i64 i = row[half] * P + p;
-            w_dy[half][j] = in ? fetch(dy, dys, r, p, i, two) : 0u;
-            w_x[half][j] = in && need_x ? fetch(X, xs, r, p, i, two) : 0u;
-            w_z[half][j] = in && z ? fetch(z, zs, r, p, i, two) : 0u;
+            const ssm_i64 i = row * P + p;
+            if constexpr (STAGED) {
+                w_dy[j] = ssd_mma_pair(dys + r * LDS + p);  // zero past nr and P
+                w_x[j] = need_x ? ssd_mma_pair(xs + r * LDS + p) : 0u;
+                w_z[j] = z ? ssd_mma_pair(zs + r * LDS + p) : 0u;
+            } else {
+                w_dy[j] = in ? ssd_mma_get2(dy + i, pair, two) : 0u;
+                w_x[j] = in && need_x ? ssd_mma_get2(X + i, pair, two) : 0u;
+                w_z[j] = in && z ? ssd_mma_get2(z + i, pair, two) : 0u;
+            }
+            a[j][0] = half ? acc[j][2] : acc[j][0];  // zero past P
+            a[j][1] = half ? acc[j][3] : acc[j][1];
         }
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int p = 8 * j + 2 * t;
-        Dv[j][0] = d_s[p];
-        Dv[j][1] = d_s[p + 1];
-    }
-    // 2. The arithmetic of ssd_mma_bwd_rows, and the stores.
-    float dd[NT][2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const bool live = 16 * warp + g + 8 * half < nr;
+        const float e = e_s[r];
+        // 2. The arithmetic of ssd_mma_bwd_rows, and the stores.
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int p = 8 * j + 2 * t;
-            if (half == 0) dd[j][0] = dd[j][1] = 0.0f;
             if (!live || p >= P) continue;
             const bool two = p + 1 < P;
-            const ssm_i64 i = row[half] * P + p;
+            const ssm_i64 i = row * P + p;
             float o[2], o_dz[2];
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                const float a = acc[j][2 * half + k];  // zero past P
-                const float dyv = ssd_mma_half<T>(w_dy[half][j], k);
-                const float xv = ssd_mma_half<T>(w_x[half][j], k);
+                const float dyv = ssd_mma_half<T>(w_dy[j], k);
+                const float xv = ssd_mma_half<T>(w_x[j], k);
+                const float Dv = d_s[p + k];
                 float dYv = dyv;
                 if (z) {
-                    const float zv = ssd_mma_half<T>(w_z[half][j], k);
+                    const float zv = ssd_mma_half<T>(w_z[j], k);
                     const float sg = ssm_math<float>::sigmoid(zv);
                     if (FUSE == 1) {
-                        const float y_pre = (a + e[half] * xv) + Dv[j][k] * xv;
+                        const float y_pre = (a[j][k] + e * xv) + Dv * xv;
                         o_dz[k] = dyv * y_pre * sg * (1.0f + zv * (1.0f - sg));
                     }
                     dYv = dyv * zv * sg;
@@ -1281,10 +1274,10 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                     T d16;
                     ssm_store(&d16, dYv);
                     o[k] = dYv;
-                    sum += ssm_load(d16) * a;
+                    sum += ssm_load(d16) * a[j][k];
                 } else {
-                    o[k] = (a + e[half] * dYv) + Dv[j][k] * dYv;
-                    sum += xv * a;
+                    o[k] = (a[j][k] + e * dYv) + Dv * dYv;
+                    sum += xv * a[j][k];
                     dd[j][k] += dYv * xv;
                 }
             }
@@ -1298,7 +1291,7 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         // the 4 lanes t of a row hold its columns
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (t == 0 && live) dcum[row[half]] = FUSE == 1 ? sum : dcum0[half] - sum;
+        if (t == 0 && live) dcum[row] = FUSE == 1 ? sum : dc_s[r] - sum;
     }
     if (FUSE == 2 && dD_part) {  // uniform: the columns' sums over the 8 lanes g, then the warps
 #pragma unroll
