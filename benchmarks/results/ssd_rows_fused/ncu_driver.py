@@ -1,0 +1,20 @@
+import sys, math; sys.path.insert(0, "benchmarks")
+import cupy, bench_ssd
+from ssmkit import _ssd
+from ssmkit._gpu import ssd as gpu_ssd
+x = bench_ssd.make_inputs(cupy, "bfloat16", 4, 4096, 80, 64, 1, 128)
+p, _, _ = _ssd._prepare("ssd", x["x"], x["dt"], x["A"], x["B"], x["C"], 256, x["D"], None, x["dt_bias"], True, (0.0, math.inf), None, None, None)
+_, _, ck = gpu_ssd.ssd_forward(p, save_checkpoints=True)
+lay = gpu_ssd._Layout(p)
+dy = cupy.random.default_rng(1).standard_normal(p.x.shape, dtype=cupy.float32).astype(p.io_dtype)
+cb = gpu_ssd._diag_cb(p, p.compute_dtype)
+cbl, cbt = lay.cb_mma(p, transposed=True)
+rows = gpu_ssd._fused_rows(p, lay, dy, cb)
+K = lay.chunk_state_mma(p, dy, p.C, adjoint=True)
+_, _, dHx = gpu_ssd._adjoint_passing(p, lay, K, None, rounded=True)
+bnd = cupy.empty((4, 4096, 80), dtype=cupy.float32)
+lay.mm_mma(p, "ycore", p.C, p.B, p.x, ck[1], with_diag=False, cb=cbl)
+lay.mm_mma(p, "ycore", p.C, p.B, p.x, ck[1], with_diag=False, cb=cbl, rows=rows)
+lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt)
+lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt, rows=rows)
+cupy.cuda.Device().synchronize()
