@@ -1412,21 +1412,25 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         const int hu = ssd_mma_group(h, H, XU), hw = ssd_mma_group(h, H, XW),
                   hv = ssd_mma_group(h, H, XV);
         const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
-        __syncthreads();  // the previous head's reads of cum_r, dt_r, seq_r are done
-        if (tid < SSD_MMA_ROWS) {
-            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-            cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
-            dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
-            seq_r[tid] = ssd_mma_seq(seq, b * L + r);
-            if constexpr (FUSE != 0) {
-                e_s[tid] = dte[(b * L + r) * H + h] * cbd[(b * L + r) * H + h];
-                if constexpr (FUSE == 2) dc_s[tid] = dcum[(b * L + r) * H + h];
+        // The rows' chunk sums, dt' and labels (FUSE: e_r, D, dcum too), into the row
+        // arrays: called with step 1's first copies in flight (behind its first barrier,
+        // which ends the previous head's reads of them).
+        auto load_rows = [&] {
+            if (tid < SSD_MMA_ROWS) {
+                const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+                cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
+                dt_r[tid] = DTW == 2 ? dte[(b * L + r) * H + h] : 1.0f;
+                seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+                if constexpr (FUSE != 0) {
+                    e_s[tid] = dte[(b * L + r) * H + h] * cbd[(b * L + r) * H + h];
+                    if constexpr (FUSE == 2) dc_s[tid] = dcum[(b * L + r) * H + h];
+                }
             }
-        }
-        if constexpr (FUSE != 0) {
-            for (int v = tid; v < VW; v += SSD_MMA_THREADS)
-                d_s[v] = D && v < V ? D[(ssm_i64)h * V + v] : 0.0f;
-        }
+            if constexpr (FUSE != 0) {
+                for (int v = tid; v < VW; v += SSD_MMA_THREADS)
+                    d_s[v] = D && v < V ? D[(ssm_i64)h * V + v] : 0.0f;
+            }
+        };
 
         float acc[NT][4];
         ssd_mma_zero(acc);
@@ -1451,6 +1455,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
                     vt, Xd + ((b * L + r0) * H + h) * V, (ssm_i64)H * V, nr, V,
                     vec && ((unsigned long long)Xd & 15) == 0, tid);
+            if (k0 == 0) load_rows();
             ssd_mma_cp_land();
             __syncthreads();
             ssd_mma_slice<T, NT, KW, LDK, !HSUM, MT, LDM>(acc, us, ms, k0, K, warp, lane);
@@ -1524,6 +1529,22 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             for (int k0 = 0; k0 < (use_cb ? 1 : K); k0 += KW) {
                 __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
                 if (k0 == 0) {
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
+                    if constexpr (STAGED) {
+                        if (q0 == q_begin) {  // the epilogue's rows, in flight with this tile
+                            const ssm_i64 at = ((b * L + r0) * H + h) * V;
+                            auto rows_in = [&](unsigned short* dst, const T* src) {
+                                ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                                    dst, src + at, (ssm_i64)H * V, nr, V,
+                                    vec && ((unsigned long long)src & 15) == 0, tid);
+                            };
+                            rows_in(us, dy);
+                            if (FUSE == 2 || z) rows_in(ms, X);
+                            if (z) rows_in(ms + SSD_MMA_ROWS * LDV, z);
+                        }
+                    }
+                    // the steps' chunk sums and weights, with the copies in flight
                     if (tid < SSD_MMA_ROWS) {
                         const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
                         const ssm_i64 i = (b * L + q) * H + h;
@@ -1541,21 +1562,6 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                             col_w[tid] = ssm_math<float>::decay(ec) * dq_t;
                             row_f[tid] = ssm_math<float>::decay(er) * (DTW == 2 ? dt_r[tid] : 1.0f);
                             far = ec > 64.0f || er > 64.0f;
-                        }
-                    }
-                    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
-                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
-                    if constexpr (STAGED) {
-                        if (q0 == q_begin) {  // the epilogue's rows, in flight with this tile
-                            const ssm_i64 at = ((b * L + r0) * H + h) * V;
-                            auto rows_in = [&](unsigned short* dst, const T* src) {
-                                ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
-                                    dst, src + at, (ssm_i64)H * V, nr, V,
-                                    vec && ((unsigned long long)src & 15) == 0, tid);
-                            };
-                            rows_in(us, dy);
-                            if (FUSE == 2 || z) rows_in(ms, X);
-                            if (z) rows_in(ms + SSD_MMA_ROWS * LDV, z);
                         }
                     }
                 }
@@ -1726,7 +1732,8 @@ __device__ __forceinline__ bool ssd_mma_run_at(ssd_mma_run& R, const ssm_i64* st
 
 // acc += A Bt^T over K = P in slices: A the block's nr rows of a (row stride lda) staged
 // into us, Bt staged into bs by stage_b(k0) (its slice k0 ..); before_first() runs with the
-// first slice's staging (after the barrier that ends the previous reads).
+// first slice's staging (after the barrier that ends the previous reads), once the copies
+// are issued: its global loads then wait alongside them, not before them.
 // Returns whether any thread's `vote` (which before_first may set) was true.
 template <typename T, int NT, bool BT = false, typename StageB, typename First>
 __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned short* us,
@@ -1739,9 +1746,9 @@ __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned
     int any = 0;
     for (int k0 = 0; k0 < P; k0 += KW) {
         __syncthreads();  // the previous reads of us, bs and the row arrays are done
-        if (k0 == 0) before_first();
         ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(us, a + k0, lda, nr, P - k0, vec, tid);
         stage_b(k0);
+        if (k0 == 0) before_first();
         ssd_mma_cp_land();
         any = __syncthreads_or(vote);
         ssd_mma_slice<T, NT, KW, LDK, false, BT, SSD_MMA_SUM_LDV>(acc, us, bs, k0, P, warp, lane);
@@ -2119,6 +2126,9 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             float gacc[8][4];
             ssd_mma_zero(gacc);
             bool far = false;
+            // the row dots so far, read before the product (their latency hidden behind it)
+            const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
+            const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
             const int any_far = ssd_mma_run_product<T>(
                 gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                 [&](int k0) {
@@ -2185,8 +2195,8 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             da = row_sum(da);
             db = row_sum(db);
             if (t == 0) {
-                if (ra < nr) rd_a[h] += da;
-                if (rb < nr) rd_b[h] += db;
+                if (ra < nr) rd_a[h] = rd_prev_a + da;
+                if (rb < nr) rd_b[h] = rd_prev_b + db;
             }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
