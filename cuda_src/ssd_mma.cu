@@ -938,12 +938,15 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                               tile * (tile + 1) / 2;  // + the column tile
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, Cm, Cm, X, states);
-    if (tid < SSD_MMA_ROWS) {
-        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-        cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
-        seq_r[tid] = ssd_mma_seq(seq, b * L + r);
-    }
-    // D now, so that step 3 does not wait on global loads
+    // The rows' chunk sums and labels: loaded with step 1's first copies in flight, so that
+    // both wait together. (D, for step 3, here: moved there too, it made ptxas spill.)
+    auto load_rows = [&] {
+        if (tid < SSD_MMA_ROWS) {
+            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+            cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
+            seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+        }
+    };
     for (int p = tid; p < PW; p += SSD_MMA_THREADS) d_s[p] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
 
     const ssm_i64 q_end = r0 + nr;  // step 2's steps: t0 .. q_end - 1
@@ -965,7 +968,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK>(
             cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, tid);
         ssd_mma_stage_async<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
-        if (n0 == 0) stage_x(xt, t0);
+        if (n0 == 0) {
+            stage_x(xt, t0);
+            load_rows();
+        }
         ssd_mma_cp_commit();
         ssd_mma_cp_wait<0>();
         __syncthreads();
