@@ -1844,23 +1844,20 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
                  ssm_i64 part_stride) {
-    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, KW = SSD_MMA_SUM_KW, LDK = KW + 8;
-    constexpr int TILE = SSD_MMA_ROWS * LDK;            // a 64 x KW operand tile's values
+    constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
-    constexpr int MSV = KW * SSD_MMA_SUM_LDV;           // ms's values
-    static_assert(MSV <= 2 * TILE && VT <= 2 * TILE, "ms and vt fit the first two tiles");
-    // step 1: ms = S[k][v] (the entering state, 16 bits) in tiles 0-1, us = dY[r][k] in
-    // tile 2; step 2: job j's dY rows and x steps in tiles 2 (j & 1), 2 (j & 1) + 1 (two
-    // jobs in flight), then vt = B[q][v] in tiles 0-1
-    alignas(16) __shared__ unsigned short buf[4 * TILE];
+    alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
+    // step 1: ms = S[k][v] (the entering state, 16 bits); step 2: ws = x[q][k] and vt = B[q][v]
+    alignas(16) __shared__ unsigned short buf[SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV > SSD_MMA_ROWS * LDK + VT
+                                                  ? SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV
+                                                  : SSD_MMA_ROWS * LDK + VT];
     unsigned short* const ms = buf;
-    unsigned short* const us = buf + 2 * TILE;
-    unsigned short* const vt = buf;
-    // per head, two heads at a time (slot = the head's parity in its run): the chunk sums
-    // times log2(e) (one exp2 per decay), dt', restart labels, a whole tile's factors
-    __shared__ float cum_r[2][SSD_MMA_ROWS], cum_q[2][SSD_MMA_ROWS], dt_q[2][SSD_MMA_ROWS];
-    __shared__ int seq_r[2][SSD_MMA_ROWS], seq_q[2][SSD_MMA_ROWS];
-    __shared__ float col_w[2][SSD_MMA_ROWS], row_f[2][SSD_MMA_ROWS];
+    unsigned short* const ws = buf;
+    unsigned short* const vt = buf + SSD_MMA_ROWS * LDK;
+    // the chunk sums times log2(e), one exp2 per decay
+    __shared__ float cum_r[SSD_MMA_ROWS], cum_q[SSD_MMA_ROWS], dt_q[SSD_MMA_ROWS];
+    __shared__ int seq_r[SSD_MMA_ROWS], seq_q[SSD_MMA_ROWS];
+    __shared__ float col_w[SSD_MMA_ROWS], row_f[SSD_MMA_ROWS];  // a whole tile's factors
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = lane & 3;
@@ -1873,12 +1870,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
 
-    // This block's rows r0 .. of head h: the chunk sums and restart labels, into slot sl.
-    auto stage_rows = [&](int h, int sl) {
+    // This block's rows r0 .. of head h: the chunk sums and restart labels.
+    auto stage_rows = [&](int h) {
         if (tid < SSD_MMA_ROWS) {
             const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-            cum_r[sl][tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
-            seq_r[sl][tid] = ssd_mma_seq(seq, b * L + r);
+            cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
+            seq_r[tid] = ssd_mma_seq(seq, b * L + r);
         }
     };
 
@@ -1893,12 +1890,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         ssd_mma_run_product<T, NT, true>(
             acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
             [&](int k0) {
-                ssd_mma_stage_async<T, KW, VW, SSD_MMA_SUM_LDV, false>(
+                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
                     ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
             },
-            [&] { stage_rows(h, 0); }, tid, warp, lane);
-        const float sa = seq_r[0][ra] == seq_prev ? ssm_math<float>::decay(cum_r[0][ra]) : 0.0f;
-        const float sb = seq_r[0][rb] == seq_prev ? ssm_math<float>::decay(cum_r[0][rb]) : 0.0f;
+            [&] { stage_rows(h); }, tid, warp, lane);
+        const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
+        const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             acc[j][0] += sa * acc2[j][0];
@@ -1909,81 +1906,51 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     }
 
     // 2. The diagonal block, one tile of 64 steps q at a time: the heads' masked blocks
-    // summed in float32, then one product with B. The heads' products are jobs of one K
-    // slice each (job j: head h_begin + j / slices, slice j % slices), software-pipelined:
-    // job j + 1's copies (and, at a head's first slice, its row arrays) are in flight while
-    // job j is multiplied and masked.
-    const int slices = (P + KW - 1) / KW, jobs = (R.h_end - R.h_begin) * slices;
+    // summed in float32, then one product with B.
     const ssm_i64 q_end = r0 + nr;
     for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
         const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
-        // a whole tile before the rows without restarts: factored weights (ssd_mma_chunk_mm)
-        const bool whole = !seq && q0 + SSD_MMA_ROWS <= r0;
-        // Job j's copies into tiles 2 (j & 1) and 2 (j & 1) + 1, committed; then, at a head's
-        // first slice, its row arrays into slot (its parity). Returns whether this thread saw
-        // a factor that needs the entrywise weights.
-        auto issue = [&](int j) {
-            const int h = R.h_begin + j / slices, k0 = (j % slices) * KW;
-            unsigned short* const u = buf + 2 * (j & 1) * TILE;
-            ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(
-                u, dY + ((b * L + r0) * H + h) * P + k0, (ssm_i64)H * P, nr, P - k0, vec, tid);
-            ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK, false>(
-                u + TILE, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0, vec,
-                tid);
-            ssd_mma_cp_commit();
-            bool far = false;
-            if (k0 == 0) {
-                const int sl = (j / slices) & 1;
-                stage_rows(h, sl);
-                if (tid < SSD_MMA_ROWS) {
-                    const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                    const ssm_i64 i = (b * L + q) * H + h;
-                    const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
-                    cum_q[sl][tid] = cq;
-                    dt_q[sl][tid] = dq_t;
-                    seq_q[sl][tid] = ssd_mma_seq(seq, b * L + q);
-                    if (whole) {
-                        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-                        far = ssd_mma_tile_factors<false>(
-                            col_w[sl], row_f[sl], tid, cq,
-                            cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
-                            cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
-                    }
-                }
-            }
-            return far;
-        };
         float gsum[8][4];
         ssd_mma_zero(gsum);
-        __syncthreads();  // the previous reads of buf (step 1, the last tile's B) are done
-        bool far0 = issue(0), far1 = false;  // this thread's votes, per slot
-        float gacc[8][4];
-        for (int j = 0; j < jobs; ++j) {
-            const int ks = j % slices, sl = (j / slices) & 1;
-            __syncthreads();  // job j - 1's tiles and the head before's row arrays are free
-            if (j + 1 < jobs) {
-                const bool f = issue(j + 1);
-                if ((j + 1) % slices == 0) {
-                    if (((j + 1) / slices) & 1) far1 = f;
-                    else far0 = f;
-                }
-                ssd_mma_cp_wait<1>();  // job j's copies have landed
-            } else {
-                ssd_mma_cp_wait<0>();
-            }
-            const int any_far = __syncthreads_or(sl ? far1 : far0);
-            if (ks == 0) ssd_mma_zero(gacc);
-            const unsigned short* const u = buf + 2 * (j & 1) * TILE;
-            ssd_mma_slice<T, 8, KW, LDK, false, false, SSD_MMA_SUM_LDV>(gacc, u, u + TILE,
-                                                                       ks * KW, P, warp, lane);
-            if (ks + 1 < slices) continue;
+        // a whole tile before the rows without restarts: factored weights (ssd_mma_chunk_mm)
+        const bool whole = !seq && q0 + SSD_MMA_ROWS <= r0;
+        for (int h = R.h_begin; h < R.h_end; ++h) {
+            float gacc[8][4];
+            ssd_mma_zero(gacc);
+            bool far = false;
+            const int any_far = ssd_mma_run_product<T>(
+                gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                [&](int k0) {
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                        ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
+                        vec, tid);
+                },
+                [&] {
+                    stage_rows(h);
+                    if (tid < SSD_MMA_ROWS) {
+                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                        const ssm_i64 i = (b * L + q) * H + h;
+                        const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
+                        cum_q[tid] = cq;
+                        dt_q[tid] = dq_t;
+                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                        if (whole) {
+                            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+                            far = ssd_mma_tile_factors<false>(
+                                col_w, row_f, tid, cq,
+                                cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
+                                cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
+                        }
+                    }
+                },
+                tid, warp, lane, far);
             if (whole && !any_far) {  // uniform
-                ssd_mma_weighed(gacc, row_f[sl][ra], row_f[sl][rb], col_w[sl], t,
-                                [&](int jj, float v0, float v1, float v2, float v3) {
-                                    gsum[jj][0] += v0;
-                                    gsum[jj][1] += v1;
-                                    gsum[jj][2] += v2;
-                                    gsum[jj][3] += v3;
+                ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
+                                [&](int j, float v0, float v1, float v2, float v3) {
+                                    gsum[j][0] += v0;
+                                    gsum[j][1] += v1;
+                                    gsum[j][2] += v2;
+                                    gsum[j][3] += v3;
                                 });
                 continue;
             }
@@ -1991,18 +1958,18 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             // past nr and steps past nq need no test there either)
             const int dq = (int)(q0 - r0);
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int sq = 8 * jj + 2 * t + (i & 1);
+                    const int sq = 8 * j + 2 * t + (i & 1);
                     const int r = i >= 2 ? rb : ra;
-                    const bool live = sq + dq <= r && (!seq || seq_q[sl][sq] == seq_r[sl][r]);
+                    const bool live = sq + dq <= r && (!seq || seq_q[sq] == seq_r[r]);
                     if (live)
-                        gsum[jj][i] += ssm_math<float>::decay(cum_r[sl][r] - cum_q[sl][sq]) *
-                                       dt_q[sl][sq] * gacc[jj][i];
+                        gsum[j][i] += ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq] *
+                                      gacc[j][i];
                 }
         }
-        __syncthreads();  // the jobs' last reads (tiles, row arrays) are behind every warp
+        __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
         ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
             vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, tid);
         ssd_mma_cp_land();
