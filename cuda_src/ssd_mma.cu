@@ -3,8 +3,9 @@
 // in place of ssd_chunk_state, ssd_state_passing and the forward ssd_chunk_mm of ssd.cu,
 // and (unless SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products
 // (ssd_mma_chunk_mm), its adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its
-// CuPy element-wise work (ssd_mma_bwd_rows, at the end of this file); the layout, the chunk
-// sums and the adjoint passing stay in ssd.cu.
+// CuPy element-wise work (in the epilogues of two of the products, ssd_mma_rows_epilogue;
+// or ssd_mma_bwd_rows, at the end of this file); the layout, the chunk sums and the adjoint
+// passing stay in ssd.cu.
 // Notation, chunks, restarts (seq) and layouts are those of ssd.cu. Checked on the host
 // by compiling this text with the PTX replaced by an emulation of the fragment layouts.
 //
@@ -1171,6 +1172,9 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // receives per head rowdot[b, r, h] = sum_v (row r before that scaling)[v] Xr_r[v], with
 // Xr_r = Xr[b, r, h / (H / XR)] (x_s . (G B)_s = B_s . (dB_s / dt'_s) in the dB instance,
 // with Xr = B).
+// FUSE = 1 (the ycore instance) or 2 (GB): nothing is stored to out; the epilogue does the
+// per-step element-wise work on the block's rows instead (ssd_mma_rows_epilogue; dy, z, X,
+// D, cbd in, dY16, dz, dx, dcum, dD_part out; cbm required). FUSE = 0: those are unused.
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 

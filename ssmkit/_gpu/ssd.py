@@ -46,12 +46,14 @@ Backward (from the boundary states the forward kept, nothing per step)
     group's heads inside the kernel, dB scaled by dt' there, so no per-head (batch, L,
     H, N) array exists), the adjoint chunk sums (``ssd_mma_chunk_state`` in its adjoint
     form, exp(cum_t) dY_t as a hi + lo pair of 16-bit values: float32-accurate to about
-    16 bits; ``MMA_ADJOINT_STATE = False`` runs ``ssd_chunk_state`` instead), and the per-step element-wise work (z gate, D, dx, the chunk sums' cotangent,
-    dD) in the epilogues of the recomputed output (ycore) and of (G B) (``FUSE`` of
+    16 bits; ``MMA_ADJOINT_STATE = False`` runs ``ssd_chunk_state`` instead), and the
+    per-step element-wise work (z gate, D, dx, the chunk sums' cotangent, dD) in the
+    epilogues of the recomputed output (ycore) and of (G B) (``FUSE`` of
     ``ssd_mma_chunk_mm``), so that their float32 rows never go to memory
     (``MMA_ROWS_FUSED = False``: written, then read back by ``ssd_mma_bwd_rows``, one pass
-    before the products with z and one after). Every option is supported there (D, z, seq_idx, cu_seqlens, initial and
-    final states); other shapes and dtypes use the CUDA-core products. On that path the
+    before the products with z and one after). Every option is supported there (D, z,
+    seq_idx, cu_seqlens, initial and final states); other shapes and dtypes use the
+    CUDA-core products. On that path the
     (G B) product carries dt'_s, the diagonal terms (s = t) of the recomputed
     output and of (G B) are added in float32, ``x_s . (G B)_s`` comes from
     ``B_s . dB_s / dt'_s``, and the chunk-end term ``<dHx, S_c>`` is the sum of the
@@ -541,7 +543,8 @@ class _Layout:
         XO = p.H if groups is None else groups
         if rows is not None and (kind not in MMA_FUSE or cb is None):
             raise ValueError(f"ssd (GPU): the per-step work fuses into ycore and GB only, "
-                             f"reading the C B^T blocks (cb); got {kind} with cb={cb is not None}")
+                             f"reading the C B^T blocks (cb); got {kind}, "
+                             f"cb={cb is not None}")
         if rows is None:
             blocks, splits, part = self._head_runs(p, XO, V)
         else:  # the per-step work in the epilogue: one head per block, nothing stored
