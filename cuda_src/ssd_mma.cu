@@ -890,7 +890,9 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
 // Every operand is staged by cp.async (ssd_mma_stage_async); the x tiles of step 2 go
 // through two buffers (xt, and cs once step 1 is done) when cs holds one (PW <= KW): the
 // next tile is in flight while this one is multiplied. The first x tile comes with step 1.
-// Grid: (batch * H * nc * tiles_per_chunk); 64-bit offsets.
+// A block walks tiles_per_block consecutive row tiles of its chunk (one at PW = 32), which
+// share its set-up and, without z and with N <= KW, the entering state staged in ms.
+// Grid: (batch * H * nc * ceil(tiles_per_chunk / tiles_per_block)); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 // 4 blocks (16 warps) per SM for PW <= 64: 128 registers, no spills (ptxas, sm_90).
 #ifndef SSD_MMA_OUT_BLOCKS
@@ -903,7 +905,8 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                   const T* __restrict__ z, const float* __restrict__ dte,
                   const float* __restrict__ cum, const int* __restrict__ seq,
                   const ssm_i64* __restrict__ starts, T* __restrict__ out, ssm_i64 L, int H,
-                  int P, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes) {
+                  int P, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes,
+                  int tiles_per_block) {
     static_assert(PW % 16 == 0 && PW <= 128, "PW: a multiple of 16, at most 128");
     static_assert(KW % 64 == 0, "KW: a multiple of 64");
     constexpr int NT = PW / 8;  // D tiles of 16 x 8 per warp
@@ -922,23 +925,33 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    // The block's (b, h, c, tile) in 32 bits: every quotient of blockIdx.x fits.
-    const unsigned per_head = (unsigned)nc * (unsigned)tiles_per_chunk;
-    const unsigned bh = blockIdx.x / per_head, ctile = blockIdx.x - bh * per_head;
-    const unsigned cu = ctile / (unsigned)tiles_per_chunk;
-    const int tile = (int)(ctile - cu * (unsigned)tiles_per_chunk);
+    // The block's (b, h, c, group of tiles) in 32 bits: every quotient of blockIdx.x fits.
+    // PW = 32 takes one tile per block (the host launches it so): with the tile loop ptxas
+    // spilled at its 128 registers.
+    const int tpb = PW < 64 ? 1 : tiles_per_block;
+    const unsigned groups = (unsigned)((tiles_per_chunk + tpb - 1) / tpb);
+    const unsigned per_head = (unsigned)nc * groups;
+    const unsigned bh = blockIdx.x / per_head, ctg = blockIdx.x - bh * per_head;
+    const unsigned cu = ctg / groups;
+    const int tile_begin = (int)(ctg - cu * groups) * tpb;
+    const int tile_end = PW < 64 ? tile_begin + 1
+                         : tile_begin + tpb < tiles_per_chunk ? tile_begin + tpb : tiles_per_chunk;
     const ssm_i64 c = cu, b = bh / (unsigned)H;
     const int h = (int)(bh - (unsigned)b * (unsigned)H);
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
-    if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
     const int gc = ssd_mma_group(h, H, GC);
     const int pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
-    const ssm_i64 cb_blocks = ((b * nc + c) * classes + ssd_mma_group(h, H, classes)) * pairs +
-                              tile * (tile + 1) / 2;  // + the column tile
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, Cm, Cm, X, states);
+    for (int p = tid; p < PW; p += SSD_MMA_THREADS) d_s[p] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
+
+#pragma unroll 1
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * SSD_MMA_ROWS;
+    if (r0 >= t1) break;
+    const int nr = (int)(t1 - r0 < SSD_MMA_ROWS ? t1 - r0 : SSD_MMA_ROWS);
+    const ssm_i64 cb_blocks = ((b * nc + c) * classes + ssd_mma_group(h, H, classes)) * pairs +
+                              tile * (tile + 1) / 2;  // + the column tile
     // The rows' chunk sums and labels: loaded with step 1's first copies in flight, so that
     // both wait together. (D, for step 3, here: moved there too, it made ptxas spill.)
     auto load_rows = [&] {
@@ -948,7 +961,6 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             seq_r[tid] = ssd_mma_seq(seq, b * L + r);
         }
     };
-    for (int p = tid; p < PW; p += SSD_MMA_THREADS) d_s[p] = D && p < P ? D[(ssm_i64)h * P + p] : 0.0f;
 
     const ssm_i64 q_end = r0 + nr;  // step 2's steps: t0 .. q_end - 1
     auto steps_from = [&](ssm_i64 q0) {
@@ -962,13 +974,16 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     float acc[NT][4];
     ssd_mma_zero(acc);
 
-    // 1. The entering state's contribution.
+    // 1. The entering state's contribution. The state stays staged in ms from tile to tile
+    // when it is one slice and the gate's rows do not take ms over in step 3.
     const T* S = states + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
+    const bool keep_state = !z && N <= KW;
     for (int n0 = 0; n0 < N; n0 += KW) {
-        __syncthreads();
+        __syncthreads();  // (and the previous tile's reads are done)
         ssd_mma_stage_async<T, SSD_MMA_ROWS, KW, LDK>(
             cs, Cm + ((b * L + r0) * GC + gc) * N + n0, (ssm_i64)GC * N, nr, N - n0, vec, tid);
-        ssd_mma_stage_async<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
+        if (!keep_state || tile == tile_begin)
+            ssd_mma_stage_async<T, PW, KW, LDK>(ms, S + n0, N, P, N - n0, vec, tid);
         if (n0 == 0) {
             stage_x(xt, t0);
             load_rows();
@@ -1128,6 +1143,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             }
         }
     }
+    }  // tile
 }
 
 // --------------------------------------------------------------------------------------

@@ -201,6 +201,11 @@ def mma_kernel_names(io: str) -> list:
             + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)])
 
 
+# Row tiles of a chunk that one block of ssd_mma_chunk_out walks in turn, without and with z:
+# they share the block's set-up and, without z, the entering state's staging (with z the
+# gate's rows take its buffer over).
+MMA_OUT_TILES_PER_BLOCK = (4, 2)
+
 # The tensor-core forward's chunk states and passing in one walk along the chunks
 # (ssd_mma_state_walk); False: ssd_mma_chunk_state, then ssd_state_passing (to compare).
 MMA_STATE_WALK = True
@@ -515,12 +520,15 @@ class _Layout:
         from the states entering the chunks in 16 bits (``passing(..., entering=True)``)
         and the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
         cb = self.cb_mma(p) if cb is None else cb
+        per_block = 1 if mma_width(p.P) < 64 else max(  # (PW = 32: one tile per block)
+            1, min(MMA_OUT_TILES_PER_BLOCK[p.z is not None], self.mma_tiles))
         _launch(mma_out_name(self.io, p.P),
-                (p.batch * p.H * self.nc * self.mma_tiles,),
+                (p.batch * p.H * self.nc * -(-self.mma_tiles // per_block),),
                 (p.C, cb, p.x, entering, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
                  _ptr(p.seq_idx), self.starts, out, np.int64(p.L), np.int32(p.H), np.int32(p.P),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
-                 np.int32(cb.shape[2])), source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+                 np.int32(cb.shape[2]), np.int32(per_block)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return out
 
     def mm_mma(self, p, kind, U, W, Vv, M, *, with_diag=True, Xd=None, bnd=None, groups=None,

@@ -96,7 +96,7 @@ STATE_T = "const T*,const T*,const float*,const float*,const int*,const ssm_i64*
 STATE_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 OUT_T = ("const T*,const float*,const T*,const T*,const float*,const T*,const float*,const float*,"
          "const int*,const ssm_i64*,T*").split(",")
-OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int", "int"]
 WALK_T = ("const T*,const T*,const float*,const float*,const int*,const ssm_i64*,const float*,"
           "float*,T*,const int*,float*").split(",")
 WALK_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]

@@ -133,7 +133,9 @@ gssd._launch = emu_launch
 DT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
-         softplus=True, GC=None, seed=0):
+         softplus=True, GC=None, seed=0, slow=False):
+    """slow: small |A|, so that the state entering a chunk still weighs on its last rows
+    (the output kernel's state term in every row tile)."""
     rng = np.random.default_rng(seed)
     GC = GC or G
     q = lambda a: a.astype(DT[dtype])
@@ -142,6 +144,8 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     C = q(rng.standard_normal((batch, L, GC, N)))
     dt = rng.uniform(-3, 0.5, (batch, L, H)).astype(np.float32)
     A = -rng.uniform(0.5, 4, H).astype(np.float32)
+    if slow:
+        A = -rng.uniform(0.002, 0.01, H).astype(np.float32)
     dt_bias = rng.uniform(-1, 0.5, H).astype(np.float32)
     if not softplus:  # dt' = dt + dt_bias must be positive
         dt = rng.uniform(0.01, 0.5, (batch, L, H)).astype(np.float32)
@@ -223,6 +227,10 @@ CASES = [
     ("bfloat16", 2, 100, 2, 32, 2, 256, 64, {"D": "chan", "GC": 1}),
     ("bfloat16", 1, 64, 2, 64, 1, 128, 64, {"z": False}),
     ("float16", 1, 150, 2, 9, 1, 16, 32, {"D": "chan"}),  # odd P: the scalar epilogue
+    # slow decay: the entering state weighs on every row tile of a chunk (the output
+    # kernel keeps it staged from tile to tile without z, restages it with z)
+    ("float16", 1, 300, 2, 64, 1, 128, 256, {"init": True, "slow": True}),
+    ("bfloat16", 2, 520, 2, 64, 1, 96, 256, {"init": True, "slow": True, "z": False}),
 ]
 
 if __name__ == "__main__":
