@@ -57,6 +57,14 @@ __device__ __forceinline__ unsigned ssd_mma_pair(const unsigned short* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
 
+// The value of half k (0: low) of a register of two 16-bit values.
+template <typename T>
+__device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
+    T v;
+    v.bits = (unsigned short)(k ? w >> 16 : w & 0xffffu);
+    return ssm_load(v);
+}
+
 __device__ __forceinline__ float ssd_mma_exp(float x) {  // exp(x) through the hardware exp2
     return ssm_math<float>::decay(x * ssm_math<float>::kLog2e);
 }
@@ -541,6 +549,14 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
 #ifndef SSD_MMA_WALK_BUFS_WIDE
 #define SSD_MMA_WALK_BUFS_WIDE 3  // at NW = 128 (48 KiB of static shared memory hold 3)
 #endif
+
+// p[0], p[1] as the bits of one register (p[1] only when `two`, else 0); pair: one 32-bit
+// load.
+template <typename T>
+__device__ __forceinline__ unsigned ssd_mma_get2(const T* p, bool pair, bool two) {
+    if (pair) return ssd_mma_pair(reinterpret_cast<const unsigned short*>(p));
+    return (unsigned)p[0].bits | (two ? (unsigned)p[1].bits << 16 : 0u);
+}
 
 // v rounded to T into p[0], p[1] (the second only when `two`); pair: one 32-bit store.
 template <typename T>
@@ -1133,9 +1149,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
                     const unsigned zw = ssd_mma_pair(zr + p);  // zero past P
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
-                        T zt;
-                        zt.bits = (unsigned short)(k ? zw >> 16 : zw & 0xffffu);
-                        const float zv = ssm_load(zt);
+                        const float zv = ssd_mma_half<T>(zw, k);
                         v[k] *= zv * ssm_math<float>::sigmoid_fast(zv);
                     }
                 }
@@ -1193,22 +1207,6 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // D, cbd in, dY16, dz, dx, dcum, dD_part out; cbm required). FUSE = 0: those are unused.
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
-
-// p[0], p[1] as the bits of one register (p[1] only when `two`, else 0); pair: one 32-bit
-// load.
-template <typename T>
-__device__ __forceinline__ unsigned ssd_mma_get2(const T* p, bool pair, bool two) {
-    if (pair) return ssd_mma_pair(reinterpret_cast<const unsigned short*>(p));
-    return (unsigned)p[0].bits | (two ? (unsigned)p[1].bits << 16 : 0u);
-}
-
-// The value of half k (0: low) of a register of two 16-bit values.
-template <typename T>
-__device__ __forceinline__ float ssd_mma_half(unsigned w, int k) {
-    T v;
-    v.bits = (unsigned short)(k ? w >> 16 : w & 0xffffu);
-    return ssm_load(v);
-}
 
 // The backward's per-step element-wise work (ssd_mma_bwd_rows, the same arithmetic) done in
 // the epilogue of the product that makes its float32 rows, so that those rows never go to

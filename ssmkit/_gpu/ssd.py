@@ -520,8 +520,8 @@ class _Layout:
         from the states entering the chunks in 16 bits (``passing(..., entering=True)``)
         and the chunks' C B^T blocks ``cb`` (made by :meth:`cb_mma` when not given)."""
         cb = self.cb_mma(p) if cb is None else cb
-        per_block = 1 if mma_width(p.P) < 64 else max(  # (PW = 32: one tile per block)
-            1, min(MMA_OUT_TILES_PER_BLOCK[p.z is not None], self.mma_tiles))
+        per_block = (1 if mma_width(p.P) < 64  # (PW = 32: one tile per block)
+                     else min(MMA_OUT_TILES_PER_BLOCK[p.z is not None], self.mma_tiles))
         _launch(mma_out_name(self.io, p.P),
                 (p.batch * p.H * self.nc * -(-self.mma_tiles // per_block),),
                 (p.C, cb, p.x, entering, _ptr(p.D), _ptr(p.z), self.dte, self.cum,
