@@ -15,11 +15,10 @@ import cupy  # noqa: E402
 
 import ssmkit  # noqa: E402
 from ssmkit._gpu import ssd as gpu_ssd  # noqa: E402
-from bench_ssd import make_inputs  # noqa: E402
+from bench_ssd import TABLE, make_inputs  # noqa: E402
 from timing import copy_tbps, cuda_median_ms  # noqa: E402
 
-PEER = ("bfloat16", 4, 4096, 80, 64, 1, 128)  # dtype, batch, L, H, P, G, N
-CHUNK = 256
+PEER, CHUNK = TABLE[0][:7], TABLE[0][7]  # (dtype, batch, L, H, P, G, N), chunk of the peer row
 
 
 def main(name, rounds=3):

@@ -17,11 +17,10 @@ sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import cupy  # noqa: E402
 
 import ssmkit  # noqa: E402
-from bench_ssd import forward_stages, make_inputs  # noqa: E402
+from bench_ssd import TABLE, forward_stages, make_inputs  # noqa: E402
 from timing import copy_tbps, cuda_median_ms  # noqa: E402
 
-PEER = ("bfloat16", 4, 4096, 80, 64, 1, 128)  # dtype, batch, L, H, P, G, N
-CHUNK = 256
+PEER, CHUNK = TABLE[0][:7], TABLE[0][7]  # (dtype, batch, L, H, P, G, N), chunk of the peer row
 
 
 def main(label, dtype=PEER[0]):
