@@ -760,20 +760,95 @@ template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
     static constexpr int value = regs <= 64 ? 4 : regs <= 112 ? 2 : 1;
 };
 
-template <typename ST, typename IT, int CH, int PPT>
+// The tile kernel's passes over a token: rows r = q0 + i * tp + pr of the tile (q0 steps
+// by tp * PPT), lane ln holding the CH vectors j = c * TN + ln of each. The new state goes to
+// global memory after the last token, else back to the tile; each channel's sum over N to
+// sy. CHECKED: rows past nrows and vectors past nv are skipped (else there are none, and a
+// row is CH * TN vectors).
+template <typename ST, int CH, int PPT, int TN, bool CHECKED, typename CT>
+__device__ __forceinline__ void su_tile_passes(
+    su_vec16* __restrict__ tile, su_vec16* __restrict__ sg, const CT* __restrict__ sx,
+    CT* __restrict__ sy, const CT (&bv)[CH][su_vec<ST>::V], const CT (&cv)[CH][su_vec<ST>::V],
+    CT d, CT decay, bool last, int nrows, int nv, int tp, int pr, int ln) {
+    constexpr int V = su_vec<ST>::V;
+    const int stride = CHECKED ? nv : CH * TN;  // vectors per row
+    const int pass_rows = tp * PPT;
+    for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
+        CT s[PPT][CH][V];
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const int r = q0 + i * tp + pr;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                const int j = c * TN + ln;
+                if (!CHECKED || (r < nrows && j < nv)) {
+                    su_vec<ST>::unpack(tile[r * stride + j], s[i][c]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
+                }
+            }
+        }
+        CT acc[PPT];
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const int r = CHECKED ? min(q0 + i * tp + pr, nrows - 1) : q0 + i * tp + pr;
+            const CT dx = d * sx[r];
+            CT sum = CT(0);
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    s[i][c][k] = s[i][c][k] * decay + dx * bv[c][k];
+                    sum += s[i][c][k] * cv[c][k];
+                }
+            }
+            acc[i] = sum;
+        }
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const int r = q0 + i * tp + pr;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                const int j = c * TN + ln;
+                if (!CHECKED || (r < nrows && j < nv)) {
+                    su_vec16 v;
+                    su_vec<ST>::pack(v, s[i][c]);
+                    if (last) sg[r * stride + j] = v;
+                    else tile[r * stride + j] = v;
+                }
+            }
+        }
+#pragma unroll
+        for (int m = TN / 2; m >= 1; m >>= 1) {
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+        }
+        // lane i of a channel writes row i's sum (lane 0 all of them when TN < PPT)
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const int r = q0 + i * tp + pr;
+            if ((TN >= PPT ? ln == i : ln == 0) && (!CHECKED || r < nrows)) sy[r] = acc[i];
+        }
+    }
+}
+
+// TN (lanes per channel) is a template parameter here: the butterfly has no branches and a
+// whole tile's addresses are compile-time strides.
+template <typename ST, typename IT, int CH, int PPT, int TN>
 __global__ void __launch_bounds__(256, (su_tile_min_blocks<ST, CH, PPT>::value))
 ssm_state_update_tile(
     SU_KERNEL_PARAMS) {
     typedef typename ssm_compute_of<ST>::type CT;
     typedef ssm_math<CT> M;
     constexpr int V = su_vec<ST>::V;
+    static_assert(TN >= 1 && TN <= 32 && (TN & (TN - 1)) == 0, "TN: a power of two up to 32");
     (void)ss2; (void)ss3; (void)ds2; (void)ds3; (void)as1; (void)as2; (void)bs3; (void)cs3;
-    (void)bias1;
+    (void)bias1; (void)log2_tn;
 
-    const int tn = 1 << log2_tn;
-    const int ln = threadIdx.x & (tn - 1);
-    const int pr = threadIdx.x >> log2_tn;
-    const int tp = blockDim.x >> log2_tn;
+    const int ln = threadIdx.x % TN;
+    const int pr = threadIdx.x / TN;
+    const int tp = blockDim.x / TN;
     const int h = blockIdx.y;
     const int b = b0 + blockIdx.z;
     const int g = h / heads_per_group;
@@ -801,10 +876,14 @@ ssm_state_update_tile(
     __shared__ unsigned long long su_bar;
     const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
     const int pass_rows = tp * PPT;
-    // after the tile (rows_per_block channels): x, z and D of the block's channels
+    // after the tile (rows_per_block channels): x, z, D and the sums over N of the block's
+    // channels
     CT* const sx = reinterpret_cast<CT*>(su_tile + rows_per_block * nv);
     CT* const sz = sx + rows_per_block;
     CT* const sd = sz + rows_per_block;
+    CT* const sy = sd + rows_per_block;
+    // Whole passes and whole lanes (every block of the peer shapes): no bound tests at all.
+    const bool whole = nrows % pass_rows == 0 && nv == CH * TN;
 
     CT bv[CH][V], cv[CH][V];
     const CT a_head = A[h * as0] * M::kLog2e;
@@ -813,7 +892,7 @@ ssm_state_update_tile(
         // ---- this token's B, C, dt' and decay (registers) and x, z (shared memory) ----
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
-            const int n0 = (c * tn + ln) * V;
+            const int n0 = (c * TN + ln) * V;
             if (n0 < N) {
                 su_load_vec<CT, V>(bb + t * bs1 + n0, bv[c]);
                 su_load_vec<CT, V>(cb + t * cs1 + n0, cv[c]);
@@ -830,7 +909,7 @@ ssm_state_update_tile(
             ssm_bulk_expect(&su_bar, tile_bytes);
             ssm_bulk_copy(su_tile, sg, tile_bytes, &su_bar);
         }
-        if (t > 0) __syncthreads();  // every pass of the last token has read x, z
+        if (t > 0) __syncthreads();  // the last token's passes and outputs have read x, z
         for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
             sx[r] = su_ld<CT>(xb + t * xs1 + r * xs3);
             if (z != nullptr) sz[r] = su_ld<CT>(zb + t * zs1 + r * zs3);
@@ -839,83 +918,22 @@ ssm_state_update_tile(
         const CT d = softplus ? M::softplus(d_raw) : d_raw;
         const CT decay = M::decay(d * a_head);
         __syncthreads();
+        if (t == 0) ssm_bulk_wait(&su_bar, su_tile, sg, tile_bytes);
         const bool last = t + 1 == T;
 
-        // ---- passes over the tile: rows r = q0 + i * tp + pr ----
-        for (int q0 = 0; q0 < nrows; q0 += pass_rows) {
-            if (t == 0 && q0 == 0) ssm_bulk_wait(&su_bar, su_tile, sg, tile_bytes);
-            CT s[PPT][CH][V];
-#pragma unroll
-            for (int i = 0; i < PPT; ++i) {
-                const int r = q0 + i * tp + pr;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    const int j = c * tn + ln;
-                    if (r < nrows && j < nv) {
-                        su_vec<ST>::unpack(su_tile[r * nv + j], s[i][c]);
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < V; ++k) s[i][c][k] = CT(0);
-                    }
-                }
-            }
-            CT acc[PPT];
-#pragma unroll
-            for (int i = 0; i < PPT; ++i) {
-                const int r = min(q0 + i * tp + pr, nrows - 1);
-                const CT dx = d * sx[r];
-                CT sum = CT(0);
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-#pragma unroll
-                    for (int k = 0; k < V; ++k) {
-                        s[i][c][k] = s[i][c][k] * decay + dx * bv[c][k];
-                        sum += s[i][c][k] * cv[c][k];
-                    }
-                }
-                acc[i] = sum;
-            }
-            // the new state: to global memory after the last token, else back to the tile
-#pragma unroll
-            for (int i = 0; i < PPT; ++i) {
-                const int r = q0 + i * tp + pr;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    const int j = c * tn + ln;
-                    if (r < nrows && j < nv) {
-                        su_vec16 v;
-                        su_vec<ST>::pack(v, s[i][c]);
-                        if (last) sg[r * nv + j] = v;
-                        else su_tile[r * nv + j] = v;
-                    }
-                }
-            }
-#pragma unroll
-            for (int m = 16; m >= 1; m >>= 1) {
-                if (m < tn) {
-#pragma unroll
-                    for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
-                }
-            }
-            // lane i of a channel finishes row i (lane 0 all of them when TN < PPT)
-            auto finish = [&](int i, CT sum) {
-                const int r = q0 + i * tp + pr;
-                if (r < nrows) {
-                    CT out = sum + sd[r] * sx[r];
-                    if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
-                    ssm_store(yb + t * ys1 + r * ys3, out);
-                }
-            };
-            if (tn >= PPT) {
-                CT sum = acc[0];
-#pragma unroll
-                for (int i = 1; i < PPT; ++i)
-                    if (ln == i) sum = acc[i];
-                if (ln < PPT) finish(ln, sum);
-            } else if (ln == 0) {
-#pragma unroll
-                for (int i = 0; i < PPT; ++i) finish(i, acc[i]);
-            }
+        // ---- passes over the tile ----
+        if (whole)
+            su_tile_passes<ST, CH, PPT, TN, false>(su_tile, sg, sx, sy, bv, cv, d, decay, last,
+                                                   nrows, nv, tp, pr, ln);
+        else
+            su_tile_passes<ST, CH, PPT, TN, true>(su_tile, sg, sx, sy, bv, cv, d, decay, last,
+                                                  nrows, nv, tp, pr, ln);
+        __syncthreads();  // every channel's sum is in sy
+        // ---- the outputs, a thread per channel: D, the gate, the store ----
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
+            CT out = sy[r] + sd[r] * sx[r];
+            if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
+            ssm_store(yb + t * ys1 + r * ys3, out);
         }
     }
 }

@@ -589,6 +589,25 @@ def test_gpu_launch_shapes(monkeypatch, threads, states, kernel):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("N,P", [(128, 64), (64, 64), (16, 128), (8, 256), (256, 32)])
+@pytest.mark.parametrize("T", [None, 3])
+def test_gpu_tile_kernel_whole_tiles(monkeypatch, N, P, T):
+    # The tile kernel's path without bound tests: every block's channels are whole passes and
+    # every lane holds states (TN from 1 to 32 lanes per channel), with and without z, one
+    # token and several, padding rows among the indexed ones.
+    monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # full tiles even for a small batch
+    for dtype in ("bfloat16", "float16"):
+        plan = gsu.plan_launch(batch=5, H=2, P=P, N=N, state=dtype, tile=True)
+        assert plan["rows_per_block"] % (plan["threads"] // plan["tn"] * plan["ppt"]) == 0
+        assert plan["tn"] * plan["ch"] * 8 == N  # whole lanes
+        for i, with_z in enumerate((True, False)):
+            _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, T=T,
+                                                 bcast=True, with_z=with_z),
+                                     i == 0, 300 + N + i, dtype, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("threads", [32, 64])
 def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
     # Blocks of many passes (the ring wraps several times, the last pass ends inside P),
@@ -634,7 +653,8 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192
+    # general, one-pass, and the tile kernel at each of 6 lane counts per channel
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192 * 6
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -665,7 +685,7 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                    P=64 if N == 128 else 3072, N=N, state=state, amode=amode,
                                    one_pass=one_pass, tile=tile)
             keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass,
-                                      tile))
+                                      tile, plan["tn"] if tile else 0))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
         if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
@@ -709,7 +729,8 @@ def test_launch_plans(state):
             assert tile["tile"] and 1 <= rows <= P and tile["ppt"] in (1, 2, 4)
             assert rows * row_bytes <= max(row_bytes, gsu.TUNING["tile_bytes"])
             assert rows * tile["npb"] >= P > rows * (tile["npb"] - 1)
-            assert tile["ring_bytes"] == rows * (row_bytes + 3 * (8 if state == "float64" else 4))
+            # the tile, then x, z, D and the sums over N of its channels
+            assert tile["ring_bytes"] == rows * (row_bytes + 4 * (8 if state == "float64" else 4))
             assert tile["blocks"] == batch * H * tile["npb"]
             every = dict(gsu.TUNING, stage_state=(2, 4, 8))
             ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,

@@ -52,6 +52,7 @@ _VEC = {"float16": 8, "bfloat16": 8, "float32": 4, "float64": 2}  # states per 1
 _ITEMSIZE = {name: 16 // v for name, v in _VEC.items()}  # bytes per state value
 _CHUNKS = (1, 2, 4, 8)
 _PPT = (1, 2, 4)
+_TILE_TN = (1, 2, 4, 8, 16, 32)  # the tile kernel's lanes per channel (a template parameter)
 
 #: Largest N per state dtype: 32 lanes x 8 chunks x one 16-byte vector each.
 MAX_N = {name: 32 * _CHUNKS[-1] * v for name, v in _VEC.items()}
@@ -103,7 +104,8 @@ _MAX_RING_BYTES = 48 * 1024
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
 KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
-                                                 "one_pass", "tile"], defaults=(False, False))
+                                                 "one_pass", "tile", "tn"],
+                                   defaults=(False, False, 0))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -111,7 +113,9 @@ one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 (1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
 (contiguous, aligned rows, V divides N) or the general form; one_pass : the
 one-pass vector kernel ``ssm_state_update_vec`` (vec only); tile : the tile
-kernel ``ssm_state_update_tile`` (vec and A_HEAD only)."""
+kernel ``ssm_state_update_tile`` (vec and A_HEAD only); tn : the tile kernel's
+lanes per channel (1, 2, 4, ..., 32; 0 for the other kernels, which take it at run
+time)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -121,7 +125,8 @@ _NULL = np.uint64(0)
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
     if key.tile:
-        return f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}>"
+        return (f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
+                f"{key.tn}>")
     if key.one_pass:
         return (f"ssm_state_update_vec<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
                 f"{key.amode}>")
@@ -145,7 +150,8 @@ def kernel_keys(full: bool = True) -> list:
     keys = [KernelKey(s, i, ch, ppt, a, v) for s in names for i in names for ch in _CHUNKS
             for ppt in _PPT for a in _AMODES for v in (True, False)]
     keys += [k._replace(one_pass=True) for k in keys if k.vec]
-    keys += [k._replace(tile=True) for k in keys if k.vec and k.amode == A_HEAD and not k.one_pass]
+    keys += [k._replace(tile=True, tn=tn) for k in keys
+             if k.vec and k.amode == A_HEAD and not k.one_pass for tn in _TILE_TN]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -158,7 +164,9 @@ def kernel_keys(full: bool = True) -> list:
             KernelKey("float32", "float32", 8, 1, A_FULL, False),
             KernelKey("float32", "float32", 1, 4, A_FULL, True)]
     rep += [k._replace(one_pass=True) for k in rep if k.vec]
-    rep += [k._replace(tile=True) for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
+    tiles = [k for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
+    rep += [k._replace(tile=True, tn=_TILE_TN[i % len(_TILE_TN)]) for i, k in enumerate(tiles)]
+    rep += [tiles[0]._replace(tile=True, tn=tn) for tn in _TILE_TN]
     return list(dict.fromkeys(rep))
 
 
@@ -215,7 +223,7 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         while rows > 1 and batch * H * -(-P // rows) < target:
             rows = -(-rows // 2)  # a small problem: more, smaller tiles
         npb = -(-P // rows)
-        smem = rows * (row_bytes + 3 * (8 if state == "float64" else 4))
+        smem = rows * (row_bytes + 4 * (8 if state == "float64" else 4))  # + x, z, D, sums
         return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
                     blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
     if one_pass:
@@ -381,7 +389,8 @@ def plan_problem(p, use) -> LaunchPlan:
     one_pass = vec and not tile and items in TUNING["one_pass"]
     plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
                         one_pass, tile)
-    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile)
+    key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile,
+                    plan["tn"] if tile else 0)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
     if tile:
         compiler.ensure_dynamic_smem(kernel, key, plan["ring_bytes"])
