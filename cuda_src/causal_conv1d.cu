@@ -972,6 +972,21 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 #ifndef CC1D_MMA_BWD_BUFS
 #define CC1D_MMA_BWD_BUFS 2
 #endif
+// The warp and tensor-core backward kernels, and the warp forward, read one chunk ahead into
+// registers; they also ask L2 for the chunk CC1D_L2_AHEAD chunks ahead (no registers held:
+// the later loads then wait on L2, not DRAM). 0: no prefetch.
+#ifndef CC1D_L2_AHEAD
+#define CC1D_L2_AHEAD 0
+#endif
+
+// L2 prefetch of the STEPS steps of a row from step s (128-byte lines, one per lane from
+// lane `first`).
+template <typename T, int STEPS>
+__device__ __forceinline__ void cc1d_prefetch(const T* row, ssm_i64 s, int lane, int first) {
+    constexpr int LINE = 128 / (int)sizeof(T);
+    const int i = lane - first;
+    if (i >= 0 && i < STEPS / LINE) ssm_prefetch_l2(row + s + i * LINE);
+}
 
 // Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
 // 0 and at or past L (which is even).
@@ -1269,6 +1284,11 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
             const int ahead = c - (NB - 1);
             if (ahead >= 0)
                 buf[(k + NB - 1) % NB].load<T, true>(xr, dyr, t0 + ahead * CHUNK, L, g, t, false);
+            if (CC1D_L2_AHEAD > 0 && c - CC1D_L2_AHEAD >= 0) {
+                const int s = t0 + (c - CC1D_L2_AHEAD) * CHUNK;
+                cc1d_prefetch<T, CHUNK>(xr, s, lane, 0);
+                cc1d_prefetch<T, CHUNK>(dyr, s, lane, 16);
+            }
             step(buf[k], c);
             if (--c < 0) {
                 more = false;
@@ -1480,6 +1500,10 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
         if (more) {
             nx.load(xr + s - CH);
             ndy.load(dyr + s - CH);
+            if (CC1D_L2_AHEAD > 0 && c0 - CC1D_L2_AHEAD * CH >= s0) {
+                cc1d_prefetch<T, CH>(xr, c0 - CC1D_L2_AHEAD * CH, lane, 0);
+                cc1d_prefetch<T, CH>(dyr, c0 - CC1D_L2_AHEAD * CH, lane, 16);
+            }
         } else if (lane == 31 && c0 > 0) {
             nx.load(xr + c0 - 8);
         } else {
@@ -1595,6 +1619,8 @@ cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
         } else {
             nx.zero();
         }
+        if (CC1D_L2_AHEAD > 0 && c0 + CC1D_L2_AHEAD * CH < s1)
+            cc1d_prefetch<T, CH>(xr, c0 + CC1D_L2_AHEAD * CH, lane, 0);
         float xv[8];
         cx.unpack(xv);
         float xp[HS];
