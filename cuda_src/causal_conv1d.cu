@@ -972,20 +972,31 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 #ifndef CC1D_MMA_BWD_BUFS
 #define CC1D_MMA_BWD_BUFS 2
 #endif
-// The warp and tensor-core backward kernels, and the warp forward, read one chunk ahead into
-// registers; they also ask L2 for the chunk CC1D_L2_AHEAD chunks ahead (no registers held:
-// the later loads then wait on L2, not DRAM). 0: no prefetch.
-#ifndef CC1D_L2_AHEAD
-#define CC1D_L2_AHEAD 0
+// The warp kernels read one chunk ahead into registers; they also ask L2 for the chunk
+// CC1D_L2_AHEAD_BWD (backward) or CC1D_L2_AHEAD_FWD (forward) chunks ahead: no registers are
+// held, and the later loads wait on L2, not DRAM. bfloat16 W = 4, kernels alone, three
+// alternating rounds of benchmarks/ab_cc1d_trees.py, fraction of copy (8 x 3072 x 2048 /
+// 4 x 5376 x 4096): backward 0.71-0.72 / 0.76-0.78 without, 0.75-0.77 / 0.81-0.82 two chunks
+// ahead, 0.73-0.75 / 0.79-0.81 four; forward 0.77-0.78 / 0.83-0.88 without, 0.80-0.83 /
+// 0.87-0.88 two, 0.81-0.85 / 0.90-0.91 four. The tensor-core backward lost to it (W = 8:
+// 0.59-0.61 without, 0.54-0.55 two ahead, 0.58-0.59 four): it is bound by its issue rate, and
+// does not prefetch. 0: no prefetch.
+#ifndef CC1D_L2_AHEAD_BWD
+#define CC1D_L2_AHEAD_BWD 2
+#endif
+#ifndef CC1D_L2_AHEAD_FWD
+#define CC1D_L2_AHEAD_FWD 4
 #endif
 
 // L2 prefetch of the STEPS steps of a row from step s (128-byte lines, one per lane from
-// lane `first`).
-template <typename T, int STEPS>
-__device__ __forceinline__ void cc1d_prefetch(const T* row, ssm_i64 s, int lane, int first) {
+// lane `first`); BOUNDED: only those before `end`.
+template <typename T, int STEPS, bool BOUNDED>
+__device__ __forceinline__ void cc1d_prefetch(const T* row, ssm_i64 s, ssm_i64 end, int lane,
+                                              int first) {
     constexpr int LINE = 128 / (int)sizeof(T);
     const int i = lane - first;
-    if (i >= 0 && i < STEPS / LINE) ssm_prefetch_l2(row + s + i * LINE);
+    if (i >= 0 && i < STEPS / LINE && (!BOUNDED || s + i * LINE < end))
+        ssm_prefetch_l2(row + s + i * LINE);
 }
 
 // Two 16-bit values at p (an even step of a row), as one word; cc1d_word: zero before step
@@ -1284,11 +1295,6 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
             const int ahead = c - (NB - 1);
             if (ahead >= 0)
                 buf[(k + NB - 1) % NB].load<T, true>(xr, dyr, t0 + ahead * CHUNK, L, g, t, false);
-            if (CC1D_L2_AHEAD > 0 && c - CC1D_L2_AHEAD >= 0) {
-                const int s = t0 + (c - CC1D_L2_AHEAD) * CHUNK;
-                cc1d_prefetch<T, CHUNK>(xr, s, lane, 0);
-                cc1d_prefetch<T, CHUNK>(dyr, s, lane, 16);
-            }
             step(buf[k], c);
             if (--c < 0) {
                 more = false;
@@ -1500,9 +1506,10 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
         if (more) {
             nx.load(xr + s - CH);
             ndy.load(dyr + s - CH);
-            if (CC1D_L2_AHEAD > 0 && c0 - CC1D_L2_AHEAD * CH >= s0) {
-                cc1d_prefetch<T, CH>(xr, c0 - CC1D_L2_AHEAD * CH, lane, 0);
-                cc1d_prefetch<T, CH>(dyr, c0 - CC1D_L2_AHEAD * CH, lane, 16);
+            if (CC1D_L2_AHEAD_BWD > 0 && c0 - CC1D_L2_AHEAD_BWD * CH >= s0) {
+                // (a whole chunk inside the span)
+                cc1d_prefetch<T, CH, false>(xr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 0);
+                cc1d_prefetch<T, CH, false>(dyr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 16);
             }
         } else if (lane == 31 && c0 > 0) {
             nx.load(xr + c0 - 8);
@@ -1611,6 +1618,9 @@ cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     }
 
     ssm_i64 c0 = s0;
+    // 16-bit types only: the forward runs float32 in cc1d_fwd, and here the prefetch made
+    // ptxas spill it at 64-72 registers
+    constexpr int AHEAD = sizeof(T) == 2 ? CC1D_L2_AHEAD_FWD : 0;
     auto step = [&](const Oct& cx, Oct& nx) {
         const ssm_i64 s = c0 + 8 * lane;  // this lane's first step
         const bool more = c0 + CH < s1;
@@ -1619,8 +1629,8 @@ cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
         } else {
             nx.zero();
         }
-        if (CC1D_L2_AHEAD > 0 && c0 + CC1D_L2_AHEAD * CH < s1)
-            cc1d_prefetch<T, CH>(xr, c0 + CC1D_L2_AHEAD * CH, lane, 0);
+        if (AHEAD > 0 && c0 + AHEAD * CH < s1)
+            cc1d_prefetch<T, CH, true>(xr, c0 + AHEAD * CH, s1, lane, 0);
         float xv[8];
         cx.unpack(xv);
         float xp[HS];
