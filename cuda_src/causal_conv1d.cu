@@ -1224,77 +1224,113 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
     const bool with_dfinal = H > 0 && dfinal != nullptr;
 
-    unsigned nh = 0u, nl = 0u;  // lanes 0-3: g of the row after the chunk (pair t), hi and lo
-    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float db = 0.0f;
-    auto step = [&](const cc1d_mma_words& cur, int c) {
-        unsigned ax[4];
+    // g on a chunk's steps of this lane, from its words: gv as floats, gh the rounded words,
+    // gl the residuals; ax, the chunk's X operand, for the dweight product
+    auto grad = [&](const cc1d_mma_words& cur, unsigned (&ax)[4], float (&gv)[4],
+                    unsigned (&gh)[2], unsigned (&gl)[2]) {
         cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
         MMA::run(z, ax, bz[0][0], bz[0][1]);
         MMA::run(z, ax, bz[1][0], bz[1][1]);
-        float gv[4] = {V::lo(cur.dy0), V::hi(cur.dy0), V::lo(cur.dy1), V::hi(cur.dy1)};
+        gv[0] = V::lo(cur.dy0);
+        gv[1] = V::hi(cur.dy0);
+        gv[2] = V::lo(cur.dy1);
+        gv[3] = V::hi(cur.dy1);
         if constexpr (SILU) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) gv[i] *= cc1d_act<float>::dsilu(z[i]);
         }
-        unsigned gh[2], gl[2];
         cc1d_split<T>(gv[0], gv[1], gh[0], gl[0]);
         cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
+    };
 
-        if (c < nc) {
-            db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
-            // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes
-            // 0-3, rows 8 and 16, the latter from the chunk after)
-            const int above = (lane + 4) & 31;
-            const unsigned ah[4] = {gh[0], gh[1], __shfl_sync(FULL, g == 0 ? gh[1] : gh[0], above),
-                                    __shfl_sync(FULL, g == 0 ? nh : gh[1], above)};
-            const unsigned al[4] = {gl[0], gl[1], __shfl_sync(FULL, g == 0 ? gl[1] : gl[0], above),
-                                    __shfl_sync(FULL, g == 0 ? nl : gl[1], above)};
-            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            MMA::run(o, ah, bd[0][0], bd[0][1]);
-            MMA::run(o, al, bd[0][0], bd[0][1]);
-            MMA::run(o, ah, bd[1][0], bd[1][1]);
-            const int c0 = t0 + c * CHUNK, s = c0 + 8 * g + 2 * t;
-            if (with_dfinal && c0 + CHUNK > L - H) {  // the final state's steps [L - H, L)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int f = s + 64 * (i >> 1) + (i & 1) - (L - H);
-                    if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)at.row * H + f];
-                }
-            }
-            if (c0 + CHUNK <= L || s < L) *reinterpret_cast<unsigned*>(dxr + s) = V::pack(o[0], o[1]);
-            if (c0 + CHUNK <= L || s + 64 < L)
-                *reinterpret_cast<unsigned*>(dxr + s + 64) = V::pack(o[2], o[3]);
-
-            // dweight: P += X^T G8, both operands transposed 8 x 8 block by block
-            const unsigned xt[4] = {cc1d_trans(ax[0]), cc1d_trans(ax[2]), cc1d_trans(ax[1]),
-                                    cc1d_trans(ax[3])};
-            MMA::run(P, xt, cc1d_trans(gh[0]), cc1d_trans(gh[1]));
-            MMA::run(P, xt, cc1d_trans(gl[0]), cc1d_trans(gl[1]));
+    // The lane's pointers at chunk 0: its steps are lo and lo + 64 of each chunk.
+    const int lo = 8 * g + 2 * t;
+    const T* const xl = xr + t0 + lo;
+    const T* const dyl = dyr + t0 + lo;
+    T* const dxl = dxr + t0 + lo;
+    // A chunk's words; chunks wholly inside [8, L) without bound tests.
+    auto load = [&](cc1d_mma_words& w, int c) {
+        const int c0 = t0 + c * CHUNK;
+        if (c0 >= 8 && c0 + CHUNK <= L) {
+            const T* const xp = xl + c * CHUNK;
+            const T* const dp = dyl + c * CHUNK;
+            w.x0 = cc1d_ld_word(xp);
+            w.x1 = cc1d_ld_word(xp + 64);
+            w.xb = g == 7 ? cc1d_ld_word(xp - 64) : 0u;
+            w.dy0 = cc1d_ld_word(dp);
+            w.dy1 = cc1d_ld_word(dp + 64);
+        } else {
+            w.load<T, true>(xr, dyr, c0, L, g, t, false);
         }
+    };
+
+    // lanes 0-3: g on the row after the chunk (pair t), rounded and residual; first, chunk
+    // nc's row 0 when it holds a step < L (past the span: its g only)
+    unsigned nh = 0u, nl = 0u;
+    if (t0 + nc * CHUNK < L) {
+        cc1d_mma_words w;
+        w.load<T, true>(xr, dyr, t0 + nc * CHUNK, L, g, t, true);
+        unsigned ax[4], gh[2], gl[2];
+        float gv[4];
+        grad(w, ax, gv, gh, gl);
+        nh = gh[0];
+        nl = gl[0];
+    }
+    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float db = 0.0f;
+    const int above = (lane + 4) & 31;
+    auto step = [&](const cc1d_mma_words& cur, int c) {
+        unsigned ax[4], gh[2], gl[2];
+        float gv[4];
+        grad(cur, ax, gv, gh, gl);
+        db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
+        // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes 0-3,
+        // rows 8 and 16, the latter from the chunk after)
+        const unsigned ah[4] = {gh[0], gh[1], __shfl_sync(FULL, g == 0 ? gh[1] : gh[0], above),
+                                __shfl_sync(FULL, g == 0 ? nh : gh[1], above)};
+        const unsigned al[4] = {gl[0], gl[1], __shfl_sync(FULL, g == 0 ? gl[1] : gl[0], above),
+                                __shfl_sync(FULL, g == 0 ? nl : gl[1], above)};
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        MMA::run(o, ah, bd[0][0], bd[0][1]);
+        MMA::run(o, al, bd[0][0], bd[0][1]);
+        MMA::run(o, ah, bd[1][0], bd[1][1]);
+        const int c0 = t0 + c * CHUNK;
+        if (with_dfinal && c0 + CHUNK > L - H) {  // the final state's steps [L - H, L)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int f = c0 + lo + 64 * (i >> 1) + (i & 1) - (L - H);
+                if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)at.row * H + f];
+            }
+        }
+        T* const dp = dxl + c * CHUNK;
+        if (c0 + CHUNK <= L || c0 + lo < L) *reinterpret_cast<unsigned*>(dp) = V::pack(o[0], o[1]);
+        if (c0 + CHUNK <= L || c0 + lo + 64 < L)
+            *reinterpret_cast<unsigned*>(dp + 64) = V::pack(o[2], o[3]);
+
+        // dweight: P += X^T G8, both operands transposed 8 x 8 block by block
+        const unsigned xt[4] = {cc1d_trans(ax[0]), cc1d_trans(ax[2]), cc1d_trans(ax[1]),
+                                cc1d_trans(ax[3])};
+        MMA::run(P, xt, cc1d_trans(gh[0]), cc1d_trans(gh[1]));
+        MMA::run(P, xt, cc1d_trans(gl[0]), cc1d_trans(gl[1]));
         nh = gh[0];
         nl = gl[0];
     };
-    // The walk: chunk nc (after the span, its row 0 only) when it holds a step < L, then
-    // nc - 1 down to 0; CC1D_MMA_BWD_BUFS buffers in turn, the next BUFS - 1 chunks' words
-    // read while one is computed. (A register array shifted each step made every step wait,
-    // at the copy, for the load it had just issued.)
-    const int first = t0 + nc * CHUNK < L ? nc : nc - 1;
+    // The walk: chunks nc - 1 down to 0; CC1D_MMA_BWD_BUFS buffers in turn, the next BUFS - 1
+    // chunks' words read while one is computed. (A register array shifted each step made
+    // every step wait, at the copy, for the load it had just issued.)
     constexpr int NB = CC1D_MMA_BWD_BUFS;
     cc1d_mma_words buf[NB];
 #pragma unroll
     for (int i = 0; i + 1 < NB; ++i)
-        if (first - i >= 0) buf[i].load<T, true>(xr, dyr, t0 + (first - i) * CHUNK, L, g, t,
-                                                 first - i == nc);
+        if (nc - 1 - i >= 0) load(buf[i], nc - 1 - i);
     bool more = true;
 #pragma unroll 1
-    for (int c = first; more;) {
+    for (int c = nc - 1; more;) {
 #pragma unroll
         for (int k = 0; k < NB; ++k) {
             const int ahead = c - (NB - 1);
-            if (ahead >= 0)
-                buf[(k + NB - 1) % NB].load<T, true>(xr, dyr, t0 + ahead * CHUNK, L, g, t, false);
+            if (ahead >= 0) load(buf[(k + NB - 1) % NB], ahead);
             step(buf[k], c);
             if (--c < 0) {
                 more = false;

@@ -45,7 +45,7 @@ REPL = COMMON_REPL + [
     # cc1d_bwd_mma
     ('return *reinterpret_cast<const unsigned*>(p);\n}\ntemplate <typename T>\n__device__ __forceinline__ unsigned cc1d_word(',
      'return *emu_al<const unsigned>(p);\n}\ntemplate <typename T>\n__device__ __forceinline__ unsigned cc1d_word('),
-    ('*reinterpret_cast<unsigned*>(dxr + ', '*emu_al<unsigned>(dxr + '),
+    ('*reinterpret_cast<unsigned*>(dp', '*emu_al<unsigned>(dp'),
     ('*reinterpret_cast<unsigned*>(yr + ', '*emu_al<unsigned>(yr + '),
     ('asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2bf(lo), emu_f2bf(hi));'),
     ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
@@ -129,7 +129,8 @@ if os.environ.get('EMU_MUT') == '6':  # cc1d_bwd_mma: the row before the chunk l
 if os.environ.get('EMU_MUT') == '7':  # cc1d_bwd_mma: the taps' residuals dropped
     MUT = [('MMA::run(z, ax, bz[1][0], bz[1][1]);', '')]
 if os.environ.get('EMU_MUT') == '9':  # the tensor-core kernels: chunks past L read unchecked
-    MUT = [('if (c0 >= 8 && c0 + CC1D_MMA_CHUNK <= L && !row0) {', 'if (c0 >= 8 && !row0) {')]
+    MUT = [('if (c0 >= 8 && c0 + CC1D_MMA_CHUNK <= L && !row0) {', 'if (c0 >= 8 && !row0) {'),
+           ('if (c0 >= 8 && c0 + CHUNK <= L) {', 'if (c0 >= 8) {')]
 if os.environ.get('EMU_MUT') == '8':  # cc1d_fwd_mma: the last chunk of a span skipped
     MUT = [('for (int c = 0; c < at.nc; ++c) {', 'for (int c = 0; c + 1 < at.nc; ++c) {')]
 if os.environ.get('EMU_MUT') == '10':  # cc1d_bwd_warp: lane 0's hand-over of g to lane 31 lost
