@@ -284,6 +284,31 @@ MMA_ROWS_FUSED = True
 # blocks each) several times over, so that the chunk's uneven tiles balance out.
 MMA_SUM_BLOCKS = 2048
 
+# Work that does not depend on the main stream's latest kernels runs on a second stream, so
+# that latency-bound kernels share the GPU with others: the forward's C B^T beside the state
+# walk; the backward's adjoint chunk states and passing beside ycore (without z) and dC.
+# False: everything on the caller's stream, in the same order (to compare).
+MMA_STREAMS = True
+_SIDE_STREAMS = {}
+
+
+def _fork(cp):
+    """A second stream of the current device (one per device, kept) that starts after
+    everything enqueued on the current stream so far. Its work joins the current stream
+    through :func:`_join`; memory it allocates is reused only by later forks, which wait for
+    the current stream again."""
+    device = cp.cuda.Device().id
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS[device] = cp.cuda.Stream(non_blocking=True)
+    side.wait_event(cp.cuda.get_current_stream().record())
+    return side
+
+
+def _join(cp, side):
+    """The current stream waits for everything enqueued on ``side`` so far."""
+    cp.cuda.get_current_stream().wait_event(side.record())
+
 
 def head_splits(blocks_per_split: int, heads_per_out: int) -> int:
     """How many runs of consecutive heads (partial sums) a head-summing product uses: about
@@ -645,11 +670,18 @@ def ssd_forward(p, *, save_checkpoints):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
         keep = None if save_checkpoints else final
+        cb = side = None
+        if MMA_STREAMS:  # C B^T (inputs only) beside the walk, which leaves SMs room
+            side = _fork(cp)
+            with side:
+                cb = lay.cb_mma(p)
         if MMA_STATE_WALK:
             states, entering = lay.state_walk_mma(p, final=keep)
         else:
             states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True, final=keep)
-        lay.out_mma(p, entering, y)
+        if side is not None:
+            _join(cp, side)
+        lay.out_mma(p, entering, y, cb=cb)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
@@ -777,6 +809,25 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     # sums too, where exp(cum_t) dY_t is then split into hi + lo 16-bit parts, so K is not
     # rounded further); without z it is dy itself.
     rows = _fused_rows(p, lay, dy, cb) if MMA_ROWS_FUSED else None
+
+    def adjoint(dY16):  # the adjoint chunk states and their passing: dinit, dHx16, end_dot
+        if MMA_ADJOINT_STATE:
+            K = lay.chunk_state_mma(p, dY16, p.C, adjoint=True)
+        else:  # the CUDA-core kernel on float32 dY (dy silu(z), not rounded)
+            dY = dy.astype(cd)
+            if p.z is not None:
+                zc = p.z.astype(cd)
+                dY *= zc / (1 + cp.exp(-zc))
+            K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
+        return _adjoint_passing(p, lay, K, dfinal, rounded=True, dot_with=states)[1:]
+
+    # The adjoint chain (its passing is latency-bound) runs on a second stream beside ycore
+    # (without z, where dY16 is dy itself) and dC; GB and dB wait for it.
+    side = adj = None
+    if MMA_STREAMS and p.z is None:
+        side = _fork(cp)
+        with side:
+            adj = adjoint(dy)
     ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
                            rows=rows)
     if rows is not None:
@@ -786,16 +837,16 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dY16, dz = pre["dY16"], pre["dz"]
     else:
         dY16, dz = dy, None
-    if MMA_ADJOINT_STATE:
-        K = lay.chunk_state_mma(p, dY16, p.C, adjoint=True)
-    else:  # the CUDA-core kernel on float32 dY (dy silu(z), not rounded)
-        dY = dy.astype(cd)
-        if p.z is not None:
-            zc = p.z.astype(cd)
-            dY *= zc / (1 + cp.exp(-zc))
-        K = lay.chunk_state(p, cp.ascontiguousarray(dY), p.C, adjoint=True)
-    _, dinit, dHx16, end_dot = _adjoint_passing(p, lay, K, dfinal, rounded=True,
-                                                dot_with=states)
+    if MMA_STREAMS and adj is None:
+        side = _fork(cp)
+        with side:
+            adj = adjoint(dY16)
+    dC = None
+    if MMA_STREAMS and p.C.shape[2] % p.B.shape[2] == 0:
+        dC = lay.dc_mma(p, dY16, entering)  # beside the adjoint chain
+    if side is not None:
+        _join(cp, side)
+    dinit, dHx16, end_dot = adj if adj is not None else adjoint(dY16)
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
@@ -810,9 +861,9 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     else:
         dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx16, groups=p.B.shape[2], dt_out=True,
                         Xr=p.B, rowdot=xGB)
-    if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
+    if dC is None and p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
         dC = lay.dc_mma(p, dY16, entering)
-    else:
+    elif dC is None:
         dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     post = rows if rows is not None else _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
