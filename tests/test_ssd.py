@@ -633,10 +633,10 @@ def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(MMA_CASES)))
 def test_second_stream_changes_nothing(monkeypatch, dtype_name, case):
-    """The forward's C B^T and the backward's adjoint chain on a second stream (MMA_STREAMS,
-    the default) run the same kernels on the same inputs as on one stream: every output and
-    gradient is bit-equal. Each problem runs three times back to back on the second stream,
-    reusing its memory, so that a missing wait would show as a difference."""
+    """The backward's adjoint chain on a second stream (MMA_STREAMS, the default) runs the
+    same kernels on the same inputs as on one stream: every output and gradient is
+    bit-equal. Each problem runs three times back to back on the second stream, reusing its
+    memory, so that a missing wait would show as a difference."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     if dtype_name == "bfloat16":

@@ -284,10 +284,12 @@ MMA_ROWS_FUSED = True
 # blocks each) several times over, so that the chunk's uneven tiles balance out.
 MMA_SUM_BLOCKS = 2048
 
-# Work that does not depend on the main stream's latest kernels runs on a second stream, so
-# that latency-bound kernels share the GPU with others: the forward's C B^T beside the state
-# walk; the backward's adjoint chunk states and passing beside ycore (without z) and dC.
-# False: everything on the caller's stream, in the same order (to compare).
+# The backward's adjoint chunk states and passing (the passing is latency-bound) run on a
+# second stream beside ycore (without z) and dC, which do not need them. Forward+backward at
+# the peer bfloat16 shape: 4.20-4.30 against 4.28-4.35 ms on one stream, three alternating
+# rounds (benchmarks/ab_ssd_switch.py MMA_STREAMS). The forward's C B^T beside the state walk
+# measured no gain (0.739-0.805 against 0.731-0.790 ms) and stays on one stream. False:
+# everything on the caller's stream, in the original order (to compare).
 MMA_STREAMS = True
 _SIDE_STREAMS = {}
 
@@ -670,18 +672,11 @@ def ssd_forward(p, *, save_checkpoints):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
         keep = None if save_checkpoints else final
-        cb = side = None
-        if MMA_STREAMS:  # C B^T (inputs only) beside the walk, which leaves SMs room
-            side = _fork(cp)
-            with side:
-                cb = lay.cb_mma(p)
         if MMA_STATE_WALK:
             states, entering = lay.state_walk_mma(p, final=keep)
         else:
             states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True, final=keep)
-        if side is not None:
-            _join(cp, side)
-        lay.out_mma(p, entering, y, cb=cb)
+        lay.out_mma(p, entering, y)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
