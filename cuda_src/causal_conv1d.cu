@@ -1440,12 +1440,8 @@ struct cc1d_warp_span {
     unsigned item, row;
     int d;
     ssm_i64 s0, s1, base;
-    __device__ __forceinline__ cc1d_warp_span(int n_spans, ssm_i64 span, int dim, ssm_i64 L)
-        : cc1d_warp_span(blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5), n_spans, span,
-                         dim, L) {}
-    __device__ __forceinline__ cc1d_warp_span(unsigned item_, int n_spans, ssm_i64 span, int dim,
-                                              ssm_i64 L) {
-        item = item_;
+    __device__ __forceinline__ cc1d_warp_span(int n_spans, ssm_i64 span, int dim, ssm_i64 L) {
+        item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
         row = item / (unsigned)n_spans;  // 32 bits: the host checks n_items < 2^31
         d = (int)(row % (unsigned)dim);
         s0 = (ssm_i64)(item - row * (unsigned)n_spans) * span;
@@ -1462,26 +1458,6 @@ struct cc1d_warp_span {
         bv = HAS_BIAS ? bias[d] : 0.0f;
     }
 };
-
-// L2 prefetch of what a warp reads first for the span `at` (one line per lane): its first
-// chunk (the last of the span walking backward, BWD; else the first), the 16 steps of x
-// and 8 of dy at the span's end (the backward's g after it), the channel's taps.
-template <typename T, int W, bool BWD>
-__device__ __forceinline__ void cc1d_prefetch_start(const T* xr, const T* dyr,
-                                                    const float* weight,
-                                                    const cc1d_warp_span& at, ssm_i64 L,
-                                                    int lane) {
-    constexpr int CH = CC1D_WARP_CHUNK;
-    const ssm_i64 c0 = BWD ? at.s0 + (at.s1 - at.s0 - 1) / CH * CH : at.s0;
-    cc1d_prefetch<T, CH, true>(xr, c0, at.s1, lane, 0);
-    if (BWD) {
-        cc1d_prefetch<T, CH, true>(dyr, c0, at.s1, lane, 16);
-        if (at.s1 < L && lane == 12) ssm_prefetch_l2(xr + at.s1 - 8);
-        if (at.s1 < L && lane == 13) ssm_prefetch_l2(xr + at.s1);
-        if (at.s1 < L && lane == 14) ssm_prefetch_l2(dyr + at.s1);
-    }
-    if (lane == 15) ssm_prefetch_l2(weight + (ssm_i64)at.d * W);
-}
 
 // bias + sum_k w[k] x[i - H + k] for step i of a lane's 8: x before them in xp, theirs in xv.
 template <int W>
@@ -1509,144 +1485,132 @@ cc1d_bwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
     typedef cc1d_oct<T> Oct;
 
     const int lane = threadIdx.x & 31;
-    // 16-bit types (WALK): the grid is at most one resident wave, each warp walks the items
-    // warp, warp + stride, ... and asks L2 for the next one's first data while it walks this
-    // one. float32 (where the loop made ptxas spill): a warp per item.
-    constexpr bool WALK = sizeof(T) == 2;
-    const unsigned stride = gridDim.x * (CC1D_THREADS / 32);
-#pragma unroll 1
-    for (unsigned item = blockIdx.x * (CC1D_THREADS / 32) + (threadIdx.x >> 5);
-         item < (unsigned)n_items; item = WALK ? item + stride : (unsigned)n_items) {
-        const cc1d_warp_span at(item, n_spans, span, dim, L);
-        if (WALK && item + stride < (unsigned)n_items) {
-            const cc1d_warp_span nx(item + stride, n_spans, span, dim, L);
-            cc1d_prefetch_start<T, W, true>(x + nx.base, dy + nx.base, weight, nx, L, lane);
+    const cc1d_warp_span at(n_spans, span, dim, L);
+    if (at.item >= (unsigned)n_items) return;  // whole warps: nothing below waits for the block
+    const unsigned row = at.row;
+    const ssm_i64 s0 = at.s0, s1 = at.s1;
+    const T* const xr = x + at.base;
+    const T* const dyr = dy + at.base;
+    T* const dxr = dx + at.base;
+    float w[W], bv;
+    at.taps<W, HAS_BIAS>(weight, bias, w, bv);
+    const bool with_dfinal = H > 0 && dfinal != nullptr;
+
+    // g = dy * silu'(z) (or dy) on a lane's 8 steps, from x on the H steps before them (xp)
+    // and on the steps themselves (xv)
+    auto grad_in = [&](const float (&xp)[HS], const float (&xv)[8], float (&g)[8]) {
+        if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) g[i] *= cc1d_act<float>::dsilu(cc1d_warp_z<W>(w, bv, xp, xv, i));
         }
-        const unsigned row = at.row;
-        const ssm_i64 s0 = at.s0, s1 = at.s1;
-        const T* const xr = x + at.base;
-        const T* const dyr = dy + at.base;
-        T* const dxr = dx + at.base;
-        float w[W], bv;
-        at.taps<W, HAS_BIAS>(weight, bias, w, bv);
-        const bool with_dfinal = H > 0 && dfinal != nullptr;
+    };
 
-        // g = dy * silu'(z) (or dy) on a lane's 8 steps, from x on the H steps before them (xp)
-        // and on the steps themselves (xv)
-        auto grad_in = [&](const float (&xp)[HS], const float (&xv)[8], float (&g)[8]) {
-            if constexpr (SILU) {
+    // Lane 0's hand-over to lane 31: g on the H steps after the current chunk; first, after
+    // the span (every lane computes it: x on [s1 - 8, s1 + 8), dy on [s1, s1 + 8), all
+    // inside the row since s1 < L, both multiples of 8, and s1 >= CH).
+    float gkeep[HS];
 #pragma unroll
-                for (int i = 0; i < 8; ++i) g[i] *= cc1d_act<float>::dsilu(cc1d_warp_z<W>(w, bv, xp, xv, i));
+    for (int j = 0; j < HS; ++j) gkeep[j] = 0.0f;
+    if (H > 0 && s1 < L) {
+        Oct a, b, c;
+        a.load(xr + s1 - 8);
+        b.load(xr + s1);
+        c.load(dyr + s1);
+        float xa[8], xv[8], g[8];
+        a.unpack(xa);
+        b.unpack(xv);
+        c.unpack(g);
+        float xp[HS];
+#pragma unroll
+        for (int j = 0; j < HS; ++j) xp[j] = xa[(8 - H + j) & 7];
+        grad_in(xp, xv, g);
+#pragma unroll
+        for (int j = 0; j < HS; ++j) gkeep[j] = g[j];
+    }
+
+    float dw[RED];  // dw[W] accumulates dbias; entries past W stay zero
+#pragma unroll
+    for (int k = 0; k < RED; ++k) dw[k] = 0.0f;
+
+    // One chunk: compute `cur` (the chunk at c0) while `nxt` receives the one before it
+    // (or, at the span's first chunk, lane 31 the 8 steps before the span); false when the
+    // span is done.
+    ssm_i64 c0 = s0 + (s1 - s0 - 1) / CH * CH;
+    auto step = [&](const Oct& cx, const Oct& cdy, Oct& nx, Oct& ndy) {
+        const ssm_i64 s = c0 + 8 * lane;  // this lane's first step
+        const bool more = c0 > s0;
+        if (more) {
+            nx.load(xr + s - CH);
+            ndy.load(dyr + s - CH);
+            if (CC1D_L2_AHEAD_BWD > 0 && c0 - CC1D_L2_AHEAD_BWD * CH >= s0) {
+                // (a whole chunk inside the span)
+                cc1d_prefetch<T, CH, false>(xr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 0);
+                cc1d_prefetch<T, CH, false>(dyr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 16);
             }
-        };
-
-        // Lane 0's hand-over to lane 31: g on the H steps after the current chunk; first, after
-        // the span (every lane computes it: x on [s1 - 8, s1 + 8), dy on [s1, s1 + 8), all
-        // inside the row since s1 < L, both multiples of 8, and s1 >= CH).
-        float gkeep[HS];
-#pragma unroll
-        for (int j = 0; j < HS; ++j) gkeep[j] = 0.0f;
-        if (H > 0 && s1 < L) {
-            Oct a, b, c;
-            a.load(xr + s1 - 8);
-            b.load(xr + s1);
-            c.load(dyr + s1);
-            float xa[8], xv[8], g[8];
-            a.unpack(xa);
-            b.unpack(xv);
-            c.unpack(g);
-            float xp[HS];
-#pragma unroll
-            for (int j = 0; j < HS; ++j) xp[j] = xa[(8 - H + j) & 7];
-            grad_in(xp, xv, g);
-#pragma unroll
-            for (int j = 0; j < HS; ++j) gkeep[j] = g[j];
+        } else if (lane == 31 && c0 > 0) {
+            nx.load(xr + c0 - 8);
+        } else {
+            nx.zero();
         }
-
-        float dw[RED];  // dw[W] accumulates dbias; entries past W stay zero
+        float xv[8], g[8], xn[8];
+        cx.unpack(xv);
+        cdy.unpack(g);
+        nx.unpack(xn);
+        float xp[HS];
 #pragma unroll
-        for (int k = 0; k < RED; ++k) dw[k] = 0.0f;
-
-        // One chunk: compute `cur` (the chunk at c0) while `nxt` receives the one before it
-        // (or, at the span's first chunk, lane 31 the 8 steps before the span); false when the
-        // span is done.
-        ssm_i64 c0 = s0 + (s1 - s0 - 1) / CH * CH;
-        auto step = [&](const Oct& cx, const Oct& cdy, Oct& nx, Oct& ndy) {
-            const ssm_i64 s = c0 + 8 * lane;  // this lane's first step
-            const bool more = c0 > s0;
-            if (more) {
-                nx.load(xr + s - CH);
-                ndy.load(dyr + s - CH);
-                if (CC1D_L2_AHEAD_BWD > 0 && c0 - CC1D_L2_AHEAD_BWD * CH >= s0) {
-                    // (a whole chunk inside the span)
-                    cc1d_prefetch<T, CH, false>(xr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 0);
-                    cc1d_prefetch<T, CH, false>(dyr, c0 - CC1D_L2_AHEAD_BWD * CH, 0, lane, 16);
-                }
-            } else if (lane == 31 && c0 > 0) {
-                nx.load(xr + c0 - 8);
-            } else {
-                nx.zero();
+        for (int j = 0; j < H; ++j)
+            xp[j] = __shfl_sync(FULL, lane == 31 ? xn[8 - H + j] : xv[8 - H + j], (lane + 31) & 31);
+        grad_in(xp, xv, g);
+        float gn[HS];  // g on the H steps after this lane's
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+            gn[j] = __shfl_sync(FULL, lane == 0 ? gkeep[j] : g[j], (lane + 1) & 31);
+            gkeep[j] = g[j];
+        }
+        float o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < W; ++k) {  // step i + H - k reads step i through tap k
+                const int m = i + H - k;
+                acc += w[k] * (m < 8 ? g[m < 8 ? m : 0] : gn[m < 8 ? 0 : m - 8]);
             }
-            float xv[8], g[8], xn[8];
-            cx.unpack(xv);
-            cdy.unpack(g);
-            nx.unpack(xn);
-            float xp[HS];
+            o[i] = acc;
+            dw[W] += g[i];
 #pragma unroll
-            for (int j = 0; j < H; ++j)
-                xp[j] = __shfl_sync(FULL, lane == 31 ? xn[8 - H + j] : xv[8 - H + j], (lane + 31) & 31);
-            grad_in(xp, xv, g);
-            float gn[HS];  // g on the H steps after this lane's
-#pragma unroll
-            for (int j = 0; j < H; ++j) {
-                gn[j] = __shfl_sync(FULL, lane == 0 ? gkeep[j] : g[j], (lane + 1) & 31);
-                gkeep[j] = g[j];
-            }
-            float o[8];
+            for (int k = 0; k < W; ++k) dw[k] += g[i] * cc1d_pick<H, 8>(xp, xv, i + k);
+        }
+        if (with_dfinal && c0 + CH > L - H) {  // the final state's steps [L - H, L)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int k = 0; k < W; ++k) {  // step i + H - k reads step i through tap k
-                    const int m = i + H - k;
-                    acc += w[k] * (m < 8 ? g[m < 8 ? m : 0] : gn[m < 8 ? 0 : m - 8]);
-                }
-                o[i] = acc;
-                dw[W] += g[i];
-#pragma unroll
-                for (int k = 0; k < W; ++k) dw[k] += g[i] * cc1d_pick<H, 8>(xp, xv, i + k);
+                const ssm_i64 f = s + i - (L - H);
+                if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)row * H + f];
             }
-            if (with_dfinal && c0 + CH > L - H) {  // the final state's steps [L - H, L)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const ssm_i64 f = s + i - (L - H);
-                    if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)row * H + f];
-                }
-            }
-            if (s < L) Oct::store(dxr + s, o);
-            c0 -= CH;
-            return more;
-        };
-
-        Oct ax, ady, bx, bdy;
-        if (c0 + 8 * lane < L) {
-            ax.load(xr + c0 + 8 * lane);
-            ady.load(dyr + c0 + 8 * lane);
-        } else {
-            ax.zero();
-            ady.zero();
         }
-#pragma unroll 1
-        while (step(ax, ady, bx, bdy) && step(bx, bdy, ax, ady)) {
-        }
+        if (s < L) Oct::store(dxr + s, o);
+        c0 -= CH;
+        return more;
+    };
 
-        // The span's partials: a fixed reduce-scatter over the warp (lane `own` ends with the
-        // sum of entry `off`)
-        int off = 0;
-        bool own = true;
-        ssm_reduce_scatter<RED, 16>::run(dw, lane, FULL, off, own);
-        if (own && off <= W) partial[(ssm_i64)at.item * (W + 1) + off] = dw[0];
+    Oct ax, ady, bx, bdy;
+    if (c0 + 8 * lane < L) {
+        ax.load(xr + c0 + 8 * lane);
+        ady.load(dyr + c0 + 8 * lane);
+    } else {
+        ax.zero();
+        ady.zero();
     }
+#pragma unroll 1
+    while (step(ax, ady, bx, bdy) && step(bx, bdy, ax, ady)) {
+    }
+
+    // The span's partials: a fixed reduce-scatter over the warp (lane `own` ends with the
+    // sum of entry `off`)
+    int off = 0;
+    bool own = true;
+    ssm_reduce_scatter<RED, 16>::run(dw, lane, FULL, off, own);
+    if (own && off <= W) partial[(ssm_i64)at.item * (W + 1) + off] = dw[0];
 }
 
 // The forward the same way (the same types and conditions; no initial state): a warp walks

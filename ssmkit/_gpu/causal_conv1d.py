@@ -388,12 +388,8 @@ def _span_launch(kind, p, tune, applies, plan_of, int_steps):
             steps = np.int32 if int_steps else np.int64
             scalars = (np.int32(p.dim), steps(p.L), steps(plan["span"]),
                        np.int32(plan["n_spans"]), np.int32(plan["n_items"]))
-            kernel = compiler.get_kernel(SOURCE_FILE, name)
-            blocks = int(plan["blocks"])
-            if kind == "bwd_warp" and np.dtype(p.io_dtype).itemsize == 2:
-                # cc1d_bwd_warp walks the spans with one resident wave for 16-bit types
-                blocks = min(blocks, resident_blocks(kernel))
-            entry = (kernel, (blocks,), scalars, plan["n_spans"])
+            entry = (compiler.get_kernel(SOURCE_FILE, name), (int(plan["blocks"]),), scalars,
+                     plan["n_spans"])
     if len(_span_launches) >= 256:  # a bound for programs that see many shapes
         _span_launches.clear()
     _span_launches[key] = entry

@@ -255,10 +255,7 @@ def case_spans(fns, family, io, W, batch, dim, L, bias, silu, span, with_dfinal,
     dx = np.full_like(x, np.nan)
     part = np.full((batch, dim, n_spans, W + 1), np.nan, np.float32)
     key = cc.KernelKey("bwd_" + family, io, W, bias, silu, False)
-    grid = -(-n_items // 4)
-    if family == "warp" and io in ("float16", "bfloat16"):
-        grid = 1 + grid // 3  # cc1d_bwd_warp's warps walk several spans each (16-bit types)
-    run(fns[key], [x, w, b, dy, dfin, dx, part], [dim, L, span, n_spans, n_items], grid)
+    run(fns[key], [x, w, b, dy, dfin, dx, part], [dim, L, span, n_spans, n_items], -(-n_items // 4))
     dw = np.full((dim, W), np.nan, np.float32)
     db = np.full(dim, np.nan, np.float32) if bias else None
     run(fns[cc.KernelKey("wsum", "float32", 0, False, False, False)], [part, dw, db],
