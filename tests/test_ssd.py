@@ -584,6 +584,22 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
             assert rel_err(grads[True, w][f], g0) < bound, (w, f)
 
 
+def _mma_problem(monkeypatch, dtype_name, case, seed):
+    """MMA_CASES[case] on the GPU in ``dtype_name`` with the tensor-core paths on: the
+    arrays, the ssd_vjp options (chunk, softplus, final state) and a cotangent dy."""
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    xp = xp_for("gpu")
+    arrays, _ = cast(inputs, dtype_name, xp)
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
+    return arrays, dict(chunk_size=chunk, dt_softplus=True, return_final_state=True), dy
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
@@ -595,20 +611,12 @@ def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
     dt_bias (whose sums cancel many-fold), through row sums taken in another order."""
     from ssmkit._gpu import ssd as gpu_ssd
 
-    if dtype_name == "bfloat16":
-        pytest.importorskip("ml_dtypes")
-    batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
-    rng = np.random.default_rng(500 + case)
-    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
-    arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
-    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
-    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    arrays, opts, dy = _mma_problem(monkeypatch, dtype_name, case, 500 + case)
+    _, _, _, P, _, N, _, kw = MMA_CASES[case]
     passes = []
     rows_pass = gpu_ssd._rows
     monkeypatch.setattr(gpu_ssd, "_rows", lambda *a, **k: passes.append(1) or rows_pass(*a, **k))
     xp = xp_for("gpu")
-    dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
     grads = {}
     for fused in (False, True):
         monkeypatch.setattr(gpu_ssd, "MMA_ROWS_FUSED", fused)
@@ -639,17 +647,9 @@ def test_second_stream_changes_nothing(monkeypatch, dtype_name, case):
     memory, so that a missing wait would show as a difference."""
     from ssmkit._gpu import ssd as gpu_ssd
 
-    if dtype_name == "bfloat16":
-        pytest.importorskip("ml_dtypes")
-    batch, L, H, P, G, N, chunk, kw = MMA_CASES[case]
-    rng = np.random.default_rng(700 + case)
-    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
-    arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
-    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
-    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    arrays, opts, dy = _mma_problem(monkeypatch, dtype_name, case, 700 + case)
+    chunk = opts["chunk_size"]
     xp = xp_for("gpu")
-    dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
     results = []
     for streams in (False, True, True, True):
         monkeypatch.setattr(gpu_ssd, "MMA_STREAMS", streams)
