@@ -762,15 +762,14 @@ template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
 
 // The tile kernel's passes over a token: rows r = q0 + i * tp + pr of the tile (q0 steps
 // by tp * PPT), lane ln holding the CH vectors j = c * TN + ln of each. The new state goes to
-// global memory after the last token, else back to the tile; each lane's part of a row's sum
-// over N to sy[ln * ystride + r] (summed over the lanes after the passes: no shuffle chain
-// inside a pass). CHECKED: rows past nrows and vectors past nv are skipped (else there are
-// none, and a row is CH * TN vectors).
+// global memory after the last token, else back to the tile; each channel's sum over N to
+// sy. CHECKED: rows past nrows and vectors past nv are skipped (else there are none, and a
+// row is CH * TN vectors).
 template <typename ST, int CH, int PPT, int TN, bool CHECKED, typename CT>
 __device__ __forceinline__ void su_tile_passes(
     su_vec16* __restrict__ tile, su_vec16* __restrict__ sg, const CT* __restrict__ sx,
     CT* __restrict__ sy, const CT (&bv)[CH][su_vec<ST>::V], const CT (&cv)[CH][su_vec<ST>::V],
-    CT d, CT decay, bool last, int nrows, int nv, int tp, int pr, int ln, int ystride) {
+    CT d, CT decay, bool last, int nrows, int nv, int tp, int pr, int ln) {
     constexpr int V = su_vec<ST>::V;
     const int stride = CHECKED ? nv : CH * TN;  // vectors per row
     const int pass_rows = tp * PPT;
@@ -821,15 +820,21 @@ __device__ __forceinline__ void su_tile_passes(
             }
         }
 #pragma unroll
+        for (int m = TN / 2; m >= 1; m >>= 1) {
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) acc[i] += ssm_shfl_xor(0xffffffffu, acc[i], m);
+        }
+        // lane i of a channel writes row i's sum (lane 0 all of them when TN < PPT)
+#pragma unroll
         for (int i = 0; i < PPT; ++i) {
             const int r = q0 + i * tp + pr;
-            if (!CHECKED || r < nrows) sy[ln * ystride + r] = acc[i];
+            if ((TN >= PPT ? ln == i : ln == 0) && (!CHECKED || r < nrows)) sy[r] = acc[i];
         }
     }
 }
 
-// TN (lanes per channel) is a template parameter here: a whole tile's addresses are
-// compile-time strides, and the outputs sum TN parts per channel in a loop of known length.
+// TN (lanes per channel) is a template parameter here: the butterfly has no branches and a
+// whole tile's addresses are compile-time strides.
 template <typename ST, typename IT, int CH, int PPT, int TN>
 __global__ void __launch_bounds__(256, (su_tile_min_blocks<ST, CH, PPT>::value))
 ssm_state_update_tile(
@@ -871,14 +876,12 @@ ssm_state_update_tile(
     __shared__ unsigned long long su_bar;
     const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
     const int pass_rows = tp * PPT;
-    // after the tile (rows_per_block channels): x, z, D of the block's channels, then the
-    // lanes' parts of their sums over N, TN rows of rows_per_block + 1 (the padding keeps
-    // the lanes of a channel on different banks)
+    // after the tile (rows_per_block channels): x, z, D and the sums over N of the block's
+    // channels
     CT* const sx = reinterpret_cast<CT*>(su_tile + rows_per_block * nv);
     CT* const sz = sx + rows_per_block;
     CT* const sd = sz + rows_per_block;
     CT* const sy = sd + rows_per_block;
-    const int ystride = rows_per_block + 1;
     // Whole passes and whole lanes (every block of the peer shapes): no bound tests at all.
     const bool whole = nrows % pass_rows == 0 && nv == CH * TN;
 
@@ -921,17 +924,14 @@ ssm_state_update_tile(
         // ---- passes over the tile ----
         if (whole)
             su_tile_passes<ST, CH, PPT, TN, false>(su_tile, sg, sx, sy, bv, cv, d, decay, last,
-                                                   nrows, nv, tp, pr, ln, ystride);
+                                                   nrows, nv, tp, pr, ln);
         else
             su_tile_passes<ST, CH, PPT, TN, true>(su_tile, sg, sx, sy, bv, cv, d, decay, last,
-                                                  nrows, nv, tp, pr, ln, ystride);
-        __syncthreads();  // every lane's part of every channel's sum is in sy
-        // ---- the outputs, a thread per channel: the sum over the lanes, D, the gate ----
+                                                  nrows, nv, tp, pr, ln);
+        __syncthreads();  // every channel's sum is in sy
+        // ---- the outputs, a thread per channel: D, the gate, the store ----
         for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
-            CT sum = sy[r];
-#pragma unroll
-            for (int k = 1; k < TN; ++k) sum += sy[k * ystride + r];
-            CT out = sum + sd[r] * sx[r];
+            CT out = sy[r] + sd[r] * sx[r];
             if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
             ssm_store(yb + t * ys1 + r * ys3, out);
         }

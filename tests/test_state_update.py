@@ -729,9 +729,8 @@ def test_launch_plans(state):
             assert tile["tile"] and 1 <= rows <= P and tile["ppt"] in (1, 2, 4)
             assert rows * row_bytes <= max(row_bytes, gsu.TUNING["tile_bytes"])
             assert rows * tile["npb"] >= P > rows * (tile["npb"] - 1)
-            # the tile, then x, z, D of its channels and the lanes' parts of their sums over N
-            ct = 8 if state == "float64" else 4
-            assert tile["ring_bytes"] == rows * (row_bytes + 3 * ct) + tile["tn"] * (rows + 1) * ct
+            # the tile, then x, z, D and the sums over N of its channels
+            assert tile["ring_bytes"] == rows * (row_bytes + 4 * (8 if state == "float64" else 4))
             assert tile["blocks"] == batch * H * tile["npb"]
             every = dict(gsu.TUNING, stage_state=(2, 4, 8))
             ring = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode,

@@ -223,8 +223,7 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         while rows > 1 and batch * H * -(-P // rows) < target:
             rows = -(-rows // 2)  # a small problem: more, smaller tiles
         npb = -(-P // rows)
-        ct = 8 if state == "float64" else 4
-        smem = rows * (row_bytes + 3 * ct) + tn * (rows + 1) * ct  # + x, z, D; the sums' parts
+        smem = rows * (row_bytes + 4 * (8 if state == "float64" else 4))  # + x, z, D, sums
         return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
                     blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
     if one_pass:
