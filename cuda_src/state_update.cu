@@ -937,3 +937,202 @@ ssm_state_update_tile(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The tile kernel's walk (ssm_state_update_tile_walk): one token, each tile's channels no
+// more than the block's threads. A tile kernel block has bytes in flight only while it
+// waits for its tile; in its passes it has none. Here the blocks stay resident: block k
+// walks the tiles k, k + G, ... (G = gridDim.x; tiles in the order (row, head, channel
+// block), channel block fastest) with two buffers of shared memory, and issues the next
+// tile's bulk copy and its x, z, D, dt, A, dt_bias loads before it computes the current one.
+// B and C stay in registers while the row and group do not change. Arguments: those of the
+// tile kernel (b0 is unused: rows run over the whole batch), then the tiles and the heads.
+// Dynamic shared memory: two of (tile, then x, z, D and the sums over N of its channels).
+// ---------------------------------------------------------------------------------------
+
+// Wait until the bulk copies on `bar` have completed the phase of the given parity.
+__device__ __forceinline__ void su_bulk_wait_parity(unsigned long long* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int b = ssm_smem_addr(bar);
+    unsigned int done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
+    } while (!done);
+#else
+    (void)bar; (void)parity;
+#endif
+}
+
+// Where tile k of the walk lies: its row b, head h, group g, first channel and channels,
+// and the state slot (negative: a padding row).
+struct su_walk_tile {
+    int b, h, g, p_begin, nrows;
+    ssm_i64 slot;
+    __device__ __forceinline__ void at(int k, int H, int npb, int P, int rows_per_block,
+                                       int heads_per_group, const ssm_i64* rows) {
+        const int hk = k / npb;
+        b = hk / H;
+        h = hk - b * H;
+        g = h / heads_per_group;
+        p_begin = (k - hk * npb) * rows_per_block;
+        nrows = min(P - p_begin, rows_per_block);
+        slot = rows != nullptr ? rows[b] : (ssm_i64)b;
+    }
+};
+
+// Its register bound: half the tile kernel's blocks per SM (two buffers of shared memory
+// per block leave room for about half the blocks anyway; at the tile kernel's bound of 64
+// registers ptxas spilled).
+template <typename ST, int CH, int PPT> struct su_walk_min_blocks {
+    static constexpr int value = su_tile_min_blocks<ST, CH, PPT>::value > 1
+                                     ? su_tile_min_blocks<ST, CH, PPT>::value / 2 : 1;
+};
+
+template <typename ST, typename IT, int CH, int PPT, int TN>
+__global__ void __launch_bounds__(256, (su_walk_min_blocks<ST, CH, PPT>::value))
+ssm_state_update_tile_walk(
+    SU_KERNEL_PARAMS, int n_tiles, int H) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    (void)state; (void)rows; (void)x; (void)dt; (void)z; (void)A; (void)Bm; (void)Cm; (void)D;
+    (void)dt_bias; (void)y; (void)n_tiles; (void)H; (void)P; (void)N; (void)rows_per_block;
+    __trap();  // the host runs this kernel on sm_90 and later only
+#else
+    typedef typename ssm_compute_of<ST>::type CT;
+    typedef ssm_math<CT> M;
+    constexpr int V = su_vec<ST>::V;
+    static_assert(TN >= 1 && TN <= 32 && (TN & (TN - 1)) == 0, "TN: a power of two up to 32");
+    (void)ss2; (void)ss3; (void)ds2; (void)ds3; (void)as1; (void)as2; (void)bs3; (void)cs3;
+    (void)bias1; (void)log2_tn; (void)b0; (void)T; (void)xs1; (void)ds1; (void)zs1; (void)ys1;
+    (void)bs1; (void)cs1;
+
+    const int tid = threadIdx.x;
+    const int ln = tid % TN;
+    const int pr = tid / TN;
+    const int tp = blockDim.x / TN;
+    const int nv = N / V;  // vectors per channel
+    const int npb = (P + rows_per_block - 1) / rows_per_block;
+    const int pass_rows = tp * PPT;
+
+    extern __shared__ su_vec16 su_tile[];
+    __shared__ unsigned long long su_bars[2];
+    auto tile = [&](int j) { return su_tile + j * rows_per_block * nv; };
+    CT* const small0 = reinterpret_cast<CT*>(su_tile + 2 * rows_per_block * nv);
+    // buffer j's x, z, D and sums: small0 + j * 4 * rows_per_block + {0, 1, 2, 3} * rows
+    auto small = [&](int j, int which) { return small0 + (4 * j + which) * rows_per_block; };
+
+    int k = blockIdx.x;
+    if (k >= n_tiles) return;
+    if (tid == 0) {
+        ssm_bulk_bar_init(&su_bars[0]);
+        ssm_bulk_bar_init(&su_bars[1]);
+    }
+    __syncthreads();
+
+    // thread 0: tile t's bulk copy into buffer j (none for a padding row)
+    auto issue = [&](int j, const su_walk_tile& t) {
+        if (tid == 0 && t.slot >= 0) {
+            const unsigned int bytes = (unsigned int)(t.nrows * nv) * 16u;
+            ssm_bulk_expect(&su_bars[j], bytes);
+            ssm_bulk_copy(tile(j), state + t.slot * ss0 + t.h * ss1 + (ssm_i64)t.p_begin * N,
+                          bytes, &su_bars[j]);
+        }
+    };
+    // tile t's per-channel inputs (this thread's channel: r = tid) and per-head ones
+    struct inputs { CT x, z, d, dt, a, bias; };
+    auto load = [&](const su_walk_tile& t) {
+        inputs in;
+        const bool live = tid < t.nrows;
+        const int r = live ? tid : 0;
+        in.x = su_ld<CT>(x + t.b * xs0 + t.h * xs2 + (ssm_i64)(t.p_begin + r) * xs3);
+        in.z = z != nullptr ? su_ld<CT>(z + t.b * zs0 + t.h * zs2 + (ssm_i64)(t.p_begin + r) * zs3)
+                            : CT(0);
+        in.d = D != nullptr ? D[t.h * Ds0 + (ssm_i64)(t.p_begin + r) * Ds1] : CT(0);
+        in.dt = su_ld<CT>(dt + t.b * ds0 + t.h * ds2);
+        in.a = A[t.h * as0];
+        in.bias = dt_bias != nullptr ? dt_bias[t.h * bias0] : CT(0);
+        return in;
+    };
+    auto stage = [&](int j, const su_walk_tile& t, const inputs& in) {
+        if (tid < t.nrows) {
+            small(j, 0)[tid] = in.x;
+            small(j, 1)[tid] = in.z;
+            small(j, 2)[tid] = in.d;
+        }
+    };
+
+    su_walk_tile cur;
+    cur.at(k, H, npb, P, rows_per_block, heads_per_group, rows);
+    issue(0, cur);
+    inputs in = load(cur);
+    stage(0, cur, in);
+    __syncthreads();
+    CT bv[CH][V], cv[CH][V];
+    int bc_b = -1, bc_g = -1;
+    unsigned parity = 0u;  // bit j: the phase buffer j's barrier completes next
+    for (int j = 0;; j ^= 1) {
+        const int kn = k + gridDim.x;
+        su_walk_tile nxt;
+        const bool more = kn < n_tiles;
+        if (more) {
+            nxt.at(kn, H, npb, P, rows_per_block, heads_per_group, rows);
+            if (tid == 0) asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+            issue(j ^ 1, nxt);  // buffer j ^ 1 was freed by the last barrier
+        }
+        const inputs cur_in = in;
+        if (more) in = load(nxt);  // in flight during this tile's passes
+        IT* const yb = y + cur.b * ys0 + cur.h * ys2 + cur.p_begin * ys3;
+        CT* const sx = small(j, 0);
+        CT* const sz = small(j, 1);
+        CT* const sd = small(j, 2);
+        CT* const sy = small(j, 3);
+        if (cur.slot >= 0) {
+            if (cur.b != bc_b || cur.g != bc_g) {  // this row's (and group's) B and C
+                bc_b = cur.b;
+                bc_g = cur.g;
+                const IT* const bb = Bm + cur.b * bs0 + (ssm_i64)cur.g * bs2;
+                const IT* const cb = Cm + cur.b * cs0 + (ssm_i64)cur.g * cs2;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const int n0 = (c * TN + ln) * V;
+                    if (n0 < N) {
+                        su_load_vec<CT, V>(bb + n0, bv[c]);
+                        su_load_vec<CT, V>(cb + n0, cv[c]);
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < V; ++q) bv[c][q] = cv[c][q] = CT(0);
+                    }
+                }
+            }
+            const CT d_raw = cur_in.dt + cur_in.bias;
+            const CT d = softplus ? M::softplus(d_raw) : d_raw;
+            const CT decay = M::decay(d * (cur_in.a * M::kLog2e));
+            su_vec16* const sg = reinterpret_cast<su_vec16*>(
+                state + cur.slot * ss0 + cur.h * ss1 + (ssm_i64)cur.p_begin * N);
+            su_bulk_wait_parity(&su_bars[j], (parity >> j) & 1u);
+            parity ^= 1u << j;
+            if (cur.nrows % pass_rows == 0 && nv == CH * TN)
+                su_tile_passes<ST, CH, PPT, TN, false>(tile(j), sg, sx, sy, bv, cv, d, decay,
+                                                       true, cur.nrows, nv, tp, pr, ln);
+            else
+                su_tile_passes<ST, CH, PPT, TN, true>(tile(j), sg, sx, sy, bv, cv, d, decay,
+                                                      true, cur.nrows, nv, tp, pr, ln);
+        }
+        __syncthreads();  // every channel's sum is in sy; buffer j's tile is read
+        if (tid < cur.nrows) {  // the outputs, a thread per channel (y = 0 for a padding row)
+            CT out = CT(0);
+            if (cur.slot >= 0) {
+                out = sy[tid] + sd[tid] * sx[tid];
+                if (z != nullptr) out *= sz[tid] * M::sigmoid(sz[tid]);
+            }
+            ssm_store(yb + tid * ys3, out);
+        }
+        if (!more) break;
+        stage(j ^ 1, nxt, in);
+        __syncthreads();  // the next tile's inputs are staged; buffer j is free
+        cur = nxt;
+        k = kn;
+    }
+#endif
+}
