@@ -441,11 +441,9 @@ def _resident_blocks(kernel, threads: int, smem: int, limits: dict) -> int:
         per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
                                                                        threads, smem))
     except Exception:  # a CuPy without it, or the driver refusing: an estimate
-        regs = int(getattr(kernel, "num_regs", 0) or 128)  # (unknown: the bound, 128)
-        warp_regs = -(-regs * 32 // 256) * 256
+        warp_regs = -(-max(int(kernel.num_regs), 1) * 32 // 256) * 256
         by_regs = (limits["regs_per_sm"] // warp_regs) // (threads // 32)
-        static = int(getattr(kernel, "shared_size_bytes", 0) or 0)
-        by_smem = limits["smem_per_sm"] // (smem + static + 1024)
+        by_smem = limits["smem_per_sm"] // (smem + int(kernel.shared_size_bytes) + 1024)
         per_sm = min(by_regs, by_smem, limits["max_blocks_per_sm"])
     return max(per_sm, 1) * limits["sm_count"]
 
