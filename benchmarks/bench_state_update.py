@@ -63,12 +63,10 @@ CONFIGS = [
     (1, "bfloat16", "bfloat16", 64, 1, 3072, 16, None),
 ]
 
-# Always timed beside the default: the tile kernel without its walk (a block per tile), every
-# state in the general kernel, every vector-form state
+# Always timed beside the default: every state in the general kernel, every vector-form state
 # in the one-pass kernel; in the general kernel, every state loaded into registers, and every
 # vector-form state through the staging ring.
-AB = [dict(tile_walk=False), dict(tile=()), dict(tile=(), one_pass=()),
-      dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
+AB = [dict(tile=()), dict(tile=(), one_pass=()), dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
       dict(tile=(), one_pass=(), stage_state=()),
       dict(tile=(), one_pass=(), stage_state=(2, 4, 8))]
 # The one-pass vector kernel under other block shapes.

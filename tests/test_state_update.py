@@ -608,37 +608,6 @@ def test_gpu_tile_kernel_whole_tiles(monkeypatch, N, P, T):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
-@pytest.mark.parametrize("blocks", [1, 3, 0])
-@pytest.mark.parametrize("N,P", [(128, 64), (128, 72), (64, 40), (16, 100)])
-def test_gpu_tile_walk_matches_tile_kernel(monkeypatch, blocks, N, P):
-    # The walk (resident blocks, each walking several tiles with the next one in flight)
-    # against the tile kernel, a block per tile: the same arithmetic, so y and the state agree
-    # bit for bit; tiles that end inside P, padding rows, rows with and without z. blocks:
-    # at most that many blocks (0: as many as stay resident).
-    import cupy as cp
-
-    monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)
-    for dtype in ("bfloat16", "float16"):
-        rng = np.random.default_rng(900 + N + P + blocks)
-        batch = 7
-        case = make_case(rng, layout=2, batch=batch, H=3, P=P, N=N, G=1, bcast=True,
-                         pool=batch + 2, with_z=N != 64)
-        args, _ = convert(case, cp, state_dtype=dtype, io_dtype=dtype)
-        state0 = args.pop("state")
-        idx = cp.asarray(np.array([3, -1, 0, 8, 2, -1, 5]))
-        out = {}
-        for walk in (False, True):
-            monkeypatch.setitem(gsu.TUNING, "tile_walk", walk)
-            monkeypatch.setitem(gsu.TUNING, "tile_walk_blocks", blocks)
-            state = state0.copy()
-            y = ssmkit.state_update(state, **args, dt_softplus=True, state_batch_indices=idx)
-            out[walk] = (to_numpy(y), to_numpy(state))
-        for a, b in zip(out[False], out[True]):
-            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("threads", [32, 64])
 def test_gpu_staging_ring_matches_register_loads(monkeypatch, threads):
     # Blocks of many passes (the ring wraps several times, the last pass ends inside P),
@@ -684,8 +653,8 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    # general, one-pass, and the tile kernel and its walk at each of 6 lane counts per channel
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192 * 12
+    # general, one-pass, and the tile kernel at each of 6 lane counts per channel
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192 * 6
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -717,15 +686,12 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                    one_pass=one_pass, tile=tile)
             keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass,
                                       tile, plan["tn"] if tile else 0))
-            if tile:  # and the tile kernel's walk (one token)
-                keys.append(keys[-1]._replace(walk=True))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
         if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
-            # two channels per thread under the 80-register bound (the tile kernel: 64; its
-            # walk, two tiles per block in shared memory: 128): many blocks per SM
-            bound = (128 if k.walk else 64) if k.tile else 80
-            assert k.ppt == 2 and r["registers"] <= bound, (k, r)
+            # two channels per thread under the 80-register bound (the tile kernel: 64):
+            # many blocks per SM
+            assert k.ppt == 2 and r["registers"] <= (64 if k.tile else 80), (k, r)
 
 
 @pytest.mark.parametrize("state", ["float16", "bfloat16", "float32", "float64"])

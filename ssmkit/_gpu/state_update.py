@@ -85,10 +85,6 @@ TUNING = {
     "tile_bytes": 16384,      # state bytes of a tile-kernel block (whole channels, at most a head)
     "tile_threads": 128,      # its threads per block
     "tile_bytes_per_thread": 32,  # its state bytes per thread and pass (channels per thread)
-    "tile_walk": True,        # one token whose tiles' channels fit the block's threads: the
-                              # tile kernel's walk (ssm_state_update_tile_walk), its blocks
-                              # resident, the next tile in flight while one is computed
-    "tile_walk_blocks": 0,    # its blocks: as many as stay resident (0), or at most this many
     "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
                               # kernel, copies the passes ahead into shared memory (a cp.async
                               # ring of STAGES passes) instead of loading them into registers:
@@ -108,8 +104,8 @@ _MAX_RING_BYTES = 48 * 1024
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
 KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
-                                                 "one_pass", "tile", "tn", "walk"],
-                                   defaults=(False, False, 0, False))
+                                                 "one_pass", "tile", "tn"],
+                                   defaults=(False, False, 0))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -119,8 +115,7 @@ one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 one-pass vector kernel ``ssm_state_update_vec`` (vec only); tile : the tile
 kernel ``ssm_state_update_tile`` (vec and A_HEAD only); tn : the tile kernel's
 lanes per channel (1, 2, 4, ..., 32; 0 for the other kernels, which take it at run
-time); walk : the tile kernel's walk ``ssm_state_update_tile_walk`` (tile only: one
-token, resident blocks that walk the tiles)."""
+time)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -130,8 +125,8 @@ _NULL = np.uint64(0)
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
     if key.tile:
-        return (f"ssm_state_update_tile{'_walk' if key.walk else ''}<{_CXX[key.state]}, "
-                f"{_CXX[key.io]}, {key.ch}, {key.ppt}, {key.tn}>")
+        return (f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
+                f"{key.tn}>")
     if key.one_pass:
         return (f"ssm_state_update_vec<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
                 f"{key.amode}>")
@@ -155,9 +150,8 @@ def kernel_keys(full: bool = True) -> list:
     keys = [KernelKey(s, i, ch, ppt, a, v) for s in names for i in names for ch in _CHUNKS
             for ppt in _PPT for a in _AMODES for v in (True, False)]
     keys += [k._replace(one_pass=True) for k in keys if k.vec]
-    keys += [k._replace(tile=True, tn=tn, walk=walk) for k in keys
-             if k.vec and k.amode == A_HEAD and not k.one_pass for tn in _TILE_TN
-             for walk in (False, True)]
+    keys += [k._replace(tile=True, tn=tn) for k in keys
+             if k.vec and k.amode == A_HEAD and not k.one_pass for tn in _TILE_TN]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -171,10 +165,8 @@ def kernel_keys(full: bool = True) -> list:
             KernelKey("float32", "float32", 1, 4, A_FULL, True)]
     rep += [k._replace(one_pass=True) for k in rep if k.vec]
     tiles = [k for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
-    rep += [k._replace(tile=True, tn=_TILE_TN[i % len(_TILE_TN)], walk=i % 2 == 1)
-            for i, k in enumerate(tiles)]
-    rep += [tiles[0]._replace(tile=True, tn=tn, walk=walk) for tn in _TILE_TN
-            for walk in (False, True)]
+    rep += [k._replace(tile=True, tn=_TILE_TN[i % len(_TILE_TN)]) for i, k in enumerate(tiles)]
+    rep += [tiles[0]._replace(tile=True, tn=tn) for tn in _TILE_TN]
     return list(dict.fromkeys(rep))
 
 
@@ -397,15 +389,11 @@ def plan_problem(p, use) -> LaunchPlan:
     one_pass = vec and not tile and items in TUNING["one_pass"]
     plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
                         one_pass, tile)
-    n_tiles = p.batch * p.H * plan["npb"]
-    walk = (tile and TUNING["tile_walk"] and p.T == 1 and plan["rows_per_block"] <= plan["threads"]
-            and n_tiles < 2**31)
     key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile,
-                    plan["tn"] if tile else 0, walk)
+                    plan["tn"] if tile else 0)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
-    smem = 2 * plan["ring_bytes"] if walk else plan["ring_bytes"]  # the walk: two buffers
     if tile:
-        compiler.ensure_dynamic_smem(kernel, key, smem)
+        compiler.ensure_dynamic_smem(kernel, key, plan["ring_bytes"])
 
     ints = [v for n in ("state", "x", "dt", "z", "y") for v in strides[n]]
     ints += strides["A"] + strides["B"] + strides["C"] + strides["D"] + strides["dt_bias"]
@@ -417,35 +405,13 @@ def plan_problem(p, use) -> LaunchPlan:
     launches = tuple(((plan["npb"], p.H, min(_MAX_GRID_Z, p.batch - b0)),
                       head + (np.int32(b0),) + tail)
                      for b0 in range(0, p.batch, _MAX_GRID_Z))
-    if walk:  # one launch, as many blocks as stay resident, the tiles numbered in the kernel
-        grid = min(n_tiles, _resident_blocks(kernel, plan["threads"], smem, limits))
-        if TUNING["tile_walk_blocks"] > 0:
-            grid = min(grid, int(TUNING["tile_walk_blocks"]))
-        launches = (((grid,), head + (np.int32(0),) + tail + (np.int32(n_tiles), np.int32(p.H))),)
     casts = tuple((n, use[n].dtype, use[n].data.ptr & 15)
                   for n in ("x", "dt", "z", "B", "C", "A", "D", "dt_bias")
                   if p.arrays[n] is not None and p.arrays[n].dtype != use[n].dtype)
     return LaunchPlan(kernel=kernel, key=key, block=(plan["threads"],), launches=launches,
                       casts=casts, io_dtype=use["x"].dtype,
                       staged_y=p.arrays["y"].dtype != use["x"].dtype,
-                      smem=smem if vec else 0, tuning=dict(TUNING))
-
-
-def _resident_blocks(kernel, threads: int, smem: int, limits: dict) -> int:
-    """Blocks of ``kernel`` (``threads`` each, ``smem`` bytes of dynamic shared memory) that
-    fit on the device at once: the driver's occupancy figure times the multiprocessors (where
-    CuPy does not expose it, the same from the registers and shared memory a block takes)."""
-    try:
-        from cupy.cuda import driver
-
-        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
-                                                                       threads, smem))
-    except Exception:  # a CuPy without it, or the driver refusing: an estimate
-        warp_regs = -(-max(int(kernel.num_regs), 1) * 32 // 256) * 256
-        by_regs = (limits["regs_per_sm"] // warp_regs) // (threads // 32)
-        by_smem = limits["smem_per_sm"] // (smem + int(kernel.shared_size_bytes) + 1024)
-        per_sm = min(by_regs, by_smem, limits["max_blocks_per_sm"])
-    return max(per_sm, 1) * limits["sm_count"]
+                      smem=plan["ring_bytes"] if vec else 0, tuning=dict(TUNING))
 
 
 def plan_is_current(plan: LaunchPlan) -> bool:
