@@ -818,8 +818,9 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
 
     # The adjoint chain (its passing is latency-bound) runs on a second stream beside ycore
     # (without z, where dY16 is dy itself) and dC; GB and dB wait for it.
+    streams = MMA_STREAMS and cp.__name__ == "cupy"  # (the host emulation runs on NumPy)
     side = adj = None
-    if MMA_STREAMS and p.z is None:
+    if streams and p.z is None:
         side = _fork(cp)
         with side:
             adj = adjoint(dy)
@@ -832,12 +833,12 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dY16, dz = pre["dY16"], pre["dz"]
     else:
         dY16, dz = dy, None
-    if MMA_STREAMS and adj is None:
+    if streams and adj is None:
         side = _fork(cp)
         with side:
             adj = adjoint(dY16)
     dC = None
-    if MMA_STREAMS and p.C.shape[2] % p.B.shape[2] == 0:
+    if streams and p.C.shape[2] % p.B.shape[2] == 0:
         dC = lay.dc_mma(p, dY16, entering)  # beside the adjoint chain
     if side is not None:
         _join(cp, side)
