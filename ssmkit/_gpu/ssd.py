@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -291,18 +292,19 @@ MMA_SUM_BLOCKS = 2048
 # measured no gain (0.739-0.805 against 0.731-0.790 ms) and stays on one stream. False:
 # everything on the caller's stream, in the original order (to compare).
 MMA_STREAMS = True
-_SIDE_STREAMS = {}
+_SIDE_STREAMS = threading.local()  # per thread: {device: its second stream}
 
 
 def _fork(cp):
-    """A second stream of the current device (one per device, kept) that starts after
-    everything enqueued on the current stream so far. Its work joins the current stream
-    through :func:`_join`; memory it allocates is reused only by later forks, which wait for
-    the current stream again."""
+    """A second stream of the current device and host thread (one each, kept) that starts
+    after everything enqueued on the current stream so far. Its work joins the current stream
+    through :func:`_join`. Memory it allocates returns to its own pool, so only later forks of
+    the same thread reuse it, and they wait for the current stream again first."""
+    streams = _SIDE_STREAMS.__dict__.setdefault("by_device", {})
     device = cp.cuda.Device().id
-    side = _SIDE_STREAMS.get(device)
+    side = streams.get(device)
     if side is None:
-        side = _SIDE_STREAMS[device] = cp.cuda.Stream(non_blocking=True)
+        side = streams[device] = cp.cuda.Stream(non_blocking=True)
     side.wait_event(cp.cuda.get_current_stream().record())
     return side
 
