@@ -290,7 +290,7 @@ MMA_SUM_BLOCKS = 2048
 # the peer bfloat16 shape: 4.20-4.30 against 4.28-4.35 ms on one stream, three alternating
 # rounds (benchmarks/ab_ssd_switch.py MMA_STREAMS). The forward's C B^T beside the state walk
 # measured no gain (0.739-0.805 against 0.731-0.790 ms) and stays on one stream. False:
-# everything on the caller's stream, in the original order (to compare).
+# everything on the caller's stream, in the same order (to compare).
 MMA_STREAMS = True
 _SIDE_STREAMS = threading.local()  # per thread: {device: its second stream}
 
@@ -821,11 +821,19 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     # The adjoint chain (its passing is latency-bound) runs on a second stream beside ycore
     # (without z, where dY16 is dy itself) and dC; GB and dB wait for it.
     streams = MMA_STREAMS and cp.__name__ == "cupy"  # (the host emulation runs on NumPy)
-    side = adj = None
-    if streams and p.z is None:
+    side = None
+
+    def start_adjoint(dY16):
+        nonlocal side
+        if not streams:
+            return adjoint(dY16)
         side = _fork(cp)
         with side:
-            adj = adjoint(dy)
+            return adjoint(dY16)
+
+    early = streams and p.z is None
+    if early:
+        adj = start_adjoint(dy)
     ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
                            rows=rows)
     if rows is not None:
@@ -835,16 +843,16 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dY16, dz = pre["dY16"], pre["dz"]
     else:
         dY16, dz = dy, None
-    if streams and adj is None:
-        side = _fork(cp)
-        with side:
-            adj = adjoint(dY16)
-    dC = None
-    if streams and p.C.shape[2] % p.B.shape[2] == 0:
-        dC = lay.dc_mma(p, dY16, entering)  # beside the adjoint chain
+    if not early:  # after ycore, which made dY16
+        adj = start_adjoint(dY16)
+    # dC (summed over each group's heads) needs dY16 and the entering states only
+    if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
+        dC = lay.dc_mma(p, dY16, entering)
+    else:
+        dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     if side is not None:
         _join(cp, side)
-    dinit, dHx16, end_dot = adj if adj is not None else adjoint(dY16)
+    dinit, dHx16, end_dot = adj
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
@@ -859,10 +867,6 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     else:
         dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx16, groups=p.B.shape[2], dt_out=True,
                         Xr=p.B, rowdot=xGB)
-    if dC is None and p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
-        dC = lay.dc_mma(p, dY16, entering)
-    elif dC is None:
-        dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     post = rows if rows is not None else _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
     dD = None if p.D is None else post["dD_part"].sum(axis=0)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
