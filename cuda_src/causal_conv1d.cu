@@ -934,7 +934,7 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // products; per element there remain silu or silu', a few conversions, loads and stores.
 // Measured on the H200 (bench_causal_conv1d.py, bfloat16, benchmarks/CAUSAL_CONV1D.md): the
 // forward 0.80-0.89 of copy (cc1d_fwd_tile 0.74-0.86 in the same runs), the backward at
-// W = 8 0.60-0.65 (cc1d_bwd 0.50-0.54). Below W = 8 the warp kernels further down
+// W = 8 0.63-0.67 (cc1d_bwd 0.50-0.54). Below W = 8 the warp kernels further down
 // (cc1d_fwd_warp, cc1d_bwd_warp) are the faster ones, so the host uses these from W = 8.
 //
 // A warp owns one span of one row (items: rows x spans, span fastest) and walks it in
@@ -1244,25 +1244,32 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
     };
 
-    // The lane's pointers at chunk 0: its steps are lo and lo + 64 of each chunk.
+    // The lane's steps in a chunk are lo and lo + 64. Its pointers into x and dy at the next
+    // chunk to load (walking down, one chunk per load), and into dx at the chunk computed
+    // next: one 64-bit step each per chunk, no address built from the chunk's index.
     const int lo = 8 * g + 2 * t;
-    const T* const xl = xr + t0 + lo;
-    const T* const dyl = dyr + t0 + lo;
-    T* const dxl = dxr + t0 + lo;
-    // A chunk's words; chunks wholly inside [8, L) without bound tests.
+    const T* xa = xr + t0 + lo + (nc - 1) * CHUNK;
+    const T* dya = dyr + t0 + lo + (nc - 1) * CHUNK;
+    T* dxc = dxr + t0 + lo + (nc - 1) * CHUNK;
+    // Chunk c's words from the pointers (at chunk c, stepped down after); chunks wholly
+    // inside [8, L) without bound tests, the others word by word.
     auto load = [&](cc1d_mma_words& w, int c) {
-        const int c0 = t0 + c * CHUNK;
+        const int c0 = t0 + c * CHUNK, s = c0 + lo;
         if (c0 >= 8 && c0 + CHUNK <= L) {
-            const T* const xp = xl + c * CHUNK;
-            const T* const dp = dyl + c * CHUNK;
-            w.x0 = cc1d_ld_word(xp);
-            w.x1 = cc1d_ld_word(xp + 64);
-            w.xb = g == 7 ? cc1d_ld_word(xp - 64) : 0u;
-            w.dy0 = cc1d_ld_word(dp);
-            w.dy1 = cc1d_ld_word(dp + 64);
+            w.x0 = cc1d_ld_word(xa);
+            w.x1 = cc1d_ld_word(xa + 64);
+            w.xb = g == 7 ? cc1d_ld_word(xa - 64) : 0u;
+            w.dy0 = cc1d_ld_word(dya);
+            w.dy1 = cc1d_ld_word(dya + 64);
         } else {
-            w.load<T, true>(xr, dyr, c0, L, g, t, false);
+            w.x0 = s >= 0 && s < L ? cc1d_ld_word(xa) : 0u;
+            w.x1 = s + 64 < L ? cc1d_ld_word(xa + 64) : 0u;
+            w.xb = g == 7 && s >= 64 && s - 64 < L ? cc1d_ld_word(xa - 64) : 0u;
+            w.dy0 = s >= 0 && s < L ? cc1d_ld_word(dya) : 0u;
+            w.dy1 = s + 64 < L ? cc1d_ld_word(dya + 64) : 0u;
         }
+        xa -= CHUNK;
+        dya -= CHUNK;
     };
 
     // lanes 0-3: g on the row after the chunk (pair t), rounded and residual; first, chunk
@@ -1303,7 +1310,8 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
                 if (f >= 0 && f < H) o[i] += dfinal[(ssm_i64)at.row * H + f];
             }
         }
-        T* const dp = dxl + c * CHUNK;
+        T* const dp = dxc;
+        dxc -= CHUNK;
         if (c0 + CHUNK <= L || c0 + lo < L) *reinterpret_cast<unsigned*>(dp) = V::pack(o[0], o[1]);
         if (c0 + CHUNK <= L || c0 + lo + 64 < L)
             *reinterpret_cast<unsigned*>(dp + 64) = V::pack(o[2], o[3]);
