@@ -1,11 +1,15 @@
-"""A/B of one boolean switch of ``ssmkit._gpu.ssd`` (MMA_ROWS_FUSED, MMA_STATE_WALK, ...) on the
+"""A/B of one switch of ``ssmkit._gpu.ssd`` (MMA_ROWS_FUSED, MMA_STATE_WALK, ...) on the
 SSD peer configuration (bfloat16, batch 4, L 4096, H 80, P 64, G 1, N 128, chunk 256), in one
 process, the two settings alternating: forward and forward+backward, without and with z
 (CUDA-event medians of back-to-back calls, ``timing.cuda_median_ms``). Prints one
 ``AB {json}`` line per round and setting.
 
-    PYTHONPATH=$PWD python3 benchmarks/ab_ssd_switch.py NAME [ROUNDS]
+    PYTHONPATH=$PWD python3 benchmarks/ab_ssd_switch.py NAME [ROUNDS] [VALUES]
+
+NAME a boolean switch (True and False alternate), or any switch with VALUES given as a
+comma-separated list of Python literals (``MMA_FWD_PIECES 3 1,2,4``).
 """
+import ast
 import json
 import os
 import sys
@@ -21,9 +25,13 @@ from timing import copy_tbps, cuda_median_ms  # noqa: E402
 PEER, CHUNK = TABLE[0][:7], TABLE[0][7]  # (dtype, batch, L, H, P, G, N), chunk of the peer row
 
 
-def main(name, rounds=3):
-    if not isinstance(getattr(gpu_ssd, name), bool):
-        raise ValueError(f"{name} is not a boolean switch of ssmkit._gpu.ssd")
+def main(name, rounds=3, values=None):
+    if values is not None:
+        values = [ast.literal_eval(v) for v in values.split(",")]
+    elif isinstance(getattr(gpu_ssd, name), bool):
+        values = (True, False)
+    else:
+        raise ValueError(f"{name} is not a boolean switch of ssmkit._gpu.ssd: give VALUES")
     x = make_inputs(cupy, *PEER)
     xz = dict(x, z=x["x"][:, ::-1].copy())
     kw = dict(chunk_size=CHUNK, dt_softplus=True)
@@ -35,7 +43,7 @@ def main(name, rounds=3):
 
     print("copy TB/s", round(copy_tbps(), 3), flush=True)
     for rnd in range(int(rounds)):
-        for value in (True, False):
+        for value in values:
             setattr(gpu_ssd, name, value)
             row = {"round": rnd, name: value,
                    "fwd": cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5),
@@ -48,4 +56,4 @@ def main(name, rounds=3):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
