@@ -1715,7 +1715,11 @@ cc1d_fwd_warp(const T* __restrict__ x, const float* __restrict__ weight,
 // ---------------------------------------------------------------------------------------
 // dweight[d, k] = sum over b and tiles of partial[b, d, tile, k], and dbias[d] the same of
 // entry W: one thread per (d, k), summing b-major then tile, a fixed order (no atomics).
+// The loads go out CC1D_WSUM_LOADS at a time before their sums: one after the other, each
+// waiting for the sum before it, they took 5.3-6.0 us at 8 terms (Nsight Compute, H200),
+// 6% of the bfloat16 backward at 8 x 3072 x 2048.
 // ---------------------------------------------------------------------------------------
+#define CC1D_WSUM_LOADS 8
 template <typename CT>
 __global__ void __launch_bounds__(CC1D_THREADS)
 cc1d_wsum(const CT* __restrict__ partial, CT* __restrict__ dweight, CT* __restrict__ dbias,
@@ -1725,10 +1729,19 @@ cc1d_wsum(const CT* __restrict__ partial, CT* __restrict__ dweight, CT* __restri
     if (i >= (ssm_i64)dim * K) return;
     const int d = (int)(i / K), k = (int)(i - (ssm_i64)d * K);
     if (k == width && dbias == nullptr) return;
+    // term j = b n_tiles + t sits at partial[((b dim + d) n_tiles + t) K + k]
+    const int n = batch * n_tiles;
     CT s = 0;
-    for (int b = 0; b < batch; ++b) {
-        const CT* p = partial + (((ssm_i64)b * dim + d) * n_tiles) * K + k;
-        for (int t = 0; t < n_tiles; ++t) s += p[(ssm_i64)t * K];
+    for (int j0 = 0; j0 < n; j0 += CC1D_WSUM_LOADS) {
+        CT v[CC1D_WSUM_LOADS];
+#pragma unroll
+        for (int u = 0; u < CC1D_WSUM_LOADS; ++u) {
+            const int j = j0 + u, b = j / n_tiles, t = j - b * n_tiles;
+            v[u] = j < n ? partial[(((ssm_i64)b * dim + d) * n_tiles + t) * K + k] : CT(0);
+        }
+#pragma unroll
+        for (int u = 0; u < CC1D_WSUM_LOADS; ++u)
+            if (j0 + u < n) s += v[u];
     }
     if (k < width) {
         dweight[(ssm_i64)d * width + k] = s;
