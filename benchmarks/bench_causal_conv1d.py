@@ -193,7 +193,8 @@ def run(args):
     lines = [f"# causal_conv1d on {gpu}, commit {rows[0]['commit']}, {rows[0]['date']}",
              "",
              f"Copy bandwidth {copy_bw:.2f} TB/s (bytes read + written), measured in the same run. "
-             "Times: CUDA-event medians of 5 back-to-back calls after warm-up; 'call' is the "
+             "Times: CUDA-event medians of 5 back-to-back calls after warm-up, one untimed call "
+             "queued before them (steady state); 'call' is the "
              "public function, 'kernel' the backend on a prepared problem (backward: kernel plus "
              "cc1d_wsum, the fixed-order sum of its partials). "
              "'of copy' = (compulsory bytes / time) / copy "

@@ -142,7 +142,8 @@ def run_gpu(args):
              "",
              f"Copy bandwidth {copy_bw:.2f} TB/s and exp2f rate {exp_rate:.2f} T/s, measured in "
              "the same run. fwd / fwd+bwd: median CUDA-event time per call over back-to-back "
-             "calls after warm-up (5 forward, 3 forward+backward calls between two events); "
+             "calls after warm-up (5 forward, 3 forward+backward calls between two events, one "
+             "untimed call queued before them); "
              "latency: one call between two events, host work included. Floor = max(bytes / "
              "copy bandwidth, exponentials / exp2f rate). mamba_ssm times from peers-h200.md.",
              "",

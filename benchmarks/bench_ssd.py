@@ -282,7 +282,8 @@ def run_gpu(args):
              "",
              f"Copy bandwidth {copy_bw:.2f} TB/s, measured in the same run. fwd / fwd+bwd: "
              "median CUDA-event time per call over back-to-back calls after warm-up (5 forward, "
-             "3 forward+backward calls between two events); latency: one call between two "
+             "3 forward+backward calls between two events, one untimed call queued before "
+             "them); latency: one call between two "
              "events, host work included. 'of copy': compulsory bytes "
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
              "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "

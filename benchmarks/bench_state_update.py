@@ -230,7 +230,8 @@ def write_markdown(rows, path):
     lines = [f"# state_update on {r0['gpu']}, commit {r0['commit']}, {r0['date']}", "",
              f"Copy bandwidth {r0['copy_tbps']:.2f} TB/s (device-to-device, read + write), measured in the same "
              "run. Bytes: state read + written, x, dt (per head in Mamba-2), B, C, y. kernel: the "
-             "kernel alone, 20 launches between two events, median of 30; call: the public "
+             "kernel alone, 20 launches between two events (one untimed launch queued before "
+             "them), median of 30; call: the public "
              "function back to back (host work overlapping the kernels); latency: one public call "
              "between two events; host us: the host side of one public call, kernel a no-op "
              "(wall clock, median); launch us: CuPy launching the kernel, arguments prepared. "
