@@ -144,7 +144,8 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     cb = lay.cb_mma(p)
     y = cupy.empty(p.x.shape, dtype=p.io_dtype)
     return {
-        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p), calls=5),
+        "layout (dt', chunk sums)": cuda_median_ms(lambda: gpu_ssd._Layout(p, factor=False),
+                                                   calls=5),
         "ssd_mma_chunk_state": cuda_median_ms(lambda: lay.chunk_state_mma(p), calls=5),
         # as the forward without checkpoints runs it: the final states kept, not every boundary
         "ssd_state_passing": cuda_median_ms(

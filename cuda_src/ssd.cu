@@ -50,17 +50,24 @@ __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ?
 
 // --------------------------------------------------------------------------------------
 // The per-chunk passes over (batch, L, H) arrays (ssd_chunk_cumsum, ssd_bwd_dt, ssd_chunk_dt)
-// take a block per (b, chunk, 32 heads): lane = head (a warp's loads and stores are rows of
-// 32 consecutive heads), warp w = the w-th of SSD_RUNS runs of the chunk's steps. Each warp
-// sums its run; after a barrier each adds the runs before it (after it, for suffix sums)
-// and walks its run again (the second time mostly from L1). Sums over a chunk are those of
-// its steps in order, grouped by runs. (A thread per (b, chunk, head) walking the whole chunk
-// left an H200 with about one warp per SM at the peer shape of benchmarks/SSD.md: 0.04-0.09
-// ms per pass for 5-21 MB.) Grid: (batch * nc, ceil(H / 32)).
+// take a block of SSD_CHUNK_THREADS per (b, chunk, 32 heads): lane = head (a warp's loads
+// and stores are rows of 32 consecutive heads), warp w = the w-th of SSD_RUNS runs of the
+// chunk's steps. Each warp sums its run; after a barrier each adds the runs before it (after
+// it, for suffix sums) and walks its run again (the second time mostly from L1). Sums over a
+// chunk are those of its steps in order, grouped by runs. (A thread per (b, chunk, head)
+// walking the whole chunk left an H200 with about one warp per SM at the peer shape of
+// benchmarks/SSD.md: 0.04-0.09 ms per pass for 5-21 MB. Blocks of 256 threads, 8 runs of 32
+// steps, still took 21.5 us for ssd_chunk_dt there, Nsight Compute: 192 blocks, 12 warps
+// per SM, each walking 64 steps one dependent group of loads after another.)
+// Grid: (batch * nc, ceil(H / 32)).
 // The steps of a run go in groups of SSD_CUMSUM_ILP whose loads are issued before the sums.
 // --------------------------------------------------------------------------------------
 #define SSD_CUMSUM_ILP 8
-#define SSD_RUNS (SSD_THREADS / 32)
+#define SSD_BWD_DT_ILP 4  // ssd_bwd_dt loads 4 arrays: 8 steps at a time spilled at 1024 threads
+#ifndef SSD_CHUNK_THREADS
+#define SSD_CHUNK_THREADS 1024
+#endif
+#define SSD_RUNS (SSD_CHUNK_THREADS / 32)
 
 // Where this thread of a per-chunk pass works: row b, chunk c, head h (live: h < H), its
 // run's steps lo .. hi - 1 of the chunk, and the offset of the chunk's first step of head h.
@@ -121,7 +128,7 @@ __device__ __forceinline__ CT ssd_runs_before(const CT (&run_sum)[SSD_RUNS][32],
 
 // Sums of a[b, t, h] over each chunk: inclusive prefix (reverse = 0) or suffix (reverse = 1).
 template <typename CT>
-__global__ void __launch_bounds__(SSD_THREADS)
+__global__ void __launch_bounds__(SSD_CHUNK_THREADS)
 ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* __restrict__ starts,
                  ssm_i64 L, int H, ssm_i64 nc, int reverse) {
     __shared__ CT run_sum[SSD_RUNS][32];
@@ -147,7 +154,7 @@ ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* 
 // each the sum of the runs' sums in run order.
 // --------------------------------------------------------------------------------------
 template <typename CT>
-__global__ void __launch_bounds__(SSD_THREADS)
+__global__ void __launch_bounds__(SSD_CHUNK_THREADS)
 ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __restrict__ A,
            const CT* __restrict__ dte, const CT* __restrict__ factor,
            const ssm_i64* __restrict__ starts, CT* __restrict__ ddt, CT* __restrict__ part_dA,
@@ -162,10 +169,10 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
     s = ssd_runs_before(run_sum, r.warp, r.lane, true);
     CT sum_dA = 0, sum_ddt = 0;
     const ssm_i64 n = r.hi - r.lo;
-    for (ssm_i64 k0 = 0; k0 < n; k0 += SSD_CUMSUM_ILP) {  // backwards, 4 loads per step
-        CT vd[SSD_CUMSUM_ILP], vx[SSD_CUMSUM_ILP], ve[SSD_CUMSUM_ILP], vf[SSD_CUMSUM_ILP];
+    for (ssm_i64 k0 = 0; k0 < n; k0 += SSD_BWD_DT_ILP) {  // backwards, 4 loads per step
+        CT vd[SSD_BWD_DT_ILP], vx[SSD_BWD_DT_ILP], ve[SSD_BWD_DT_ILP], vf[SSD_BWD_DT_ILP];
 #pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+        for (int k = 0; k < SSD_BWD_DT_ILP; ++k) {
             const ssm_i64 at = r.off + (r.hi - 1 - (k0 + k)) * H;
             const bool in = r.live && k0 + k < n;
             vd[k] = in ? dcum[at] : CT(0);
@@ -174,7 +181,7 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
             vf[k] = in ? factor[at] : CT(0);
         }
 #pragma unroll
-        for (int k = 0; k < SSD_CUMSUM_ILP; ++k) {
+        for (int k = 0; k < SSD_BWD_DT_ILP; ++k) {
             if (r.live && k0 + k < n) {
                 s += vd[k];
                 const CT g = (vx[k] + a * s) * vf[k];
@@ -211,10 +218,7 @@ __device__ __forceinline__ void ssd_effective_dt(CT raw, int softplus, int clip,
                                                  CT& d, CT& g) {
     d = raw;
     g = 1;
-    if (softplus && raw <= CT(20)) {
-        d = ssm_math<CT>::softplus(raw);
-        g = ssm_math<CT>::sigmoid(raw);
-    }
+    if (softplus && raw <= CT(20)) ssm_math<CT>::softplus_grad(raw, d, g);  // (one exp)
     if (clip) {
         if (!(d >= lo && d <= hi)) g = 0;
         d = d < lo ? lo : (d > hi ? hi : d);
@@ -222,7 +226,7 @@ __device__ __forceinline__ void ssd_effective_dt(CT raw, int softplus, int clip,
 }
 
 template <typename CT>
-__global__ void __launch_bounds__(SSD_THREADS)
+__global__ void __launch_bounds__(SSD_CHUNK_THREADS)
 ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
              const CT* __restrict__ A, const ssm_i64* __restrict__ starts, CT* __restrict__ dte,
              CT* __restrict__ factor, CT* __restrict__ cum, ssm_i64 L, int H, ssm_i64 nc,
@@ -231,24 +235,27 @@ ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
     const ssd_chunk_run r = ssd_chunk_run_here(L, H, nc, starts);
     const CT bias = r.live && dt_bias ? dt_bias[r.h] : CT(0);
     const CT a = r.live ? A[r.h] : CT(0);
+    // dt' and its derivative once per step, written in the first walk; the second walk
+    // reads dt' back (written by this thread) for the sums. (Both walks computed dt': the
+    // transcendental functions, not the bytes, set this kernel's time, 19-21 us at the
+    // peer shape of benchmarks/SSD.md.)
     CT s = 0;
-    ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64, CT v) {
+    ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64 j, CT v) {
         CT d, g;
         ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
         s += d * a;
+        if (!r.live) return;
+        const ssm_i64 o = r.off + j * H;
+        dte[o] = d;
+        if (factor) factor[o] = g;
     });
     run_sum[r.warp][r.lane] = s;
     __syncthreads();
     s = ssd_runs_before(run_sum, r.warp, r.lane, false);
     if (!r.live) return;
-    ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64 j, CT v) {
-        CT d, g;
-        ssd_effective_dt(dt_bias ? v + bias : v, softplus, clip, lo, hi, d, g);
+    ssd_walk_run(dte + r.off, H, r, false, [&](ssm_i64 j, CT d) {
         s += d * a;
-        const ssm_i64 o = r.off + j * H;
-        dte[o] = d;
-        if (factor) factor[o] = g;
-        cum[o] = s;
+        cum[r.off + j * H] = s;
     });
 }
 

@@ -82,6 +82,7 @@ __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_name
 
 SOURCE_FILE = "ssd.cu"
 THREADS = 256
+CHUNK_THREADS = 1024  # SSD_CHUNK_THREADS: the per-chunk passes, a run of steps per warp
 MMA_SOURCE_FILE = "ssd_mma.cu"
 MMA_THREADS = 128  # SSD_MMA_THREADS
 MMA_ROWS = 64      # SSD_MMA_ROWS: steps per tile of ssd_mma_chunk_out
@@ -404,7 +405,8 @@ def _boundaries(p, Q):
 class _Layout:
     """Chunk boundaries and per-chunk values shared by the forward and the backward."""
 
-    def __init__(self, p):
+    def __init__(self, p, *, factor=True):
+        """``factor``: also d dt' / d dt (the backward's), else ``self.factor`` is None."""
         cp = p.xp
         self.io, self.bc, self.ct = _check(p)
         L = p.L
@@ -416,7 +418,7 @@ class _Layout:
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
         cp, cd = p.xp, p.compute_dtype
         self.dte = cp.empty((p.batch, L, p.H), dtype=cd)
-        self.factor = cp.empty_like(self.dte)
+        self.factor = cp.empty_like(self.dte) if factor else None
         self.cum = cp.empty_like(self.dte)
         ct = np.float64 if self.ct == "float64" else np.float32
         # the per-chunk passes (ssd_chunk_dt, ssd_chunk_cumsum, ssd_bwd_dt): a block per
@@ -424,15 +426,16 @@ class _Layout:
         self.chunk_grid = (p.batch * self.nc, -(-p.H // 32))
         _launch(f"ssd_chunk_dt<{_CTYPE[self.ct]}>", self.chunk_grid,
                 (cp.ascontiguousarray(p.dt), _ptr(p.dt_bias), p.A, self.starts, self.dte,
-                 self.factor, self.cum, np.int64(L), np.int32(p.H), np.int64(self.nc),
+                 _ptr(self.factor), self.cum, np.int64(L), np.int32(p.H), np.int64(self.nc),
                  np.int32(1 if p.dt_softplus else 0),
-                 np.int32(1 if p.dt_clip else 0), ct(p.dt_lo), ct(p.dt_hi)))
+                 np.int32(1 if p.dt_clip else 0), ct(p.dt_lo), ct(p.dt_hi)),
+                threads=CHUNK_THREADS)
 
     def chunk_sums(self, p, a, *, reverse):
         out = p.xp.empty_like(a)
         _launch(f"ssd_chunk_cumsum<{_CTYPE[self.ct]}>", self.chunk_grid,
                 (p.xp.ascontiguousarray(a), out, self.starts, np.int64(p.L), np.int32(p.H),
-                 np.int64(self.nc), np.int32(1 if reverse else 0)))
+                 np.int64(self.nc), np.int32(1 if reverse else 0)), threads=CHUNK_THREADS)
         return out
 
     def chunk_state(self, p, X, Y, adjoint):
@@ -666,10 +669,12 @@ def ssd_forward(p, *, save_checkpoints):
     array of boundary states.
     """
     cp = p.xp
-    lay = _Layout(p)
+    lay = _Layout(p, factor=False)
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     entering = None
-    final = cp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
+    # every final state is written below unless a sequence has no steps (then it stays 0)
+    fill = cp.empty if lay.final_rows.size == p.n_slots else cp.zeros
+    final = fill((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
     if uses_mma(p):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
@@ -970,7 +975,8 @@ def _bwd_dt(p, lay, dcum, xGB):
     part = cp.empty((2, p.batch * lay.nc, p.H), dtype=p.compute_dtype)
     _launch(f"ssd_bwd_dt<{_CTYPE[lay.ct]}>", lay.chunk_grid,
             (cp.ascontiguousarray(dcum), cp.ascontiguousarray(xGB), p.A, lay.dte, lay.factor,
-             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc)))
+             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc)),
+            threads=CHUNK_THREADS)
     sums = part.sum(axis=1)
     return ddt, sums[0], sums[1]
 

@@ -90,10 +90,10 @@ extern "C" void emu_chunk_dt_{T}(EmuBuf* a, long long* s, double* f, unsigned gx
                           (ssm_i64)s[0], (int)s[1], (ssm_i64)s[2], (int)s[3], (int)s[4],
                           ({T})f[0], ({T})f[1]);
     }};
-    emu_launch(call, gx, gy, 1, 256);
+    emu_launch(call, gx, gy, 1, {threads});
     emu_copy_out(a, r, 7);
 }}
-''' for T in ("float", "double"))
+''' for T in ("float", "double") for threads in [gssd.CHUNK_THREADS])
 
 
 def build_so():
@@ -373,14 +373,15 @@ def run_runs(lib, i):
     a = rng.standard_normal((batch, L, H)).astype(dt_type)
     for rev in (0, 1):
         out = np.full_like(a, np.nan)
-        launch(lib, f"emu_cumsum_{io}", grid[0], [a, out, st], [L, H, nc, rev], grid_y=grid[1])
+        launch(lib, f"emu_cumsum_{io}", grid[0], [a, out, st], [L, H, nc, rev], grid_y=grid[1],
+               threads=gssd.CHUNK_THREADS)
         outs[f"cumsum rev {rev}"], refs[f"cumsum rev {rev}"] = out, sums(a, rev)
     dcum, xGB, dte, fac = (rng.standard_normal((batch, L, H)).astype(dt_type) for _ in range(4))
     A = -rng.uniform(0.5, 2, H).astype(dt_type)
     ddt = np.full_like(dcum, np.nan)
     pa, pb = (np.full((batch, nc, H), np.nan, dt_type) for _ in range(2))
     launch(lib, f"emu_bwd_dt_{io}", grid[0], [dcum, xGB, A, dte, fac, st, ddt, pa, pb],
-           [L, H, nc], grid_y=grid[1])
+           [L, H, nc], grid_y=grid[1], threads=gssd.CHUNK_THREADS)
     sd = sums(dcum, 1)
     ddt_ref = (f(xGB) + f(A) * sd) * f(fac)
     outs.update(ddt=ddt, part_dA=pa, part_dbias=pb)
