@@ -45,7 +45,7 @@ def _conv_emulation():
 
 @needs_gxx
 def test_tensor_core_convolution_kernels_in_emulation():
-    cases = [(8, 128), (130, 128), (264, 256), (390, 384)]
+    cases = [(8, 128), (130, 128), (264, 256), (390, 384), (1000, 384)]
     worst, fails = _conv_emulation().run_mma(["bfloat16"], [3, 8], cases=cases, asan=False)
     assert not fails, fails
     assert {name for _, name in worst} == {"y", "final", "dx", "dw", "db"}

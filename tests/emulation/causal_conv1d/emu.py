@@ -11,7 +11,7 @@ the others one block per item.
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
         EMU_W=4 python3 tests/emulation/causal_conv1d/emu.py float32 [values_per_thread]
 
-Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1..9 plants
+Prints the worst error per (dtype, output) and "fails N" last (0 is a pass). EMU_MUT=1..15 plants
 a known bug to see the check fail (1: chunk edge after, 2: tile halo lost, 3: the backward's
 steps after the tile, 4: the read-ahead fetches the wrong item; for `emu.py mma`, the
 tensor-core kernels: 5: the row after a chunk, 6: the row before a chunk, 7: the taps'
@@ -303,7 +303,8 @@ def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
 
 
 MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128), (254, 128),
-             (264, 256), (384, 128), (390, 384), (512 + 6, 256), (1000, 384)]  # (L, span)
+             (264, 256), (384, 128), (390, 384), (512 + 6, 256), (1000, 384),
+             (1536 + 6, 768)]  # (L, span)
 
 
 def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
