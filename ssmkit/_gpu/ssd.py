@@ -413,6 +413,11 @@ class _Layout:
         self.Q = min(p.chunk_size, L)
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
          self.final_slots) = _boundaries(p, self.Q)
+        # each row's final state is its state at the last boundary, in slot = row (no packed
+        # sequences): a strided copy gathers them, not an indexed gather and scatter
+        s, rows = p.slot_steps, np.arange(p.batch)
+        self.final_is_last = bool(len(s) == p.batch == p.n_slots and (s[:, 0] == rows).all()
+                                  and (s[:, 1] == L - 1).all() and (s[:, 2] == rows).all())
         self.mma_tiles = -(-self.max_len // MMA_ROWS)  # tiles of 64 steps per chunk (ssd_mma.cu)
         self.mm_tiles = -(-self.max_len // tile_rows(self.ct))  # ssd_chunk_mm's row tiles
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
@@ -687,7 +692,9 @@ def ssd_forward(p, *, save_checkpoints):
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
-    if states is not None and lay.final_rows.size:
+    if states is not None and lay.final_is_last:
+        final[...] = states[:, lay.nc]
+    elif states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
     # checkpoints: the boundary states and, from the tensor-core forward, the states entering
     # each chunk in 16 bits (the tensor-core backward's operand)

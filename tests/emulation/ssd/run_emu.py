@@ -194,6 +194,12 @@ def walk_matches_two_kernels(p, final):
         finally:
             gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = True, 64
         got[walk, nw] = (states, entering.astype(np.float32))
+        # the final states ssd_forward gathered from its checkpoints, against those it kept
+        # without checkpoints
+        ef = np.abs(fin - final).max() / max(np.abs(final).max(), 1e-30)
+        if not ef <= 1e-5:
+            print(f"  final states with checkpoints (walk {walk}, NW {nw}): {ef:.2e}")
+            return False
     s0, e0 = got[False, 64]
     lay = gssd._Layout(p)
     scale = max(np.abs(s0).max(), 1e-30)
