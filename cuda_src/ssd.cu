@@ -236,9 +236,9 @@ ssd_chunk_dt(const CT* __restrict__ dt, const CT* __restrict__ dt_bias,
     const CT bias = r.live && dt_bias ? dt_bias[r.h] : CT(0);
     const CT a = r.live ? A[r.h] : CT(0);
     // dt' and its derivative once per step, written in the first walk; the second walk
-    // reads dt' back (written by this thread) for the sums. (Both walks computed dt': the
-    // transcendental functions, not the bytes, set this kernel's time, 19-21 us at the
-    // peer shape of benchmarks/SSD.md.)
+    // reads dt' back (written by this thread) for the sums. (With dt' computed in both
+    // walks the kernel took 19-21 us at the peer shape of benchmarks/SSD.md: its
+    // transcendental functions, not its bytes, set its time.)
     CT s = 0;
     ssd_walk_run(dt + r.off, H, r, false, [&](ssm_i64 j, CT v) {
         CT d, g;
