@@ -62,8 +62,9 @@ def test_warp_convolution_kernels_in_emulation():
 
 @needs_gxx
 @pytest.mark.parametrize("script, cases", [
-    # bfloat16; packed sequences (cu_seqlens) with initial states; whole tiles (chunk 128)
-    ("run_emu.py", ["0", "8", "4"]),
+    # bfloat16; packed sequences (cu_seqlens) with initial states, and with a sequence
+    # without steps and no initial state; whole tiles (chunk 128)
+    ("run_emu.py", ["0", "8", "4", "16"]),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights)
     ("run_emu_bwd.py", ["14", "18", "21"]),
     # ssd_chunk_mm, the CUDA-core products (float and double); the per-chunk passes
