@@ -826,14 +826,15 @@ def test_boundaries_are_cached_per_layout():
     p = _Problem(2, 100, rows)
     first = gpu_ssd._boundaries(p, 32)
     assert gpu_ssd._boundaries(_Problem(2, 100, rows.copy()), 32) is first
-    nc, max_len, starts, bslot, frows, fcols, fslots = first
+    nc, max_len, starts, bslot, frows, fcols, fslots, last = first
     assert nc == 4 and max_len == 32 and starts.tolist() == [0, 32, 64, 96, 100]
+    assert last
     assert bslot[:, -1].tolist() == [0, 1] and (bslot[:, :-1] == -1).all()
     assert frows.tolist() == [0, 1] and fcols.tolist() == [4, 4] and fslots.tolist() == [0, 1]
     # packed sequences ending at steps 9 and 99 of one row: a boundary at 10 as well
     packed = gpu_ssd._boundaries(_Problem(1, 100, np.array([[0, 9, 0], [0, 99, 1]])), 32)
     assert packed is not first and packed[2].tolist() == [0, 10, 32, 64, 96, 100]
-    assert packed[3].tolist() == [[-1, 0, -1, -1, -1, 1]]
+    assert packed[3].tolist() == [[-1, 0, -1, -1, -1, 1]] and not packed[7]
 
 
 def _gradients(arrays, opts, dy, dfin):

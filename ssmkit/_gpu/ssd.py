@@ -377,9 +377,10 @@ def _boundaries(p, Q):
     layout: a copy from host memory waits for the GPU's queue to drain, so building them per
     call would keep the host and the GPU from overlapping.
 
-    Returns ``nc, max_len, starts, bslot, rows, cols, slots``: ``bslot[b, j]`` the final
-    state that is the state at boundary j (or -1); final state ``slots[i]`` is the state at
-    boundary ``cols[i]`` of row ``rows[i]``. The arrays are read-only.
+    Returns ``nc, max_len, starts, bslot, rows, cols, slots, last``: ``bslot[b, j]`` the
+    final state that is the state at boundary j (or -1); final state ``slots[i]`` is the state
+    at boundary ``cols[i]`` of row ``rows[i]``; ``last``: every row's one final state is its
+    state at the last boundary, in slot = row (no packed sequences). The arrays are read-only.
     """
     cp = p.xp
     slots = p.slot_steps  # host (k, 3): row, step, slot of every sequence end
@@ -394,8 +395,9 @@ def _boundaries(p, Q):
     for row, step, slot in slots:
         bslot[row, np.searchsorted(starts, step + 1)] = slot
     rows, cols = np.nonzero(bslot >= 0)
+    last = bool((bslot[:, -1] == np.arange(p.batch)).all() and (bslot[:, :-1] < 0).all())
     hit = (nc, int(np.max(np.diff(starts))), cp.asarray(starts), cp.asarray(bslot),
-           cp.asarray(rows), cp.asarray(cols), cp.asarray(bslot[rows, cols]))
+           cp.asarray(rows), cp.asarray(cols), cp.asarray(bslot[rows, cols]), last)
     if len(_BOUNDARY_CACHE) >= _BOUNDARY_CACHE_SIZE:
         _BOUNDARY_CACHE.pop(next(iter(_BOUNDARY_CACHE)))
     _BOUNDARY_CACHE[key] = hit
@@ -412,12 +414,10 @@ class _Layout:
         L = p.L
         self.Q = min(p.chunk_size, L)
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
-         self.final_slots) = _boundaries(p, self.Q)
-        # each row's final state is its state at the last boundary, in slot = row (no packed
-        # sequences): a strided copy gathers them, not an indexed gather and scatter
-        s, rows = p.slot_steps, np.arange(p.batch)
-        self.final_is_last = bool(len(s) == p.batch == p.n_slots and (s[:, 0] == rows).all()
-                                  and (s[:, 1] == L - 1).all() and (s[:, 2] == rows).all())
+         self.final_slots, last) = _boundaries(p, self.Q)
+        # each row's final state is its state at the last boundary, in slot = row, and there
+        # are no other slots: a strided copy gathers them, not an indexed gather and scatter
+        self.final_is_last = last and p.n_slots == p.batch
         self.mma_tiles = -(-self.max_len // MMA_ROWS)  # tiles of 64 steps per chunk (ssd_mma.cu)
         self.mm_tiles = -(-self.max_len // tile_rows(self.ct))  # ssd_chunk_mm's row tiles
         # dt', d dt' / d dt (as effective_dt) and the chunk sums of dt' A, in one kernel
