@@ -302,18 +302,19 @@ ssd_diag_cb(const TB* __restrict__ B, const TB* __restrict__ C, CT* __restrict__
 
 // --------------------------------------------------------------------------------------
 // The sum of `parts` partial arrays of n values each, laid out one after another:
-// out[i] = part[0][i] + part[1][i] + ... in that order (deterministic). The head-summing
-// tensor-core products (dB, dC) leave one partial per run of heads.
+// out[i] = part[0][i] + part[1][i] + ... in that order (deterministic), stored as OT. The
+// head-summing tensor-core products (dB, dC) leave one partial per run of heads; their sums
+// go straight to the 16-bit input dtype.
 // Grid: any; a grid-stride loop over i.
 // --------------------------------------------------------------------------------------
-template <typename CT>
+template <typename CT, typename OT>
 __global__ void __launch_bounds__(SSD_THREADS)
-ssd_sum_parts(const CT* __restrict__ part, CT* __restrict__ out, ssm_i64 n, int parts) {
+ssd_sum_parts(const CT* __restrict__ part, OT* __restrict__ out, ssm_i64 n, int parts) {
     const ssm_i64 step = (ssm_i64)gridDim.x * SSD_THREADS;
     for (ssm_i64 i = (ssm_i64)blockIdx.x * SSD_THREADS + threadIdx.x; i < n; i += step) {
         CT v = part[i];
         for (int k = 1; k < parts; ++k) v += part[(ssm_i64)k * n + i];
-        out[i] = v;
+        ssm_store(out + i, v);  // (OT 16-bit: rounded to nearest even, as a cast would)
     }
 }
 

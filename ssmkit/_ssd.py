@@ -18,7 +18,8 @@ unless ``save_checkpoints``, else the state entering each chunk of
 understands. ``ssd_backward`` takes ``dy`` (batch, L, H, P) of ``p.io_dtype``
 and ``dfinal_states`` (p.n_slots, H, P, N) of ``p.compute_dtype`` or None,
 and returns a dict with the keys of :class:`SSDGrads`: ``x`` and ``z`` in
-``p.io_dtype``, the others in ``p.compute_dtype`` with the shapes of the
+``p.io_dtype``, ``B`` and ``C`` in ``p.compute_dtype`` or ``p.bc_dtype`` (their
+user dtype, rounded once), the others in ``p.compute_dtype`` with the shapes of the
 problem's arrays (``D`` as (H, P)), None where the problem's array is None;
 ``dt`` is the gradient with respect to the raw ``dt`` (bias, softplus and
 clip already differentiated through).

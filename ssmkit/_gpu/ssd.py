@@ -156,8 +156,10 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
              f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
-             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}>", f"ssd_diag_cb<{TB}, {CT}>",
+             f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}, {CT}>", f"ssd_diag_cb<{TB}, {CT}>",
              f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>"]
+    if TB != CT:  # dB, dC of the tensor-core backward, summed straight into B's dtype
+        names.append(f"ssd_sum_parts<{CT}, {TB}>")
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
     return names
@@ -620,7 +622,8 @@ class _Layout:
 
     def dc_mma(self, p, dY, states):
         """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
-        heads' masked blocks summed before the one product with B), (batch, L, GC, N) float32.
+        heads' masked blocks summed before the one product with B), (batch, L, GC, N) in C's
+        dtype (the float32 sums of the heads' runs rounded once).
         Needs every C group's heads to read one B group (GC a multiple of GB)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
         blocks, splits, part = self._head_runs(p, GC, p.N)
@@ -630,12 +633,13 @@ class _Layout:
                  np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
                  np.int64(p.batch * p.L * GC * p.N)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(p.xp, part)
+        return _sum_runs(p.xp, part, p.bc_dtype)
 
     def db_mma(self, p, dY, dHx, cbt, rowdot):
         """dB summed over each B group's heads on tensor cores (``ssd_mma_chunk_db``: the
         heads' masked blocks, times dt', summed before the one product with C), (batch, L,
-        GB, N) float32; ``rowdot`` (batch, L, H) receives each head's row dot with B before
+        GB, N) in B's dtype (the float32 sums of the heads' runs rounded once); ``rowdot``
+        (batch, L, H) receives each head's row dot with B before
         the dt' scaling (x_s . (G B)_s). ``cbt``: the transposed blocks of :meth:`cb_mma`.
         Needs every B group's heads to read one C group (GB a multiple of GC)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
@@ -646,7 +650,7 @@ class _Layout:
                  np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
-        return _sum_runs(p.xp, part)
+        return _sum_runs(p.xp, part, p.bc_dtype)
 
     def passing(self, p, chunk_states, *, entering=False, final=None):
         """The boundary states (batch, nc + 1, H, P, N); with ``entering``, also the states
@@ -701,15 +705,16 @@ def ssd_forward(p, *, save_checkpoints):
     return y, final, ((states, entering) if save_checkpoints else None)
 
 
-def _sum_runs(xp, part):
+def _sum_runs(xp, part, dtype=None):
     """The sum of a head-summing product's run partials (the first axis), in run order
-    (``ssd_sum_parts``: one pass over the partials)."""
+    (``ssd_sum_parts``: one pass over the partials), in ``dtype`` (default: the partials')."""
+    dtype = part.dtype if dtype is None else np.dtype(dtype)
     if part.shape[0] == 1:
-        return part[0]
-    out = xp.empty(part.shape[1:], dtype=part.dtype)
+        return part[0] if dtype == part.dtype else part[0].astype(dtype)
+    out = xp.empty(part.shape[1:], dtype=dtype)
     n = out.size
-    _launch(f"ssd_sum_parts<{_CTYPE[_arrays.dtype_name(part.dtype)]}>",
-            (max(1, min(-(-n // THREADS), 4096)),),
+    CT, OT = (_CTYPE[_arrays.dtype_name(d)] for d in (part.dtype, dtype))
+    _launch(f"ssd_sum_parts<{CT}, {OT}>", (max(1, min(-(-n // THREADS), 4096)),),
             (part, out, np.int64(n), np.int32(part.shape[0])))
     return out
 
