@@ -2,8 +2,9 @@
 
 Run in each tree (``cd TREE && PYTHONPATH=$PWD python3 /path/ab_cc1d_trees.py LABEL``): times
 the tree's ``backend.backward`` (kernel plus cc1d_wsum; also with ``TUNING["bwd_mma"]``
-off, the register kernel) and ``backend.forward`` on the bfloat16 shapes of
-bench_causal_conv1d.py (bias, silu; widths from $AB_WIDTHS, default 4,8), as CUDA-event medians of
+off, the kernel the tree falls back to) and ``backend.forward`` on the bfloat16 shapes of
+bench_causal_conv1d.py (bias, silu; widths from $AB_WIDTHS, default 4,8; the tensor-core
+backward from width $AB_MMA_MIN_WIDTH if given), as CUDA-event medians of
 back-to-back calls, and prints one ``ABROW`` JSON line per shape with the fraction of the
 copy bandwidth measured in the same process, and the host time of one call (wall clock
 over 100 calls, the GPU running behind).
@@ -23,6 +24,7 @@ import timing  # noqa: E402
 
 SHAPES = [(8, 3072, 2048), (4, 5376, 4096)]
 WIDTHS = [int(w) for w in os.environ.get("AB_WIDTHS", "4,8").split(",")]
+MMA_MIN_WIDTH = os.environ.get("AB_MMA_MIN_WIDTH")  # TUNING["bwd_mma_min_width"] if given
 
 
 def main(label):
@@ -33,6 +35,8 @@ def main(label):
     from ssmkit._gpu import causal_conv1d as backend
 
     copy_bw = timing.copy_tbps()
+    if MMA_MIN_WIDTH:
+        backend.TUNING["bwd_mma_min_width"] = int(MMA_MIN_WIDTH)
     rng = cupy.random.default_rng(0)
     for (batch, dim, L), W in [(s, w) for s in SHAPES for w in WIDTHS]:
         dt = ml_dtypes.bfloat16
@@ -45,7 +49,7 @@ def main(label):
         fwd = timing.cuda_median_ms(lambda: backend.forward(p), calls=5)
         bwd = timing.cuda_median_ms(lambda: backend.backward(p, dy, None), calls=5)
         saved = backend.TUNING.get("bwd_mma")
-        backend.TUNING["bwd_mma"] = ()  # the tree's register kernel, cc1d_bwd
+        backend.TUNING["bwd_mma"] = ()  # the tree's other kernel (cc1d_bwd_warp or cc1d_bwd)
         bwd_reg = timing.cuda_median_ms(lambda: backend.backward(p, dy, None), calls=5)
         backend.TUNING["bwd_mma"] = saved
         host = {}  # the host side of one call (wall clock, the GPU running behind)

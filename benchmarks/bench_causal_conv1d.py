@@ -22,7 +22,8 @@ with the partials summed by CuPy reductions as the host did before
 (``partial.sum(axis=(0, 2))`` and two copies), which is the structure of commit
 548eec1; and ``loop``, the resident grid of blocks walking the items with
 ``cc1d_wsum``, without the read-ahead. ``--mma-sweep`` times the tensor-core
-kernels built with other read-ahead depths (``-DCC1D_MMA_AHEAD``) and spans.
+kernels built with other read-ahead depths (``-DCC1D_MMA_FWD_BUFS``,
+``-DCC1D_MMA_BWD_AHEAD``) and spans.
 Writes ``results/causal_conv1d_h200.json`` (a list of rows) and a markdown table
 beside it.
 
@@ -249,16 +250,16 @@ def run(args):
                 f"{r['fwd_old_of_copy']:.2f} | {r['fwd_loop_of_copy']:.2f} | "
                 f"{r['bwd_old_of_copy']:.2f} | {r['bwd_loop_of_copy']:.2f} |")
     if sweep:
-        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_FWD_BUFS / _BWD_BUFS (chunks' "
-                  "words in registers) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, "
+        lines += ["", "Tensor-core kernels built with -DCC1D_MMA_FWD_BUFS (chunks' words in "
+                  "registers), -DCC1D_MMA_BWD_AHEAD (chunks copied ahead into shared memory) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, "
                   "blocks per SM), launched with other spans (kernel alone; the backward without "
                   "cc1d_wsum; the library: the source's defaults, TUNING['mma_span']):", "",
-                  "| dtype | batch | dim | L | W | fwd bufs | bwd bufs | bwd blocks | span | fwd ms "
+                  "| dtype | batch | dim | L | W | fwd bufs | bwd ahead | bwd blocks | span | fwd ms "
                   "| of copy | bwd ms | of copy |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for v in sweep:
             lines.append(f"| {v['dtype']} | {v['batch']} | {v['dim']} | {v['L']} | {v['width']} "
-                         f"| {v['fwd_bufs']} | {v['bwd_bufs']} | {v['bwd_blocks']} | {v['span']} "
+                         f"| {v['fwd_bufs']} | {v['bwd_ahead']} | {v['bwd_blocks']} | {v['span']} "
                          f"| {v['fwd_ms']:.4f} | "
                          f"{v['fwd_of_copy']:.2f} | {v['bwd_ms']:.4f} | {v['bwd_of_copy']:.2f} |")
     if variants:
@@ -381,11 +382,12 @@ def _raw_arrays(rng, batch, dim, L, W, dtype):
 
 
 def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 8),
-                 builds=((4, 2, 8), (6, 3, 6), (8, 4, 5)), spans=(1024, 2048, 4096)):
+                 builds=((4, 3, 8), (6, 4, 8), (8, 6, 7)), spans=(1024, 2048, 4096)):
     """Time cc1d_fwd_mma / cc1d_bwd_mma (bfloat16, bias, silu) for each build (fwd bufs, bwd
-    bufs, bwd blocks): -DCC1D_MMA_FWD_BUFS / _BWD_BUFS (chunks' words in registers, all but
-    one in flight) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, blocks per SM;
-    1: none), launched with each span."""
+    ahead, bwd blocks): -DCC1D_MMA_FWD_BUFS (chunks' words in registers, all but
+    one in flight), -DCC1D_MMA_BWD_AHEAD (chunks the backward copies ahead into shared
+    memory) and -DCC1D_MMA_BWD_BLOCKS (the backward's register bound, blocks per SM; 1:
+    none), launched with each span."""
     import cupy
     import ml_dtypes
 
@@ -399,9 +401,9 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
     keys = {(kind, W): backend.name_expression(backend.KernelKey(kind, dtype.name, W, True, True,
                                                                  False))
             for kind in ("fwd_mma", "bwd_mma") for W in widths}
-    for fwd_bufs, bwd_bufs, bwd_blocks in builds:
+    for fwd_bufs, bwd_ahead, bwd_blocks in builds:
         opts = compiler.compile_options() + (f"-DCC1D_MMA_FWD_BUFS={fwd_bufs}",
-                                             f"-DCC1D_MMA_BWD_BUFS={bwd_bufs}",
+                                             f"-DCC1D_MMA_BWD_AHEAD={bwd_ahead}",
                                              f"-DCC1D_MMA_BWD_BLOCKS={bwd_blocks}")
         mod = cupy.RawModule(code=src, options=opts, name_expressions=list(keys.values()))
         for (batch, dim, L), W in [(s, w) for s in shapes for w in widths]:
@@ -422,7 +424,7 @@ def mma_variants(copy_bw, shapes=((8, 3072, 2048), (4, 5376, 4096)), widths=(4, 
                                                     + tail))
                 out.append(_variant_row(copy_bw, act, fwd_ms, bwd_ms, dtype=dtype.name, width=W,
                                         batch=batch, dim=dim, L=L, fwd_bufs=fwd_bufs,
-                                        bwd_bufs=bwd_bufs, bwd_blocks=bwd_blocks, span=span))
+                                        bwd_ahead=bwd_ahead, bwd_blocks=bwd_blocks, span=span))
     return out
 
 

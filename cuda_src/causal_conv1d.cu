@@ -926,15 +926,16 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 
 // ---------------------------------------------------------------------------------------
 // On tensor cores: cc1d_fwd_mma and cc1d_bwd_mma, for 16-bit types without seq_idx or
-// initial state, L even and rows 4-byte aligned (the host sends every other case to the
-// kernels above).
+// initial state; the forward for L even and rows 4-byte aligned, the backward for L a
+// multiple of 8 and x, dy 16-byte aligned (the host sends every other case to the kernels
+// above).
 //
 // cc1d_bwd does 3W FFMA per element (the recomputed pre-activation z, dx, dweight) and
 // runs out of issue slots in bfloat16 (0.50 of copy at W = 8). Here the sums are mma.sync
 // products; per element there remain silu or silu', a few conversions, loads and stores.
 // Measured on the H200 (bench_causal_conv1d.py, bfloat16, benchmarks/CAUSAL_CONV1D.md): the
 // forward 0.80-0.89 of copy (cc1d_fwd_tile 0.74-0.86 in the same runs), the backward at
-// W = 8 0.63-0.67 (cc1d_bwd 0.50-0.54). Below W = 8 the warp kernels further down
+// W = 8 0.81-0.84 (cc1d_bwd 0.50-0.54). Below W = 8 the warp kernels further down
 // (cc1d_fwd_warp, cc1d_bwd_warp) are the faster ones, so the host uses these from W = 8.
 //
 // A warp owns one span of one row (items: rows x spans, span fastest) and walks it in
@@ -947,11 +948,13 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 //   dx = G Wd,         G[j][k] = g at step 8j + k (the row and the row after),
 //                      Wd[k][n] = w[n + H - k];
 //   P += X^T G8,       G8[j][n] = g at step 8j + n; dweight[kk] = sum_n P[n + kk + 8 - H][n]
-//                      (the operands transposed in registers by movmatrix).
-// The neighbouring rows of X and G come from lanes 4 apart by one shuffle per word; the
-// row before the chunk is read with it (lanes 28-31), the row after is the first row of
-// the chunk walked before (kept by lanes 0-3). The backward's walk starts with the 8
-// steps after the span when they hold a step < L, for their g only.
+//                      (G8 transposed in registers by movmatrix).
+// The forward's neighbouring rows of X come from lanes 4 apart by one shuffle per word,
+// the row before the chunk read with it (lanes 28-31). The backward's chunks of x and dy
+// come through shared memory (cc1d_mma_slot), whence ldmatrix reads X and X^T. The rows
+// of G after the lane's come from lanes 4 apart, the row after the chunk being the first
+// row of the chunk walked before (kept by lanes 0-3). The backward's walk starts with the
+// 8 steps after the span when they hold a step < L, for their g only.
 //
 // Precision: x and dy are exact in the 16-bit type; the taps and g are split into a
 // rounded high part and the rounded residual (hi + lo = v to about 2^-16 relative), and
@@ -961,16 +964,22 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // partial: (batch, dim, n_spans, W + 1) as in cc1d_bwd, a span in place of a tile.
 // ---------------------------------------------------------------------------------------
 #define CC1D_MMA_CHUNK 128  // steps per warp and round of products: 16 rows of 8
-// Chunks' words in registers, one computed and the others in flight, in the forward and
-// the backward (bench_causal_conv1d.py --mma-sweep, bfloat16, kernel alone: the forward
-// 0.75-0.77 of copy with 2, 0.80-0.85 with 3, 0.82-0.88 with 4, 0.84-0.88 with 6 and 8; the
-// backward 0.66-0.67 with 2 at 8 blocks per SM, 0.62-0.65 with 3 at 6, 0.59-0.63 with 4 at
-// 5: its warps count for more than its loads).
+// The forward's chunks' words in registers, one computed and the others in flight
+// (bench_causal_conv1d.py --mma-sweep, bfloat16, kernel alone: 0.75-0.77 of copy with 2,
+// 0.80-0.85 with 3, 0.82-0.88 with 4, 0.84-0.88 with 6 and 8).
 #ifndef CC1D_MMA_FWD_BUFS
 #define CC1D_MMA_FWD_BUFS 6
 #endif
-#ifndef CC1D_MMA_BWD_BUFS
-#define CC1D_MMA_BWD_BUFS 2
+// The backward holds no chunk in registers: its warps copy CC1D_MMA_BWD_AHEAD chunks ahead
+// by cp.async into a ring of AHEAD + 1 slots of shared memory each (cc1d_mma_slot). In
+// registers, more than one chunk ahead had cost the warps their eighth block per SM
+// (0.66-0.67 of copy with 2 buffers at 8 blocks, 0.59-0.65 with 3 or 4 at 5-6), and one
+// chunk ahead left a third of the stall samples on the first use of a chunk's words. The
+// ring, bfloat16 W = 8, kernel and cc1d_wsum, three alternating rounds of
+// benchmarks/ab_cc1d_trees.py (8 x 3072 x 2048 / 4 x 5376 x 4096): 0.81-0.82 / 0.81-0.83
+// with 3 ahead, 0.82 / 0.84 with 4; the register kernel 0.69-0.73 / 0.70-0.74.
+#ifndef CC1D_MMA_BWD_AHEAD
+#define CC1D_MMA_BWD_AHEAD 3
 #endif
 // The warp kernels read one chunk ahead into registers; they also ask L2 for the chunk
 // CC1D_L2_AHEAD_BWD (backward) or CC1D_L2_AHEAD_FWD (forward) chunks ahead: no registers are
@@ -1113,6 +1122,49 @@ struct cc1d_mma_words {
     }
 };
 
+// A chunk of x and dy in a warp's slot of shared memory, as the rows hold them: x's rows -1
+// .. 15 (8 steps each; row -1 is the last of the chunk before), then dy's 128 steps. The
+// lanes copy 16 bytes each (lanes 0-15 x's rows 0-15, 16-31 dy's), all to byte 16 + 16 lane;
+// dy's words for lane (g, t) are dy[0][lane] and dy[1][lane] (steps 8g + 2t, +1 and 64 + ...).
+struct alignas(16) cc1d_mma_slot {
+    unsigned x[17][4];
+    unsigned dy[2][32];
+};
+
+// Four 8 x 8 matrices of 16-bit values from shared memory in one ldmatrix: lane l names row
+// l % 8 of matrix l / 8 (its 16 bytes at the shared address a); r[i] holds for lane (g, t)
+// row g, columns 2t and 2t + 1 of matrix i (TRANS: column g, rows 2t and 2t + 1).
+// A word of shared memory at the shared address a.
+__device__ __forceinline__ unsigned cc1d_lds(unsigned a) {
+    unsigned r;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");
+    return r;
+}
+template <bool TRANS>
+__device__ __forceinline__ void cc1d_ldsm(unsigned (&r)[4], unsigned a) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+// 16 bytes from global src to the shared address dst by cp.async (sm_80), in flight until
+// cc1d_cp_wait; zeros, nothing read, when !live.
+__device__ __forceinline__ void cc1d_cp16(unsigned dst, const void* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cc1d_cp_commit() {
+    asm volatile("cp.async.commit_group;" : : : "memory");
+}
+// Until at most PENDING of this thread's committed groups are in flight.
+template <int PENDING>
+__device__ __forceinline__ void cc1d_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
+}
+
 // X of a chunk from the lane's x words (x0, x1: its rows g and g + 8) and those of the
 // lane 4 below; lanes 0-3 take rows 7 and -1 from lanes 28-31 (xb: the row before).
 __device__ __forceinline__ void cc1d_mma_x(unsigned x0, unsigned x1, unsigned xb, int lane,
@@ -1224,18 +1276,17 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     const float bv = HAS_BIAS ? bias[at.d] : 0.0f;
     const bool with_dfinal = H > 0 && dfinal != nullptr;
 
-    // g on a chunk's steps of this lane, from its words: gv as floats, gh the rounded words,
-    // gl the residuals; ax, the chunk's X operand, for the dweight product
-    auto grad = [&](const cc1d_mma_words& cur, unsigned (&ax)[4], float (&gv)[4],
+    // g on a chunk's steps of this lane, from the chunk's X operand and the lane's dy words:
+    // gv as floats, gh the rounded words, gl the residuals
+    auto grad = [&](const unsigned (&ax)[4], unsigned dy0, unsigned dy1, float (&gv)[4],
                     unsigned (&gh)[2], unsigned (&gl)[2]) {
-        cc1d_mma_x(cur.x0, cur.x1, cur.xb, lane, ax);
         float z[4] = {bv, bv, bv, bv};
         MMA::run(z, ax, bz[0][0], bz[0][1]);
         MMA::run(z, ax, bz[1][0], bz[1][1]);
-        gv[0] = V::lo(cur.dy0);
-        gv[1] = V::hi(cur.dy0);
-        gv[2] = V::lo(cur.dy1);
-        gv[3] = V::hi(cur.dy1);
+        gv[0] = V::lo(dy0);
+        gv[1] = V::hi(dy0);
+        gv[2] = V::lo(dy1);
+        gv[3] = V::hi(dy1);
         if constexpr (SILU) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) gv[i] *= cc1d_act<float>::dsilu(z[i]);
@@ -1244,32 +1295,40 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         cc1d_split<T>(gv[2], gv[3], gh[1], gl[1]);
     };
 
-    // The lane's steps in a chunk are lo and lo + 64. Its pointers into x and dy at the next
-    // chunk to load (walking down, one chunk per load), and into dx at the chunk computed
-    // next: one 64-bit step each per chunk, no address built from the chunk's index.
+    // The lane's steps in a chunk are lo and lo + 64; its pointer into dx at the chunk
+    // computed next, stepped down a chunk per chunk.
     const int lo = 8 * g + 2 * t;
-    const T* xa = xr + t0 + lo + (nc - 1) * CHUNK;
-    const T* dya = dyr + t0 + lo + (nc - 1) * CHUNK;
     T* dxc = dxr + t0 + lo + (nc - 1) * CHUNK;
-    // Chunk c's words from the pointers (at chunk c, stepped down after); chunks wholly
-    // inside [8, L) without bound tests, the others word by word.
-    auto load = [&](cc1d_mma_words& w, int c) {
-        const int c0 = t0 + c * CHUNK, s = c0 + lo;
-        if (c0 >= 8 && c0 + CHUNK <= L) {
-            w.x0 = cc1d_ld_word(xa);
-            w.x1 = cc1d_ld_word(xa + 64);
-            w.xb = g == 7 ? cc1d_ld_word(xa - 64) : 0u;
-            w.dy0 = cc1d_ld_word(dya);
-            w.dy1 = cc1d_ld_word(dya + 64);
-        } else {
-            w.x0 = s >= 0 && s < L ? cc1d_ld_word(xa) : 0u;
-            w.x1 = s + 64 < L ? cc1d_ld_word(xa + 64) : 0u;
-            w.xb = g == 7 && s >= 64 && s - 64 < L ? cc1d_ld_word(xa - 64) : 0u;
-            w.dy0 = s >= 0 && s < L ? cc1d_ld_word(dya) : 0u;
-            w.dy1 = s + 64 < L ? cc1d_ld_word(dya + 64) : 0u;
-        }
-        xa -= CHUNK;
-        dya -= CHUNK;
+    // The chunks reach the warp through a ring of slots in shared memory. The lane copies 16
+    // bytes of each (lanes 0-15 x, 16-31 dy; steps v .. v + 7, v = c0 + 8 (lane % 16)) with one
+    // pointer, stepped down a chunk per chunk, zeros outside [max(t0 - 8, 0), L) (nothing read
+    // there); lane 15 also copies its x into row -1 of the slot of the chunk after (walked
+    // before). The copies go on past chunk 0 (into slots no longer read): c = -1 brings the x
+    // of the 8 steps before the span, and those after it zeros.
+    constexpr int AHEAD = CC1D_MMA_BWD_AHEAD, SLOTS = AHEAD + 1;
+    static_assert(AHEAD >= 2, "a chunk and its row -1 are read while the next copies land");
+    __shared__ cc1d_mma_slot ring[NWARPS][SLOTS];
+    constexpr unsigned SLOT = sizeof(cc1d_mma_slot);
+    // The lane's addresses in slot 0 (pinned in registers: the compiler would rebuild them
+    // at every use): its copy; its rows for ldmatrix of X (the A operand: rows g - 1, g + 7,
+    // g, g + 8 of the chunk's x) and of X^T (rows g - 1, g, g + 7, g + 8), row r at 16 (r + 1);
+    // its dy words.
+    const unsigned ring0 = (unsigned)__cvta_generic_to_shared(&ring[warp][0]);
+    unsigned at_copy = ring0 + 16 + 16 * lane;
+    unsigned at_x = ring0 + 16 * ((lane & 15) + (lane >> 4));
+    unsigned at_xt = ring0 + 16 * ((lane & 7) + ((lane >> 3) & 1) + ((lane >> 4) << 3));
+    unsigned at_dy = ring0 + (unsigned)sizeof(cc1d_mma_slot::x) + 4 * lane;
+    asm volatile("" : "+r"(at_copy), "+r"(at_x), "+r"(at_xt), "+r"(at_dy));
+    const int vmin = max(t0 - 8, 0);
+    int v = t0 + 8 * (lane & 15) + (nc - 1) * CHUNK;
+    const T* src = (lane < 16 ? xr : dyr) + v;
+    auto load = [&](int slot, bool row_before) {
+        const bool live = v >= vmin && v < L;
+        cc1d_cp16(at_copy + slot * SLOT, src, live);
+        if (row_before && lane == 15)
+            cc1d_cp16(ring0 + (slot + AHEAD) % SLOTS * SLOT, src, live);
+        src -= CHUNK;
+        v -= CHUNK;
     };
 
     // lanes 0-3: g on the row after the chunk (pair t), rounded and residual; first, chunk
@@ -1280,17 +1339,19 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         w.load<T, true>(xr, dyr, t0 + nc * CHUNK, L, g, t, true);
         unsigned ax[4], gh[2], gl[2];
         float gv[4];
-        grad(w, ax, gv, gh, gl);
+        cc1d_mma_x(w.x0, w.x1, w.xb, lane, ax);
+        grad(ax, w.dy0, w.dy1, gv, gh, gl);
         nh = gh[0];
         nl = gl[0];
     }
     float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float db = 0.0f;
     const int above = (lane + 4) & 31;
-    auto step = [&](const cc1d_mma_words& cur, int c) {
+    auto step = [&](int slot, int c) {
         unsigned ax[4], gh[2], gl[2];
         float gv[4];
-        grad(cur, ax, gv, gh, gl);
+        cc1d_ldsm<false>(ax, at_x + slot * SLOT);
+        grad(ax, cc1d_lds(at_dy + slot * SLOT), cc1d_lds(at_dy + slot * SLOT + 128), gv, gh, gl);
         db += (gv[0] + gv[1]) + (gv[2] + gv[3]);
         // dx: G from the lane's words and those of the lane 4 above (lanes 28-31: lanes 0-3,
         // rows 8 and 16, the latter from the chunk after)
@@ -1316,36 +1377,40 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
         if (c0 + CHUNK <= L || c0 + lo + 64 < L)
             *reinterpret_cast<unsigned*>(dp + 64) = V::pack(o[2], o[3]);
 
-        // dweight: P += X^T G8, both operands transposed 8 x 8 block by block
-        const unsigned xt[4] = {cc1d_trans(ax[0]), cc1d_trans(ax[2]), cc1d_trans(ax[1]),
-                                cc1d_trans(ax[3])};
+        // dweight: P += X^T G8, X^T read from the slot transposed, G8 transposed 8 x 8 block
+        // by block in registers
+        unsigned xt[4];
+        cc1d_ldsm<true>(xt, at_xt + slot * SLOT);
         MMA::run(P, xt, cc1d_trans(gh[0]), cc1d_trans(gh[1]));
         MMA::run(P, xt, cc1d_trans(gl[0]), cc1d_trans(gl[1]));
         nh = gh[0];
         nl = gl[0];
     };
-    // The walk: chunks nc - 1 down to 0; CC1D_MMA_BWD_BUFS buffers in turn, the next BUFS - 1
-    // chunks' words read while one is computed. (A register array shifted each step made
-    // every step wait, at the copy, for the load it had just issued.)
-    constexpr int NB = CC1D_MMA_BWD_BUFS;
-    cc1d_mma_words buf[NB];
-#pragma unroll
-    for (int i = 0; i + 1 < NB; ++i)
-        if (nc - 1 - i >= 0) load(buf[i], nc - 1 - i);
-    bool more = true;
+    // The walk: chunks nc - 1 down to 0, the i-th of them in slot i % (AHEAD + 1), copied
+    // AHEAD chunks before it is computed. One group of copies per chunk: waiting for all but
+    // the newest AHEAD - 1 groups lands this chunk and its row -1; __syncwarp makes the lanes'
+    // copies the warp's.
 #pragma unroll 1
-    for (int c = nc - 1; more;) {
-#pragma unroll
-        for (int k = 0; k < NB; ++k) {
-            const int ahead = c - (NB - 1);
-            if (ahead >= 0) load(buf[(k + NB - 1) % NB], ahead);
-            step(buf[k], c);
-            if (--c < 0) {
-                more = false;
-                break;
-            }
-        }
+    for (int i = 0; i < AHEAD; ++i) {
+        load(i, i > 0);
+        cc1d_cp_commit();
     }
+    auto walk = [&](int k, int c) {
+        load((k + AHEAD) % SLOTS, true);
+        cc1d_cp_commit();
+        cc1d_cp_wait<AHEAD - 1>();
+        __syncwarp();
+        step(k, c);
+    };
+    int c = nc - 1;
+#pragma unroll 1
+    for (; c >= SLOTS - 1; c -= SLOTS) {  // whole turns of the ring
+#pragma unroll
+        for (int k = 0; k < SLOTS; ++k) walk(k, c - k);
+    }
+#pragma unroll 1
+    for (int k = 0; k <= c; ++k) walk(k, c - k);  // the rest, c + 1 < SLOTS chunks
+    cc1d_cp_wait<0>();  // (the copies past c = -1 write zeros: none may be left in flight)
 
     // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
     float* const ps = pshare[warp];

@@ -301,7 +301,8 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     span, every width, with and without bias and silu, the final state and its cotangent;
     against the reference (the weight gradients to float32 accuracy, not the 16-bit one) and
     against cc1d_fwd_tile / cc1d_bwd. An initial state, seq_idx or an odd length take the
-    other kernels."""
+    other kernels, and so does a backward whose length is not a multiple of 8 (it copies
+    16-byte vectors of whole rows)."""
     import cupy
 
     pytest.importorskip("ml_dtypes")
@@ -314,7 +315,7 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
     monkeypatch.setitem(gpu_conv.TUNING, "mma_warps_per_sm", 0)
     rng = np.random.default_rng(span)
     for W in range(1, 9):
-        for L in (2, 126, 128, 136, span + 2, 3 * span - 6, 1000):
+        for L in (2, 126, 128, 136, span + 2, span + 8, 3 * span - 6, 3 * span - 8, 1000):
             inputs = make_inputs(rng, batch=2, dim=3, L=L, W=W, bias=W % 3 != 0, cuts=())
             act = "silu" if (W + L) % 3 else None
             args, exact = cast(inputs, dtype, cupy)
@@ -326,7 +327,8 @@ def test_gpu_tensor_core_kernels(dtype, span, monkeypatch):
                 kinds = both if on else ()
                 monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma", kinds)
                 monkeypatch.setitem(gpu_conv.TUNING, "bwd_mma", kinds)
-                assert (gpu_conv._mma_for("bwd", p, p.x) is not None) == on
+                assert (gpu_conv._mma_for("fwd", p, p.x) is not None) == on
+                assert (gpu_conv._mma_for("bwd", p, p.x) is not None) == (on and L % 8 == 0)
 
             check_against_other_kernels(use, args, exact, act, dy, dfinal, dtype, (W, L))
     # the cases left to the other kernels

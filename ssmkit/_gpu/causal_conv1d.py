@@ -14,7 +14,8 @@ Implements the backend contract of :mod:`ssmkit._causal_conv1d` for CuPy arrays
   rows, :func:`forward_tile_plan`) into shared memory with one bulk asynchronous copy; else
   ``cc1d_fwd``.
 * The backward is two: the convolution's backward (``cc1d_bwd_mma`` under the same
-  conditions with ``TUNING["bwd_mma"]`` from ``TUNING["bwd_mma_min_width"]``; else, for the
+  conditions, but L a multiple of 8 and x, dy 16-byte aligned, with ``TUNING["bwd_mma"]``
+  from ``TUNING["bwd_mma_min_width"]``; else, for the
   dtypes of ``TUNING["bwd_warp"]`` without seq_idx or initial state, with L a multiple of 8
   and 16-byte aligned rows, ``cc1d_bwd_warp``, a warp per span with every neighbour in
   registers, :func:`warp_plan`; else ``cc1d_bwd``), which writes per-item (tile or span)
@@ -79,7 +80,8 @@ TUNING = {
                               # 0.81-0.86 of copy at W 2-7 with 64 registers, cc1d_fwd_mma
                               # 0.78-0.84 at 4 and 8, cc1d_fwd_warp at 8 0.70 / 0.75 with the
                               # 72 registers it needs without silu; CAUSAL_CONV1D.md)
-    "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions)
+    "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions,
+                              # L a multiple of 8, x and dy 16-byte aligned)
     "bwd_mma_min_width": 8,   # ... for widths from this one: cc1d_bwd_mma costs the same at
                               # every width, cc1d_bwd_warp falls with it (bfloat16, kernel
                               # alone: 0.90 of copy at W 2, 0.82 at 4, 0.72 at 6, 0.62 at 8,
@@ -399,13 +401,15 @@ def _span_launch(kind, p, tune, applies, plan_of, int_steps):
 def _mma_launch(kind, p):
     """How ``cc1d_<kind>_mma`` ("fwd" or "bwd") runs ``p`` (:func:`_span_launch`), or None
     where the other kernels take it (not in ``TUNING[kind + "_mma"]``, below
-    ``TUNING[kind + "_mma_min_width"]``; seq_idx or an initial state; L odd, or so large that
-    a step plus two spans would pass 2**31: the kernels count steps in 32 bits; before
-    sm_80). The arrays' 4-byte alignment is the caller's to check."""
+    ``TUNING[kind + "_mma_min_width"]``; seq_idx or an initial state; L odd, for the backward
+    L not a multiple of 8, or so large that a step plus two spans would pass 2**31: the
+    kernels count steps in 32 bits; before sm_80). The arrays' alignment (4 bytes; the
+    backward's x and dy 16) is the caller's to check."""
     def applies():
         return (_arrays.dtype_name(p.io_dtype) in TUNING[kind + "_mma"]
                 and p.width >= TUNING[kind + "_mma_min_width"]
-                and p.seq_idx is None and p.initial_state is None and p.L % 2 == 0
+                and p.seq_idx is None and p.initial_state is None
+                and p.L % (2 if kind == "fwd" else 8) == 0
                 and 0 < p.L < 2**31 - 2 * (TUNING["mma_span"] + MMA_CHUNK)
                 and compiler.device_limits()["compute_capability"] >= 80)
 
@@ -442,7 +446,7 @@ def backward(p, dy, dfinal_state):
     cd = p.compute_dtype
     dx = cp.empty(p.x.shape, dtype=p.io_dtype)
     dh0 = cp.empty((p.batch, p.dim, H), dtype=cd) if p.initial_state is not None else None
-    launch = _mma_for("bwd", p, p.x, dy, dx)
+    launch = _mma_for("bwd", p, p.x, dy, dx) if _aligned(p.x, dy) else None
     if launch is None and _aligned(p.x, dy, dx):
         launch = _warp_launch("bwd", p)
     if launch is not None:  # a warp per span: cc1d_bwd_mma or cc1d_bwd_warp

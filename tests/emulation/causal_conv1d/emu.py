@@ -50,6 +50,21 @@ REPL = COMMON_REPL + [
     ('asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2bf(lo), emu_f2bf(hi));'),
     ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
     ('asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));', 'd = emu_movmatrix_trans(a);'),
+    # cc1d_bwd_mma's ring of chunks in shared memory (dst: a byte offset into it)
+    ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");''',
+     'emu_cp16(emu_smem_at(dst), src, live);'),
+    ('(unsigned)__cvta_generic_to_shared(&ring[warp][0])', 'emu_cvta_shared(&ring[warp][0])'),
+    ('asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");',
+     'memcpy(&r, emu_smem_at(a), 4);'),
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<true>(r, (const unsigned short*)emu_smem_at(a));'),
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<false>(r, (const unsigned short*)emu_smem_at(a));'),
+    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
+    ('asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");', 'emu_cp_wait(PENDING);'),
     # cc1d_bwd_warp's 16-byte vectors
     ('for (int v = 0; v < NV; ++v) u[v] = reinterpret_cast<const cc1d_words*>(p)[v];',
      'for (int v = 0; v < NV; ++v) u[v] = *emu_al<const cc1d_words>(p + v * E);'),
@@ -75,7 +90,7 @@ static void emu_launch(F call, unsigned grid, unsigned block) {
         }
         emu_warps = warps.data();
         std::vector<std::thread> ts;
-        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); });
+        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
         for (auto& th : ts) th.join();
     }
 }
@@ -252,6 +267,8 @@ def case_spans(fns, family, io, W, batch, dim, L, bias, silu, span, with_dfinal,
     errs = {"y": rel(y.astype(np.float64), yr)}
     if H:
         errs["final"] = rel(fin.astype(np.float64), fr)
+    if family == "mma" and L % 8:  # cc1d_bwd_mma copies 16-byte vectors of whole rows
+        return errs
     dx = np.full_like(x, np.nan)
     part = np.full((batch, dim, n_spans, W + 1), np.nan, np.float32)
     key = cc.KernelKey("bwd_" + family, io, W, bias, silu, False)
@@ -304,7 +321,8 @@ def run_warp(ios, widths, cases=WARP_CASES, defines=(), asan=True, seed=2):
 
 MMA_CASES = [(2, 128), (8, 128), (126, 128), (128, 128), (130, 128), (136, 128), (254, 128),
              (264, 256), (384, 128), (390, 384), (512 + 6, 256), (1000, 384),
-             (1536 + 6, 768)]  # (L, span)
+             (1536 + 6, 768), (16, 128), (256 + 8, 128), (512 + 8, 256),
+             (1536 + 8, 768)]  # (L, span); the backward takes L a multiple of 8
 
 
 def run_mma(ios, widths, cases=MMA_CASES, defines=(), asan=True, seed=1):
@@ -318,7 +336,7 @@ def main_mma(ios, sweep=None):
     """``emu.py mma [dtypes]``: :func:`run_mma` (or ``sweep``: ``emu.py warp``,
     :func:`run_warp`) over every width (EMU_W to choose)."""
     widths = [int(w) for w in os.environ.get("EMU_W", "1,2,3,4,5,6,7,8").split(",")]
-    # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_BUFS 3": the source built with other settings
+    # EMU_DEFINES="CC1D_MMA_FWD_BUFS 8,CC1D_MMA_BWD_AHEAD 1": the source built with other settings
     worst, fails = (sweep or run_mma)(ios, widths,
                            defines=[d for d in os.environ.get("EMU_DEFINES", "").split(",") if d])
     for f in fails:
