@@ -976,8 +976,9 @@ cc1d_bwd(const T* __restrict__ x, const typename ssm_compute_of<T>::type* __rest
 // (0.66-0.67 of copy with 2 buffers at 8 blocks, 0.59-0.65 with 3 or 4 at 5-6), and one
 // chunk ahead left a third of the stall samples on the first use of a chunk's words. The
 // ring, bfloat16 W = 8, kernel and cc1d_wsum, three alternating rounds of
-// benchmarks/ab_cc1d_trees.py (8 x 3072 x 2048 / 4 x 5376 x 4096): 0.81-0.82 / 0.81-0.83
-// with 3 ahead, 0.82 / 0.84 with 4; the register kernel 0.69-0.73 / 0.70-0.74.
+// benchmarks/ab_cc1d_trees.py (8 x 3072 x 2048 / 4 x 5376 x 4096): 0.81-0.83 / 0.81-0.85
+// with 3 ahead, 0.82-0.85 / 0.84-0.87 with 4 (which spills at W = 1-2), the register kernel
+// 0.68-0.73 / 0.69-0.74.
 #ifndef CC1D_MMA_BWD_AHEAD
 #define CC1D_MMA_BWD_AHEAD 3
 #endif

@@ -460,9 +460,12 @@ def test_mma_launch_rules(monkeypatch):
     assert kernel == "cc1d_bwd_mma<ssm_bf16, 8, true, true>" and n_spans == 16
     assert grid == (24,) and [int(v) for v in scalars] == [3, 2048, 128, 16, 96]
     for kind in ("fwd", "bwd"):  # below {kind}_mma_min_width
-        assert gpu_conv._mma_launch(kind, problem(W=5)) is None
+        assert gpu_conv._mma_launch(kind, problem(W=4)) is None
     monkeypatch.setitem(gpu_conv.TUNING, "fwd_mma_min_width", 1)
     assert gpu_conv._mma_launch("fwd", problem(W=5)) is not None
+    # the backward copies 16-byte vectors of whole rows: L a multiple of 8
+    assert gpu_conv._mma_launch("fwd", problem(L=2044)) is not None
+    assert gpu_conv._mma_launch("bwd", problem(L=2044)) is None
     for kw in (dict(L=2047), dict(init=True), dict(seq=True), dict(dtype=np.float32),
                dict(dtype=np.float16)):
         assert gpu_conv._mma_launch("fwd", problem(**kw)) is None, kw

@@ -82,10 +82,12 @@ TUNING = {
                               # 72 registers it needs without silu; CAUSAL_CONV1D.md)
     "bwd_mma": ("bfloat16",),  # dtypes whose backward runs cc1d_bwd_mma (the same conditions,
                               # L a multiple of 8, x and dy 16-byte aligned)
-    "bwd_mma_min_width": 8,   # ... for widths from this one: cc1d_bwd_mma costs the same at
-                              # every width, cc1d_bwd_warp falls with it (bfloat16, kernel
-                              # alone: 0.90 of copy at W 2, 0.82 at 4, 0.72 at 6, 0.62 at 8,
-                              # where cc1d_bwd_mma ran 0.59-0.64; CAUSAL_CONV1D.md)
+    "bwd_mma_min_width": 5,   # ... for widths from this one: cc1d_bwd_mma costs the same at
+                              # every width, cc1d_bwd_warp falls with it (bfloat16, kernel and
+                              # cc1d_wsum, 8 x 3072 x 2048 / 4 x 5376 x 4096: cc1d_bwd_mma
+                              # 0.86 / 0.85-0.89 of copy at W 4-7, cc1d_bwd_warp 0.87 / 0.87 at 4,
+                              # 0.81 / 0.77 at 5, 0.76 / 0.74 at 6, 0.70 / 0.65 at 7;
+                              # CAUSAL_CONV1D.md)
     "fwd_warp": ("float16", "bfloat16"),  # dtypes whose forward (the conditions of bwd_warp)
                               # runs cc1d_fwd_warp where cc1d_fwd_mma does not take it (float32:
                               # 0.86-0.94 of copy, as cc1d_fwd's 0.87-0.95, so cc1d_fwd stays)
