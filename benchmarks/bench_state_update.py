@@ -17,7 +17,9 @@ in the same run. For each configuration it reports:
 
 Before timing, the result of the public call is compared with a CuPy float32
 evaluation of the same step (relative error printed and stored). Each
-configuration is also timed with ``tile=()`` (no state in the tile kernel),
+configuration is also timed with ``warp=()`` (no state in the warp kernel), ``warp=all``
+(every state the warp kernel can take in it), then also
+``tile=()`` (no state in the tile kernel),
 ``one_pass=()`` (every state in the general kernel) and ``one_pass=all``
 (every vector-form state in the one-pass kernel), and in the general kernel with ``stage_state=()`` (every state loaded
 into registers) and ``stage_state=(2, 4, 8)`` (every vector-form state through
@@ -66,9 +68,11 @@ CONFIGS = [
 # Always timed beside the default: every state in the general kernel, every vector-form state
 # in the one-pass kernel; in the general kernel, every state loaded into registers, and every
 # vector-form state through the staging ring.
-AB = [dict(tile=()), dict(tile=(), one_pass=()), dict(tile=(), one_pass=gsu.ONE_PASS_ALL),
-      dict(tile=(), one_pass=(), stage_state=()),
-      dict(tile=(), one_pass=(), stage_state=(2, 4, 8))]
+AB = [dict(warp=()), dict(warp=gsu.ONE_PASS_ALL), dict(warp=(), tile=()),
+      dict(warp=(), tile=(), one_pass=()),
+      dict(warp=(), tile=(), one_pass=gsu.ONE_PASS_ALL),
+      dict(warp=(), tile=(), one_pass=(), stage_state=()),
+      dict(warp=(), tile=(), one_pass=(), stage_state=(2, 4, 8))]
 # The one-pass vector kernel under other block shapes.
 SWEEP = [dict(one_pass=gsu.ONE_PASS_ALL, threads=t, one_pass_bytes_per_thread=s)
          for t in (64, 128, 256) for s in (16, 32, 64)]
@@ -153,11 +157,13 @@ def time_config(cp, layout, st, io, batch, H, P, N):
                         calls=20)
     latency_ms = cuda_median_ms(lambda: ssmkit.state_update(a["state"], **args,
                                                             dt_softplus=True))
-    tile = layout == 2 and (gsu._ITEMSIZE[st], gsu._ITEMSIZE[io]) in gsu.TUNING["tile"]
+    items = (gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
+    warp = layout == 2 and items in gsu.TUNING["warp"]
+    tile = layout == 2 and items in gsu.TUNING["tile"] and not warp
     plan = gsu.plan_launch(batch=batch, H=H, P=P, N=N, state=st,
                            amode=gsu.A_HEAD if layout == 2 else gsu.A_FULL,
-                           one_pass=(gsu._ITEMSIZE[st], gsu._ITEMSIZE[io])
-                           in gsu.TUNING["one_pass"] and not tile, tile=tile)
+                           one_pass=items in gsu.TUNING["one_pass"] and not tile and not warp,
+                           tile=tile, warp=warp)
     host_us = host_us_per_call(lambda: ssmkit.state_update(a["state"], **args,
                                                            dt_softplus=True))
     return dict(kernel_ms=kernel_ms, ms=ms, latency_ms=latency_ms, err_y=err_y, err_state=err_s,

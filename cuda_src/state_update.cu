@@ -82,6 +82,21 @@ __device__ __forceinline__ void su_copy_wait_ring() {
 #endif
 }
 
+// Wait until at most PENDING of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void su_copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
+#endif
+}
+
+// A 16-byte store marked evict-first in L2 (st.global.cs): the new state is not read again
+// by this step, and the rows still to be read keep L2.
+__device__ __forceinline__ void su_store_stream(su_vec16* p, const su_vec16& v) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                 : : "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
+}
+
 __device__ __forceinline__ unsigned int su_float_bits(float f) {
     unsigned int u;
     asm("mov.b32 %0, %1;" : "=r"(u) : "f"(f));
@@ -934,6 +949,116 @@ ssm_state_update_tile(
             CT out = sy[r] + sd[r] * sx[r];
             if (z != nullptr) out *= sz[r] * M::sigmoid(sz[r]);
             ssm_store(yb + t * ys1 + r * ys3, out);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The warp form (ssm_state_update_warp): one token, Mamba-2's per-head parameters (SU_A_HEAD)
+// and contiguous channel rows whose 16-byte vectors number TN = 4 .. 32 (N * sizeof(ST) =
+// 64 .. 512 bytes). A warp owns a run of SU_WARP_CHUNKS chunks of 512 bytes, each 32 / TN
+// whole channels; lane l holds vector l % TN of channel l / TN of each chunk. At its start
+// the warp copies its whole run (2 KiB) into shared memory with cp.async, each lane its own
+// 16 bytes per chunk, one group per chunk, then computes chunk k as soon as its group has
+// landed. Each lane reads back only the bytes it copied, so the wait orders everything.
+// B, C (the lane's V values), dt', the decay and the run's x, z, D (a value per lane,
+// handed to the channel's lanes by a shuffle) stay in registers. The new state goes out
+// with evict-first stores.
+//
+// Why (bench_state_update.py, benchmarks/su_warp_ring.py; STATE_UPDATE.md): the tile kernel
+// kept each block's tile in flight but spent half its blocks' lives on their setup and
+// passes, at 0.82-0.86 of copy for the bfloat16 peer step. Warps with 2 KiB each (40 of
+// them per SM) and no block-wide barrier reach 0.88-0.91, and 0.91-0.94 with the
+// evict-first stores (which gave the tile kernel 1.5%).
+//
+// Grid: (blocks per head, H, rows), SU_WARP_THREADS threads; a block owns
+// rows_per_block = warps x (chunks x 32 / TN) consecutive channels of one row and head.
+#ifndef SU_WARP_CHUNKS
+#define SU_WARP_CHUNKS 4
+#endif
+template <typename ST, typename IT, int TN>
+__global__ void __launch_bounds__(256)
+ssm_state_update_warp(
+    SU_KERNEL_PARAMS) {
+    typedef typename ssm_compute_of<ST>::type CT;
+    typedef ssm_math<CT> M;
+    constexpr int V = su_vec<ST>::V;
+    constexpr int NCH = SU_WARP_CHUNKS;
+    constexpr int CPC = 32 / TN;       // channels per chunk
+    constexpr int CPW = NCH * CPC;     // channels per warp
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(TN >= 4 && TN <= 32 && (TN & (TN - 1)) == 0, "TN: 4, 8, 16 or 32");
+    static_assert(CPW <= 32, "a lane holds one channel's x, z and D");
+    (void)ss3; (void)xs1; (void)ds1; (void)ds3; (void)zs1; (void)ys1; (void)as1; (void)as2;
+    (void)bs1; (void)bs3; (void)cs1; (void)cs3; (void)bias1; (void)log2_tn; (void)T; (void)N;
+    __shared__ su_vec16 su_run[256 / 32][NCH][32];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ln = lane % TN, q = lane / TN;
+    const int h = blockIdx.y;
+    const int b = b0 + blockIdx.z;
+    const int p_run = blockIdx.x * rows_per_block + warp * CPW;  // the warp's first channel
+    if (p_run >= P) return;  // (whole warps)
+    IT* const yb = y + b * ys0 + h * ys2;
+    const ssm_i64 slot = rows != nullptr ? rows[b] : (ssm_i64)b;
+    if (slot < 0) {  // padding: y = 0, no state touched
+        if (lane < CPW && p_run + lane < P) ssm_store(yb + (p_run + lane) * ys3, (CT)0);
+        return;
+    }
+
+    // the run's copies first: chunk k of channel p_run + k CPC + q, the lane's vector ln
+    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
+                                                     (ssm_i64)p_run * ss2) + lane;
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) {
+        if (p_run + k * CPC + q < P) su_copy_async16(&su_run[warp][k][lane], sg + 32 * k);
+        su_copy_commit();
+    }
+
+    // while they fly: B and C (the lane's V values), dt', the decay, the run's x, z, D
+    const int g = h / heads_per_group;
+    CT bv[V], cv[V];
+    su_load_vec<CT, V>(Bm + b * bs0 + (ssm_i64)g * bs2 + ln * V, bv);
+    su_load_vec<CT, V>(Cm + b * cs0 + (ssm_i64)g * cs2 + ln * V, cv);
+    const CT bias = dt_bias != nullptr ? dt_bias[h * bias0] : CT(0);
+    const CT d_raw = su_ld<CT>(dt + b * ds0 + h * ds2) + bias;
+    const CT d = softplus ? M::softplus(d_raw) : d_raw;
+    const CT decay = M::decay(d * (A[h * as0] * M::kLog2e));
+    const int pl = p_run + lane;  // the channel whose x, z, D this lane holds
+    const bool mine = lane < CPW && pl < P;
+    const CT x_l = mine ? su_ld<CT>(x + b * xs0 + h * xs2 + pl * xs3) : CT(0);
+    const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
+    const CT d_l = mine && D != nullptr ? D[h * Ds0 + pl * Ds1] : CT(0);
+
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) {
+        su_copy_commit();  // (an empty group: waiting for all but the newest NCH lands chunk k)
+        su_copy_wait<NCH>();
+        const int c = k * CPC + q;  // the lane's channel in the run
+        const bool live = p_run + c < P;
+        const CT xc = __shfl_sync(FULL, x_l, c);
+        CT s[V];
+        su_vec<ST>::unpack(su_run[warp][k][lane], s);
+        const CT dx = d * xc;
+        CT acc = CT(0);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            s[j] = s[j] * decay + dx * bv[j];
+            acc += s[j] * cv[j];
+        }
+        if (live) {
+            su_vec16 v;
+            su_vec<ST>::pack(v, s);
+            su_store_stream(sg + 32 * k, v);
+        }
+#pragma unroll
+        for (int m = TN / 2; m >= 1; m >>= 1) acc += ssm_shfl_xor(FULL, acc, m);
+        const CT dc = __shfl_sync(FULL, d_l, c);
+        const CT zc = __shfl_sync(FULL, z_l, c);
+        if (live && ln == 0) {
+            CT out = acc + dc * xc;
+            if (z != nullptr) out *= zc * M::sigmoid(zc);
+            ssm_store(yb + (p_run + c) * ys3, out);
         }
     }
 }

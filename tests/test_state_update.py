@@ -558,16 +558,18 @@ def test_gpu_matches_cpu_bfloat16_state():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
-@pytest.mark.parametrize("kernel", ["general", "one_pass", "tile"])
+@pytest.mark.parametrize("kernel", ["general", "one_pass", "tile", "warp"])
 @pytest.mark.parametrize("threads,states", [(128, 64), (256, 64), (128, 16), (64, 32)])
 def test_gpu_launch_shapes(monkeypatch, threads, states, kernel):
     # Small test problems plan one channel per thread; force the other block shapes too
     # (several channels per thread, blocks that end inside P, several chunks per lane), in
-    # each of the three kernels. The tile kernel takes the per-head cases with contiguous
+    # each of the four kernels. The tile kernel takes the per-head cases with contiguous
     # channels (the others fall back to the general kernel); its tiles of 3 or 40 channels
-    # end inside P and inside a pass.
+    # end inside P and inside a pass. The warp kernel takes the one-token ones among those
+    # whose channels are 4 to 32 vectors (the others fall back again).
     monkeypatch.setitem(gsu.TUNING, "one_pass", gsu.ONE_PASS_ALL if kernel == "one_pass" else ())
     monkeypatch.setitem(gsu.TUNING, "tile", gsu.ONE_PASS_ALL if kernel == "tile" else ())
+    monkeypatch.setitem(gsu.TUNING, "warp", gsu.ONE_PASS_ALL if kernel == "warp" else ())
     monkeypatch.setitem(gsu.TUNING, "threads", threads)
     monkeypatch.setitem(gsu.TUNING, "bytes_per_thread", states)
     monkeypatch.setitem(gsu.TUNING, "one_pass_bytes_per_thread", states)
@@ -596,6 +598,7 @@ def test_gpu_tile_kernel_whole_tiles(monkeypatch, N, P, T):
     # every lane holds states (TN from 1 to 32 lanes per channel), with and without z, one
     # token and several, padding rows among the indexed ones.
     monkeypatch.setitem(gsu.TUNING, "blocks_per_sm", 0)  # full tiles even for a small batch
+    monkeypatch.setitem(gsu.TUNING, "warp", ())  # one token: the tile kernel, not the warp one
     for dtype in ("bfloat16", "float16"):
         plan = gsu.plan_launch(batch=5, H=2, P=P, N=N, state=dtype, tile=True)
         assert plan["rows_per_block"] % (plan["threads"] // plan["tn"] * plan["ppt"]) == 0
@@ -604,6 +607,39 @@ def test_gpu_tile_kernel_whole_tiles(monkeypatch, N, P, T):
             _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, T=T,
                                                  bcast=True, with_z=with_z),
                                      i == 0, 300 + N + i, dtype, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("N", [32, 64, 128, 256])
+@pytest.mark.parametrize("P", [1, 7, 16, 64, 100])
+def test_gpu_warp_kernel(monkeypatch, N, P):
+    # The warp kernel (one token; 4, 8, 16 or 32 vectors per 16-bit channel row): runs that
+    # end inside P, inside a chunk and past whole blocks, with and without z, padding rows
+    # among the indexed ones, against the reference and against the tile kernel.
+    import cupy as cp
+
+    for dtype in ("bfloat16", "float16"):
+        plan = gsu.plan_launch(batch=5, H=2, P=P, N=N, state=dtype, warp=True)
+        assert plan["tn"] * 8 == N and plan["threads"] == gsu.WARP_THREADS
+        assert plan["rows_per_block"] * plan["npb"] >= P
+        for i, with_z in enumerate((True, False)):
+            _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1,
+                                                 bcast=True, with_z=with_z),
+                                     i == 0, 400 + N + P + i, dtype, dtype)
+    # the same step by both kernels: the same values, but for a rounding here and there
+    case = make_case(np.random.default_rng(N + P), pool=None, layout=2, batch=4, H=3, P=P, N=N,
+                     G=1, bcast=True, with_z=True)
+    args, _ = convert(case, cp, state_dtype="bfloat16", io_dtype="bfloat16")
+    state0 = args.pop("state")
+    out = {}
+    for kernel in ("warp", "tile"):
+        monkeypatch.setitem(gsu.TUNING, "warp", gsu.ONE_PASS_ALL if kernel == "warp" else ())
+        s = state0.copy()
+        y = ssmkit.state_update(s, **args, dt_softplus=True)
+        out[kernel] = (to_numpy(y).astype(np.float64), to_numpy(s).astype(np.float64))
+    for a, b in zip(out["warp"], out["tile"]):  # at most one bfloat16 rounding apart
+        assert np.all(np.abs(a - b) <= 2.0**-7 * np.abs(b) + 1e-6)
 
 
 @pytest.mark.gpu
@@ -653,8 +689,10 @@ def _compile(keys, nvrtc_path, per_program=4):
 
 def test_kernel_keys_cover_every_template_value():
     full, rep = gsu.kernel_keys(full=True), gsu.kernel_keys(full=False)
-    # general, one-pass, and the tile kernel at each of 6 lane counts per channel
-    assert len({gsu.name_expression(k) for k in full}) == len(full) == 1152 + 576 + 192 * 6
+    # general, one-pass, the tile kernel at each of 6 lane counts per channel, the warp kernel
+    # at each of 4 for every (state, input) pair
+    assert len({gsu.name_expression(k) for k in full}) == len(full) == (1152 + 576 + 192 * 6
+                                                                        + 16 * 4)
     assert set(rep) <= set(full)
     for field in gsu.KernelKey._fields:
         assert {getattr(k, field) for k in rep} == {getattr(k, field) for k in full}, field
@@ -686,8 +724,12 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                                    one_pass=one_pass, tile=tile)
             keys.append(gsu.KernelKey(state, io, plan["ch"], plan["ppt"], amode, True, one_pass,
                                       tile, plan["tn"] if tile else 0))
+    keys.append(gsu.KernelKey("bfloat16", "bfloat16", 1, 1, gsu.A_HEAD, True, tn=16, warp=True))
     for k, r in _compile(keys, nvrtc_path).items():
         assert r["stack"] == 0 and r["spill_stores"] == 0, (k, r)
+        if k.warp:  # five blocks of 256 threads per SM
+            assert r["registers"] <= 48, (k, r)
+            continue
         if k.state == "bfloat16" and k.amode == gsu.A_HEAD and not k.one_pass:
             # two channels per thread under the 80-register bound (the tile kernel: 64):
             # many blocks per SM

@@ -5,14 +5,17 @@
 stride maps that read them in the Mamba-2 layout with a token axis) and
 launches one kernel that reads every array through its own strides: the
 state is updated where it lives, zero-stride broadcasts stay zero-stride, and
-no argument is copied in the usual case. Three kernels: ``ssm_state_update``
+no argument is copied in the usual case. Four kernels: ``ssm_state_update``
 (any strides; blocks walk their channels in passes, 16-bit and some 4-byte
 states through a shared-memory staging ring), ``ssm_state_update_vec``
 (the vector form in one pass per block, for the (state, input) item sizes of
 ``TUNING["one_pass"]``: float32 state and inputs) and ``ssm_state_update_tile``
 (per-head parameters and contiguous channels on sm_90: a block's channels
 brought into shared memory by one bulk asynchronous copy, for the item sizes of
-``TUNING["tile"]``: 16-bit states and inputs).
+``TUNING["tile"]``: 16-bit states and inputs) and ``ssm_state_update_warp`` (one token of the
+same, with 4 to 32 vectors per channel row, on sm_80: a warp per 2 KiB run of channels,
+copied into shared memory by cp.async at its start, for the item sizes of
+``TUNING["warp"]``: 16-bit states and inputs).
 
 Dtypes handed to the kernel: the state as it is (ST); x, dt, z, B, C and y in
 one type IT, which is their common dtype, or the compute dtype when they
@@ -53,6 +56,9 @@ _ITEMSIZE = {name: 16 // v for name, v in _VEC.items()}  # bytes per state value
 _CHUNKS = (1, 2, 4, 8)
 _PPT = (1, 2, 4)
 _TILE_TN = (1, 2, 4, 8, 16, 32)  # the tile kernel's lanes per channel (a template parameter)
+_WARP_TN = (4, 8, 16, 32)  # the warp kernel's lanes per channel (exactly a channel's vectors)
+WARP_THREADS = 256  # the warp kernel's block (its static shared memory is sized for it)
+WARP_CHUNKS = 4  # SU_WARP_CHUNKS in state_update.cu: 512-byte chunks per warp
 
 #: Largest N per state dtype: 32 lanes x 8 chunks x one 16-byte vector each.
 MAX_N = {name: 32 * _CHUNKS[-1] * v for name, v in _VEC.items()}
@@ -85,6 +91,10 @@ TUNING = {
     "tile_bytes": 16384,      # state bytes of a tile-kernel block (whole channels, at most a head)
     "tile_threads": 128,      # its threads per block
     "tile_bytes_per_thread": 32,  # its state bytes per thread and pass (channels per thread)
+    "warp": ((2, 2),),        # (state, input) item sizes whose one-token per-head vector form
+                              # with contiguous channels of 4-32 vectors runs the warp kernel
+                              # (ssm_state_update_warp, sm_80) before the tile kernel: bfloat16
+                              # peer step 0.044 against 0.048-0.049 ms (STATE_UPDATE.md)
     "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
                               # kernel, copies the passes ahead into shared memory (a cp.async
                               # ring of STAGES passes) instead of loading them into registers:
@@ -104,8 +114,8 @@ _MAX_RING_BYTES = 48 * 1024
 A_FULL, A_ROW, A_HEAD = 0, 1, 2
 
 KernelKey = collections.namedtuple("KernelKey", ["state", "io", "ch", "ppt", "amode", "vec",
-                                                 "one_pass", "tile", "tn"],
-                                   defaults=(False, False, 0))
+                                                 "one_pass", "tile", "tn", "warp"],
+                                   defaults=(False, False, 0, False))
 KernelKey.__doc__ = """One kernel instantiation.
 
 state, io : numpy dtype names of the state and of x/dt/z/B/C/y; ch : chunks of
@@ -113,9 +123,10 @@ one 16-byte vector per lane (1, 2, 4, 8); ppt : channels per thread and pass
 (1, 2, 4); amode : A_FULL, A_ROW or A_HEAD; vec : whole-vector accesses only
 (contiguous, aligned rows, V divides N) or the general form; one_pass : the
 one-pass vector kernel ``ssm_state_update_vec`` (vec only); tile : the tile
-kernel ``ssm_state_update_tile`` (vec and A_HEAD only); tn : the tile kernel's
+kernel ``ssm_state_update_tile`` (vec and A_HEAD only); tn : the tile and warp kernels'
 lanes per channel (1, 2, 4, ..., 32; 0 for the other kernels, which take it at run
-time)."""
+time); warp : the warp kernel ``ssm_state_update_warp`` (vec and A_HEAD only, ch and ppt 1,
+tn 4 to 32)."""
 
 _AMODES = (A_FULL, A_ROW, A_HEAD)
 
@@ -124,6 +135,8 @@ _NULL = np.uint64(0)
 
 def name_expression(key: KernelKey) -> str:
     """The C++ name of the instantiation ``key``, as NVRTC gets it."""
+    if key.warp:
+        return f"ssm_state_update_warp<{_CXX[key.state]}, {_CXX[key.io]}, {key.tn}>"
     if key.tile:
         return (f"ssm_state_update_tile<{_CXX[key.state]}, {_CXX[key.io]}, {key.ch}, {key.ppt}, "
                 f"{key.tn}>")
@@ -152,6 +165,8 @@ def kernel_keys(full: bool = True) -> list:
     keys += [k._replace(one_pass=True) for k in keys if k.vec]
     keys += [k._replace(tile=True, tn=tn) for k in keys
              if k.vec and k.amode == A_HEAD and not k.one_pass for tn in _TILE_TN]
+    keys += [KernelKey(s, i, 1, 1, A_HEAD, True, tn=tn, warp=True) for s in names for i in names
+             for tn in _WARP_TN]
     if full:
         return keys
     rep = [KernelKey(s, s, 1, 4 if _VEC[s] == 4 else 2, A_HEAD, True) for s in names]
@@ -167,6 +182,12 @@ def kernel_keys(full: bool = True) -> list:
     tiles = [k for k in rep if k.vec and k.amode == A_HEAD and not k.one_pass]
     rep += [k._replace(tile=True, tn=_TILE_TN[i % len(_TILE_TN)]) for i, k in enumerate(tiles)]
     rep += [tiles[0]._replace(tile=True, tn=tn) for tn in _TILE_TN]
+    rep += [KernelKey(s, s, 1, 1, A_HEAD, True, tn=_WARP_TN[i % len(_WARP_TN)], warp=True)
+            for i, s in enumerate(names)]
+    rep += [KernelKey("bfloat16", "bfloat16", 1, 1, A_HEAD, True, tn=tn, warp=True)
+            for tn in _WARP_TN]
+    rep += [KernelKey("float32", "bfloat16", 1, 1, A_HEAD, True, tn=16, warp=True),
+            KernelKey("float16", "float64", 1, 1, A_HEAD, True, tn=8, warp=True)]
     return list(dict.fromkeys(rep))
 
 
@@ -186,7 +207,7 @@ def chunks_for(N: int, state: str) -> tuple[int, int]:
 
 def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
                 sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False,
-                tile: bool = False) -> dict:
+                tile: bool = False, warp: bool = False) -> dict:
     """Block shape and grid for one launch.
 
     A block owns one row and head and ``rows_per_block`` consecutive channels,
@@ -196,7 +217,9 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     ``TUNING["one_pass_bytes_per_thread"]``, no staging ring); ``tile``: the
     plan of the tile kernel (``threads`` from ``TUNING["tile_threads"]``, a
     block's channels: whole rows of at most ``TUNING["tile_bytes"]``, fewer for
-    small problems).
+    small problems); ``warp``: the plan of the warp kernel (``WARP_THREADS``
+    threads, ``tn`` the channel's vectors, a warp per run of ``WARP_CHUNKS * 32 //
+    tn`` channels).
 
     Returns
     -------
@@ -206,9 +229,17 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         blocks per head, ``blocks`` in all (``batch * H * npb``), ``ring_bytes``
         of dynamic shared memory (the staging ring, used by the vector form
         only, 0: none; for the tile kernel its tile and the channels' x, z, D),
-        ``one_pass`` and ``tile``: which kernel the plan is for.
+        ``one_pass``, ``tile`` and ``warp``: which kernel the plan is for.
     """
     tuning = TUNING if tuning is None else tuning
+    if warp:
+        tn = N * _ITEMSIZE[state] // 16
+        if tn not in _WARP_TN or tn * 16 != N * _ITEMSIZE[state]:
+            raise ValueError(f"the warp kernel takes channels of 4 to 32 whole vectors, not N = {N}")
+        rows = WARP_THREADS // 32 * WARP_CHUNKS * (32 // tn)
+        npb = -(-P // rows)
+        return dict(tn=tn, ch=1, ppt=1, threads=WARP_THREADS, rows_per_block=rows, npb=npb,
+                    blocks=batch * H * npb, ring_bytes=0, one_pass=False, tile=False, warp=True)
     tn, ch = chunks_for(N, state)
     threads = int(tuning["threads"])
     target = tuning["blocks_per_sm"] * sm_count
@@ -225,7 +256,8 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
         npb = -(-P // rows)
         smem = rows * (row_bytes + 4 * (8 if state == "float64" else 4))  # + x, z, D, sums
         return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows, npb=npb,
-                    blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True)
+                    blocks=batch * H * npb, ring_bytes=smem, one_pass=False, tile=True,
+                    warp=False)
     if one_pass:
         ppt = _PPT[-1]
         while ppt > 1 and ppt * ch * 16 > tuning["one_pass_bytes_per_thread"]:
@@ -234,7 +266,8 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
             ppt //= 2  # a small problem: more, thinner blocks
         npb = -(-P // (tp * ppt))
         return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=tp * ppt,
-                    npb=npb, blocks=batch * H * npb, ring_bytes=0, one_pass=True, tile=False)
+                    npb=npb, blocks=batch * H * npb, ring_bytes=0, one_pass=True, tile=False,
+                    warp=False)
     ppt = 4
     while ppt > 1 and ppt * ch * 16 > tuning["bytes_per_thread"]:
         ppt //= 2
@@ -255,14 +288,15 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     if _ITEMSIZE[state] not in tuning.get("stage_state", ()) or ring_bytes > _MAX_RING_BYTES:
         ring_bytes = 0
     return dict(tn=tn, ch=ch, ppt=ppt, threads=threads, rows_per_block=rows_per_block,
-                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes, one_pass=False, tile=False)
+                npb=npb, blocks=batch * H * npb, ring_bytes=ring_bytes, one_pass=False, tile=False,
+                warp=False)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, tile):
+def _cached_plan(batch, H, P, N, state, amode, sm_count, tuning_repr, one_pass, tile, warp):
     del tuning_repr  # key only: TUNING may be changed
     return plan_launch(batch=batch, H=H, P=P, N=N, state=state, amode=amode, sm_count=sm_count,
-                       one_pass=one_pass, tile=tile)
+                       one_pass=one_pass, tile=tile, warp=warp)
 
 
 def _dtype_name(dt) -> str:
@@ -384,13 +418,17 @@ def plan_problem(p, use) -> LaunchPlan:
     items = (_ITEMSIZE[st], _ITEMSIZE[io])
     # the tile kernel: Mamba-2's per-head parameters, the channels' rows contiguous, sm_90's
     # bulk copies
-    tile = (vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
-            and items in TUNING["tile"] and limits["compute_capability"] >= 90)
-    one_pass = vec and not tile and items in TUNING["one_pass"]
+    rows_whole = vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
+    # the warp kernel: one token, a channel of 4 to 32 vectors, sm_80's cp.async
+    warp = (rows_whole and p.T == 1 and items in TUNING["warp"]
+            and N * _ITEMSIZE[st] // 16 in _WARP_TN and limits["compute_capability"] >= 80)
+    tile = (rows_whole and not warp and items in TUNING["tile"]
+            and limits["compute_capability"] >= 90)
+    one_pass = vec and not tile and not warp and items in TUNING["one_pass"]
     plan = _cached_plan(p.batch, p.H, p.P, N, st, amode, limits["sm_count"], repr(TUNING),
-                        one_pass, tile)
+                        one_pass, tile, warp)
     key = KernelKey(st, io, plan["ch"], plan["ppt"], amode, vec, one_pass, tile,
-                    plan["tn"] if tile else 0)
+                    plan["tn"] if tile or warp else 0, warp)
     kernel = compiler.get_kernel(SOURCE_FILE, name_expression(key))
     if tile:
         compiler.ensure_dynamic_smem(kernel, key, plan["ring_bytes"])
