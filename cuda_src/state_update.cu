@@ -70,6 +70,20 @@ __device__ __forceinline__ void su_copy_async16(su_vec16* dst, const void* src) 
     *dst = *reinterpret_cast<const su_vec16*>(src);
 #endif
 }
+// One 4- or 8-byte copy global -> shared, asynchronous as su_copy_async16 (sm_80+).
+template <int BYTES>
+__device__ __forceinline__ void su_copy_async_small(void* dst, const void* src) {
+    static_assert(BYTES == 4 || BYTES == 8, "4 or 8 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int saddr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                 : "=r"(saddr) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(saddr), "l"(src), "n"(BYTES) : "memory");
+#else
+    if constexpr (BYTES == 4) *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
+    else *static_cast<unsigned long long*>(dst) = *static_cast<const unsigned long long*>(src);
+#endif
+}
 __device__ __forceinline__ void su_copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" : : : "memory");
@@ -962,7 +976,7 @@ ssm_state_update_tile(
 // 16 bytes per chunk, one group per chunk, then computes chunk k as soon as its group has
 // landed. Each lane reads back only the bytes it copied, so the wait orders everything.
 // B, C (the lane's V values), dt', the decay and the run's x, z, D (a value per lane,
-// handed to the channel's lanes by a shuffle) stay in registers. The new state goes out
+// handed to the channel's lanes by a shuffle; D copied with chunk 0) stay in registers. The new state goes out
 // with evict-first stores.
 //
 // Why (bench_state_update.py, benchmarks/su_warp_ring.py; STATE_UPDATE.md): the tile kernel
@@ -992,6 +1006,7 @@ ssm_state_update_warp(
     (void)ss3; (void)xs1; (void)ds1; (void)ds3; (void)zs1; (void)ys1; (void)as1; (void)as2;
     (void)bs1; (void)bs3; (void)cs1; (void)cs3; (void)bias1; (void)log2_tn; (void)T; (void)N;
     __shared__ su_vec16 su_run[256 / 32][NCH][32];
+    __shared__ CT su_dch[256 / 32][32];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ln = lane % TN, q = lane / TN;
@@ -1006,9 +1021,13 @@ ssm_state_update_warp(
         return;
     }
 
-    // the run's copies first: chunk k of channel p_run + k CPC + q, the lane's vector ln
+    // the run's copies first: chunk k of channel p_run + k CPC + q, the lane's vector ln;
+    // with chunk 0, the run's D (a load of its own would be scheduled after the first wait)
     su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
                                                      (ssm_i64)p_run * ss2) + lane;
+    const int pl = p_run + lane;  // the channel whose x, z, D this lane holds
+    const bool mine = lane < CPW && pl < P;
+    if (D != nullptr && mine) su_copy_async_small<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
         if (p_run + k * CPC + q < P) su_copy_async16(&su_run[warp][k][lane], sg + 32 * k);
@@ -1024,16 +1043,14 @@ ssm_state_update_warp(
     const CT d_raw = su_ld<CT>(dt + b * ds0 + h * ds2) + bias;
     const CT d = softplus ? M::softplus(d_raw) : d_raw;
     const CT decay = M::decay(d * (A[h * as0] * M::kLog2e));
-    const int pl = p_run + lane;  // the channel whose x, z, D this lane holds
-    const bool mine = lane < CPW && pl < P;
     const CT x_l = mine ? su_ld<CT>(x + b * xs0 + h * xs2 + pl * xs3) : CT(0);
     const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
-    const CT d_l = mine && D != nullptr ? D[h * Ds0 + pl * Ds1] : CT(0);
-
+    CT d_l = CT(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
         su_copy_commit();  // (an empty group: waiting for all but the newest NCH lands chunk k)
         su_copy_wait<NCH>();
+        if (k == 0 && D != nullptr && mine) d_l = su_dch[warp][lane];  // (its own copy)
         const int c = k * CPC + q;  // the lane's channel in the run
         const bool live = p_run + c < P;
         const CT xc = __shfl_sync(FULL, x_l, c);
