@@ -988,10 +988,13 @@ ssm_state_update_tile(
 // Grid: (blocks per head, H, rows), SU_WARP_THREADS threads; a block owns
 // rows_per_block = warps x (chunks x 32 / TN) consecutive channels of one row and head.
 #ifndef SU_WARP_CHUNKS
-#define SU_WARP_CHUNKS 4
+#define SU_WARP_CHUNKS 4  // WARP_CHUNKS in ssmkit/_gpu/state_update.py
+#endif
+#ifndef SU_WARP_THREADS
+#define SU_WARP_THREADS 256  // WARP_THREADS there
 #endif
 template <typename ST, typename IT, int TN>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(SU_WARP_THREADS)
 ssm_state_update_warp(
     SU_KERNEL_PARAMS) {
     typedef typename ssm_compute_of<ST>::type CT;
@@ -1005,8 +1008,8 @@ ssm_state_update_warp(
     static_assert(CPW <= 32, "a lane holds one channel's x, z and D");
     (void)ss3; (void)xs1; (void)ds1; (void)ds3; (void)zs1; (void)ys1; (void)as1; (void)as2;
     (void)bs1; (void)bs3; (void)cs1; (void)cs3; (void)bias1; (void)log2_tn; (void)T; (void)N;
-    __shared__ su_vec16 su_run[256 / 32][NCH][32];
-    __shared__ CT su_dch[256 / 32][32];
+    __shared__ su_vec16 su_run[SU_WARP_THREADS / 32][NCH][32];
+    __shared__ CT su_dch[SU_WARP_THREADS / 32][32];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ln = lane % TN, q = lane / TN;
@@ -1045,6 +1048,7 @@ ssm_state_update_warp(
     const CT decay = M::decay(d * (A[h * as0] * M::kLog2e));
     const CT x_l = mine ? su_ld<CT>(x + b * xs0 + h * xs2 + pl * xs3) : CT(0);
     const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
+    IT* const y_l = yb + pl * ys3;
     CT d_l = CT(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
@@ -1070,12 +1074,12 @@ ssm_state_update_warp(
         }
 #pragma unroll
         for (int m = TN / 2; m >= 1; m >>= 1) acc += ssm_shfl_xor(FULL, acc, m);
-        const CT dc = __shfl_sync(FULL, d_l, c);
-        const CT zc = __shfl_sync(FULL, z_l, c);
-        if (live && ln == 0) {
-            CT out = acc + dc * xc;
-            if (z != nullptr) out *= zc * M::sigmoid(zc);
-            ssm_store(yb + (p_run + c) * ys3, out);
+        // y of the chunk's channels, each by the lane that holds its x, z, D (lane c)
+        const CT acc_l = __shfl_sync(FULL, acc, (lane % CPC) * TN);
+        if (mine && lane / CPC == k) {
+            CT out = acc_l + d_l * x_l;
+            if (z != nullptr) out *= z_l * M::sigmoid(z_l);
+            ssm_store(y_l, out);
         }
     }
 }
