@@ -975,15 +975,15 @@ ssm_state_update_tile(
 // the warp copies its whole run (2 KiB) into shared memory with cp.async, each lane its own
 // 16 bytes per chunk, one group per chunk, then computes chunk k as soon as its group has
 // landed. Each lane reads back only the bytes it copied, so the wait orders everything.
-// B, C (the lane's V values), dt', the decay and the run's x, z, D (a value per lane,
-// handed to the channel's lanes by a shuffle; D copied with chunk 0) stay in registers. The new state goes out
-// with evict-first stores.
+// B, C (the lane's V values), dt', the decay and the run's x, z, D (a value per lane: x for
+// the channel's lanes by a shuffle, y computed by that lane; D copied with chunk 0) stay in
+// registers. The new state goes out with evict-first stores.
 //
 // Why (bench_state_update.py, benchmarks/su_warp_ring.py; STATE_UPDATE.md): the tile kernel
 // kept each block's tile in flight but spent half its blocks' lives on their setup and
-// passes, at 0.82-0.86 of copy for the bfloat16 peer step. Warps with 2 KiB each (40 of
-// them per SM) and no block-wide barrier reach 0.88-0.91, and 0.91-0.94 with the
-// evict-first stores (which gave the tile kernel 1.5%).
+// passes, at 0.82-0.86 of copy for the bfloat16 peer step (0.048-0.050 ms). The prototype's
+// warps with 2 KiB each (40 per SM, no block-wide barrier) took 0.046 ms, 0.044 with the
+// evict-first stores (which gave the tile kernel 1.5%); this kernel 0.045.
 //
 // Grid: (blocks per head, H, rows), SU_WARP_THREADS threads; a block owns
 // rows_per_block = warps x (chunks x 32 / TN) consecutive channels of one row and head.
@@ -1024,12 +1024,24 @@ ssm_state_update_warp(
         return;
     }
 
-    // the run's copies first: chunk k of channel p_run + k CPC + q, the lane's vector ln;
-    // with chunk 0, the run's D (a load of its own would be scheduled after the first wait)
-    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
-                                                     (ssm_i64)p_run * ss2) + lane;
     const int pl = p_run + lane;  // the channel whose x, z, D this lane holds
     const bool mine = lane < CPW && pl < P;
+    // the small loads first (B and C: the lane's V values; dt, A, dt_bias; the run's x, z),
+    // then the run's copies, then the arithmetic: 0.0451 against 0.0479 ms with the copies
+    // first (ptxas then spread the softplus's arithmetic among them), benchmarks/su_warp_ring.py
+    const int g = h / heads_per_group;
+    CT bv[V], cv[V];
+    su_load_vec<CT, V>(Bm + b * bs0 + (ssm_i64)g * bs2 + ln * V, bv);
+    su_load_vec<CT, V>(Cm + b * cs0 + (ssm_i64)g * cs2 + ln * V, cv);
+    const CT bias = dt_bias != nullptr ? dt_bias[h * bias0] : CT(0);
+    const CT d_raw = su_ld<CT>(dt + b * ds0 + h * ds2) + bias;
+    const CT a_h = A[h * as0];
+    const CT x_l = mine ? su_ld<CT>(x + b * xs0 + h * xs2 + pl * xs3) : CT(0);
+    const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
+    // the run's copies: chunk k of channel p_run + k CPC + q, the lane's vector ln; with
+    // chunk 0, the run's D (a load of its own would be scheduled after the first wait)
+    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
+                                                     (ssm_i64)p_run * ss2) + lane;
     if (D != nullptr && mine) su_copy_async_small<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
@@ -1037,17 +1049,8 @@ ssm_state_update_warp(
         su_copy_commit();
     }
 
-    // while they fly: B and C (the lane's V values), dt', the decay, the run's x, z, D
-    const int g = h / heads_per_group;
-    CT bv[V], cv[V];
-    su_load_vec<CT, V>(Bm + b * bs0 + (ssm_i64)g * bs2 + ln * V, bv);
-    su_load_vec<CT, V>(Cm + b * cs0 + (ssm_i64)g * cs2 + ln * V, cv);
-    const CT bias = dt_bias != nullptr ? dt_bias[h * bias0] : CT(0);
-    const CT d_raw = su_ld<CT>(dt + b * ds0 + h * ds2) + bias;
     const CT d = softplus ? M::softplus(d_raw) : d_raw;
-    const CT decay = M::decay(d * (A[h * as0] * M::kLog2e));
-    const CT x_l = mine ? su_ld<CT>(x + b * xs0 + h * xs2 + pl * xs3) : CT(0);
-    const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
+    const CT decay = M::decay(d * (a_h * M::kLog2e));
     IT* const y_l = yb + pl * ys3;
     CT d_l = CT(0);
 #pragma unroll
