@@ -15,7 +15,7 @@ brought into shared memory by one bulk asynchronous copy, for the item sizes of
 ``TUNING["tile"]``: 16-bit states and inputs) and ``ssm_state_update_warp`` (one token of the
 same, with 4 to 32 vectors per channel row, on sm_80: a warp per 2 KiB run of channels,
 copied into shared memory by cp.async at its start, for the item sizes of
-``TUNING["warp"]``: 16-bit states and inputs).
+``TUNING["warp"]``: 16-bit states and inputs, and a float32 state with 16-bit inputs).
 
 Dtypes handed to the kernel: the state as it is (ST); x, dt, z, B, C and y in
 one type IT, which is their common dtype, or the compute dtype when they
@@ -91,10 +91,13 @@ TUNING = {
     "tile_bytes": 16384,      # state bytes of a tile-kernel block (whole channels, at most a head)
     "tile_threads": 128,      # its threads per block
     "tile_bytes_per_thread": 32,  # its state bytes per thread and pass (channels per thread)
-    "warp": ((2, 2),),        # (state, input) item sizes whose one-token per-head vector form
-                              # with contiguous channels of 4-32 vectors runs the warp kernel
-                              # (ssm_state_update_warp, sm_80) before the tile kernel: bfloat16
-                              # peer step 0.044 against 0.048-0.049 ms (STATE_UPDATE.md)
+    "warp": ((2, 2), (4, 2)),  # (state, input) item sizes whose one-token per-head vector
+                              # form with contiguous channels of 4-32 vectors runs the warp
+                              # kernel (ssm_state_update_warp, sm_80): on the peer step,
+                              # bfloat16 0.0447 ms against 0.0491 for the tile kernel; a
+                              # float32 state with bfloat16 inputs 0.0873 against 0.0920 (the
+                              # general kernel); not float32 throughout (0.0872 against 0.0859
+                              # one-pass), bench_state_update.py at 99b742e
     "stage_state": (2, 4),    # state item sizes (bytes) whose vector form, in the general
                               # kernel, copies the passes ahead into shared memory (a cp.async
                               # ring of STAGES passes) instead of loading them into registers:
