@@ -14,7 +14,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 # the timed tree (the working directory) first: Python puts this script's folder at the
 # front, which holds another tree when the script is copied beside them

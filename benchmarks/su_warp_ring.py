@@ -11,9 +11,14 @@ B and C (the lane's 8 values of each), dt', the decay and the run's x stay in re
 
     python3 benchmarks/su_warp_ring.py [--out FILE]
 
+VARIANTS holds the last sweep's variants; the earlier sweeps (channels per warp, chunks ahead,
+register bounds, block sizes) and their results are in benchmarks/STATE_UPDATE.md and
+results/su_warp/. The library's kernel, ssm_state_update_warp, grew out of this one.
+
 Prints one row per variant (channels per warp, chunks ahead, blocks per SM the register bound
-must allow (1: none), B and C kept as 16-bit pairs): kernel ms, fraction of the copy
-bandwidth, errors of y and the state against a float32 step in CuPy.
+must allow (1: none), B and C kept as 16-bit pairs, threads per block, evict-first stores):
+kernel ms, fraction of the copy bandwidth, errors of y and the state against a float32 step
+in CuPy.
 """
 import argparse
 import json

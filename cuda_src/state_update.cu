@@ -1042,7 +1042,8 @@ ssm_state_update_warp(
     // chunk 0, the run's D (a load of its own would be scheduled after the first wait)
     su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
                                                      (ssm_i64)p_run * ss2) + lane;
-    if (D != nullptr && mine) su_copy_async_small<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
+    if (D != nullptr && mine)
+        su_copy_async_small<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
         if (p_run + k * CPC + q < P) su_copy_async16(&su_run[warp][k][lane], sg + 32 * k);
