@@ -627,6 +627,10 @@ def test_gpu_warp_kernel(monkeypatch, N, P):
             _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1,
                                                  bcast=True, with_z=with_z),
                                      i == 0, 400 + N + P + i, dtype, dtype)
+        # without D and dt_bias, without the softplus
+        _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, bcast=True,
+                                             with_D=False, with_bias=False, softplus=False),
+                                 False, 500 + N + P, dtype, dtype)
     # the same step by both kernels: the same values, but for a rounding here and there
     case = make_case(np.random.default_rng(N + P), pool=None, layout=2, batch=4, H=3, P=P, N=N,
                      G=1, bcast=True, with_z=True)
