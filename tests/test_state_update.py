@@ -29,12 +29,13 @@ FULL_NVRTC = os.environ.get("SSMKIT_NVRTC_FULL") == "1"
 # --------------------------------------------------------------------------------------
 
 def make_case(rng, *, layout, batch, H, P, N, G, T=None, pool=None, with_D=True, with_z=True,
-              with_bias=True, softplus=True, bcast=False):
+              with_bias=True, softplus=True, bcast=False, d_per_channel=False):
     """Fresh float64 inputs in the user's shapes, as ``{name: (base, shape)}``.
 
     ``base`` is the array to convert; when ``shape`` is not None the argument is
     ``broadcast_to(base, shape)`` (a zero-stride view, as Mamba-2 users pass A,
     dt, D and dt_bias). Mamba-1 (``layout=1``) uses ``dim = H * P`` channels.
+    ``d_per_channel``: with ``bcast``, D still per channel (H, P).
     """
     pool = batch if pool is None else pool
     tok = () if T is None else (T,)
@@ -45,7 +46,8 @@ def make_case(rng, *, layout, batch, H, P, N, G, T=None, pool=None, with_D=True,
         if bcast:  # per head, broadcast over P (and N)
             dt = (rng.standard_normal((batch,) + tok + (H, 1)) * 0.5 - 1.0, act)
             A = (-np.exp(rng.standard_normal((H, 1, 1)) * 0.5), (H, P, N))
-            D = (rng.standard_normal((H, 1)), chan)
+            D = (rng.standard_normal(chan), None) if d_per_channel else (
+                rng.standard_normal((H, 1)), chan)
             bias = (rng.standard_normal((H, 1)) * 0.1, chan)
         else:
             dt = (rng.standard_normal(act) * 0.5 - 1.0, None)
@@ -189,6 +191,10 @@ def test_model_shapes(backend, layout, N):
     H, P = (4, 64) if layout == 2 else (1, 96)
     _check_against_reference(backend, dict(layout=layout, batch=2, H=H, P=P, N=N, G=1,
                                            bcast=layout == 2), True, 7, "float32", "bfloat16")
+    if layout == 2:  # per-head A, dt, dt_bias with D per channel
+        _check_against_reference(backend, dict(layout=2, batch=2, H=H, P=P, N=N, G=1, bcast=True,
+                                               d_per_channel=True), True, 8, "float32",
+                                 "bfloat16")
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -627,10 +633,14 @@ def test_gpu_warp_kernel(monkeypatch, N, P):
             _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1,
                                                  bcast=True, with_z=with_z),
                                      i == 0, 400 + N + P + i, dtype, dtype)
-        # without D and dt_bias, without the softplus
+        # without D and dt_bias, without the softplus; D per channel (the tile kernel takes
+        # that form for now: plan_problem)
         _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, bcast=True,
                                              with_D=False, with_bias=False, softplus=False),
                                  False, 500 + N + P, dtype, dtype)
+        _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, bcast=True,
+                                             d_per_channel=True),
+                                 True, 600 + N + P, dtype, dtype)
     # the same step by both kernels: the same values, but for a rounding here and there
     case = make_case(np.random.default_rng(N + P), pool=None, layout=2, batch=4, H=3, P=P, N=N,
                      G=1, bcast=True, with_z=True)
