@@ -1071,3 +1071,43 @@ def test_replay_checks_the_alignment_of_cast_copies(fake_gpu, monkeypatch):
     ssmkit.state_update(**args, dt_softplus=True)
     assert prepared and len(log) == 1  # planned afresh, launched once
     assert log[0][0].endswith("false>")  # the general form for unaligned B and C
+
+
+def test_kernel_choice(fake_gpu, monkeypatch):
+    # Which kernel the host launches (no GPU: the launches are recorded). The warp kernel takes
+    # one token of per-head parameters with D per head and channels of 4-32 vectors, for the
+    # item sizes of TUNING["warp"] from sm_80; the tile kernel the other per-head 16-bit cases.
+    cp, log = fake_gpu
+    monkeypatch.setattr(compiler, "ensure_dynamic_smem", lambda *a: None)
+
+    def kernel_of(st_dtype="bfloat16", io_dtype="bfloat16", T=None, N=128, P=64, **kw):
+        case = make_case(np.random.default_rng(0), layout=2, batch=2, H=3, P=P, N=N, G=1, T=T,
+                         bcast=True, **kw)
+        args, _ = convert(case, cp, state_dtype=st_dtype, io_dtype=io_dtype)
+        del log[:]
+        ssmkit.state_update(**args, dt_softplus=True)
+        (name, grid, (block, _), _), = log
+        return name, grid, block
+
+    name, grid, block = kernel_of()
+    assert name == "ssm_state_update_warp<ssm_bf16, ssm_bf16, 16>"
+    assert grid == (1, 3, 2) and block == (gsu.WARP_THREADS,)
+    assert kernel_of(N=32)[0] == "ssm_state_update_warp<ssm_bf16, ssm_bf16, 4>"
+    assert kernel_of(P=100)[1] == (2, 3, 2)  # 64 channels per block
+    assert kernel_of("float32", "bfloat16")[0] == "ssm_state_update_warp<float, ssm_bf16, 32>"
+    assert kernel_of(with_D=False)[0].startswith("ssm_state_update_warp<")
+    for kw in (dict(T=2), dict(d_per_channel=True), dict(N=16), dict(N=512)):
+        assert kernel_of(**kw)[0].startswith("ssm_state_update_tile<"), kw
+    assert kernel_of("float32", "float32")[0].startswith("ssm_state_update_vec<")
+    monkeypatch.setitem(gsu.TUNING, "warp", ())
+    assert kernel_of()[0].startswith("ssm_state_update_tile<")
+    monkeypatch.setattr(compiler, "device_limits", lambda: {"sm_count": 132,
+                                                             "compute_capability": 80})
+    monkeypatch.setitem(gsu.TUNING, "warp", ((2, 2),))
+    assert kernel_of()[0].startswith("ssm_state_update_warp<")  # sm_80: cp.async, no bulk copy
+    monkeypatch.setattr(compiler, "device_limits", lambda: {"sm_count": 132,
+                                                             "compute_capability": 75})
+    from ssmkit import _state_update
+
+    monkeypatch.setattr(_state_update, "_KNOWN_CALLS", {})  # (a device keeps its plans)
+    assert kernel_of()[0].startswith("ssm_state_update<")
