@@ -1132,15 +1132,15 @@ struct alignas(16) cc1d_mma_slot {
     unsigned dy[2][32];
 };
 
-// Four 8 x 8 matrices of 16-bit values from shared memory in one ldmatrix: lane l names row
-// l % 8 of matrix l / 8 (its 16 bytes at the shared address a); r[i] holds for lane (g, t)
-// row g, columns 2t and 2t + 1 of matrix i (TRANS: column g, rows 2t and 2t + 1).
 // A word of shared memory at the shared address a.
 __device__ __forceinline__ unsigned cc1d_lds(unsigned a) {
     unsigned r;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");
     return r;
 }
+// Four 8 x 8 matrices of 16-bit values from shared memory in one ldmatrix: lane l names row
+// l % 8 of matrix l / 8 (its 16 bytes at the shared address a); r[i] holds for lane (g, t)
+// row g, columns 2t and 2t + 1 of matrix i (TRANS: column g, rows 2t and 2t + 1).
 template <bool TRANS>
 __device__ __forceinline__ void cc1d_ldsm(unsigned (&r)[4], unsigned a) {
     if constexpr (TRANS)

@@ -75,10 +75,8 @@ template <int BYTES>
 __device__ __forceinline__ void su_copy_async_small(void* dst, const void* src) {
     static_assert(BYTES == 4 || BYTES == 8, "4 or 8 bytes");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned int saddr;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
-                 : "=r"(saddr) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(saddr), "l"(src), "n"(BYTES) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;"
+                 : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
 #else
     if constexpr (BYTES == 4) *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
     else *static_cast<unsigned long long*>(dst) = *static_cast<const unsigned long long*>(src);
@@ -89,13 +87,6 @@ __device__ __forceinline__ void su_copy_commit() {
     asm volatile("cp.async.commit_group;" : : : "memory");
 #endif
 }
-// Wait until at most SU_STAGES - 1 of this thread's committed groups are still in flight.
-__device__ __forceinline__ void su_copy_wait_ring() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" : : "n"(SU_STAGES - 1) : "memory");
-#endif
-}
-
 // Wait until at most PENDING of this thread's committed groups are still in flight.
 template <int PENDING>
 __device__ __forceinline__ void su_copy_wait() {
@@ -426,7 +417,7 @@ ssm_state_update(
             }
 
             if (staged) {  // this pass's state, copied SU_STAGES - 1 passes ago
-                su_copy_wait_ring();
+                su_copy_wait<SU_STAGES - 1>();
 #pragma unroll
                 for (int i = 0; i < PPT; ++i) {
 #pragma unroll

@@ -208,6 +208,13 @@ def chunks_for(N: int, state: str) -> tuple[int, int]:
                      f"kernel holds for a {state} state (at most {MAX_N[state]})")
 
 
+def warp_lanes(N: int, state: str) -> int:
+    """The warp kernel's lanes per channel for N states of dtype ``state`` (its 16-byte
+    vectors: 4, 8, 16 or 32), or 0 where it does not take such channels."""
+    nbytes = N * _ITEMSIZE[state]
+    return nbytes // 16 if nbytes % 16 == 0 and nbytes // 16 in _WARP_TN else 0
+
+
 def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = A_HEAD,
                 sm_count: int = 132, tuning: dict | None = None, one_pass: bool = False,
                 tile: bool = False, warp: bool = False) -> dict:
@@ -236,8 +243,8 @@ def plan_launch(*, batch: int, H: int, P: int, N: int, state: str, amode: int = 
     """
     tuning = TUNING if tuning is None else tuning
     if warp:
-        tn = N * _ITEMSIZE[state] // 16
-        if tn not in _WARP_TN or tn * 16 != N * _ITEMSIZE[state]:
+        tn = warp_lanes(N, state)
+        if not tn:
             raise ValueError(f"the warp kernel takes channels of 4 to 32 whole vectors, not N = {N}")
         rows = WARP_THREADS // 32 * WARP_CHUNKS * (32 // tn)
         npb = -(-P // rows)
@@ -425,7 +432,7 @@ def plan_problem(p, use) -> LaunchPlan:
     # the warp kernel: one token, a channel of 4 to 32 vectors, sm_80's cp.async; D per head
     # (a D per channel, which it also reads, has not run on a GPU yet: the tile kernel takes it)
     warp = (rows_whole and p.T == 1 and items in TUNING["warp"]
-            and N * _ITEMSIZE[st] // 16 in _WARP_TN and (p.P == 1 or strides["D"][1] == 0)
+            and warp_lanes(N, st) and (p.P == 1 or strides["D"][1] == 0)
             and limits["compute_capability"] >= 80)
     tile = (rows_whole and not warp and items in TUNING["tile"]
             and limits["compute_capability"] >= 90)
