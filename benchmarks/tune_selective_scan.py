@@ -1,6 +1,7 @@
 """Time the GPU selective scan under variants of the launch planner's TUNING knobs.
 
-Each variant is a JSON object of overrides for ``ssmkit._gpu.selective_scan.TUNING``; every
+Each variant is a JSON object of overrides for ``ssmkit._gpu.selective_scan.TUNING`` (and
+optionally ``"chunk_size"``, passed to the calls: the forward's checkpoint interval); every
 variant is timed on every row (median device time per call over back-to-back calls, as in
 bench_selective_scan.py). Results do not depend on the knobs, only speed does: ``--check``
 verifies that on every row (y and the gradients of u, delta, B, C against the first
@@ -33,9 +34,9 @@ from bench_selective_scan import TABLE, cuda_median_ms, make_inputs  # noqa: E40
 _CHECKED = ("u", "delta", "B", "C")
 
 
-def _outputs(x, dy):
+def _outputs(x, dy, chunk_size=None):
     """y and the gradients _CHECKED, as float64 NumPy arrays."""
-    y, pullback = ssmkit.selective_scan_vjp(**x, delta_softplus=True)
+    y, pullback = ssmkit.selective_scan_vjp(**x, delta_softplus=True, chunk_size=chunk_size)
     grads = pullback(dy)
     out = {"y": y}
     out.update({name: getattr(grads, name) for name in _CHECKED})
@@ -68,8 +69,8 @@ def main():
         x = make_inputs(cupy, dtype, batch, dim, L, N)
         dy = cupy.ones_like(x["u"])
 
-        def fwd_bwd():
-            _, pullback = ssmkit.selective_scan_vjp(**x, delta_softplus=True)
+        def fwd_bwd(chunk_size):
+            _, pullback = ssmkit.selective_scan_vjp(**x, delta_softplus=True, chunk_size=chunk_size)
             pullback(dy)
 
         ref = None
@@ -78,19 +79,21 @@ def main():
             if rnd % 2:
                 order.reverse()
             for v, variant in order:
+                knobs = json.loads(variant)
+                chunk = knobs.pop("chunk_size", None)
                 gpu_scan.TUNING.clear()
-                gpu_scan.TUNING.update(default, **json.loads(variant))
+                gpu_scan.TUNING.update(default, **knobs)
                 diff = ""
                 if args.check and rnd == 0:  # round 0 runs the variants in order: 0 first
-                    out = _outputs(x, dy)
+                    out = _outputs(x, dy, chunk)
                     if v == 0:
                         ref = out
                     else:
                         diffs[(i, v)] = _rel_diff(out, ref)
                         diff = f"{diffs[(i, v)]:.2e}"
-                fwd = cuda_median_ms(lambda: ssmkit.selective_scan(**x, delta_softplus=True),
-                                     calls=5)
-                fb = cuda_median_ms(fwd_bwd, reps=7, calls=3)
+                fwd = cuda_median_ms(lambda: ssmkit.selective_scan(**x, delta_softplus=True,
+                                                                   chunk_size=chunk), calls=5)
+                fb = cuda_median_ms(lambda: fwd_bwd(chunk), reps=7, calls=3)
                 b = best.setdefault((i, v), [fwd, fb])
                 b[0], b[1] = min(b[0], fwd), min(b[1], fb)
                 print(f"| {i} | {dtype} | {batch} | {L} | {N} | {variant} | {rnd} | {fwd:.3f} | "

@@ -633,8 +633,7 @@ def test_gpu_warp_kernel(monkeypatch, N, P):
             _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1,
                                                  bcast=True, with_z=with_z),
                                      i == 0, 400 + N + P + i, dtype, dtype)
-        # without D and dt_bias, without the softplus; D per channel (the tile kernel takes
-        # that form for now: plan_problem)
+        # without D and dt_bias, without the softplus; D per channel
         _check_against_reference("gpu", dict(layout=2, batch=5, H=2, P=P, N=N, G=1, bcast=True,
                                              with_D=False, with_bias=False, softplus=False),
                                  False, 500 + N + P, dtype, dtype)
@@ -1075,8 +1074,9 @@ def test_replay_checks_the_alignment_of_cast_copies(fake_gpu, monkeypatch):
 
 def test_kernel_choice(fake_gpu, monkeypatch):
     # Which kernel the host launches (no GPU: the launches are recorded). The warp kernel takes
-    # one token of per-head parameters with D per head and channels of 4-32 vectors, for the
-    # item sizes of TUNING["warp"] from sm_80; the tile kernel the other per-head 16-bit cases.
+    # one token of per-head parameters (D per head or per channel) and channels of 4-32
+    # vectors, for the item sizes of TUNING["warp"] from sm_80; the tile kernel the other
+    # per-head 16-bit cases.
     cp, log = fake_gpu
     monkeypatch.setattr(compiler, "ensure_dynamic_smem", lambda *a: None)
 
@@ -1095,8 +1095,9 @@ def test_kernel_choice(fake_gpu, monkeypatch):
     assert kernel_of(N=32)[0] == "ssm_state_update_warp<ssm_bf16, ssm_bf16, 4>"
     assert kernel_of(P=100)[1] == (2, 3, 2)  # 64 channels per block
     assert kernel_of("float32", "bfloat16")[0] == "ssm_state_update_warp<float, ssm_bf16, 32>"
-    assert kernel_of(with_D=False)[0].startswith("ssm_state_update_warp<")
-    for kw in (dict(T=2), dict(d_per_channel=True), dict(N=16), dict(N=512)):
+    for kw in (dict(with_D=False), dict(d_per_channel=True)):
+        assert kernel_of(**kw)[0].startswith("ssm_state_update_warp<"), kw
+    for kw in (dict(T=2), dict(N=16), dict(N=512)):
         assert kernel_of(**kw)[0].startswith("ssm_state_update_tile<"), kw
     assert kernel_of("float32", "float32")[0].startswith("ssm_state_update_vec<")
     monkeypatch.setitem(gsu.TUNING, "warp", ())

@@ -429,10 +429,8 @@ def plan_problem(p, use) -> LaunchPlan:
     # the tile kernel: Mamba-2's per-head parameters, the channels' rows contiguous, sm_90's
     # bulk copies
     rows_whole = vec and amode == A_HEAD and (p.P == 1 or strides["state"][2] == N)
-    # the warp kernel: one token, a channel of 4 to 32 vectors, sm_80's cp.async; D per head
-    # (a D per channel, which it also reads, has not run on a GPU yet: the tile kernel takes it)
-    warp = (rows_whole and p.T == 1 and items in TUNING["warp"]
-            and warp_lanes(N, st) and (p.P == 1 or strides["D"][1] == 0)
+    # the warp kernel: one token, a channel of 4 to 32 vectors, sm_80's cp.async
+    warp = (rows_whole and p.T == 1 and items in TUNING["warp"] and warp_lanes(N, st)
             and limits["compute_capability"] >= 80)
     tile = (rows_whole and not warp and items in TUNING["tile"]
             and limits["compute_capability"] >= 90)
