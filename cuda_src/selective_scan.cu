@@ -61,6 +61,8 @@ enum : int {
     SSM_HAS_H0 = 16,       // forward: initial state given; backward: return its gradient
     SSM_SAVE_CKPT = 32,    // forward: write the state entering each chunk
     SSM_HAS_DFINAL = 64,   // backward: a cotangent of the final state is given
+    SSM_CKPT_INSIDE = 128, // ring forward: tiles run across chunk boundaries (chunk and TL
+                           // multiples of 16 steps), the chunks' states written between blocks
 };
 
 // Backward sub-tile: steps whose states are recomputed into registers at once.
@@ -993,6 +995,19 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
+// SSM_CKPT_INSIDE: at step t of the scan, if t starts the next chunk (ck_next), this
+// lane's NPT = 4 states of the state entering it go to dst (then moved to the next chunk's).
+__device__ __forceinline__ void ssm_ring_ckpt(float*& dst, ssm_i64 dst_step, const float (&h)[4], int t,
+                                              int& ck_next, int chunk, int nk) {
+    if (t == ck_next) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (k < nk) dst[k] = h[k];
+        ck_next += chunk;
+        dst += dst_step;
+    }
+}
+
 // The ring kernels' states n >= N of B and C stay zero in both stages (the copies
 // write n < N only): zeroed once, for B and, with nbc = 2, C.
 __device__ __forceinline__ void ssm_ring_zero_pad(unsigned char* sm, int stage, int o_B, int o_C, int nbc, int TL,
@@ -1053,6 +1068,15 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const bool has_bias = flags & SSM_HAS_BIAS;
     const bool softplus = flags & SSM_SOFTPLUS;
     const bool save_ckpt = flags & SSM_SAVE_CKPT;
+    // Checkpoints shorter than a tile: the tiles ignore the chunks, and the scan writes the
+    // state entering each chunk before the 16-step block (or 4-step group) that starts it.
+    const bool inside = flags & SSM_CKPT_INSIDE;
+    if (inside && ((int)chunk % 16 != 0 || TL % 16 != 0)) __trap();
+    int ck_next = (int)t_begin;  // the next chunk's first step, and where its state goes
+    float* ck_dst = (!SUM && save_ckpt && inside)
+        ? ckpt + (((ssm_i64)((unsigned)t_begin / (unsigned)chunk) * batch + b) * dim + d) * N + s * NPT
+        : nullptr;
+    const int ck_n = N - s * NPT;  // states of this lane (< NPT in the last lane of a small N)
 
     ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, SUM ? 1 : 2, TL, N, NPAD, tid, nthr);
 
@@ -1064,7 +1088,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
     unsigned char* const raw = sm + lay.o_raw;  // 16-bit B and C on their way
-    ssm_ring_tiles cur(t_begin, t_end, chunk, TL);
+    ssm_ring_tiles cur(t_begin, t_end, inside ? seg_len : chunk, TL);
     ssm_ring_copy<IO, BC, SUM>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
                                tid, nthr);
     ssm_cp_wait_all();
@@ -1079,7 +1103,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         nxt.next();
         const ssm_i64 tn = nxt.t;
         const int tln = nxt.tl;
-        if (!SUM && save_ckpt && cur.chunk_start) {  // the state entering chunk ci
+        if (!SUM && save_ckpt && !inside && cur.chunk_start) {  // the state entering chunk ci
             float* const dst = ckpt + ((cur.ci * batch + b) * (ssm_i64)dim + d) * N;
 #pragma unroll
             for (int k = 0; k < NPT; ++k)
@@ -1126,10 +1150,15 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
             const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
             float* yrow = ys + c * (TL + 4);
+            const bool ck = !SUM && save_ckpt && inside;
             int g0 = 0;
 #pragma unroll 1
-            for (; g0 + 16 <= tl; g0 += 16)
+            for (; g0 + 16 <= tl; g0 += 16) {
+                if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
                 ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+            }
+            // (a chunk may start at the tail's first group only: chunks are whole blocks)
+            if (ck && g0 < tl) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
 #pragma unroll 1
             for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import numbers
 
@@ -325,7 +326,11 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     Notes
     -----
     The forward keeps the state entering each chunk of ``chunk_size`` steps,
-    ``batch * dim * N * ceil(L / chunk_size)`` floats beside the inputs. The
+    ``batch * dim * N * ceil(L / chunk_size)`` floats beside the inputs. Without a
+    ``chunk_size`` the backend picks it: 256 steps, but for the GPU's ring kernels
+    (N <= 16, B and C per step) the backward's time tile (16 to 64 steps) where those
+    states take no more memory than ``u``, so that the backward recomputes no tile
+    twice. The
     backward walks the chunks in reverse, recomputes each chunk's states from
     its saved state and runs the adjoint recurrence through it::
 
@@ -343,6 +348,10 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         raise ValueError(f"selective_scan_vjp: backend {backend!r} has no backward (the Numba "
                          f"CUDA scans run the forward only); use backend=None or 'cuda'")
     with _device_scope(p):
+        if chunk_size is None:  # the backend may keep states more often where that pays
+            pick = getattr(_backend(p.xp, chosen[0]), "checkpoint_interval", None)
+            if pick is not None and p.batch * p.dim * p.L:
+                p = dataclasses.replace(p, chunk_size=pick(p))
         y, final, checkpoints = _forward(p, user, save_checkpoints=True)
     out = (y, final) if return_final_state else y
     return out, SelectiveScanPullback(p, user, checkpoints)

@@ -473,6 +473,37 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpu_vjp_checkpoints_every_backward_tile(monkeypatch, segments, dtype):
+    """Without a chunk_size, the GPU VJP of the ring kernels' shapes keeps a state every
+    backward tile (16 to 64 steps), written by the ring forward between its longer tiles;
+    gradients equal the reference, and a given chunk_size is kept."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    _force_segments(monkeypatch, gpu_scan, segments)
+    kinds = _record_launches(monkeypatch, gpu_scan)
+    xp = xp_for("gpu")
+    for seed, (L, N) in enumerate([(1000, 16), (136, 9), (264, 1)]):
+        case = dict(batch=2, dim=64, L=L, N=N, b_form="step", c_form="group", groups=2,
+                    with_init=True)
+        kinds.clear()
+        _check_vjp("gpu", dtype, case, None, 900 + seed)
+        assert "fwd_ring" in kinds and "bwd_ring" in kinds, kinds
+        inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(seed), **case), dtype, xp)
+        _, pullback = ssmkit.selective_scan_vjp(**inputs, delta_softplus=True)
+        problem = pullback._problem
+        tl = gpu_scan._plan(problem, "bwd_ring")["tl"]
+        assert tl % 16 == 0 and tl < 256 and problem.chunk_size == tl
+        assert pullback.residuals["checkpoints"].size == 2 * 64 * N * -(-L // tl)
+        _, pullback = ssmkit.selective_scan_vjp(**inputs, delta_softplus=True, chunk_size=256)
+        assert pullback.residuals["checkpoints"].size == 2 * 64 * N * -(-L // 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [2, 3, 7])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gpu_time_segments_match_reference(monkeypatch, segments, dtype):

@@ -78,6 +78,8 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 # Kernel flags (enum in selective_scan.cu).
 _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4, 8, 16, 32, 64
+_CKPT_INSIDE = 128  # the ring forward's tiles run across chunks (plan_forward_ring's "inside")
+_RING_BLOCK = 16  # steps of the ring scan's blocks (ssm_ring_block<4>)
 
 # Launch bounds of the kernels (selective_scan.cu): the most threads per block,
 # and the backward's minimum resident blocks of that size per SM (which caps its
@@ -539,7 +541,9 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     per step (``gb``, ``gc`` > 0), N <= 16, L < 2**31, and L and the chunk (``min(chunk_size,
     L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
-    plus ``sum_smem`` (bytes of the summary kernel) and ``ring`` True.
+    plus ``sum_smem`` (bytes of the summary kernel), ``ring`` True and ``inside``: chunks
+    shorter than the longest tile and a multiple of 16 steps do not shorten the tiles (then
+    multiples of 16 steps), the kernel writes their states between its 16-step blocks.
     """
     case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
     if case is None:
@@ -547,11 +551,15 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     npt, nsplit, q, cmax = case
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npad = npt * nsplit
+    tl_max = _round_up(max(TUNING["fwd_tl"], q), q)
+    inside = cmax % _RING_BLOCK == 0 and cmax < min(L, tl_max)
+    if inside:  # tiles bounded by L only, in whole blocks
+        q, cmax, tl_max = _RING_BLOCK, L, _round_up(tl_max, _RING_BLOCK)
 
     def choose(nseg):
         return _choose_tiles(
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
-            tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
+            tl_max=tl_max, tl_min=TUNING["fwd_min_tl"],
             max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
             warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
             size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
@@ -563,7 +571,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     except NotImplementedError:
         return None
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
-                nseg=nseg, seg_len=seg_len, async_=True, ring=True,
+                nseg=nseg, seg_len=seg_len, async_=True, ring=True, inside=inside,
                 sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, summary=True))
 
 
@@ -804,7 +812,8 @@ def selective_scan_forward(p, *, save_checkpoints):
              | (_HAS_BIAS if p.delta_bias is not None else 0)
              | (_SOFTPLUS if p.delta_softplus else 0)
              | (_HAS_H0 if p.initial_state is not None else 0)
-             | (_SAVE_CKPT if save_checkpoints else 0))
+             | (_SAVE_CKPT if save_checkpoints else 0)
+             | (_CKPT_INSIDE if plan.get("inside") else 0))
     seeds = None
     nseg = plan["nseg"]
     if nseg > 1:
@@ -827,6 +836,30 @@ def selective_scan_forward(p, *, save_checkpoints):
             np.int32(flags),) + _seg_args(plan)
     _launch(key, plan, args)
     return y, final, ckpt
+
+
+def checkpoint_interval(p):
+    """The chunk size a VJP uses when its caller gives none (``p.chunk_size`` is the default).
+
+    Where the ring backward applies, its time tile TL: with a checkpoint entering every
+    tile, it walks each chunk's one tile and recomputes no earlier tile from the chunk's
+    start (its "A" pass); the ring forward writes those states between its blocks without
+    shortening its own tiles. Only where TL is a multiple of 16 steps, shorter than the
+    chunk and L, and the checkpoints (``N`` floats every TL steps) take no more memory than
+    ``u`` (at the peer rows' N = 16: TL 16 in float32, 32 in 16-bit types). Forward +
+    backward at 8 x 1536 x 2048, N = 16: float32 1.54 -> 1.41 ms, bfloat16 1.44 -> 1.31 ms
+    (benchmarks/NOTES.md, version 8).
+    """
+    if not (TUNING["bwd_ring"] and TUNING["fwd_ring"]):
+        return p.chunk_size
+    plan = _plan(p, "bwd_ring")
+    if plan is None or not _aligned16(p.u, p.delta, p.z, p.B, p.C):
+        return p.chunk_size
+    tl = plan["tl"]
+    if (tl % _RING_BLOCK or tl >= min(p.chunk_size, p.L)
+            or p.N * p.compute_dtype.itemsize > tl * p.u.dtype.itemsize):
+        return p.chunk_size
+    return tl
 
 
 def selective_scan_backward(p, checkpoints, dout, dfinal_state):

@@ -47,6 +47,11 @@ elif which == "ring":
         (1, 4, 24, 2, "float32", None, 4, 4, full, 8),
         (1, 64, 32, 16, "bfloat16", None, 1, 1, full, 32),
         (1, 40, 80, 9, "float32", None, 1, 1, full, 40),
+        # chunks of 16 and 32 steps under longer tiles (checkpoints written between blocks),
+        # L not a multiple of 16 (a chunk starting in the 4-step tail), segments with SEGS
+        (2, 8, 88, 16, "float32", None, 1, 1, full, 16),
+        (1, 8, 104, 7, "bfloat16", None, 1, 1, none, 32),
+        (1, 32, 200, 16, "bfloat16", "float32", 1, 1, full, 16),
     ]
 elif which == "bwd_ring":
     # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
