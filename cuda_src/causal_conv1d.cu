@@ -1151,21 +1151,6 @@ __device__ __forceinline__ void cc1d_ldsm(unsigned (&r)[4], unsigned a) {
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
 
-// 16 bytes from global src to the shared address dst by cp.async (sm_80), in flight until
-// cc1d_cp_wait; zeros, nothing read, when !live.
-__device__ __forceinline__ void cc1d_cp16(unsigned dst, const void* src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cc1d_cp_commit() {
-    asm volatile("cp.async.commit_group;" : : : "memory");
-}
-// Until at most PENDING of this thread's committed groups are in flight.
-template <int PENDING>
-__device__ __forceinline__ void cc1d_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
-}
-
 // X of a chunk from the lane's x words (x0, x1: its rows g and g + 8) and those of the
 // lane 4 below; lanes 0-3 take rows 7 and -1 from lanes 28-31 (xb: the row before).
 __device__ __forceinline__ void cc1d_mma_x(unsigned x0, unsigned x1, unsigned xb, int lane,
@@ -1325,9 +1310,9 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     const T* src = (lane < 16 ? xr : dyr) + v;
     auto load = [&](int slot, bool row_before) {
         const bool live = v >= vmin && v < L;
-        cc1d_cp16(at_copy + slot * SLOT, src, live);
+        ssm_cp_async16_zfill(at_copy + slot * SLOT, src, live);
         if (row_before && lane == 15)
-            cc1d_cp16(ring0 + (slot + AHEAD) % SLOTS * SLOT, src, live);
+            ssm_cp_async16_zfill(ring0 + (slot + AHEAD) % SLOTS * SLOT, src, live);
         src -= CHUNK;
         v -= CHUNK;
     };
@@ -1394,12 +1379,12 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
 #pragma unroll 1
     for (int i = 0; i < AHEAD; ++i) {
         load(i, i > 0);
-        cc1d_cp_commit();
+        ssm_cp_commit();
     }
     auto walk = [&](int k, int c) {
         load((k + AHEAD) % SLOTS, true);
-        cc1d_cp_commit();
-        cc1d_cp_wait<AHEAD - 1>();
+        ssm_cp_commit();
+        ssm_cp_wait<AHEAD - 1>();
         __syncwarp();
         step(k, c);
     };
@@ -1411,7 +1396,7 @@ cc1d_bwd_mma(const T* __restrict__ x, const float* __restrict__ weight,
     }
 #pragma unroll 1
     for (int k = 0; k <= c; ++k) walk(k, c - k);  // the rest, c + 1 < SLOTS chunks
-    cc1d_cp_wait<0>();  // (the copies past c = -1 write zeros: none may be left in flight)
+    ssm_cp_wait<0>();  // (the copies past c = -1 write zeros: none may be left in flight)
 
     // The span's partials: dweight[kk] from P's diagonals (P through shared memory), dbias
     float* const ps = pshare[warp];

@@ -166,49 +166,8 @@ __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __re
 // buffer as they are stored (u, delta, z, B, C: no conversion), so the
 // staging that follows reads shared memory instead of waiting on DRAM.
 // sm_80 and later; before that the same calls are plain copies (synchronous,
-// still correct). SSM_NO_CP_ASYNC forces the plain copies.
+// still correct). SSM_NO_CP_ASYNC forces the plain copies (ssm_common.cuh).
 // ===========================================================================
-#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define SSM_CP_ASYNC 1
-#else
-#define SSM_CP_ASYNC 0
-#endif
-
-struct alignas(16) ssm_v16 { unsigned int w[4]; };
-struct alignas(8) ssm_v8 { unsigned int w[2]; };
-
-// Copy BYTES (16: both addresses 16-byte aligned, through L2 only; 8 or 4:
-// aligned to their size) from global src to shared dst, asynchronously.
-template <int BYTES>
-__device__ __forceinline__ void ssm_cp_async(void* dst, const void* src) {
-    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
-#if SSM_CP_ASYNC
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
-    }
-#else
-    if constexpr (BYTES == 16) *static_cast<ssm_v16*>(dst) = *static_cast<const ssm_v16*>(src);
-    else if constexpr (BYTES == 8) *static_cast<ssm_v8*>(dst) = *static_cast<const ssm_v8*>(src);
-    else *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
-#endif
-}
-
-// Close the group of this thread's copies issued since the last commit.
-__device__ __forceinline__ void ssm_cp_commit() {
-#if SSM_CP_ASYNC
-    asm volatile("cp.async.commit_group;" : : : "memory");
-#endif
-}
-
-// Wait for all of this thread's copies (other threads' copies are visible only
-// after this and a __syncthreads in every thread).
-__device__ __forceinline__ void ssm_cp_wait_all() {
-#if SSM_CP_ASYNC
-    asm volatile("cp.async.wait_group 0;" : : : "memory");
-#endif
-}
 
 // One element: cp.async for 4- and 8-byte types; 2-byte types (which cp.async
 // cannot move alone) by a plain load and store.

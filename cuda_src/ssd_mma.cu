@@ -166,27 +166,16 @@ __device__ __forceinline__ void ssd_mma_stage(unsigned short* dst, const T* base
         });
 }
 
-// Asynchronous staging (cp.async, sm_80): 16 bytes global -> shared, in flight until
-// ssd_mma_cp_wait; zeros (nothing read) when !live.
+// Asynchronous staging (cp.async, ssm_common.cuh): 16 bytes global -> shared, in flight
+// until ssm_cp_wait; zeros (nothing read) when !live.
 __device__ __forceinline__ void ssd_mma_cp16(unsigned short* dst, const void* src, bool live) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 : : "r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void ssd_mma_cp_commit() {
-    asm volatile("cp.async.commit_group;" : : : "memory");
-}
-// Until at most PENDING of this thread's committed groups are in flight; a barrier then
-// makes the landed copies the whole block's.
-template <int PENDING>
-__device__ __forceinline__ void ssd_mma_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
+    ssm_cp_async16_zfill(ssm_smem_addr(dst), src, live);
 }
 
 // This thread's copies so far, committed and landed (a barrier then makes them the block's).
 __device__ __forceinline__ void ssd_mma_cp_land() {
-    ssd_mma_cp_commit();
-    ssd_mma_cp_wait<0>();
+    ssm_cp_commit();
+    ssm_cp_wait<0>();
 }
 
 // ssd_mma_stage without rounding or scaling, by cp.async when vec (every row 16-byte
@@ -469,7 +458,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             xs, X + ((b * L + s0) * H + h) * P + p0, (ssm_i64)H * P, ns, P - p0, vec, tid);
         ssd_mma_stage_async<T, SSD_MMA_ROWS, NW, LDB>(
             bs, Bm + ((b * L + s0) * G + gB) * N + n0, (ssm_i64)G * N, ns, N - n0, vec, tid);
-        ssd_mma_cp_commit();
+        ssm_cp_commit();
         if (tid < SSD_MMA_ROWS) {  // while the copies land
             float w = 0.0f;
             if (tid < ns) {
@@ -479,7 +468,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
             }
             ws[tid] = w;
         }
-        ssd_mma_cp_wait<0>();
+        ssm_cp_wait<0>();
         __syncthreads();
         const ssd_mma_saddr x_lane = ssd_mma_lane_b<SSD_MMA_LD>(xs, lane);
         const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs, lane);
@@ -744,7 +733,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 #pragma unroll
     for (int k = 0; k < WB - 1; ++k) {
         issue(k);
-        ssd_mma_cp_commit();  // (empty past the last stage: the groups keep their count)
+        ssm_cp_commit();  // (empty past the last stage: the groups keep their count)
         if (k < WB - 2) put_weights(k);
     }
     keep(0);
@@ -754,11 +743,11 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     int k = 0;  // the buffer of the stage being multiplied
     for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(WR, starts, nc), k = (k + 1) % WB) {
         const int ns = cur.rows(WR);
-        ssd_mma_cp_wait<WB - 2>();  // this thread's copies of this stage have landed
+        ssm_cp_wait<WB - 2>();  // this thread's copies of this stage have landed
         __syncthreads();
         put_weights((k + WB - 2) % WB);  // (its stage is multiplied after another barrier)
         issue((k + WB - 1) % WB);
-        ssd_mma_cp_commit();
+        ssm_cp_commit();
         if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
             T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
             ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
@@ -789,7 +778,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         }
         if (cur.last(WR)) keep(cur.c + 1);
     }
-    ssd_mma_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
+    ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
 }
 
 // --------------------------------------------------------------------------------------
@@ -1004,8 +993,8 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             stage_x(xt, t0);
             load_rows();
         }
-        ssd_mma_cp_commit();
-        ssd_mma_cp_wait<0>();
+        ssm_cp_commit();
+        ssm_cp_wait<0>();
         __syncthreads();
         ssd_mma_slice<T, NT, KW, LDK>(acc, cs, ms, n0, N, warp, lane);
     }
@@ -1042,7 +1031,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             ssd_mma_stage_async<T, SSD_MMA_ROWS, PW, LDZ>(
                 ms, z + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P,
                 vec && ((unsigned long long)z & 15) == 0, tid);
-        ssd_mma_cp_commit();
+        ssm_cp_commit();
         // A tile wholly before the rows (q0 < r0) without restarts has every entry live, and
         // its weights exp2(cum_r - cum_q) dt'_q factor as exp2(cum_r - cum_r[0]) col_w[s]:
         // one exponential per row and per column instead of one per entry. Both exponents
@@ -1064,9 +1053,9 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
             }
         }
         if (DOUBLE)
-            ssd_mma_cp_wait<1>();  // this pass's tile has landed; the next may be in flight
+            ssm_cp_wait<1>();  // this pass's tile has landed; the next may be in flight
         else
-            ssd_mma_cp_wait<0>();
+            ssm_cp_wait<0>();
         const bool dense = __syncthreads_or(far) == 0 && whole;
         // Mask and weight: entry (r, s) of this warp lives in gacc[s / 8][...].
         // Every tile but the diagonal one (q0 = r0) is a whole tile of steps before the
@@ -1117,7 +1106,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
         }
         xrow = xcur;
     }
-    ssd_mma_cp_wait<0>();  // the gate's rows, when their group was the last
+    ssm_cp_wait<0>();  // the gate's rows, when their group was the last
     __syncthreads();
 
     // 3. Skip connection, gate, store: a thread's two adjacent columns p, p + 1 at a time

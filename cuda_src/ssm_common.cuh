@@ -323,16 +323,85 @@ __device__ __forceinline__ int ssm_stage_width(int nthr, int TL) {
 }
 
 // ---------------------------------------------------------------------------
+// Asynchronous copies global -> shared.
+// ---------------------------------------------------------------------------
+// Shared-window address of a pointer into shared memory (cp.async and the bulk copies take it).
+__device__ __forceinline__ unsigned int ssm_smem_addr(const void* p) {
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+struct alignas(16) ssm_v16 { unsigned int w[4]; };
+struct alignas(8) ssm_v8 { unsigned int w[2]; };
+
+// cp.async (sm_80): each thread's copies complete in the background, in groups;
+// ssm_cp_commit closes the group of the copies issued since the last one, ssm_cp_wait<N>
+// waits until at most N of the thread's groups are in flight, and a barrier then makes the
+// landed copies the block's. ssm_cp_async falls back to plain copies before sm_80 or with
+// SSM_NO_CP_ASYNC; the zero-filling 16-byte copy exists from sm_80 only (its kernels need
+// sm_80's mma anyway).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define SSM_CP_ASYNC_ARCH 1
+#else
+#define SSM_CP_ASYNC_ARCH 0
+#endif
+#if SSM_CP_ASYNC_ARCH && !defined(SSM_NO_CP_ASYNC)
+#define SSM_CP_ASYNC 1
+#else
+#define SSM_CP_ASYNC 0
+#endif
+
+// Copy BYTES (16: both addresses 16-byte aligned, through L2 only; 8 or 4: aligned to
+// their size) from global src to shared dst.
+template <int BYTES>
+__device__ __forceinline__ void ssm_cp_async(void* dst, const void* src) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+#if SSM_CP_ASYNC
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
+    }
+#else
+    if constexpr (BYTES == 16) *static_cast<ssm_v16*>(dst) = *static_cast<const ssm_v16*>(src);
+    else if constexpr (BYTES == 8) *static_cast<ssm_v8*>(dst) = *static_cast<const ssm_v8*>(src);
+    else *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
+#endif
+}
+
+// 16 bytes from global src to the shared-window address dst (both 16-byte aligned); zeros,
+// nothing read, when !live.
+__device__ __forceinline__ void ssm_cp_async16_zfill(unsigned int dst, const void* src, bool live) {
+#if SSM_CP_ASYNC_ARCH
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");
+#else
+    (void)dst; (void)src; (void)live;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void ssm_cp_commit() {
+#if SSM_CP_ASYNC_ARCH
+    asm volatile("cp.async.commit_group;" : : : "memory");
+#endif
+}
+
+template <int PENDING>
+__device__ __forceinline__ void ssm_cp_wait() {
+#if SSM_CP_ASYNC_ARCH
+    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
+#endif
+}
+
+// Every copy of this thread (other threads' copies are visible only after their wait and a
+// barrier).
+__device__ __forceinline__ void ssm_cp_wait_all() { ssm_cp_wait<0>(); }
+
+// ---------------------------------------------------------------------------
 // Bulk asynchronous copies global -> shared (sm_90's cp.async.bulk, completing on an
 // mbarrier): one thread moves a whole tile, the bytes in flight cost no registers. Before
 // sm_90 the same calls copy with the whole block at the wait.
 // ---------------------------------------------------------------------------
-// Shared-window address of a pointer into shared memory (cp.async and the bulk copies take it).
-__device__ __forceinline__ unsigned int ssm_smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // One thread: make `bar` a barrier of one arrival (plus the copies' bytes), visible to the
 // copy engine; the block synchronises before waiting on it.
@@ -383,9 +452,8 @@ __device__ __forceinline__ void ssm_bulk_wait(unsigned long long* bar, void* dst
     } while (!done);
 #else
     (void)bar;
-    struct alignas(16) V16 { unsigned int w[4]; };
     for (unsigned int j = threadIdx.x; j < bytes / 16; j += blockDim.x)
-        static_cast<V16*>(dst)[j] = static_cast<const V16*>(src)[j];
+        static_cast<ssm_v16*>(dst)[j] = static_cast<const ssm_v16*>(src)[j];
     __syncthreads();
 #endif
 }

@@ -52,52 +52,12 @@
 
 #include "ssm_common.cuh"
 
-// 16 bytes as four 32-bit words: one vector access.
-struct alignas(16) su_vec16 { unsigned int w[4]; };
-
 // Passes of state a block's staging ring holds (the pass being computed and the ones after).
 #define SU_STAGES 3
 
-// One 16-byte copy global -> shared that completes asynchronously (sm_80+; a plain copy
-// before), and the group commit / wait that order such copies for the issuing thread.
-__device__ __forceinline__ void su_copy_async16(su_vec16* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned int saddr;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
-                 : "=r"(saddr) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(saddr), "l"(src) : "memory");
-#else
-    *dst = *reinterpret_cast<const su_vec16*>(src);
-#endif
-}
-// One 4- or 8-byte copy global -> shared, asynchronous as su_copy_async16 (sm_80+).
-template <int BYTES>
-__device__ __forceinline__ void su_copy_async_small(void* dst, const void* src) {
-    static_assert(BYTES == 4 || BYTES == 8, "4 or 8 bytes");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;"
-                 : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
-#else
-    if constexpr (BYTES == 4) *static_cast<unsigned int*>(dst) = *static_cast<const unsigned int*>(src);
-    else *static_cast<unsigned long long*>(dst) = *static_cast<const unsigned long long*>(src);
-#endif
-}
-__device__ __forceinline__ void su_copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" : : : "memory");
-#endif
-}
-// Wait until at most PENDING of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void su_copy_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");
-#endif
-}
-
 // A 16-byte store marked evict-first in L2 (st.global.cs): the new state is not read again
 // by this step, and the rows still to be read keep L2.
-__device__ __forceinline__ void su_store_stream(su_vec16* p, const su_vec16& v) {
+__device__ __forceinline__ void su_store_stream(ssm_v16* p, const ssm_v16& v) {
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
                  : : "l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3]) : "memory");
 }
@@ -122,12 +82,12 @@ template <typename ST> struct su_vec;
 template <> struct su_vec<float> {
     static constexpr int V = 4;
     template <typename CT>
-    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+    static __device__ __forceinline__ void unpack(const ssm_v16& v, CT* r) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) r[i] = ssm_bits_to_float(v.w[i]);
     }
     template <typename CT>
-    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+    static __device__ __forceinline__ void pack(ssm_v16& v, const CT* r) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v.w[i] = su_float_bits((float)r[i]);
     }
@@ -136,12 +96,12 @@ template <> struct su_vec<float> {
 template <> struct su_vec<double> {
     static constexpr int V = 2;
     template <typename CT>
-    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+    static __device__ __forceinline__ void unpack(const ssm_v16& v, CT* r) {
         r[0] = su_bits_to_double(v.w[0], v.w[1]);
         r[1] = su_bits_to_double(v.w[2], v.w[3]);
     }
     template <typename CT>
-    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+    static __device__ __forceinline__ void pack(ssm_v16& v, const CT* r) {
         su_double_bits((double)r[0], v.w[0], v.w[1]);
         su_double_bits((double)r[1], v.w[2], v.w[3]);
     }
@@ -151,7 +111,7 @@ template <> struct su_vec<double> {
 template <typename H16> struct su_vec16bit {
     static constexpr int V = 8;
     template <typename CT>
-    static __device__ __forceinline__ void unpack(const su_vec16& v, CT* r) {
+    static __device__ __forceinline__ void unpack(const ssm_v16& v, CT* r) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             H16 h;
@@ -160,7 +120,7 @@ template <typename H16> struct su_vec16bit {
         }
     }
     template <typename CT>
-    static __device__ __forceinline__ void pack(su_vec16& v, const CT* r) {
+    static __device__ __forceinline__ void pack(ssm_v16& v, const CT* r) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -277,7 +237,7 @@ ssm_state_update(
 
     // The staging ring (vector form only): slot r of pass-vector j of thread x at
     // ring[(r * PPT * CH + j) * blockDim.x + x]. The host gives min(passes, SU_STAGES) slots.
-    extern __shared__ su_vec16 su_ring[];
+    extern __shared__ ssm_v16 su_ring[];
     const bool staged = kVec && ssm_dynamic_smem_bytes() > 0;
     const int pass_rows = tp * PPT;
     const ssm_i64 row_step = (ssm_i64)tp * ss2;  // from row i of a pass to row i + 1
@@ -286,7 +246,7 @@ ssm_state_update(
     auto stage_pass = [&](int q, int r) {
         if (q < p_end) {
             const ST* const srow0 = sb + (ssm_i64)(q + pr) * ss2;
-            su_vec16* const slot0 = su_ring + r * PPT * CH * (int)blockDim.x + threadIdx.x;
+            ssm_v16* const slot0 = su_ring + r * PPT * CH * (int)blockDim.x + threadIdx.x;
 #pragma unroll
             for (int i = 0; i < PPT; ++i) {
                 if (q + i * tp + pr >= p_end) break;
@@ -294,11 +254,11 @@ ssm_state_update(
                 for (int c = 0; c < CH; ++c) {
                     const int n0 = (c * tn + ln) * V;
                     if (n0 < N)
-                        su_copy_async16(slot0 + (i * CH + c) * (int)blockDim.x, srow0 + i * row_step + n0);
+                        ssm_cp_async<16>(slot0 + (i * CH + c) * (int)blockDim.x, srow0 + i * row_step + n0);
                 }
             }
         }
-        su_copy_commit();  // one group per pass, empty past the end: the wait count stays fixed
+        ssm_cp_commit();  // one group per pass, empty past the end: the wait count stays fixed
     };
     if (staged) {
 #pragma unroll
@@ -370,7 +330,7 @@ ssm_state_update(
                     const int n0 = (c * tn + ln) * V;
                     if constexpr (kVec) {
                         if (n0 < N) {
-                            const su_vec16 v = *reinterpret_cast<const su_vec16*>(srow + n0);
+                            const ssm_v16 v = *reinterpret_cast<const ssm_v16*>(srow + n0);
                             su_vec<ST>::unpack(v, s[i][c]);
                         } else {
 #pragma unroll
@@ -417,7 +377,7 @@ ssm_state_update(
             }
 
             if (staged) {  // this pass's state, copied SU_STAGES - 1 passes ago
-                su_copy_wait<SU_STAGES - 1>();
+                ssm_cp_wait<SU_STAGES - 1>();
 #pragma unroll
                 for (int i = 0; i < PPT; ++i) {
 #pragma unroll
@@ -531,9 +491,9 @@ ssm_state_update(
                     const int n0 = (c * tn + ln) * V;
                     if (n0 >= N) continue;
                     if constexpr (kVec) {
-                        su_vec16 v;
+                        ssm_v16 v;
                         su_vec<ST>::pack(v, s[i][c]);
-                        *reinterpret_cast<su_vec16*>(srow + n0) = v;
+                        *reinterpret_cast<ssm_v16*>(srow + n0) = v;
                     } else {
 #pragma unroll
                         for (int k = 0; k < V; ++k)
@@ -610,15 +570,15 @@ ssm_state_update_vec(
     ST* const sb = state + slot * ss0 + h * ss1;
 
     // ---- the loads of the first token, none waited on before all are issued ----
-    su_vec16 raw[PPT][CH];
+    ssm_v16 raw[PPT][CH];
 #pragma unroll
     for (int i = 0; i < PPT; ++i) {
         const int p = p0 + i * tp;
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
             const int n0 = (c * tn + ln) * V;
-            raw[i][c] = su_vec16{{0u, 0u, 0u, 0u}};
-            if (p < P && n0 < N) raw[i][c] = *reinterpret_cast<const su_vec16*>(sb + p * ss2 + n0);
+            raw[i][c] = ssm_v16{{0u, 0u, 0u, 0u}};
+            if (p < P && n0 < N) raw[i][c] = *reinterpret_cast<const ssm_v16*>(sb + p * ss2 + n0);
         }
     }
     CT bv[CH][V], cv[CH][V];
@@ -748,9 +708,9 @@ ssm_state_update_vec(
         for (int c = 0; c < CH; ++c) {
             const int n0 = (c * tn + ln) * V;
             if (n0 >= N) continue;
-            su_vec16 v;
+            ssm_v16 v;
             su_vec<ST>::pack(v, s[i][c]);
-            *reinterpret_cast<su_vec16*>(sb + p * ss2 + n0) = v;
+            *reinterpret_cast<ssm_v16*>(sb + p * ss2 + n0) = v;
         }
     }
 }
@@ -787,7 +747,7 @@ template <typename ST, int CH, int PPT> struct su_tile_min_blocks {
 // row is CH * TN vectors).
 template <typename ST, int CH, int PPT, int TN, bool CHECKED, typename CT>
 __device__ __forceinline__ void su_tile_passes(
-    su_vec16* __restrict__ tile, su_vec16* __restrict__ sg, const CT* __restrict__ sx,
+    ssm_v16* __restrict__ tile, ssm_v16* __restrict__ sg, const CT* __restrict__ sx,
     CT* __restrict__ sy, const CT (&bv)[CH][su_vec<ST>::V], const CT (&cv)[CH][su_vec<ST>::V],
     CT d, CT decay, bool last, int nrows, int nv, int tp, int pr, int ln) {
     constexpr int V = su_vec<ST>::V;
@@ -832,7 +792,7 @@ __device__ __forceinline__ void su_tile_passes(
             for (int c = 0; c < CH; ++c) {
                 const int j = c * TN + ln;
                 if (!CHECKED || (r < nrows && j < nv)) {
-                    su_vec16 v;
+                    ssm_v16 v;
                     su_vec<ST>::pack(v, s[i][c]);
                     if (last) sg[r * stride + j] = v;
                     else tile[r * stride + j] = v;
@@ -890,9 +850,9 @@ ssm_state_update_tile(
         return;
     }
     if (T == 0) return;
-    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 + (ssm_i64)p_begin * N);
+    ssm_v16* const sg = reinterpret_cast<ssm_v16*>(state + slot * ss0 + h * ss1 + (ssm_i64)p_begin * N);
 
-    extern __shared__ su_vec16 su_tile[];
+    extern __shared__ ssm_v16 su_tile[];
     __shared__ unsigned long long su_bar;
     const unsigned int tile_bytes = (unsigned int)(nrows * nv) * 16u;
     const int pass_rows = tp * PPT;
@@ -999,7 +959,7 @@ ssm_state_update_warp(
     static_assert(CPW <= 32, "a lane holds one channel's x, z and D");
     (void)ss3; (void)xs1; (void)ds1; (void)ds3; (void)zs1; (void)ys1; (void)as1; (void)as2;
     (void)bs1; (void)bs3; (void)cs1; (void)cs3; (void)bias1; (void)log2_tn; (void)T; (void)N;
-    __shared__ su_vec16 su_run[SU_WARP_THREADS / 32][NCH][32];
+    __shared__ ssm_v16 su_run[SU_WARP_THREADS / 32][NCH][32];
     __shared__ CT su_dch[SU_WARP_THREADS / 32][32];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1031,14 +991,14 @@ ssm_state_update_warp(
     const CT z_l = mine && z != nullptr ? su_ld<CT>(z + b * zs0 + h * zs2 + pl * zs3) : CT(0);
     // the run's copies: chunk k of channel p_run + k CPC + q, the lane's vector ln; with
     // chunk 0, the run's D (a load of its own would be scheduled after the first wait)
-    su_vec16* const sg = reinterpret_cast<su_vec16*>(state + slot * ss0 + h * ss1 +
+    ssm_v16* const sg = reinterpret_cast<ssm_v16*>(state + slot * ss0 + h * ss1 +
                                                      (ssm_i64)p_run * ss2) + lane;
     if (D != nullptr && mine)
-        su_copy_async_small<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
+        ssm_cp_async<sizeof(CT)>(&su_dch[warp][lane], D + h * Ds0 + pl * Ds1);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
-        if (p_run + k * CPC + q < P) su_copy_async16(&su_run[warp][k][lane], sg + 32 * k);
-        su_copy_commit();
+        if (p_run + k * CPC + q < P) ssm_cp_async<16>(&su_run[warp][k][lane], sg + 32 * k);
+        ssm_cp_commit();
     }
 
     const CT d = softplus ? M::softplus(d_raw) : d_raw;
@@ -1047,8 +1007,8 @@ ssm_state_update_warp(
     CT d_l = CT(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
-        su_copy_commit();  // (an empty group: waiting for all but the newest NCH lands chunk k)
-        su_copy_wait<NCH>();
+        ssm_cp_commit();  // (an empty group: waiting for all but the newest NCH lands chunk k)
+        ssm_cp_wait<NCH>();
         if (k == 0 && D != nullptr && mine) d_l = su_dch[warp][lane];  // (its own copy)
         const int c = k * CPC + q;  // the lane's channel in the run
         const bool live = p_run + c < P;
@@ -1063,7 +1023,7 @@ ssm_state_update_warp(
             acc += s[j] * cv[j];
         }
         if (live) {
-            su_vec16 v;
+            ssm_v16 v;
             su_vec<ST>::pack(v, s);
             su_store_stream(sg + 32 * k, v);
         }

@@ -26,8 +26,19 @@ COMMON_REPL = [
     ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
     ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
     ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
-    ('asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));',
-     'a = (unsigned)((const unsigned char*)p - emu_smem_ptr);'),
+    # cp.async (ssm_common.cuh): the sm_80 branch is the one emulated, its copies landing at
+    # the waits (emu_common.h)
+    ('#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n#define SSM_CP_ASYNC_ARCH 1',
+     '#if 1\n#define SSM_CP_ASYNC_ARCH 1'),
+    ('asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");',
+     'emu_cp_async(dst, src, 16, true);'),
+    ('asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");',
+     'emu_cp_async(dst, src, BYTES, false);'),
+    ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");''',
+     'emu_cp16(emu_smem_at(dst), src, live);'),
+    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
+    ('asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");', 'emu_cp_wait(PENDING);'),
 ] + [(ptx, 'emu_fail("sm_90 bulk copy");') for ptx in (
     # The bulk copies' sm_90 branch: the host build takes the block-wide copy of the
     # pre-sm_90 branch instead (ssm_bulk_wait), so these lines are never compiled here.

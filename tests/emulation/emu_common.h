@@ -114,6 +114,35 @@ inline void emu_cp_wait(int pending) {
         emu_cp_groups.pop_front();
     }
 }
+// cp.async.{ca,cg}.shared.global [dst], [src], n (ssm_cp_async: the 4-, 8- and 16-byte
+// forms, into the dynamic shared memory), checked and issued as above.
+std::atomic<long> emu_cp_count{0};
+inline void emu_cp_async(void* dst, const void* src, int n, bool bypass_l1) {
+    if (!(n == 4 || n == 8 || n == 16) || (bypass_l1 && n != 16)) emu_fail("cp.async: bad size");
+    if (((unsigned long)dst) % n || ((unsigned long)src) % n) emu_fail("cp.async: misaligned address");
+    unsigned char* d = (unsigned char*)dst;
+    if (d < emu_smem_ptr || d + n > emu_smem_ptr + emu_dyn_smem) emu_fail("cp.async: destination outside shared memory");
+    emu_cp_issue(dst, src, n);
+    emu_cp_count++;
+}
+// cp.async.cg.shared.global [dst], [src], 16, src-size (0 or 16) (ssm_cp_async16_zfill):
+// checked and issued as above (a source size of 0 writes zeros).
+inline void emu_cp16(void* dst, const void* src, bool live) {
+    if (((unsigned long)dst) % 16 || (live && ((unsigned long)src) % 16))
+        emu_fail("cp.async: misaligned address");
+    emu_cp_issue(dst, live ? src : nullptr, 16);
+}
+
+// Shared-window addresses (__cvta_generic_to_shared, ssm_smem_addr) as 32-bit offsets from an
+// anchor in the same library's static data, where the kernels' static __shared__ arrays
+// are, so that they fit in 32 bits; emu_smem_at turns one back into a pointer.
+inline unsigned char emu_smem_anchor[16];
+inline unsigned emu_cvta_shared(const void* p) {
+    return (unsigned)(int)((const unsigned char*)p - emu_smem_anchor);
+}
+inline unsigned long long __cvta_generic_to_shared(const void* p) { return emu_cvta_shared(p); }
+inline unsigned char* emu_smem_at(unsigned a) { return emu_smem_anchor + (int)a; }
+
 // A thread must not leave copies in flight when it exits.
 inline void emu_cp_exit_check() {
     bool busy = !emu_cp_open.empty();

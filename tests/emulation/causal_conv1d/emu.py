@@ -51,10 +51,6 @@ REPL = COMMON_REPL + [
     ('asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));', 'w = emu_pack2(emu_f2h(lo), emu_f2h(hi));'),
     ('asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));', 'd = emu_movmatrix_trans(a);'),
     # cc1d_bwd_mma's ring of chunks in shared memory (dst: a byte offset into it)
-    ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 : : "r"(dst), "l"(src), "r"(live ? 16 : 0) : "memory");''',
-     'emu_cp16(emu_smem_at(dst), src, live);'),
-    ('(unsigned)__cvta_generic_to_shared(&ring[warp][0])', 'emu_cvta_shared(&ring[warp][0])'),
     ('asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");',
      'memcpy(&r, emu_smem_at(a), 4);'),
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -63,8 +59,6 @@ REPL = COMMON_REPL + [
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
      'emu_ldsm<false>(r, (const unsigned short*)emu_smem_at(a));'),
-    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
-    ('asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");', 'emu_cp_wait(PENDING);'),
     # cc1d_bwd_warp's 16-byte vectors
     ('for (int v = 0; v < NV; ++v) u[v] = reinterpret_cast<const cc1d_words*>(p)[v];',
      'for (int v = 0; v < NV; ++v) u[v] = *emu_al<const cc1d_words>(p + v * E);'),

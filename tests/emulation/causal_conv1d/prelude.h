@@ -54,10 +54,3 @@ inline unsigned emu_movmatrix_trans(unsigned a) {
 }
 
 
-// Shared-memory addresses as 32-bit offsets (cc1d_bwd_mma's ring, a static array here): from
-// an anchor in the same library's static data, so that they fit in 32 bits.
-inline unsigned char emu_smem_anchor[16];
-inline unsigned emu_cvta_shared(const void* p) {
-    return (unsigned)(int)((const unsigned char*)p - emu_smem_anchor);
-}
-inline unsigned char* emu_smem_at(unsigned a) { return emu_smem_anchor + (int)a; }

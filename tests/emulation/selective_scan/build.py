@@ -25,14 +25,6 @@ REPL = COMMON_REPL + [
     ('__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }',
      '__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *emu_al<ssm_v16>(p) = q; }'),
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
-    # cp.async (prelude_ss.h): the sm_80 branch is the one emulated.
-    ('#if !defined(SSM_NO_CP_ASYNC) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800', '#if 1'),
-    ('asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(ssm_smem_addr(dst)), "l"(src) : "memory");',
-     'emu_cp_async(dst, src, 16, true);'),
-    ('asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(ssm_smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");',
-     'emu_cp_async(dst, src, BYTES, false);'),
-    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
-    ('asm volatile("cp.async.wait_group 0;" : : : "memory");', 'emu_cp_wait(0);'),
 ]
 
 FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')

@@ -42,11 +42,6 @@ REPL = COMMON_REPL + [
     ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
      'emu_ldsm<false>(r, (const unsigned short*)a);'),
-    ('const unsigned d = (unsigned)__cvta_generic_to_shared(dst);', ''),
-    ('''asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 : : "r"(d), "l"(src), "r"(live ? 16 : 0) : "memory");''', 'emu_cp16(dst, src, live);'),
-    ('asm volatile("cp.async.commit_group;" : : : "memory");', 'emu_cp_commit();'),
-    ('asm volatile("cp.async.wait_group %0;" : : "n"(PENDING) : "memory");', 'emu_cp_wait(PENDING);'),
 ]
 
 LAUNCH = r'''

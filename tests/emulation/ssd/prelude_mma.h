@@ -72,10 +72,3 @@ inline void emu_ldsm(unsigned (&r)[4], const unsigned short* p) {
     W.bar->arrive_and_wait();  // every lane has read the row addresses before any reuses them
 }
 
-// cp.async.cg.shared.global [dst], [src], 16, src-size (0 or 16): checked and issued as
-// emu_common.h's copies (a source size of 0 writes zeros).
-inline void emu_cp16(void* dst, const void* src, bool live) {
-    if (((unsigned long)dst) % 16 || (live && ((unsigned long)src) % 16))
-        emu_fail("cp.async: misaligned address");
-    emu_cp_issue(dst, live ? src : nullptr, 16);
-}
