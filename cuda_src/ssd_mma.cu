@@ -1769,6 +1769,38 @@ __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned
     return any;
 }
 
+// Step 2's loop over the run's heads [h_begin, h_end) with head h + 1's operands in flight
+// while head h computes (P <= SSD_MMA_SUM_KW: one slice). stage(h, ua, wa) issues head h's
+// rows into ua and wa (first() adds copies to the first head's group); prep(h) writes the
+// head's row arrays, after a barrier that ends the previous head's reads of them, and may
+// set `vote`; body(h, ua, wa, any) runs the product and its epilogue on the landed
+// operands, `any` whether any thread voted. Buffers 0 (us0, ws0) and 1 (us1, ws1) alternate:
+// head h + 1's copies start after head h's vote barrier, behind which head h - 1's reads of
+// that buffer lie. Two barriers per head, as ssd_mma_run_product.
+#define SSD_MMA_AHEAD_BYTES (2 * SSD_MMA_ROWS * (SSD_MMA_SUM_KW + 8) * 2)  // us1 and ws1
+template <typename Stage, typename First, typename Prep, typename Body>
+__device__ __forceinline__ void ssd_mma_heads_ahead(int h_begin, int h_end, unsigned short* us0,
+                                                    unsigned short* ws0, unsigned short* us1,
+                                                    unsigned short* ws1, Stage stage, First first,
+                                                    Prep prep, Body body, const bool& vote) {
+    __syncthreads();  // the previous reads of the buffers are done
+    first();
+    stage(h_begin, us0, ws0);
+    ssm_cp_commit();
+    for (int h = h_begin; h < h_end; ++h) {
+        const bool one = ((h - h_begin) & 1) != 0;
+        ssm_cp_wait<0>();  // head h's group: the only one in flight
+        __syncthreads();   // everyone's have landed; the previous head's epilogue is done
+        prep(h);
+        const int any = __syncthreads_or(vote);
+        if (h + 1 < h_end) {
+            stage(h + 1, one ? us0 : us1, one ? ws0 : ws1);
+            ssm_cp_commit();
+        }
+        body(h, one ? us1 : us0, one ? ws1 : ws0, any);
+    }
+}
+
 // The factored weights of a whole tile (see ssd_mma_chunk_mm), for thread tid < 64 of a
 // head-summing product: col_w[tid] = exp2(ec) dt (column tid), row_f[tid] = exp2(er) (row
 // tid), ec and er taken from the chunk sums (times log2 e) of step tid of the column tile
@@ -1875,6 +1907,10 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     const int gb = ssd_mma_group(R.h_begin, H, GB);  // the same for the whole run (checked by the host)
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
+    // step 2's second buffers (ssd_mma_heads_ahead), where the launch gave them
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    unsigned short* const dyn = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
+    const bool ahead = P <= SSD_MMA_SUM_KW && ssm_dynamic_smem_bytes() >= SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
 
     // This block's rows r0 .. of head h: the chunk sums and restart labels.
@@ -1921,36 +1957,29 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         ssd_mma_zero(gsum);
         // a whole tile before the rows without restarts: factored weights (ssd_mma_chunk_mm)
         const bool whole = !seq && q0 + SSD_MMA_ROWS <= r0;
-        for (int h = R.h_begin; h < R.h_end; ++h) {
-            float gacc[8][4];
-            ssd_mma_zero(gacc);
-            bool far = false;
-            const int any_far = ssd_mma_run_product<T>(
-                gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
-                [&](int k0) {
-                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
-                        ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
-                        vec, tid);
-                },
-                [&] {
-                    stage_rows(h);
-                    if (tid < SSD_MMA_ROWS) {
-                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                        const ssm_i64 i = (b * L + q) * H + h;
-                        const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
-                        cum_q[tid] = cq;
-                        dt_q[tid] = dq_t;
-                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
-                        if (whole) {
-                            const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-                            far = ssd_mma_tile_factors<false>(
-                                col_w, row_f, tid, cq,
-                                cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
-                                cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
-                        }
-                    }
-                },
-                tid, warp, lane, far);
+        bool far = false;
+        // head h's row arrays (and, for a whole tile, its factors; far: any too large)
+        auto prep = [&](int h) {
+            far = false;
+            stage_rows(h);
+            if (tid < SSD_MMA_ROWS) {
+                const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                const ssm_i64 i = (b * L + q) * H + h;
+                const float cq = cum[i] * ssm_math<float>::kLog2e, dq_t = dte[i];
+                cum_q[tid] = cq;
+                dt_q[tid] = dq_t;
+                seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                if (whole) {
+                    const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+                    far = ssd_mma_tile_factors<false>(
+                        col_w, row_f, tid, cq,
+                        cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
+                        cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
+                }
+            }
+        };
+        // head h's masked block into gsum
+        auto finish = [&](const float (&gacc)[8][4], int any_far) {
             if (whole && !any_far) {  // uniform
                 ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
                                 [&](int j, float v0, float v1, float v2, float v3) {
@@ -1959,7 +1988,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                                     gsum[j][2] += v2;
                                     gsum[j][3] += v3;
                                 });
-                continue;
+                return;
             }
             // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
             // past nr and steps past nq need no test there either)
@@ -1975,6 +2004,39 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         gsum[j][i] += ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq] *
                                       gacc[j][i];
                 }
+        };
+        if (ahead) {
+            ssd_mma_heads_ahead(
+                R.h_begin, R.h_end, us, ws, dyn, dyn + SSD_MMA_ROWS * LDK,
+                [&](int h, unsigned short* ua, unsigned short* wa) {
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                        ua, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                        wa, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, tid);
+                },
+                [] {}, prep,
+                [&](int, const unsigned short* ua, const unsigned short* wa, int any_far) {
+                    float gacc[8][4];
+                    ssd_mma_zero(gacc);
+                    ssd_mma_slice<T, 8, SSD_MMA_SUM_KW, LDK, false, false, SSD_MMA_SUM_LDV>(
+                        gacc, ua, wa, 0, P, warp, lane);
+                    finish(gacc, any_far);
+                },
+                far);
+        } else {
+            for (int h = R.h_begin; h < R.h_end; ++h) {
+                float gacc[8][4];
+                ssd_mma_zero(gacc);
+                const int any_far = ssd_mma_run_product<T>(
+                    gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                    [&](int k0) {
+                        ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                            ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq,
+                            P - k0, vec, tid);
+                    },
+                    [&] { prep(h); }, tid, warp, lane, far);
+                finish(gacc, any_far);
+            }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
         ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
@@ -2038,6 +2100,10 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const int seq_end = ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
+    // step 2's second buffers (ssd_mma_heads_ahead), where the launch gave them
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    unsigned short* const dyn = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
+    const bool ahead = P <= SSD_MMA_SUM_KW && ssm_dynamic_smem_bytes() >= SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
     const ssm_i64 row_a = b * L + r0 + (ra < nr ? ra : nr - 1);
     const ssm_i64 row_b = b * L + r0 + (rb < nr ? rb : nr - 1);
@@ -2135,42 +2201,34 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         ssd_mma_zero(gsum);
         // a whole tile after the rows without restarts: factored weights (ssd_mma_chunk_mm)
         const bool whole = !seq && q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS;
-        for (int h = R.h_begin; h < R.h_end; ++h) {
-            float gacc[8][4];
-            ssd_mma_zero(gacc);
-            bool far = false;
-            // the row dots so far, read before the product (their latency hidden behind it)
-            const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
-            const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
-            const int any_far = ssd_mma_run_product<T>(
-                gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
-                [&](int k0) {
-                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
-                        ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq, P - k0,
-                        vec, tid);
-                    if (k0 == 0 && h == R.h_begin)
+        bool far = false;
+        // B_r . C_q's block into bcs, with the first head's operands
+        auto copy_bc = [&] {
 #pragma unroll 1
-                        for (int k = tid; k < SSD_MMA_ROWS * SSD_MMA_ROWS / 4;
-                             k += SSD_MMA_THREADS)
-                            ssd_mma_cp16(reinterpret_cast<unsigned short*>(
-                                             const_cast<float*>(bcs) + 4 * k),
-                                         bc_src + 4 * k, true);
-                },
-                [&] {
-                    stage_rows(h);
-                    if (tid < SSD_MMA_ROWS) {
-                        const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-                        const float cq = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
-                        cum_q[tid] = cq;
-                        seq_q[tid] = ssd_mma_seq(seq, b * L + q);
-                        if (whole)
-                            far = ssd_mma_tile_factors<true>(
-                                col_w, row_f, tid, cq,
-                                cum[(b * L + r0 + tid) * H + h] * ssm_math<float>::kLog2e,
-                                cum[(b * L + q0) * H + h] * ssm_math<float>::kLog2e, 1.0f);
-                    }
-                },
-                tid, warp, lane, far);
+            for (int k = tid; k < SSD_MMA_ROWS * SSD_MMA_ROWS / 4; k += SSD_MMA_THREADS)
+                ssd_mma_cp16(reinterpret_cast<unsigned short*>(const_cast<float*>(bcs) + 4 * k),
+                             bc_src + 4 * k, true);
+        };
+        // head h's row arrays (and, for a whole tile, its factors; far: any too large)
+        auto prep = [&](int h) {
+            far = false;
+            stage_rows(h);
+            if (tid < SSD_MMA_ROWS) {
+                const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+                const float cq = cum[(b * L + q) * H + h] * ssm_math<float>::kLog2e;
+                cum_q[tid] = cq;
+                seq_q[tid] = ssd_mma_seq(seq, b * L + q);
+                if (whole)
+                    far = ssd_mma_tile_factors<true>(
+                        col_w, row_f, tid, cq,
+                        cum[(b * L + r0 + tid) * H + h] * ssm_math<float>::kLog2e,
+                        cum[(b * L + q0) * H + h] * ssm_math<float>::kLog2e, 1.0f);
+            }
+        };
+        // head h's masked block into gsum and its row dots into rowdot (rd_prev: the row
+        // dots so far, read before the product so that their latency hides behind it)
+        auto finish = [&](int h, const float (&gacc)[8][4], int any_far, float rd_prev_a,
+                          float rd_prev_b) {
             // mask and weight as ssd_mma_chunk_mm's upper products (with the diagonal); the
             // row dot of the rounded entries with B_r . C_q
             // (rows past nr and steps past nq need no test: as in ssd_mma_chunk_mm)
@@ -2210,6 +2268,44 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             if (t == 0) {
                 if (ra < nr) rd_a[h] = rd_prev_a + da;
                 if (rb < nr) rd_b[h] = rd_prev_b + db;
+            }
+        };
+        if (ahead) {
+            ssd_mma_heads_ahead(
+                R.h_begin, R.h_end, us, ws, dyn, dyn + SSD_MMA_ROWS * LDK,
+                [&](int h, unsigned short* ua, unsigned short* wa) {
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                        ua, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                        wa, dY + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, tid);
+                },
+                copy_bc, prep,
+                [&](int h, const unsigned short* ua, const unsigned short* wa, int any_far) {
+                    const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
+                    const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
+                    float gacc[8][4];
+                    ssd_mma_zero(gacc);
+                    ssd_mma_slice<T, 8, SSD_MMA_SUM_KW, LDK, false, false, SSD_MMA_SUM_LDV>(
+                        gacc, ua, wa, 0, P, warp, lane);
+                    finish(h, gacc, any_far, rd_prev_a, rd_prev_b);
+                },
+                far);
+        } else {
+            for (int h = R.h_begin; h < R.h_end; ++h) {
+                float gacc[8][4];
+                ssd_mma_zero(gacc);
+                const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
+                const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
+                const int any_far = ssd_mma_run_product<T>(
+                    gacc, us, ws, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                    [&](int k0) {
+                        ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                            ws, dY + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq,
+                            P - k0, vec, tid);
+                        if (k0 == 0 && h == R.h_begin) copy_bc();
+                    },
+                    [&] { prep(h); }, tid, warp, lane, far);
+                finish(h, gacc, any_far, rd_prev_a, rd_prev_b);
             }
         }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp

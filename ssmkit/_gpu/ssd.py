@@ -275,6 +275,19 @@ def mma_bwd_kernel_names(io: str) -> list:
             + [mma_dc_name(io), mma_db_name(io)])
 
 
+# dB and dC stage the next head's operands while one computes (ssd_mma_heads_ahead), in
+# MMA_AHEAD_BYTES of dynamic shared memory, where P <= 64 (one K slice); False: the loop that
+# stages, lands and computes one head at a time (SSD.md).
+MMA_HEADS_AHEAD = True
+MMA_AHEAD_BYTES = 2 * 64 * (64 + 8) * 2  # SSD_MMA_AHEAD_BYTES
+
+
+def _ahead_smem(p):
+    """Dynamic shared memory for dB and dC's staging ahead, 0 where they stage one head at a
+    time."""
+    return MMA_AHEAD_BYTES if MMA_HEADS_AHEAD and p.P <= 64 else 0
+
+
 # The backward's adjoint chunk sums on tensor cores (ssd_mma_chunk_state<T, NW, true>) on
 # the tensor-core path; False: the CUDA-core ssd_chunk_state on float32 dY (to compare).
 MMA_ADJOINT_STATE = True
@@ -336,9 +349,11 @@ def uses_mma_bwd(p) -> bool:
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
 
 
-def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS):
+def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS, smem=0):
     kernel = compiler.get_kernel(source, name)
-    kernel(grid, (threads,), args)
+    if smem:
+        compiler.ensure_dynamic_smem(kernel, (source, name), smem)
+    kernel(grid, (threads,), args, shared_mem=smem)
 
 
 def _ptr(x):
@@ -632,7 +647,7 @@ class _Layout:
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
                  np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
                  np.int64(p.batch * p.L * GC * p.N)),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=_ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def db_mma(self, p, dY, dHx, cbt, rowdot):
@@ -649,7 +664,7 @@ class _Layout:
                  part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
                  np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=_ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def passing(self, p, chunk_states, *, entering=False, final=None):

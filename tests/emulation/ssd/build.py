@@ -32,6 +32,7 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<ssm_f4*>(cbt + ssd_mma_cb_at(', '*emu_al<ssm_f4>(cbt + ssd_mma_cb_at('),
     ('*reinterpret_cast<ssd_mma_f2*>(dst + o) = ', '*emu_al<ssd_mma_f2>(dst + o) = '),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
+    ('extern __shared__ ssm_v16 ssd_mma_dyn[];', 'ssm_v16* const ssd_mma_dyn = reinterpret_cast<ssm_v16*>(emu_smem_ptr);'),
     # ldmatrix: shared-window addresses become host pointers
     ('typedef unsigned ssd_mma_saddr;', 'typedef unsigned long ssd_mma_saddr;'),
     ('ssd_mma_saddr a = (ssd_mma_saddr)__cvta_generic_to_shared(p);', 'ssd_mma_saddr a = (ssd_mma_saddr)p;'),
@@ -46,8 +47,19 @@ REPL = COMMON_REPL + [
 
 LAUNCH = r'''
 struct EmuBuf { void* p; long long n; };
+// The next launch's dynamic shared memory (emu_set_dyn_smem), in this library's static data
+// so that its shared-window offsets (emu_cvta_shared) fit in 32 bits; 0xff bytes at each
+// block's start (a read of what no copy wrote is a NaN).
+alignas(16) static unsigned char emu_dyn_buf[64 * 1024];
+static unsigned emu_next_smem = 0;
+extern "C" void emu_set_dyn_smem(unsigned n) {
+    if (n > sizeof(emu_dyn_buf)) emu_fail("dynamic shared memory past the emulation's buffer");
+    emu_next_smem = n;
+}
 template <typename F>
 static void emu_launch(F call, unsigned gx, unsigned gy, unsigned gz, unsigned block) {
+    emu_dyn_smem = emu_next_smem;
+    emu_smem_ptr = emu_dyn_buf;
     unsigned nw = (block + 31) / 32;
     std::vector<EmuMmaX> mx(nw);
     emu_mmax = mx.data();
@@ -56,6 +68,7 @@ static void emu_launch(F call, unsigned gx, unsigned gy, unsigned gz, unsigned b
     for (unsigned bx = 0; bx < gx; ++bx) {
         blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
         blockDim.x = block; gridDim.x = gx; gridDim.y = gy; gridDim.z = gz;
+        memset(emu_dyn_buf, 0xff, emu_dyn_smem);
         std::barrier<> bar(block); emu_block_barrier = &bar;
         std::vector<std::unique_ptr<std::barrier<>>> wb;
         std::vector<EmuWarp> warps(nw);

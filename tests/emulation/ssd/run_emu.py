@@ -101,7 +101,7 @@ def np_diag_cb(args):
     c = C.astype(np.float32)[:, :, h // (int(H) // int(GC))]
     out[...] = (b * c).sum(axis=-1)
 
-def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS):
+def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS, smem=0):
     if name.startswith("ssd_sum_parts"):
         return np_sum_parts(args)
     if name.startswith("ssd_diag_cb"):
@@ -126,6 +126,7 @@ def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREAD
         else:
             scal.append(int(a))
     g = tuple(grid) + (1,) * (3 - len(grid))
+    lib.emu_set_dyn_smem(ctypes.c_uint(smem))
     SYM[name]((EmuBuf * len(bufs))(*bufs), (ctypes.c_longlong * len(scal))(*scal),
               g[0], g[1], g[2], threads)
 
