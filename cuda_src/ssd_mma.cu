@@ -1778,6 +1778,7 @@ __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned
 // head h + 1's copies start after head h's vote barrier, behind which head h - 1's reads of
 // that buffer lie. Two barriers per head, as ssd_mma_run_product.
 #define SSD_MMA_AHEAD_BYTES (2 * SSD_MMA_ROWS * (SSD_MMA_SUM_KW + 8) * 2)  // us1 and ws1
+#define SSD_MMA_DB_B_BYTES (SSD_MMA_ROWS * SSD_MMA_SUM_LDV * 2)  // dB's rows of B
 template <typename Stage, typename First, typename Prep, typename Body>
 __device__ __forceinline__ void ssd_mma_heads_ahead(int h_begin, int h_end, unsigned short* us0,
                                                     unsigned short* ws0, unsigned short* us1,
@@ -2100,10 +2101,14 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const int seq_end = ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
-    // step 2's second buffers (ssd_mma_heads_ahead), where the launch gave them
+    // Dynamic shared memory: B's rows of the block (bs, for the row dots), then step 2's
+    // second buffers (ssd_mma_heads_ahead) where the launch gave room for them.
     extern __shared__ ssm_v16 ssd_mma_dyn[];
-    unsigned short* const dyn = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
-    const bool ahead = P <= SSD_MMA_SUM_KW && ssm_dynamic_smem_bytes() >= SSD_MMA_AHEAD_BYTES;
+    unsigned short* const bs = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
+    unsigned short* const dyn = bs + SSD_MMA_ROWS * SSD_MMA_SUM_LDV;
+    if (ssm_dynamic_smem_bytes() < SSD_MMA_DB_B_BYTES) __trap();
+    const bool ahead = P <= SSD_MMA_SUM_KW &&
+                       ssm_dynamic_smem_bytes() >= SSD_MMA_DB_B_BYTES + SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
     const ssm_i64 row_a = b * L + r0 + (ra < nr ? ra : nr - 1);
     const ssm_i64 row_b = b * L + r0 + (rb < nr ? rb : nr - 1);
@@ -2122,27 +2127,35 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         return v;
     };
-    // B_r . (a row of this thread's columns v) for rows ra, rb: the row dots with B
-    // (B of the run's group o; zero past N and for rows past nr).
+    // B_r . (a row of this thread's columns v) for rows ra, rb: the row dots with B (B of
+    // the run's group o, staged in bs once for all the run's heads; zero past N and nr).
     auto dot_b = [&](const float (&m)[NT][4], float& da, float& db) {
         da = 0.0f;
         db = 0.0f;
+        const unsigned short* const pa = bs + ra * SSD_MMA_SUM_LDV + 2 * t;
+        const unsigned short* const pb = bs + rb * SSD_MMA_SUM_LDV + 2 * t;
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int v = 8 * j + 2 * t + i;
-                if (v < N) {
-                    da += m[j][i] * ssm_load(Bm[(row_a * XO + o) * N + v]);
-                    db += m[j][2 + i] * ssm_load(Bm[(row_b * XO + o) * N + v]);
-                }
-            }
+        for (int j = 0; j < NT; ++j) {
+            const unsigned wa = ssd_mma_pair(pa + 8 * j), wb = ssd_mma_pair(pb + 8 * j);
+            T a0, a1, b0, b1;
+            a0.bits = (unsigned short)(wa & 0xffffu);
+            a1.bits = (unsigned short)(wa >> 16);
+            b0.bits = (unsigned short)(wb & 0xffffu);
+            b1.bits = (unsigned short)(wb >> 16);
+            da += m[j][0] * ssm_load(a0) + m[j][1] * ssm_load(a1);
+            db += m[j][2] * ssm_load(b0) + m[j][3] * ssm_load(b1);
+        }
     };
     float* const rd_a = rowdot + row_a * H;  // + h
     float* const rd_b = rowdot + row_b * H;
 
     float acc[NT][4];
     ssd_mma_zero(acc);
+
+    // B's rows, landing with the first head's operands
+    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+        bs, Bm + ((b * L + r0) * XO + o) * N, (ssm_i64)XO * N, nr, N,
+        vec && ((unsigned long long)Bm & 15) == 0, tid);
 
     // 1. The boundary terms, head by head: their row dots with B start rowdot.
     for (int h = R.h_begin; h < R.h_end; ++h) {

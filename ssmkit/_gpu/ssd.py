@@ -280,6 +280,7 @@ def mma_bwd_kernel_names(io: str) -> list:
 # stages, lands and computes one head at a time (SSD.md).
 MMA_HEADS_AHEAD = True
 MMA_AHEAD_BYTES = 2 * 64 * (64 + 8) * 2  # SSD_MMA_AHEAD_BYTES
+MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, before those
 
 
 def _ahead_smem(p):
@@ -664,7 +665,7 @@ class _Layout:
                  part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
                  np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
                  np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=_ahead_smem(p))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=MMA_DB_B_BYTES + _ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def passing(self, p, chunk_states, *, entering=False, final=None):
