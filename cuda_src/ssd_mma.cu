@@ -1769,15 +1769,16 @@ __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned
     return any;
 }
 
-// Step 2's loop over the run's heads [h_begin, h_end) with head h + 1's operands in flight
-// while head h computes (P <= SSD_MMA_SUM_KW: one slice). stage(h, ua, wa) issues head h's
+// The loop over the run's heads [h_begin, h_end) of either step, with head h + 1's operands
+// in flight while head h computes (P <= SSD_MMA_SUM_KW: one slice). stage(h, ua, wa) issues head h's
 // rows into ua and wa (first() adds copies to the first head's group); prep(h) writes the
 // head's row arrays, after a barrier that ends the previous head's reads of them, and may
 // set `vote`; body(h, ua, wa, any) runs the product and its epilogue on the landed
 // operands, `any` whether any thread voted. Buffers 0 (us0, ws0) and 1 (us1, ws1) alternate:
 // head h + 1's copies start after head h's vote barrier, behind which head h - 1's reads of
 // that buffer lie. Two barriers per head, as ssd_mma_run_product.
-#define SSD_MMA_AHEAD_BYTES (2 * SSD_MMA_ROWS * (SSD_MMA_SUM_KW + 8) * 2)  // us1 and ws1
+// The second buffers: us1 (rows x K), then ws1 (step 2: rows x K) or ms1 (step 1: K x V).
+#define SSD_MMA_AHEAD_BYTES ((SSD_MMA_ROWS * (SSD_MMA_SUM_KW + 8) + SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV) * 2)
 #define SSD_MMA_DB_B_BYTES (SSD_MMA_ROWS * SSD_MMA_SUM_LDV * 2)  // dB's rows of B
 template <typename Stage, typename First, typename Prep, typename Body>
 __device__ __forceinline__ void ssd_mma_heads_ahead(int h_begin, int h_end, unsigned short* us0,
@@ -1927,17 +1928,8 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     ssd_mma_zero(acc);
 
     // 1. The boundary terms, head by head.
-    for (int h = R.h_begin; h < R.h_end; ++h) {
-        float acc2[NT][4];
-        ssd_mma_zero(acc2);
-        const T* S = states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N);
-        ssd_mma_run_product<T, NT, true>(
-            acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
-            [&](int k0) {
-                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
-                    ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
-            },
-            [&] { stage_rows(h); }, tid, warp, lane);
+    // head h's product scaled into acc
+    auto boundary = [&](const float (&acc2)[NT][4]) {
         const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
         const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
 #pragma unroll
@@ -1946,6 +1938,40 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             acc[j][1] += sa * acc2[j][1];
             acc[j][2] += sb * acc2[j][2];
             acc[j][3] += sb * acc2[j][3];
+        }
+    };
+    if (ahead) {
+        const bool no_vote = false;
+        ssd_mma_heads_ahead(
+            R.h_begin, R.h_end, us, ms, dyn, dyn + SSD_MMA_ROWS * LDK,
+            [&](int h, unsigned short* ua, unsigned short* ma) {
+                ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                    ua, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
+                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                    ma, states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N), N, P, N, vec, tid);
+            },
+            [] {}, [&](int h) { stage_rows(h); },
+            [&](int, const unsigned short* ua, const unsigned short* ma, int) {
+                float acc2[NT][4];
+                ssd_mma_zero(acc2);
+                ssd_mma_slice<T, NT, SSD_MMA_SUM_KW, LDK, false, true, SSD_MMA_SUM_LDV>(
+                    acc2, ua, ma, 0, P, warp, lane);
+                boundary(acc2);
+            },
+            no_vote);
+    } else {
+        for (int h = R.h_begin; h < R.h_end; ++h) {
+            float acc2[NT][4];
+            ssd_mma_zero(acc2);
+            const T* S = states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N);
+            ssd_mma_run_product<T, NT, true>(
+                acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                [&](int k0) {
+                    ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                        ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
+                },
+                [&] { stage_rows(h); }, tid, warp, lane);
+            boundary(acc2);
         }
     }
 
@@ -2158,17 +2184,8 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         vec && ((unsigned long long)Bm & 15) == 0, tid);
 
     // 1. The boundary terms, head by head: their row dots with B start rowdot.
-    for (int h = R.h_begin; h < R.h_end; ++h) {
-        float acc2[NT][4];
-        ssd_mma_zero(acc2);
-        const T* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
-        ssd_mma_run_product<T, NT, true>(
-            acc2, us, ms, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
-            [&](int k0) {
-                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
-                    ms, M + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
-            },
-            [&] { stage_rows(h); }, tid, warp, lane);
+    // head h's product scaled, its row dots, and its share of acc
+    auto boundary = [&](int h, float (&acc2)[NT][4]) {
         const float cum_E = cum[(b * L + E) * H + h] * ssm_math<float>::kLog2e;
         const float sa = seq_r[ra] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[ra]) : 0.0f;
         const float sb = seq_r[rb] == seq_end ? ssm_math<float>::decay(cum_E - cum_r[rb]) : 0.0f;
@@ -2194,6 +2211,40 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             acc[j][1] += ta * acc2[j][1];
             acc[j][2] += tb * acc2[j][2];
             acc[j][3] += tb * acc2[j][3];
+        }
+    };
+    if (ahead) {
+        const bool no_vote = false;
+        ssd_mma_heads_ahead(
+            R.h_begin, R.h_end, us, ms, dyn, dyn + SSD_MMA_ROWS * LDK,
+            [&](int h, unsigned short* ua, unsigned short* ma) {
+                ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
+                    ua, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
+                ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                    ma, dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N), N, P, N, vec, tid);
+            },
+            [] {}, [&](int h) { stage_rows(h); },
+            [&](int h, const unsigned short* ua, const unsigned short* ma, int) {
+                float acc2[NT][4];
+                ssd_mma_zero(acc2);
+                ssd_mma_slice<T, NT, SSD_MMA_SUM_KW, LDK, false, true, SSD_MMA_SUM_LDV>(
+                    acc2, ua, ma, 0, P, warp, lane);
+                boundary(h, acc2);
+            },
+            no_vote);
+    } else {
+        for (int h = R.h_begin; h < R.h_end; ++h) {
+            float acc2[NT][4];
+            ssd_mma_zero(acc2);
+            const T* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
+            ssd_mma_run_product<T, NT, true>(
+                acc2, us, ms, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
+                [&](int k0) {
+                    ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
+                        ms, M + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
+                },
+                [&] { stage_rows(h); }, tid, warp, lane);
+            boundary(h, acc2);
         }
     }
 

@@ -279,7 +279,7 @@ def mma_bwd_kernel_names(io: str) -> list:
 # MMA_AHEAD_BYTES of dynamic shared memory, where P <= 64 (one K slice); False: the loop that
 # stages, lands and computes one head at a time (SSD.md).
 MMA_HEADS_AHEAD = True
-MMA_AHEAD_BYTES = 2 * 64 * (64 + 8) * 2  # SSD_MMA_AHEAD_BYTES
+MMA_AHEAD_BYTES = (64 * (64 + 8) + 64 * (128 + 8)) * 2  # SSD_MMA_AHEAD_BYTES
 MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, before those
 
 
