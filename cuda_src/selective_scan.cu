@@ -62,7 +62,7 @@ enum : int {
     SSM_SAVE_CKPT = 32,    // forward: write the state entering each chunk
     SSM_HAS_DFINAL = 64,   // backward: a cotangent of the final state is given
     SSM_CKPT_INSIDE = 128, // ring forward: tiles run across chunk boundaries (chunk and TL
-                           // multiples of 16 steps), the chunks' states written between blocks
+                           // multiples of 16 steps)
 };
 
 // Backward sub-tile: steps whose states are recomputed into registers at once.
@@ -780,31 +780,23 @@ __device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
 }
 
 // The tiles of a segment [t, end), in order: up to TL steps each, never across
-// a chunk's end. Tracked without 64-bit divisions (calls in SASS, around
-// which ptxas spilled; the ring kernels take L < 2^31 so that the one
-// division at the start is in 32 bits).
+// a multiple of `bound` steps from the segment's start (a chunk's end, or with
+// SSM_CKPT_INSIDE only the segment's). Tracked without 64-bit divisions (calls in
+// SASS, around which ptxas spilled).
 struct ssm_ring_tiles {
-    ssm_i64 t, end, chunk, chunk_end, ci;  // ci: the chunk holding t
-    int TL, tl;                            // tl: steps of the tile at t (0 past the end)
-    bool chunk_start;                      // t starts chunk ci
-    __device__ __forceinline__ ssm_ring_tiles(ssm_i64 t_begin, ssm_i64 t_end, ssm_i64 chunk_, int TL_)
-        : t(t_begin), end(t_end), chunk(chunk_), TL(TL_) {
-        // Segments start on chunk boundaries; L < 2^31 (the kernel checks).
-        ci = (ssm_i64)((unsigned)t_begin / (unsigned)chunk);
-        chunk_end = (t_begin + chunk) < end ? (t_begin + chunk) : end;
-        chunk_start = true;
+    ssm_i64 t, end, bound, bound_end;
+    int TL, tl;  // tl: steps of the tile at t (0 past the end)
+    __device__ __forceinline__ ssm_ring_tiles(ssm_i64 t_begin, ssm_i64 t_end, ssm_i64 bound_, int TL_)
+        : t(t_begin), end(t_end), bound(bound_), TL(TL_) {
+        bound_end = (t_begin + bound) < end ? (t_begin + bound) : end;
         tl = len();
     }
     __device__ __forceinline__ int len() const {
-        return t < end ? (int)((chunk_end - t) < TL ? (chunk_end - t) : TL) : 0;
+        return t < end ? (int)((bound_end - t) < TL ? (bound_end - t) : TL) : 0;
     }
     __device__ __forceinline__ void next() {
         t += tl;
-        chunk_start = t == chunk_end;
-        if (chunk_start) {
-            ++ci;
-            chunk_end = (t + chunk) < end ? (t + chunk) : end;
-        }
+        if (t == bound_end) bound_end = (t + bound) < end ? (t + bound) : end;
         tl = len();
     }
 };
@@ -954,8 +946,8 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
-// SSM_CKPT_INSIDE: at step t of the scan, if t starts the next chunk (ck_next), this
-// lane's NPT = 4 states of the state entering it go to dst (then moved to the next chunk's).
+// At step t of the scan, if t starts the next chunk (ck_next), this lane's NPT = 4 states
+// of the state entering it go to dst (then moved to the next chunk's).
 __device__ __forceinline__ void ssm_ring_ckpt(float*& dst, ssm_i64 dst_step, const float (&h)[4], int t,
                                               int& ck_next, int chunk, int nk) {
     if (t == ck_next) {
@@ -1027,14 +1019,16 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const bool has_bias = flags & SSM_HAS_BIAS;
     const bool softplus = flags & SSM_SOFTPLUS;
     const bool save_ckpt = flags & SSM_SAVE_CKPT;
-    // Checkpoints shorter than a tile: the tiles ignore the chunks, and the scan writes the
-    // state entering each chunk before the 16-step block (or 4-step group) that starts it.
+    // The scan writes the state entering each chunk before the 16-step block (or 4-step
+    // group) that starts it. Tiles end at the chunks' ends; with SSM_CKPT_INSIDE (chunks
+    // shorter than a tile) they ignore them, and chunks and tiles are whole blocks.
+    // (Segments start on chunk boundaries; L < 2^31: the division is in 32 bits.)
     const bool inside = flags & SSM_CKPT_INSIDE;
     if (inside && ((int)chunk % 16 != 0 || TL % 16 != 0)) __trap();
+    const bool ck = !SUM && save_ckpt;
     int ck_next = (int)t_begin;  // the next chunk's first step, and where its state goes
-    float* ck_dst = (!SUM && save_ckpt && inside)
-        ? ckpt + (((ssm_i64)((unsigned)t_begin / (unsigned)chunk) * batch + b) * dim + d) * N + s * NPT
-        : nullptr;
+    const ssm_i64 ci0 = (unsigned)t_begin / (unsigned)chunk;
+    float* ck_dst = ck ? ckpt + ((ci0 * batch + b) * dim + d) * N + s * NPT : nullptr;
     const int ck_n = N - s * NPT;  // states of this lane (< NPT in the last lane of a small N)
 
     ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, SUM ? 1 : 2, TL, N, NPAD, tid, nthr);
@@ -1062,12 +1056,6 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         nxt.next();
         const ssm_i64 tn = nxt.t;
         const int tln = nxt.tl;
-        if (!SUM && save_ckpt && !inside && cur.chunk_start) {  // the state entering chunk ci
-            float* const dst = ckpt + ((cur.ci * batch + b) * (ssm_i64)dim + d) * N;
-#pragma unroll
-            for (int k = 0; k < NPT; ++k)
-                if (s * NPT + k < N) dst[s * NPT + k] = h[k];
-        }
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
         ssm_ring_copy<IO, BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N,
@@ -1109,14 +1097,14 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
             const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
             float* yrow = ys + c * (TL + 4);
-            const bool ck = !SUM && save_ckpt && inside;
             int g0 = 0;
 #pragma unroll 1
             for (; g0 + 16 <= tl; g0 += 16) {
                 if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
                 ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
             }
-            // (a chunk may start at the tail's first group only: chunks are whole blocks)
+            // (a chunk may start at the tail's first group only: at a tile's start, or a
+            // whole number of blocks into it)
             if (ck && g0 < tl) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
 #pragma unroll 1
             for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
