@@ -52,6 +52,18 @@ COMMON_REPL = [
                      : "=r"(done) : "r"(b) : "memory");""")]
 
 
+# ldmatrix from a shared-window address a (the tensor-core kernels of causal_conv1d.cu and
+# ssd_mma.cu; an offset from emu_common.h's anchor here).
+LDSM_REPL = [
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<true>(r, (const unsigned short*)emu_smem_at(a));'),
+    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
+     'emu_ldsm<false>(r, (const unsigned short*)emu_smem_at(a));'),
+]
+
+
 # The two mma.sync blocks of ssm_common.cuh's ssm_mma16 (bfloat16, float16 operands).
 MMA_RE = re.compile(r'asm volatile\(\s*"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\..*?"r"\(b1\)\);', re.S)
 

@@ -31,8 +31,8 @@ sys.path.insert(0, REPO); sys.path.insert(0, os.path.join(REPO, "tests"))
 from ssmkit._gpu import compiler, causal_conv1d as cc
 from ssmkit import reference
 sys.path.insert(0, os.path.dirname(HERE))
-from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
-REPL = COMMON_REPL + [
+from emu_build import COMMON_REPL, LDSM_REPL, compile_so, replace_all, replace_mma  # noqa: E402
+REPL = COMMON_REPL + LDSM_REPL + [
     ('extern __shared__ cc1d_words cc1d_dyn[];', 'cc1d_words* const cc1d_dyn = reinterpret_cast<cc1d_words*>(emu_smem_ptr);'),
     ('asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));', 'r = emu_rcp64(d);'),
     ('for (int i = 0; i < 4; ++i) asm("mov.b32 %0, %1;" : "=r"(w[i]) : "f"(r[i]));', 'for (int i = 0; i < 4; ++i) memcpy(&w[i], &r[i], 4);'),
@@ -53,12 +53,6 @@ REPL = COMMON_REPL + [
     # cc1d_bwd_mma's ring of chunks in shared memory (dst: a byte offset into it)
     ('asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");',
      'memcpy(&r, emu_smem_at(a), 4);'),
-    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<true>(r, (const unsigned short*)emu_smem_at(a));'),
-    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<false>(r, (const unsigned short*)emu_smem_at(a));'),
     # cc1d_bwd_warp's 16-byte vectors
     ('for (int v = 0; v < NV; ++v) u[v] = reinterpret_cast<const cc1d_words*>(p)[v];',
      'for (int v = 0; v < NV; ++v) u[v] = *emu_al<const cc1d_words>(p + v * E);'),

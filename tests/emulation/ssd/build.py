@@ -20,9 +20,9 @@ sys.path.insert(0, REPO)
 from ssmkit._gpu import compiler
 
 sys.path.insert(0, os.path.dirname(HERE))
-from emu_build import COMMON_REPL, compile_so, replace_all, replace_mma  # noqa: E402
+from emu_build import COMMON_REPL, LDSM_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 
-REPL = COMMON_REPL + [
+REPL = COMMON_REPL + LDSM_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
     ('*reinterpret_cast<ssd_mma_u4*>(dst) = w;', '*emu_al<ssd_mma_u4>(dst) = w;'),
@@ -33,16 +33,7 @@ REPL = COMMON_REPL + [
     ('*reinterpret_cast<ssd_mma_f2*>(dst + o) = ', '*emu_al<ssd_mma_f2>(dst + o) = '),
     ('float* const fs = reinterpret_cast<float*>(cs);', 'float* const fs = emu_al<float>(cs);'),
     ('extern __shared__ ssm_v16 ssd_mma_dyn[];', 'ssm_v16* const ssd_mma_dyn = reinterpret_cast<ssm_v16*>(emu_smem_ptr);'),
-    # ldmatrix: shared-window addresses become host pointers
-    ('typedef unsigned ssd_mma_saddr;', 'typedef unsigned long ssd_mma_saddr;'),
-    ('ssd_mma_saddr a = (ssd_mma_saddr)__cvta_generic_to_shared(p);', 'ssd_mma_saddr a = (ssd_mma_saddr)p;'),
     ('if (PIN) asm volatile("" : "+r"(a));', ''),
-    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<true>(r, (const unsigned short*)a);'),
-    ('''asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");''',
-     'emu_ldsm<false>(r, (const unsigned short*)a);'),
 ]
 
 LAUNCH = r'''
