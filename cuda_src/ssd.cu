@@ -769,6 +769,354 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 }
 
 // --------------------------------------------------------------------------------------
+// ssd_chunk_mm_tc: ssd_chunk_mm's float products on tensor cores, on sm_80 and later
+// (ssmkit._gpu.ssd chooses it; SSMKIT_SSD_TF32=0 keeps ssd_chunk_mm). Same arguments and the
+// same sums, in another order.
+//
+// 3 x TF32: every operand value x is split once, when it is staged, into two TF32 values
+// hi = tf32(x) and lo = tf32(x - hi), and a b is summed as a_lo b_hi + a_hi b_lo + a_hi b_hi
+// by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's rounding), so
+// the products keep float32's accuracy.
+//
+// A block owns R = 64 rows, as ssd_chunk_mm (so ssd_chunk_cb's blocks fit), and 64 of the V
+// columns (blocks ceil(V / 64) apart in the grid take the others), 4 warps of 16 rows. A warp
+// holds its rows' outputs and, per q-tile, its rows of the weighted block in accumulator
+// registers, which it multiplies by Vv from there: lane (g, t)
+// holds columns 2t and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next
+// product when its B fragments take k = 2t, 2t + 1 too (ssd_tc_frag). Every product here
+// uses that k order.
+// Shared stages hold SSD_TC_KS = 16 values of k (or q) per row as (hi, lo) pairs: a row is 8
+// units of 16 bytes (the pair k = 2p, 2p + 1), unit p of row r stored at p ^ rot(r % 8),
+// so that the fragment reads (a quarter warp: 2 rows x 4 units) and the transposed stores
+// (8 rows, one unit each) touch 8 different units of the 32 banks.
+// Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 64)), SSD_TC_THREADS threads.
+// --------------------------------------------------------------------------------------
+#define SSD_TC_THREADS 128
+#define SSD_TC_KS 16
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define SSD_TC_ARCH 1
+#else
+#define SSD_TC_ARCH 0  // compiled for older devices only so that the module builds
+#endif
+
+__device__ __forceinline__ void ssd_tf32_split(float x, unsigned& hi, unsigned& lo) {
+#if SSD_TC_ARCH
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    const float rest = x - __uint_as_float(hi);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
+#else
+    hi = __float_as_uint(x);
+    lo = 0;
+#endif
+}
+
+// d += a b, one m16n8k8 TF32 product.
+__device__ __forceinline__ void ssd_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1) {
+#if SSD_TC_ARCH
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// A 3 x TF32 operand fragment: hi and lo parts.
+struct ssd_tc_a { unsigned hi[4], lo[4]; };
+struct ssd_tc_b { unsigned hi0, hi1, lo0, lo1; };
+
+// d += a b in 3 x TF32, the small terms first.
+__device__ __forceinline__ void ssd_mma3(float (&d)[4], const ssd_tc_a& a, const ssd_tc_b& b) {
+    ssd_mma_tf32(d, a.lo, b.hi0, b.hi1);
+    ssd_mma_tf32(d, a.hi, b.lo0, b.lo1);
+    ssd_mma_tf32(d, a.hi, b.hi0, b.hi1);
+}
+
+// Where unit p of row r of a stage lies: p ^ rot(r % 8), rot = 0 4 1 5 2 6 3 7.
+__device__ __forceinline__ int ssd_tc_unit(int r, int p) {
+    return p ^ (((r >> 1) & 3) | ((r & 1) << 2));
+}
+
+// The fragments of k8 block j (k = 8 j .. 8 j + 7 of the stage) for lane (g, t): A from rows
+// row0 + g and row0 + g + 8, B (the n-tile of rows n0 ..) from row n0 + g; k slot t is
+// k = 8 j + 2t and slot t + 4 is k = 8 j + 2t + 1.
+__device__ __forceinline__ ssd_tc_a ssd_tc_frag_a(const uint4 (*st)[8], int row0, int j) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
+    const uint4 x = st[row0 + g][ssd_tc_unit(row0 + g, p)];
+    const uint4 y = st[row0 + g + 8][ssd_tc_unit(row0 + g + 8, p)];
+    return {{x.x, y.x, x.z, y.z}, {x.y, y.y, x.w, y.w}};
+}
+__device__ __forceinline__ ssd_tc_b ssd_tc_frag_b(const uint4 (*st)[8], int n0, int j) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
+    const uint4 x = st[n0 + g][ssd_tc_unit(n0 + g, p)];
+    return {x.x, x.z, x.y, x.w};
+}
+
+// The A fragment of k8 block j from an accumulator tile d (16 rows x 8 columns as mma leaves
+// it): columns 2t, 2t + 1 become k slots t, t + 4, split into hi and lo.
+__device__ __forceinline__ ssd_tc_a ssd_tc_frag_acc(const float (&d)[4]) {
+    ssd_tc_a a;
+    ssd_tf32_split(d[0], a.hi[0], a.lo[0]);
+    ssd_tf32_split(d[2], a.hi[1], a.lo[1]);
+    ssd_tf32_split(d[1], a.hi[2], a.lo[2]);
+    ssd_tf32_split(d[3], a.hi[3], a.lo[3]);
+    return a;
+}
+
+// acc[nt] += the stage's product of rows arow0 .. arow0 + 15 of `as` and the NT n-tiles of
+// `bs` (sums over the stage's SSD_TC_KS values of k).
+template <int NT>
+__device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint4 (*as)[8],
+                                                 int arow0, const uint4 (*bs)[8]) {
+#pragma unroll
+    for (int j = 0; j < SSD_TC_KS / 8; ++j) {
+        const ssd_tc_a a = ssd_tc_frag_a(as, arow0, j);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+    }
+}
+
+// One stage of ROWS rows, moved in two steps as ssd_mm_rows: load() brings this thread's
+// values into registers, store() splits them into the stage. Value (o, k) of the stage,
+// o < ROWS and k < SSD_TC_KS, is src[o * stride + k0 + k], or with COLS (src read across its
+// rows) src[(k0 + k) * stride + o]; zero where o >= n_out or k0 + k >= n_k. A thread moves
+// pairs k = 2p, 2p + 1; with COLS consecutive threads take consecutive o (coalesced reads).
+template <int ROWS, bool COLS> struct ssd_tc_stage {
+    static constexpr int PER = ROWS * (SSD_TC_KS / 2) / SSD_TC_THREADS;
+    static_assert(PER * SSD_TC_THREADS == ROWS * (SSD_TC_KS / 2), "whole pairs per thread");
+    float v[PER][2];
+    __device__ __forceinline__ static void where(int j, int& o, int& p) {
+        const int i = threadIdx.x + j * SSD_TC_THREADS;
+        o = COLS ? i % ROWS : i / (SSD_TC_KS / 2);
+        p = COLS ? i / ROWS : i % (SSD_TC_KS / 2);
+    }
+    template <typename T>
+    __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 stride, int n_out,
+                                         int n_k, int k0) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            int o, p;
+            where(j, o, p);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int k = k0 + 2 * p + e;
+                v[j][e] = o < n_out && k < n_k
+                              ? (float)ssm_load(src[COLS ? (ssm_i64)k * stride + o
+                                                         : (ssm_i64)o * stride + k])
+                              : 0.f;
+            }
+        }
+    }
+    __device__ __forceinline__ void store(uint4 (*st)[8]) const {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            int o, p;
+            where(j, o, p);
+            uint4 u;
+            ssd_tf32_split(v[j][0], u.x, u.y);
+            ssd_tf32_split(v[j][1], u.z, u.w);
+            st[o][ssd_tc_unit(o, p)] = u;
+        }
+    }
+};
+
+#ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
+#define SSD_TC_MIN_BLOCKS 4
+#endif
+template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ>
+__global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
+ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
+                const float* __restrict__ Mm, const float* __restrict__ D,
+                const TV* __restrict__ z, const float* __restrict__ dte,
+                const float* __restrict__ cum, const int* __restrict__ seq,
+                const ssm_i64* __restrict__ starts, TO* __restrict__ out, ssm_i64 L, int H,
+                int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
+                int tiles_per_chunk, const float* __restrict__ cb, int classes) {
+    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;  // NT n-tiles of V
+    static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
+    __shared__ uint4 us[R][8], bs[R][8];  // U rows; M, W rows or Vv^T
+    __shared__ float cum_r[R], cum_q[R], dt_q[R];
+    __shared__ int seq_r[R], seq_q[R];
+
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wr = 16 * (tid >> 5);  // the warp's first row
+    const int v_blocks = (V + R - 1) / R;
+    const int v0 = (int)(blockIdx.x % v_blocks) * R, nv = V - v0 < R ? V - v0 : R;
+    const ssm_i64 tile_id = (ssm_i64)blockIdx.x / v_blocks;
+    const ssm_i64 per_head = nc * tiles_per_chunk;
+    const ssm_i64 bh = tile_id / per_head;
+    const ssm_i64 ct = tile_id - bh * per_head;
+    const ssm_i64 c = ct / tiles_per_chunk;
+    const int tile = (int)(ct - c * tiles_per_chunk);
+    const ssm_i64 b = bh / H;
+    const int h = (int)(bh - b * H);
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
+    const ssm_i64 r0 = t0 + (ssm_i64)tile * R;
+    if (r0 >= t1) return;
+    const int nr = (int)(t1 - r0 < R ? t1 - r0 : R);
+    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    const ssm_i64 KV = (ssm_i64)K * V;
+    const ssm_i64 E = t1 - 1;
+    const int seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    const float cum_E = cum[(b * L + E) * H + h];
+
+    if (tid < R) {
+        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
+        cum_r[tid] = cum[(b * L + r) * H + h];
+        seq_r[tid] = ssd_seq(seq, b * L + r);
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+    // Phase 1: the boundary term, U rows times M (as [v][k]: M's rows, or its columns with MT).
+    const TU* Ur = U + ((b * L + r0) * XU + hu) * (ssm_i64)K;
+    const ssm_i64 u_stride = (ssm_i64)XU * K;
+    const float* M = Mm + ((b * m_chunks + c) * H + h) * KV + (MT ? v0 : (ssm_i64)v0 * K);
+    {
+        ssd_tc_stage<R, false> ul;
+        ssd_tc_stage<R, MT> ml;
+        ul.load(Ur, u_stride, nr, K, 0);
+        ml.load(M, MT ? V : K, nv, K, 0);
+        for (int k0 = 0; k0 < K; k0 += KS) {
+            __syncthreads();
+            ul.store(us);
+            ml.store(bs);
+            __syncthreads();
+            if (k0 + KS < K) {
+                ul.load(Ur, u_stride, nr, K, k0 + KS);
+                ml.load(M, MT ? V : K, nv, K, k0 + KS);
+            }
+            ssd_tc_stage_mma<NT>(acc, us, wr, bs);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = wr + g + 8 * i;
+        const float s = seq_r[r] != seq_bound ? 0.f
+                        : UPPER ? ssd_exp<float>(cum_E - cum_r[r]) : ssd_exp<float>(cum_r[r]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            acc[nt][2 * i] *= s;
+            acc[nt][2 * i + 1] *= s;
+        }
+    }
+
+    // Phase 2: the diagonal block, q-tiles over the rows' reach.
+    const ssm_i64 q_begin = UPPER ? r0 : t0;
+    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
+    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += R) {
+        const int nq = (int)(q_end - q0 < R ? q_end - q0 : R);
+        __syncthreads();
+        if (tid < R) {
+            const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
+            const ssm_i64 i = (b * L + q) * H + h;
+            cum_q[tid] = cum[i];
+            dt_q[tid] = dte[i];
+            seq_q[tid] = ssd_seq(seq, b * L + q);
+        }
+        // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
+        float sacc[R / 8][4];
+        if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
+            const int rt = tile, qt = (int)((q0 - t0) / R);
+            const int lo = UPPER ? rt : qt, hi = UPPER ? qt : rt;
+            const float* blkp = cb + ((((b * nc + c) * classes + h / (H / classes)) *
+                                       (tiles_per_chunk * (tiles_per_chunk + 1) / 2)) +
+                                      hi * (hi + 1) / 2 + lo) * (R * R);
+#pragma unroll
+            for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = wr + g + 8 * (e >> 1), q = 8 * jj + 2 * t + (e & 1);
+                    sacc[jj][e] = UPPER ? blkp[q * R + r] : blkp[r * R + q];
+                }
+            __syncthreads();  // cum_q, dt_q, seq_q
+        } else {
+#pragma unroll
+            for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[jj][e] = 0.f;
+            const TW* Wq = W + ((b * L + q0) * XW + hw) * (ssm_i64)K;
+            const ssm_i64 w_stride = (ssm_i64)XW * K;
+            ssd_tc_stage<R, false> ul, wl;
+            ul.load(Ur, u_stride, nr, K, 0);
+            wl.load(Wq, w_stride, nq, K, 0);
+            for (int k0 = 0; k0 < K; k0 += KS) {
+                __syncthreads();
+                ul.store(us);
+                wl.store(bs);
+                __syncthreads();
+                if (k0 + KS < K) {
+                    ul.load(Ur, u_stride, nr, K, k0 + KS);
+                    wl.load(Wq, w_stride, nq, K, k0 + KS);
+                }
+                ssd_tc_stage_mma<R / 8>(sacc, us, wr, bs);
+            }
+        }
+        // Weighted and masked in place (zero where masked).
+#pragma unroll
+        for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
+                const ssm_i64 rt = r0 + r, qt = q0 + qi;
+                const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
+                                  seq_q[qi] == seq_r[r];
+                float wv = 0.f;
+                if (live) {
+                    wv = ssd_exp<float>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) *
+                         sacc[jj][e];
+                    if (DTQ) wv *= dt_q[qi];
+                }
+                sacc[jj][e] = wv;
+            }
+        // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
+        const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
+        const ssm_i64 v_stride = (ssm_i64)XV * V;
+        ssd_tc_stage<R, true> vl;
+        vl.load(Vq, v_stride, nv, nq, 0);
+#pragma unroll
+        for (int s = 0; s < R / KS; ++s) {
+            if (s * KS >= nq) break;
+            __syncthreads();
+            vl.store(bs);
+            __syncthreads();
+            if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
+#pragma unroll
+            for (int j = 0; j < KS / 8; ++j) {
+                const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+            }
+        }
+    }
+
+    // Epilogue: skip connection and gate (the forward output only).
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
+            if (r < nr && v < V) {
+                const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
+                float val = acc[nt][e];
+                if (D) val += D[(ssm_i64)h * V + v] * (float)ssm_load(Vv[idx]);
+                if (z) {
+                    const float zv = (float)ssm_load(z[idx]);
+                    val *= zv * ssm_math<float>::sigmoid(zv);
+                }
+                ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
+            }
+        }
+}
+
+// --------------------------------------------------------------------------------------
 // C B^T of every chunk, once per class of heads (the heads that read the same B group and
 // the same C group; one class when G = 1), for ssd_chunk_mm's q-tile sums when its U, W are
 // C, B (or, transposed, B, C): the R x R blocks (rt, qt), qt <= rt, of rows t0 + rt R ..

@@ -149,6 +149,26 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
     return f"ssd_chunk_mm<{', '.join(types)}, {_CTYPE[ct]}, {flags}, {vm}>"
 
 
+# ssd_chunk_mm_tc: the float chunk products on tensor cores (3 x TF32); a block per 64 rows
+# and 64 columns.
+TC_THREADS = 128  # SSD_TC_THREADS
+TC_COLUMNS = 64   # the columns of V a block owns (its R)
+
+
+def uses_tc(compute: str) -> bool:
+    """Whether the chunk products run on ``ssd_chunk_mm_tc``: float32 arithmetic, a device
+    of compute capability 8.0 or more, and ``SSMKIT_SSD_TF32`` not set to ``0``."""
+    return (compute == "float32" and os.environ.get("SSMKIT_SSD_TF32", "1") != "0"
+            and compiler.device_limits()["compute_capability"] >= 80)
+
+
+def mm_tc_name(kind: str, io: str, bc: str) -> str:
+    roles, upper, mt, dtq = MM_KINDS[kind]
+    types = [_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles]
+    flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
+    return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}>"
+
+
 def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> list:
     """Name expressions of the kernels for one dtype pair (every VM value by default)."""
     ct = _COMPUTE[io]
@@ -162,6 +182,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
+        if ct == "float32":
+            names.append(mm_tc_name(kind, io, bc))
     return names
 
 
@@ -481,15 +503,19 @@ class _Layout:
         ycore: U = C, W = B; GB: U = B, W = C)."""
         V = Vv.shape[3]
         K = U.shape[3]
-        name = mm_name(kind, self.io, self.bc, column_groups(V, self.ct))
+        tc = uses_tc(self.ct)
+        name = (mm_tc_name(kind, self.io, self.bc) if tc
+                else mm_name(kind, self.io, self.bc, column_groups(V, self.ct)))
         tiles = self.mm_tiles
         m_chunks = M.shape[1]
         classes = 1 if cb is None else cb.shape[2]
-        _launch(name, (p.batch * p.H * self.nc * tiles,),
+        v_blocks = -(-V // TC_COLUMNS) if tc else 1
+        _launch(name, (p.batch * p.H * self.nc * tiles * v_blocks,),
                 (U, W, Vv, M, _ptr(D), _ptr(z), self.dte, self.cum, _ptr(p.seq_idx), self.starts,
                  out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),
                  np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
-                 np.int64(m_chunks), np.int32(tiles), _ptr(cb), np.int32(classes)))
+                 np.int64(m_chunks), np.int32(tiles), _ptr(cb), np.int32(classes)),
+                threads=TC_THREADS if tc else THREADS)
         return out
 
     def cb_cuda(self, p):

@@ -51,6 +51,52 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
     emu_mma_count++;
 }
 
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+
+// cvt.rna.tf32.f32: to TF32 (10 mantissa bits), to nearest with ties away from zero; the low
+// 13 bits of the result are zero.
+inline unsigned emu_cvt_tf32(float x) {
+    unsigned u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf, NaN as they are
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: D = A B + D with the PTX ISA fragments
+// (g = lane >> 2, t = lane & 3): a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4],
+// a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g]; d as for m16n8k16. Operands must be
+// TF32 values (low 13 bits zero), as cvt.rna makes them.
+inline void emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    EmuWarp& W = emu_warps[w];
+    if (W.mask != 0xffffffffu) emu_fail("mma.sync in a partial warp");
+    EmuMmaX& X = emu_mmax[w];
+    for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
+    X.b[lane][0] = b0; X.b[lane][1] = b1;
+    W.bar->arrive_and_wait();
+    float A[16][8], B[8][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l >> 2, t = l & 3;
+        for (int i = 0; i < 4; ++i) {
+            if (X.a[l][i] & 0x1fffu) emu_fail("mma tf32 operand with low bits set");
+            A[g + 8 * (i & 1)][t + 4 * (i >> 1)] = __uint_as_float(X.a[l][i]);
+        }
+        for (int i = 0; i < 2; ++i) {
+            if (X.b[l][i] & 0x1fffu) emu_fail("mma tf32 operand with low bits set");
+            B[t + 4 * i][g] = __uint_as_float(X.b[l][i]);
+        }
+    }
+    W.bar->arrive_and_wait();  // every lane has read the operands before any overwrites them
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 8; ++k) s += (double)A[r][k] * (double)B[k][c];
+        d[i] = (float)((double)d[i] + s);
+    }
+    emu_mma_count++;
+}
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix l / 8
 // (16-byte aligned); lane (g = l / 4, t = l % 4) receives in r[i] matrix i's row g, columns
 // 2t, 2t + 1 (.trans: column g, rows 2t, 2t + 1), the lower index in the low half.

@@ -36,15 +36,30 @@ STATE_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
 
 
+# ssd_chunk_mm_tc's 3 x TF32 products: cvt.rna and mma.sync emulated by prelude_mma.h
+TF32_REPL = [
+    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));', 'hi = emu_cvt_tf32(x);'),
+    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));', 'lo = emu_cvt_tf32(rest);'),
+    ('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "\n'
+     '        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"\n'
+     '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
+     '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));',
+     'emu_mma_tf32(d, a, b0, b1);'),
+]
+
+
 def kernels():
     """{wrapper symbol: (instance name, C type, signature)} for every kind and VM of float
-    and double, and ssd_chunk_cb."""
+    and double, each kind of ssd_chunk_mm_tc (float), and ssd_chunk_cb."""
     out = {}
     for io, (T, _) in IO.items():
         for kind in gssd.MM_KINDS:
             for vm in gssd.vm_values(io):
                 out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T, PTRS, SCALARS,
                                                TAIL_P, TAIL_S)
+            if io == "float32":
+                out[f"mm_tc_{kind}"] = (gssd.mm_tc_name(kind, io, io), T, PTRS, SCALARS,
+                                        TAIL_P, TAIL_S)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
         for adj in ("false", "true"):
@@ -103,7 +118,7 @@ def build_so():
         old, new = mut.split("=>")
         assert src.count(old) >= 1, old
         src = src.replace(old, new, 1)
-    src = replace_mma(replace_all(src, COMMON_REPL), emulate=False)
+    src = replace_mma(replace_all(src, COMMON_REPL + TF32_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
         build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
         + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS)
@@ -200,19 +215,26 @@ def run_case(lib, i):
                 cb = np.full((batch, nc, classes, pairs, R * R), np.nan, dt)
                 launch(lib, f"emu_cb_{io}", batch * nc * classes * pairs, [Cm, Bm, starts, cb],
                        [L, GB, GC, K, nc, classes, pairs])
-            out = np.full((batch, L, H, V), np.nan, dt)
-            args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
             scal = [L, H, XU, XW, XV, K, V, nc, m_chunks, tiles, classes]
-            launch(lib, f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, args, scal)
-            err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
-            if np.isnan(out).any():
-                err = float("inf")
-            worst = max(worst, err)
-            tol = 2e-6 if io == "float32" else 1e-13
-            print(f"case {i} {io} {kind:5s} VM {vm}{' cb' if with_cb else '   '}: rel err "
-                  f"{err:.2e} {'ok' if err < tol else 'FAIL'}")
-            if not err < tol:
-                return False
+            # the CUDA-core kernel, then (float) the tensor-core one
+            runs = [(f"VM {vm}", f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, 256)]
+            if io == "float32":
+                v_blocks = -(-V // gssd.TC_COLUMNS)
+                runs.append(("TF32", f"emu_mm_tc_{kind}", batch * H * nc * tiles * v_blocks,
+                             gssd.TC_THREADS))
+            for label, sym, grid, threads in runs:
+                out = np.full((batch, L, H, V), np.nan, dt)
+                args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
+                launch(lib, sym, grid, args, scal, threads=threads)
+                err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
+                if np.isnan(out).any():
+                    err = float("inf")
+                worst = max(worst, err)
+                tol = 2e-6 if io == "float32" else 1e-13
+                print(f"case {i} {io} {kind:5s} {label:4s}{' cb' if with_cb else '   '}: "
+                      f"rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+                if not err < tol:
+                    return False
     return True
 
 
