@@ -792,7 +792,9 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 64)), SSD_TC_THREADS threads.
 // --------------------------------------------------------------------------------------
 #define SSD_TC_THREADS 128
+#ifndef SSD_TC_KS  // k (or q) per shared stage: 16 or 32
 #define SSD_TC_KS 16
+#endif
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define SSD_TC_ARCH 1
@@ -843,13 +845,13 @@ __device__ __forceinline__ int ssd_tc_unit(int r, int p) {
 // The fragments of k8 block j (k = 8 j .. 8 j + 7 of the stage) for lane (g, t): A from rows
 // row0 + g and row0 + g + 8, B (the n-tile of rows n0 ..) from row n0 + g; k slot t is
 // k = 8 j + 2t and slot t + 4 is k = 8 j + 2t + 1.
-__device__ __forceinline__ ssd_tc_a ssd_tc_frag_a(const uint4 (*st)[8], int row0, int j) {
+__device__ __forceinline__ ssd_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_KS / 2], int row0, int j) {
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[row0 + g][ssd_tc_unit(row0 + g, p)];
     const uint4 y = st[row0 + g + 8][ssd_tc_unit(row0 + g + 8, p)];
     return {{x.x, y.x, x.z, y.z}, {x.y, y.y, x.w, y.w}};
 }
-__device__ __forceinline__ ssd_tc_b ssd_tc_frag_b(const uint4 (*st)[8], int n0, int j) {
+__device__ __forceinline__ ssd_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_KS / 2], int n0, int j) {
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[n0 + g][ssd_tc_unit(n0 + g, p)];
     return {x.x, x.z, x.y, x.w};
@@ -869,8 +871,8 @@ __device__ __forceinline__ ssd_tc_a ssd_tc_frag_acc(const float (&d)[4]) {
 // acc[nt] += the stage's product of rows arow0 .. arow0 + 15 of `as` and the NT n-tiles of
 // `bs` (sums over the stage's SSD_TC_KS values of k).
 template <int NT>
-__device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint4 (*as)[8],
-                                                 int arow0, const uint4 (*bs)[8]) {
+__device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint4 (*as)[SSD_TC_KS / 2],
+                                                 int arow0, const uint4 (*bs)[SSD_TC_KS / 2]) {
 #pragma unroll
     for (int j = 0; j < SSD_TC_KS / 8; ++j) {
         const ssd_tc_a a = ssd_tc_frag_a(as, arow0, j);
@@ -910,7 +912,7 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             }
         }
     }
-    __device__ __forceinline__ void store(uint4 (*st)[8]) const {
+    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2]) const {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             int o, p;
@@ -924,7 +926,7 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
 };
 
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
-#define SSD_TC_MIN_BLOCKS 4
+#define SSD_TC_MIN_BLOCKS 3
 #endif
 template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ>
 __global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
@@ -937,7 +939,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                 int tiles_per_chunk, const float* __restrict__ cb, int classes) {
     constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;  // NT n-tiles of V
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
-    __shared__ uint4 us[R][8], bs[R][8];  // U rows; M, W rows or Vv^T
+    __shared__ uint4 us[R][KS / 2], bs[R][KS / 2];  // U rows; M, W rows or Vv^T
     __shared__ float cum_r[R], cum_q[R], dt_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
