@@ -785,8 +785,10 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // holds columns 2t and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next
 // product when its B fragments take k = 2t, 2t + 1 too (ssd_tc_frag). Every product here
 // uses that k order.
-// Shared stages hold SSD_TC_KS = 16 values of k (or q) per row as (hi, lo) pairs: a row is 8
-// units of 16 bytes (the pair k = 2p, 2p + 1), unit p of row r stored at p ^ rot(r % 8),
+// Shared stages hold SSD_TC_KS = 16 values of k (or q) per row, split: a row is 8 units of 16
+// bytes (hi and lo of the pair k = 2p, 2p + 1: hi_2p, hi_2p+1, lo_2p, lo_2p+1, so that a B
+// fragment's hi and lo halves are register pairs as loaded), unit p of row r stored at
+// p ^ rot(r % 8),
 // so that the fragment reads (a quarter warp: 2 rows x 4 units) and the transposed stores
 // (8 rows, one unit each) touch 8 different units of the 32 banks.
 // Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 64)), SSD_TC_THREADS threads.
@@ -802,11 +804,12 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 #define SSD_TC_ARCH 0  // compiled for older devices only so that the module builds
 #endif
 
+// hi = tf32(x) rounded to nearest; lo = x - hi (exact) cut to TF32, an error of at most
+// 2^-21 |x| (rounding it too would cost three more instructions).
 __device__ __forceinline__ void ssd_tf32_split(float x, unsigned& hi, unsigned& lo) {
 #if SSD_TC_ARCH
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    const float rest = x - __uint_as_float(hi);
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 #else
     hi = __float_as_uint(x);
     lo = 0;
@@ -849,12 +852,12 @@ __device__ __forceinline__ ssd_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_KS / 
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[row0 + g][ssd_tc_unit(row0 + g, p)];
     const uint4 y = st[row0 + g + 8][ssd_tc_unit(row0 + g + 8, p)];
-    return {{x.x, y.x, x.z, y.z}, {x.y, y.y, x.w, y.w}};
+    return {{x.x, y.x, x.y, y.y}, {x.z, y.z, x.w, y.w}};
 }
 __device__ __forceinline__ ssd_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_KS / 2], int n0, int j) {
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[n0 + g][ssd_tc_unit(n0 + g, p)];
-    return {x.x, x.z, x.y, x.w};
+    return {x.x, x.y, x.z, x.w};
 }
 
 // The A fragment of k8 block j from an accumulator tile d (16 rows x 8 columns as mma leaves
@@ -885,10 +888,15 @@ __device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint
 // values into registers, store() splits them into the stage. Value (o, k) of the stage,
 // o < ROWS and k < SSD_TC_KS, is src[o * stride + k0 + k], or with COLS (src read across its
 // rows) src[(k0 + k) * stride + o]; zero where o >= n_out or k0 + k >= n_k. A thread moves
-// pairs k = 2p, 2p + 1; with COLS consecutive threads take consecutive o (coalesced reads).
+// pairs k = 2p, 2p + 1, its j-th pair O_STEP rows (or, with COLS, K_STEP values of k) after
+// its first; with COLS consecutive threads take consecutive o (coalesced reads). A stage
+// wholly inside the bounds is loaded without tests.
 template <int ROWS, bool COLS> struct ssd_tc_stage {
     static constexpr int PER = ROWS * (SSD_TC_KS / 2) / SSD_TC_THREADS;
+    static constexpr int O_STEP = SSD_TC_THREADS / (SSD_TC_KS / 2);
+    static constexpr int K_STEP = 2 * (SSD_TC_THREADS / ROWS);
     static_assert(PER * SSD_TC_THREADS == ROWS * (SSD_TC_KS / 2), "whole pairs per thread");
+    static_assert(!COLS || SSD_TC_THREADS % ROWS == 0, "a thread's o is fixed");
     float v[PER][2];
     __device__ __forceinline__ static void where(int j, int& o, int& p) {
         const int i = threadIdx.x + j * SSD_TC_THREADS;
@@ -898,17 +906,25 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
     template <typename T>
     __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 stride, int n_out,
                                          int n_k, int k0) {
+        int o, p;
+        where(0, o, p);
+        const int k = k0 + 2 * p;
+        const T* __restrict__ s = src + (COLS ? (ssm_i64)k * stride + o : (ssm_i64)o * stride + k);
+        const ssm_i64 step = (ssm_i64)(COLS ? K_STEP : O_STEP) * stride;  // to the next pair
+        const ssm_i64 next = COLS ? stride : 1;                          // to k + 1
+        if (n_out >= ROWS && k0 + SSD_TC_KS <= n_k) {
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            int o, p;
-            where(j, o, p);
+            for (int j = 0; j < PER; ++j) {
+                v[j][0] = (float)ssm_load(s[j * step]);
+                v[j][1] = (float)ssm_load(s[j * step + next]);
+            }
+        } else {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int k = k0 + 2 * p + e;
-                v[j][e] = o < n_out && k < n_k
-                              ? (float)ssm_load(src[COLS ? (ssm_i64)k * stride + o
-                                                         : (ssm_i64)o * stride + k])
-                              : 0.f;
+            for (int j = 0; j < PER; ++j) {
+                const int oj = COLS ? o : o + j * O_STEP, kj = COLS ? k + j * K_STEP : k;
+                const bool live = oj < n_out;
+                v[j][0] = live && kj < n_k ? (float)ssm_load(s[j * step]) : 0.f;
+                v[j][1] = live && kj + 1 < n_k ? (float)ssm_load(s[j * step + next]) : 0.f;
             }
         }
     }
@@ -918,8 +934,8 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             int o, p;
             where(j, o, p);
             uint4 u;
-            ssd_tf32_split(v[j][0], u.x, u.y);
-            ssd_tf32_split(v[j][1], u.z, u.w);
+            ssd_tf32_split(v[j][0], u.x, u.z);
+            ssd_tf32_split(v[j][1], u.y, u.w);
             st[o][ssd_tc_unit(o, p)] = u;
         }
     }

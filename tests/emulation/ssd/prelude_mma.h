@@ -52,6 +52,7 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
 }
 
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 
 // cvt.rna.tf32.f32: to TF32 (10 mantissa bits), to nearest with ties away from zero; the low
 // 13 bits of the result are zero.

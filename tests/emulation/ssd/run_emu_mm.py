@@ -39,7 +39,6 @@ IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
 # ssd_chunk_mm_tc's 3 x TF32 products: cvt.rna and mma.sync emulated by prelude_mma.h
 TF32_REPL = [
     ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));', 'hi = emu_cvt_tf32(x);'),
-    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));', 'lo = emu_cvt_tf32(rest);'),
     ('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "\n'
      '        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"\n'
      '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
