@@ -941,40 +941,6 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
     }
 };
 
-// acc += A B^T over k < n_k, A's rows arow0 .. arow0 + 15 and B's NT n-tiles: stage after
-// stage, double buffered (as[2], bs[2]): stage i + 1 is split into the other buffers after
-// stage i is summed, stage i + 2's loads are then in flight until the next stage's split,
-// one barrier per stage. la, lb hold a stage in registers, load_a(k0), load_b(k0) fill them.
-// The buffers must be free on entry; they are again on return.
-template <int NT, int ROWS, class LA, class LB, class FA, class FB>
-__device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[ROWS][SSD_TC_KS / 2],
-                                           uint4 (*bs)[ROWS][SSD_TC_KS / 2], int arow0, LA& la,
-                                           LB& lb, FA load_a, FB load_b, int n_k) {
-    constexpr int KS = SSD_TC_KS;
-    load_a(0);
-    load_b(0);
-    la.store(as[0]);
-    lb.store(bs[0]);
-    if (KS < n_k) {
-        load_a(KS);
-        load_b(KS);
-    }
-    __syncthreads();
-    int buf = 0;
-    for (int k0 = 0; k0 < n_k; k0 += KS, buf ^= 1) {
-        ssd_tc_stage_mma<NT>(acc, as[buf], arow0, bs[buf]);
-        if (k0 + KS < n_k) {
-            la.store(as[buf ^ 1]);
-            lb.store(bs[buf ^ 1]);
-            if (k0 + 2 * KS < n_k) {
-                load_a(k0 + 2 * KS);
-                load_b(k0 + 2 * KS);
-            }
-        }
-        __syncthreads();
-    }
-}
-
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
@@ -989,7 +955,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                 int tiles_per_chunk, const float* __restrict__ cb, int classes) {
     constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;  // NT n-tiles of V
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
-    __shared__ uint4 us[2][R][KS / 2], bs[2][R][KS / 2];  // U rows; M, W rows or Vv^T
+    __shared__ uint4 us[R][KS / 2], bs[R][KS / 2];  // U rows; M, W rows or Vv^T
     __shared__ float cum_r[R], cum_q[R], dt_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
@@ -1034,8 +1000,19 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     {
         ssd_tc_stage<R, false> ul;
         ssd_tc_stage<R, MT> ml;
-        ssd_tc_sum(acc, us, bs, wr, ul, ml, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
-                   [&](int k0) { ml.load(M, MT ? V : K, nv, K, k0); }, K);
+        ul.load(Ur, u_stride, nr, K, 0);
+        ml.load(M, MT ? V : K, nv, K, 0);
+        for (int k0 = 0; k0 < K; k0 += KS) {
+            __syncthreads();
+            ul.store(us);
+            ml.store(bs);
+            __syncthreads();
+            if (k0 + KS < K) {
+                ul.load(Ur, u_stride, nr, K, k0 + KS);
+                ml.load(M, MT ? V : K, nv, K, k0 + KS);
+            }
+            ssd_tc_stage_mma<NT>(acc, us, wr, bs);
+        }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -1086,8 +1063,19 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
             const TW* Wq = W + ((b * L + q0) * XW + hw) * (ssm_i64)K;
             const ssm_i64 w_stride = (ssm_i64)XW * K;
             ssd_tc_stage<R, false> ul, wl;
-            ssd_tc_sum(sacc, us, bs, wr, ul, wl, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
-                       [&](int k0) { wl.load(Wq, w_stride, nq, K, k0); }, K);
+            ul.load(Ur, u_stride, nr, K, 0);
+            wl.load(Wq, w_stride, nq, K, 0);
+            for (int k0 = 0; k0 < K; k0 += KS) {
+                __syncthreads();
+                ul.store(us);
+                wl.store(bs);
+                __syncthreads();
+                if (k0 + KS < K) {
+                    ul.load(Ur, u_stride, nr, K, k0 + KS);
+                    wl.load(Wq, w_stride, nq, K, k0 + KS);
+                }
+                ssd_tc_stage_mma<R / 8>(sacc, us, wr, bs);
+            }
         }
         // Weighted and masked in place (zero where masked).
 #pragma unroll
@@ -1109,27 +1097,21 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
         const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
         const ssm_i64 v_stride = (ssm_i64)XV * V;
-        // Double buffered as in ssd_tc_sum (bs is free: a barrier ended the last use).
         ssd_tc_stage<R, true> vl;
         vl.load(Vq, v_stride, nv, nq, 0);
-        vl.store(bs[0]);
-        if (KS < nq) vl.load(Vq, v_stride, nv, nq, KS);
-        __syncthreads();
 #pragma unroll
         for (int s = 0; s < R / KS; ++s) {
             if (s * KS >= nq) break;
+            __syncthreads();
+            vl.store(bs);
+            __syncthreads();
+            if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
 #pragma unroll
             for (int j = 0; j < KS / 8; ++j) {
                 const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs[s & 1], 8 * nt, j));
+                for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
             }
-            if ((s + 1) * KS < nq) {
-                vl.store(bs[(s + 1) & 1]);
-                if ((s + 2) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 2) * KS);
-            }
-            __syncthreads();
         }
     }
 

@@ -15,7 +15,10 @@ Forward
        gate, in one kernel; its q-tile sums C_t . B_s come from ``ssd_chunk_cb``, made
        once per chunk for all the heads that share B and C.
     ``ssd_chunk_state`` and ``ssd_chunk_mm`` are register-tiled matrix products on the
-    CUDA cores (float, double, and 16-bit inputs with the tensor cores off).
+    CUDA cores (float, double, and 16-bit inputs with the tensor cores off); in float32
+    arithmetic on sm_80 and later the products y, ycore and (G B) run on tensor cores
+    instead (``ssd_chunk_mm_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0``
+    keeps them on the CUDA cores).
     The chunks are cut every ``chunk_size`` steps and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
     For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 to 4
@@ -62,7 +65,8 @@ Backward (from the boundary states the forward kept, nothing per step)
     instead of through different 16-bit roundings.
 
 Arithmetic is float32 (float64 for float64 inputs) on CUDA cores, except the
-tensor-core products (16-bit operands, float32 sums).
+tensor-core products (16-bit operands, or float32 operands as two TF32 parts; float32
+sums).
 """
 
 from __future__ import annotations
@@ -153,12 +157,18 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
 # and 64 columns.
 TC_THREADS = 128  # SSD_TC_THREADS
 TC_COLUMNS = 64   # the columns of V a block owns (its R)
+# The kinds that run there. dB and dC (V = N = 128 at the peer shape) stay on the CUDA cores:
+# each 64-column block redoes the q-tile sums x dY^T, and they measured 4.4-4.5 ms there
+# against 4.1 (benchmarks/SSD.md).
+TC_KINDS = ("y", "ycore", "GB")
 
 
-def uses_tc(compute: str) -> bool:
-    """Whether the chunk products run on ``ssd_chunk_mm_tc``: float32 arithmetic, a device
-    of compute capability 8.0 or more, and ``SSMKIT_SSD_TF32`` not set to ``0``."""
-    return (compute == "float32" and os.environ.get("SSMKIT_SSD_TF32", "1") != "0"
+def uses_tc(compute: str, kind: str) -> bool:
+    """Whether the chunk product ``kind`` runs on ``ssd_chunk_mm_tc``: one of TC_KINDS in
+    float32 arithmetic, a device of compute capability 8.0 or more, and ``SSMKIT_SSD_TF32``
+    not set to ``0``."""
+    return (compute == "float32" and kind in TC_KINDS
+            and os.environ.get("SSMKIT_SSD_TF32", "1") != "0"
             and compiler.device_limits()["compute_capability"] >= 80)
 
 
@@ -182,7 +192,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
-        if ct == "float32":
+        if ct == "float32" and kind in TC_KINDS:
             names.append(mm_tc_name(kind, io, bc))
     return names
 
@@ -503,7 +513,7 @@ class _Layout:
         ycore: U = C, W = B; GB: U = B, W = C)."""
         V = Vv.shape[3]
         K = U.shape[3]
-        tc = uses_tc(self.ct)
+        tc = uses_tc(self.ct, kind)
         name = (mm_tc_name(kind, self.io, self.bc) if tc
                 else mm_name(kind, self.io, self.bc, column_groups(V, self.ct)))
         tiles = self.mm_tiles
