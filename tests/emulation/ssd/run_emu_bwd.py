@@ -14,6 +14,9 @@ epilogues against ssd_mma_bwd_rows: the same arithmetic, row sums in another ord
 """
 import dataclasses, math, os, sys, time
 os.environ["SSMKIT_SSD_MMA_BWD"] = "1"
+# the CUDA-core comparison runs ssd_chunk_mm (this library's kernels); ssd_chunk_mm_tc has its
+# own check in run_emu_mm.py, and asking for it would query a device
+os.environ["SSMKIT_SSD_TF32"] = "0"
 import numpy as np, ml_dtypes
 import run_emu as E
 import exact_mm
