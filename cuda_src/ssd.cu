@@ -600,6 +600,108 @@ __device__ __forceinline__ void ssd_mm_block_sum(CT (&sacc)[ssd_mm_tile<CT>::MR]
     }
 }
 
+// One block of the chunk products (ssd_chunk_mm, ssd_chunk_mm_tc): where it works and the
+// per-row and per-q-tile values both kernels weight with. Tile tile_id of the grid is row b,
+// head h, chunk c (steps t0 .. t1 - 1), its tile's rows r0 .. r0 + nr - 1 (none when r0 >= t1),
+// read from head groups hu, hw, hv of U, W, Vv. The shared arrays (R entries each) hold the
+// rows' chunk sums and sequence ids, and the current q-tile's with its dt'.
+template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
+    ssm_i64 b, c, t0, t1, r0, L;
+    int h, tile, nr, hu, hw, hv, H, seq_bound;
+    CT cum_E;
+    const CT* cum;
+    const CT* dte;
+    const int* seq;
+    CT *cum_r, *cum_q, *dt_q;
+    int *seq_r, *seq_q;
+
+    __device__ __forceinline__ ssd_mm_block(ssm_i64 L_, int H_, const CT* cum_, const CT* dte_,
+                                            const int* seq_, CT* cum_r_, CT* cum_q_, CT* dt_q_,
+                                            int* seq_r_, int* seq_q_)
+        : L(L_), H(H_), cum(cum_), dte(dte_), seq(seq_), cum_r(cum_r_), cum_q(cum_q_),
+          dt_q(dt_q_), seq_r(seq_r_), seq_q(seq_q_) {}
+    // False when the tile lies past its chunk's end (the block has nothing to do).
+    __device__ __forceinline__ bool at(ssm_i64 tile_id, int tiles_per_chunk, ssm_i64 nc,
+                                       const ssm_i64* starts, int XU, int XW, int XV) {
+        const ssm_i64 per_head = nc * tiles_per_chunk;
+        const ssm_i64 bh = tile_id / per_head, ct = tile_id - bh * per_head;
+        c = ct / tiles_per_chunk;
+        tile = (int)(ct - c * tiles_per_chunk);
+        b = bh / H;
+        h = (int)(bh - b * H);
+        t0 = starts[c];
+        t1 = starts[c + 1];
+        r0 = t0 + (ssm_i64)tile * R;
+        if (r0 >= t1) return false;
+        nr = (int)(t1 - r0 < R ? t1 - r0 : R);
+        hu = h / (H / XU);
+        hw = h / (H / XW);
+        hv = h / (H / XV);
+        const ssm_i64 E = t1 - 1;
+        seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        cum_E = cum[(b * L + E) * H + h];
+        return true;
+    }
+    // cum_r, seq_r (the last row repeated past nr); the caller's barrier publishes them.
+    __device__ __forceinline__ void load_rows() const {
+        if (threadIdx.x < R) {
+            const ssm_i64 r = r0 + ((int)threadIdx.x < nr ? threadIdx.x : nr - 1);
+            cum_r[threadIdx.x] = cum[(b * L + r) * H + h];
+            seq_r[threadIdx.x] = ssd_seq(seq, b * L + r);
+        }
+    }
+    // The boundary term's factor of row r.
+    __device__ __forceinline__ CT row_scale(int r) const {
+        return seq_r[r] != seq_bound ? CT(0)
+               : UPPER ? ssd_exp<CT>(cum_E - cum_r[r]) : ssd_exp<CT>(cum_r[r]);
+    }
+    // The q-tiles of the diagonal block: q0 = q_begin(), q_begin() + R, .. < q_end().
+    __device__ __forceinline__ ssm_i64 q_begin() const { return UPPER ? r0 : t0; }
+    __device__ __forceinline__ ssm_i64 q_end() const { return UPPER ? t1 : r0 + nr; }
+    // cum_q, dt_q, seq_q of q-tile q0 (nq steps); the caller's barriers fence them.
+    __device__ __forceinline__ void load_q(ssm_i64 q0, int nq) const {
+        if (threadIdx.x < R) {
+            const ssm_i64 q = q0 + ((int)threadIdx.x < nq ? threadIdx.x : nq - 1);
+            const ssm_i64 i = (b * L + q) * H + h;
+            cum_q[threadIdx.x] = cum[i];
+            dt_q[threadIdx.x] = dte[i];
+            seq_q[threadIdx.x] = ssd_seq(seq, b * L + q);
+        }
+    }
+    // ssd_chunk_cb's R x R block of q-tile q0: C B^T's block (rt, qt) as stored (entry (r, q)
+    // at r R + q), read transposed for UPPER (entry (r, q) at q R + r).
+    __device__ __forceinline__ const CT* cb_block(const CT* cb, ssm_i64 q0, ssm_i64 nc,
+                                                  int classes, int tiles_per_chunk) const {
+        const int rt = tile, qt = (int)((q0 - t0) / R);
+        const int lo = UPPER ? rt : qt, hi = UPPER ? qt : rt;
+        return cb + ((((b * nc + c) * classes + h / (H / classes)) *
+                      (tiles_per_chunk * (tiles_per_chunk + 1) / 2)) + hi * (hi + 1) / 2 + lo) *
+                        (R * R);
+    }
+    // The weighted block's entry (r, qi) of q-tile q0 from U_r . W_q = s: zero where masked.
+    __device__ __forceinline__ CT weight(CT s, int r, int qi, ssm_i64 q0, int nq) const {
+        const ssm_i64 rt = r0 + r, qt = q0 + qi;
+        const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
+                          seq_q[qi] == seq_r[r];
+        if (!live) return CT(0);
+        CT wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) * s;
+        if (DTQ) wv *= dt_q[qi];
+        return wv;
+    }
+    // Writes output entry (r, v) (r < nr, v < V), with the skip connection and gate if given.
+    template <typename TV, typename TO>
+    __device__ __forceinline__ void write(CT val, int r, int v, int XV, int V, const CT* D,
+                                          const TV* Vv, const TV* z, TO* out) const {
+        const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
+        if (D) val += D[(ssm_i64)h * V + v] * (CT)ssm_load(Vv[idx]);
+        if (z) {
+            const CT zv = (CT)ssm_load(z[idx]);
+            val *= zv * ssm_math<CT>::sigmoid(zv);
+        }
+        ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
+    }
+};
+
 template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
           bool DTQ, int VM>
 #ifndef SSD_MM_MIN_BLOCKS  // blocks per SM the registers must allow (VM 4: V > 128, rare)
@@ -627,28 +729,12 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
     static_assert(VP <= SSD_MAXD && 16 * 16 == SSD_THREADS, "tile sizes");
 
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-    const ssm_i64 per_head = nc * tiles_per_chunk;
-    const ssm_i64 bh = (ssm_i64)blockIdx.x / per_head;
-    const ssm_i64 ct = (ssm_i64)blockIdx.x - bh * per_head;
-    const ssm_i64 c = ct / tiles_per_chunk;
-    const int tile = (int)(ct - c * tiles_per_chunk);
-    const ssm_i64 b = bh / H;
-    const int h = (int)(bh - b * H);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * R;
-    if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < R ? t1 - r0 : R);
-    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    ssd_mm_block<CT, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
+    if (!w.at(blockIdx.x, tiles_per_chunk, nc, starts, XU, XW, XV)) return;
+    const ssm_i64 b = w.b, c = w.c, r0 = w.r0;
+    const int h = w.h, nr = w.nr, hu = w.hu, hw = w.hw, hv = w.hv;
     const ssm_i64 KV = (ssm_i64)K * V;
-    const ssm_i64 E = t1 - 1;
-    const int seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-    const CT cum_E = cum[(b * L + E) * H + h];
-
-    if (tid < R) {
-        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-        cum_r[tid] = cum[(b * L + r) * H + h];
-        seq_r[tid] = ssd_seq(seq, b * L + r);
-    }
+    w.load_rows();
 
     CT acc[MR][MR * VM];
 #pragma unroll
@@ -675,36 +761,23 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
     }
 #pragma unroll
     for (int i = 0; i < MR; ++i) {
-        const int r = ty * MR + i;
-        const CT s = seq_r[r] != seq_bound ? CT(0)
-                     : UPPER ? ssd_exp<CT>(cum_E - cum_r[r]) : ssd_exp<CT>(cum_r[r]);
+        const CT s = w.row_scale(ty * MR + i);
 #pragma unroll
         for (int m = 0; m < MR * VM; ++m) acc[i][m] *= s;
     }
 
     // Phase 2: the diagonal block, q-tiles over the rows' reach.
-    const ssm_i64 q_begin = UPPER ? r0 : t0;
-    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
-    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += R) {
+    const ssm_i64 q_end = w.q_end();
+    for (ssm_i64 q0 = w.q_begin(); q0 < q_end; q0 += R) {
         const int nq = (int)(q_end - q0 < R ? q_end - q0 : R);
         __syncthreads();
-        if (tid < R) {
-            const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-            const ssm_i64 i = (b * L + q) * H + h;
-            cum_q[tid] = cum[i];
-            dt_q[tid] = dte[i];
-            seq_q[tid] = ssd_seq(seq, b * L + q);
-        }
+        w.load_q(q0, nq);
         // The block's entries U_r . W_q, rows ty MR + i, columns tx MR + j.
         CT sacc[MR][MR];
-        // C B^T made by ssd_chunk_cb: block (rt, qt) as stored, or (qt, rt) transposed. Only
-        // the kinds without MT (y, ycore, GB) have U, W = C, B or B, C: dB, dC compile without.
+        // C B^T made by ssd_chunk_cb. Only the kinds without MT (y, ycore, GB) have U, W = C, B
+        // or B, C: dB, dC compile without.
         if (!MT && cb) {
-            const int rt = tile, qt = (int)((q0 - t0) / R);
-            const int lo = UPPER ? rt : qt, hi = UPPER ? qt : rt;
-            const CT* blkp = cb + ((((b * nc + c) * classes + h / (H / classes)) *
-                                    (tiles_per_chunk * (tiles_per_chunk + 1) / 2)) +
-                                   hi * (hi + 1) / 2 + lo) * (R * R);
+            const CT* blkp = w.cb_block(cb, q0, nc, classes, tiles_per_chunk);
 #pragma unroll
             for (int a = 0; a < MR; ++a) {
                 const vec v = *reinterpret_cast<const vec*>(
@@ -723,19 +796,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
             const int qi = tx * MR + j;
             vec col;
 #pragma unroll
-            for (int i = 0; i < MR; ++i) {
-                const int r = ty * MR + i;
-                const ssm_i64 rt = r0 + r, qt = q0 + qi;
-                const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
-                                  seq_q[qi] == seq_r[r];
-                CT wv = 0;
-                if (live) {
-                    wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) *
-                         sacc[i][j];
-                    if (DTQ) wv *= dt_q[qi];
-                }
-                col.v[i] = wv;
-            }
+            for (int i = 0; i < MR; ++i) col.v[i] = w.weight(sacc[i][j], ty * MR + i, qi, q0, nq);
             *reinterpret_cast<vec*>(&blk[qi][ty * MR]) = col;
         }
         for (int s0 = 0; s0 < nq; s0 += S) {
@@ -754,16 +815,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 #pragma unroll
         for (int m = 0; m < MR * VM; ++m) {
             const int v = tx * MR + 16 * MR * (m / MR) + m % MR;
-            if (r < nr && v < V) {
-                const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
-                CT val = acc[i][m];
-                if (D) val += D[(ssm_i64)h * V + v] * (CT)ssm_load(Vv[idx]);
-                if (z) {
-                    const CT zv = (CT)ssm_load(z[idx]);
-                    val *= zv * ssm_math<CT>::sigmoid(zv);
-                }
-                ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
-            }
+            if (r < nr && v < V) w.write(acc[i][m], r, v, XV, V, D, Vv, z, out);
         }
     }
 }
@@ -963,29 +1015,12 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     const int wr = 16 * (tid >> 5);  // the warp's first row
     const int v_blocks = (V + R - 1) / R;
     const int v0 = (int)(blockIdx.x % v_blocks) * R, nv = V - v0 < R ? V - v0 : R;
-    const ssm_i64 tile_id = (ssm_i64)blockIdx.x / v_blocks;
-    const ssm_i64 per_head = nc * tiles_per_chunk;
-    const ssm_i64 bh = tile_id / per_head;
-    const ssm_i64 ct = tile_id - bh * per_head;
-    const ssm_i64 c = ct / tiles_per_chunk;
-    const int tile = (int)(ct - c * tiles_per_chunk);
-    const ssm_i64 b = bh / H;
-    const int h = (int)(bh - b * H);
-    const ssm_i64 t0 = starts[c], t1 = starts[c + 1];
-    const ssm_i64 r0 = t0 + (ssm_i64)tile * R;
-    if (r0 >= t1) return;
-    const int nr = (int)(t1 - r0 < R ? t1 - r0 : R);
-    const int hu = h / (H / XU), hw = h / (H / XW), hv = h / (H / XV);
+    ssd_mm_block<float, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
+    if (!w.at((ssm_i64)blockIdx.x / v_blocks, tiles_per_chunk, nc, starts, XU, XW, XV)) return;
+    const ssm_i64 b = w.b, c = w.c, r0 = w.r0;
+    const int h = w.h, nr = w.nr, hu = w.hu, hw = w.hw, hv = w.hv;
     const ssm_i64 KV = (ssm_i64)K * V;
-    const ssm_i64 E = t1 - 1;
-    const int seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-    const float cum_E = cum[(b * L + E) * H + h];
-
-    if (tid < R) {
-        const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
-        cum_r[tid] = cum[(b * L + r) * H + h];
-        seq_r[tid] = ssd_seq(seq, b * L + r);
-    }
+    w.load_rows();
 
     float acc[NT][4];
 #pragma unroll
@@ -1016,9 +1051,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int r = wr + g + 8 * i;
-        const float s = seq_r[r] != seq_bound ? 0.f
-                        : UPPER ? ssd_exp<float>(cum_E - cum_r[r]) : ssd_exp<float>(cum_r[r]);
+        const float s = w.row_scale(wr + g + 8 * i);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             acc[nt][2 * i] *= s;
@@ -1027,26 +1060,15 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     }
 
     // Phase 2: the diagonal block, q-tiles over the rows' reach.
-    const ssm_i64 q_begin = UPPER ? r0 : t0;
-    const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
-    for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += R) {
+    const ssm_i64 q_end = w.q_end();
+    for (ssm_i64 q0 = w.q_begin(); q0 < q_end; q0 += R) {
         const int nq = (int)(q_end - q0 < R ? q_end - q0 : R);
         __syncthreads();
-        if (tid < R) {
-            const ssm_i64 q = q0 + (tid < nq ? tid : nq - 1);
-            const ssm_i64 i = (b * L + q) * H + h;
-            cum_q[tid] = cum[i];
-            dt_q[tid] = dte[i];
-            seq_q[tid] = ssd_seq(seq, b * L + q);
-        }
+        w.load_q(q0, nq);
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
-            const int rt = tile, qt = (int)((q0 - t0) / R);
-            const int lo = UPPER ? rt : qt, hi = UPPER ? qt : rt;
-            const float* blkp = cb + ((((b * nc + c) * classes + h / (H / classes)) *
-                                       (tiles_per_chunk * (tiles_per_chunk + 1) / 2)) +
-                                      hi * (hi + 1) / 2 + lo) * (R * R);
+            const float* blkp = w.cb_block(cb, q0, nc, classes, tiles_per_chunk);
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
@@ -1083,16 +1105,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
-                const ssm_i64 rt = r0 + r, qt = q0 + qi;
-                const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
-                                  seq_q[qi] == seq_r[r];
-                float wv = 0.f;
-                if (live) {
-                    wv = ssd_exp<float>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) *
-                         sacc[jj][e];
-                    if (DTQ) wv *= dt_q[qi];
-                }
-                sacc[jj][e] = wv;
+                sacc[jj][e] = w.weight(sacc[jj][e], r, qi, q0, nq);
             }
         // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
         const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
@@ -1121,16 +1134,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
-            if (r < nr && v < V) {
-                const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
-                float val = acc[nt][e];
-                if (D) val += D[(ssm_i64)h * V + v] * (float)ssm_load(Vv[idx]);
-                if (z) {
-                    const float zv = (float)ssm_load(z[idx]);
-                    val *= zv * ssm_math<float>::sigmoid(zv);
-                }
-                ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
-            }
+            if (r < nr && v < V) w.write(acc[nt][e], r, v, XV, V, D, Vv, z, out);
         }
 }
 
