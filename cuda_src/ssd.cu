@@ -980,14 +980,16 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             }
         }
     }
-    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2]) const {
+    // With w, value (o, k) is stored times w[k] (the stage's weights, in shared memory).
+    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2],
+                                          const float* w = nullptr) const {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             int o, p;
             where(j, o, p);
             uint4 u;
-            ssd_tf32_split(v[j][0], u.x, u.z);
-            ssd_tf32_split(v[j][1], u.y, u.w);
+            ssd_tf32_split(w ? w[2 * p] * v[j][0] : v[j][0], u.x, u.z);
+            ssd_tf32_split(w ? w[2 * p + 1] * v[j][1] : v[j][1], u.y, u.w);
             st[o][ssd_tc_unit(o, p)] = u;
         }
     }
@@ -1135,6 +1137,79 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         for (int e = 0; e < 4; ++e) {
             const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
             if (r < nr && v < V) w.write(acc[nt][e], r, v, XV, V, D, Vv, z, out);
+        }
+}
+
+// --------------------------------------------------------------------------------------
+// ssd_chunk_state_tc: ssd_chunk_state in float on tensor cores (3 x TF32, as
+// ssd_chunk_mm_tc; ssmkit._gpu.ssd chooses it with the products). Same arguments and sums.
+// A block computes a 64 x 64 tile of the P x N result, 4 warps of 16 rows p; the steps s are
+// the k of the product, staged SSD_TC_KS at a time as X^T (rows p, times w_s as they are
+// split) and Y^T (rows n).
+// Grid: (batch * nc, H, ceil(P / 64) * ceil(N / 64)), SSD_TC_THREADS threads.
+// --------------------------------------------------------------------------------------
+template <typename TX, typename TY, bool ADJ>
+__global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
+ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
+                   const float* __restrict__ dte, const float* __restrict__ cum,
+                   const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                   float* __restrict__ out, ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
+    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;
+    __shared__ uint4 xs[R][KS / 2], ys[R][KS / 2];
+    __shared__ float w_sh[KS];
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wr = 16 * (tid >> 5);  // the warp's first row p
+    const ssm_i64 e = blockIdx.x;    // = b * nc + c
+    const int h = blockIdx.y;
+    const int p_tiles = (P + R - 1) / R;
+    const int p0 = (blockIdx.z % p_tiles) * R, n0 = (blockIdx.z / p_tiles) * R;
+    const ssm_i64 b = e / nc, c = e - b * nc;
+    const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
+    const int n_s = (int)(t1 - t0), gy = h / (H / GY);
+    const float cum_E = cum[(b * L + E) * H + h];
+    const int seq_ref = ADJ ? ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0)) : ssd_seq(seq, b * L + E);
+    const TX* Xs = X + ((b * L + t0) * H + h) * (ssm_i64)P + p0;
+    const TY* Ys = Y + ((b * L + t0) * GY + gy) * (ssm_i64)N + n0;
+    const ssm_i64 x_stride = (ssm_i64)H * P, y_stride = (ssm_i64)GY * N;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[nt][q] = 0.f;
+    ssd_tc_stage<R, true> xl, yl;
+    float cs = 0.f, ds = 0.f;  // thread tid < KS: cum, dt' and seq of the stage's step tid
+    int sq = 0;
+    auto load = [&](int k0) {
+        xl.load(Xs, x_stride, P - p0, n_s, k0);
+        yl.load(Ys, y_stride, N - n0, n_s, k0);
+        if (tid < KS && k0 + tid < n_s) {
+            const ssm_i64 i = (b * L + t0 + k0 + tid) * H + h;
+            cs = cum[i];
+            ds = ADJ ? 0.f : dte[i];
+            sq = ssd_seq(seq, b * L + t0 + k0 + tid);
+        }
+    };
+    load(0);
+    for (int k0 = 0; k0 < n_s; k0 += KS) {
+        if (tid < KS)  // the last stage's stores read w_sh before the barrier below it
+            w_sh[tid] = k0 + tid < n_s && sq == seq_ref
+                            ? (ADJ ? ssd_exp<float>(cs) : ssd_exp<float>(cum_E - cs) * ds)
+                            : 0.f;
+        __syncthreads();
+        xl.store(xs, w_sh);
+        yl.store(ys);
+        __syncthreads();
+        if (k0 + KS < n_s) load(k0 + KS);
+        ssd_tc_stage_mma<NT>(acc, xs, wr, ys);
+    }
+    const ssm_i64 PN = (ssm_i64)P * N;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int p = p0 + wr + g + 8 * (q >> 1), n = n0 + 8 * nt + 2 * t + (q & 1);
+            if (p < P && n < N) out[(e * H + h) * PN + (ssm_i64)p * N + n] = acc[nt][q];
         }
 }
 

@@ -157,14 +157,15 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
 # and 64 columns.
 TC_THREADS = 128  # SSD_TC_THREADS
 TC_COLUMNS = 64   # the columns of V a block owns (its R)
-# The kinds that run there. dB and dC (V = N = 128 at the peer shape) stay on the CUDA cores:
-# each 64-column block redoes the q-tile sums x dY^T, and they measured 4.4-4.5 ms there
-# against 4.1 (benchmarks/SSD.md).
-TC_KINDS = ("y", "ycore", "GB")
+# The kinds that run there ("state": the chunk states, ssd_chunk_state_tc). dB and dC (V = N
+# = 128 at the peer shape) stay on the CUDA cores: each 64-column block redoes the q-tile sums
+# x dY^T, and they measured 4.4-4.5 ms there against 4.1 (benchmarks/SSD.md).
+TC_KINDS = ("y", "ycore", "GB", "state")
 
 
 def uses_tc(compute: str, kind: str) -> bool:
-    """Whether the chunk product ``kind`` runs on ``ssd_chunk_mm_tc``: one of TC_KINDS in
+    """Whether the chunk product ``kind`` runs on ``ssd_chunk_mm_tc`` (``"state"``: the chunk
+    states on ``ssd_chunk_state_tc``): one of TC_KINDS in
     float32 arithmetic, a device of compute capability 8.0 or more, and ``SSMKIT_SSD_TF32``
     not set to ``0``."""
     return (compute == "float32" and kind in TC_KINDS
@@ -179,20 +180,33 @@ def mm_tc_name(kind: str, io: str, bc: str) -> str:
     return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}>"
 
 
+def state_name(io: str, bc: str, adjoint: bool, *, tc: bool = False) -> str:
+    """The chunk-state kernel: ``ssd_chunk_state`` or, with ``tc``, ``ssd_chunk_state_tc``;
+    the adjoint form reads dY in the compute dtype."""
+    ct = _COMPUTE[io]
+    T = _CTYPE[ct] if adjoint else _CTYPE[io]
+    adj = "true" if adjoint else "false"
+    if tc:
+        return f"ssd_chunk_state_tc<{T}, {_CTYPE[bc]}, {adj}>"
+    return f"ssd_chunk_state<{T}, {_CTYPE[bc]}, {_CTYPE[ct]}, {adj}>"
+
+
 def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> list:
     """Name expressions of the kernels for one dtype pair (every VM value by default)."""
     ct = _COMPUTE[io]
     T, TB, CT = _CTYPE[io], _CTYPE[bc], _CTYPE[ct]
     names = [f"ssd_chunk_cumsum<{CT}>", f"ssd_chunk_dt<{CT}>", f"ssd_state_passing<{CT}>",
              f"ssd_adjoint_passing<{CT}>",
-             f"ssd_chunk_state<{T}, {TB}, {CT}, false>", f"ssd_chunk_state<{CT}, {TB}, {CT}, true>",
+             state_name(io, bc, False), state_name(io, bc, True),
              f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}, {CT}>", f"ssd_diag_cb<{TB}, {CT}>",
              f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>"]
     if TB != CT:  # dB, dC of the tensor-core backward, summed straight into B's dtype
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
+    if ct == "float32":
+        names += [state_name(io, bc, adj, tc=True) for adj in (False, True)]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
-        if ct == "float32" and kind in TC_KINDS:
+        if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
             names.append(mm_tc_name(kind, io, bc))
     return names
 
@@ -496,15 +510,16 @@ class _Layout:
     def chunk_state(self, p, X, Y, adjoint):
         """Per chunk: sum over its steps of w_s X_s (outer) Y_s, (batch, nc, H, P, N)."""
         cp = p.xp
-        T = _CTYPE[self.ct] if adjoint else _CTYPE[self.io]
-        name = (f"ssd_chunk_state<{T}, {_CTYPE[self.bc]}, {_CTYPE[self.ct]}, "
-                f"{'true' if adjoint else 'false'}>")
+        tc = uses_tc(self.ct, "state")
+        name = state_name(self.io, self.bc, adjoint, tc=tc)
         out = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
-        R = tile_rows(self.ct)  # a block's tile: R x 2R of the P x N result
-        grid = (p.batch * self.nc, p.H, -(-p.P // R) * -(-p.N // (2 * R)))
+        R = tile_rows(self.ct)  # a block's tile: R x 2R of the P x N result (R x R on tc)
+        NR = R if tc else 2 * R
+        grid = (p.batch * self.nc, p.H, -(-p.P // R) * -(-p.N // NR))
         _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
                              np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
-                             np.int32(p.N), np.int64(self.nc)))
+                             np.int32(p.N), np.int64(self.nc)),
+                threads=TC_THREADS if tc else THREADS)
         return out
 
     def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None):

@@ -64,6 +64,9 @@ def kernels():
         for adj in ("false", "true"):
             out[f"state_{io}_{adj}"] = (f"ssd_chunk_state<{T}, {T}, {T}, {adj}>", T, STATE_PTRS,
                                         STATE_SCALARS)
+            if io == "float32":
+                out[f"state_tc_{adj}"] = (gssd.state_name(io, io, adj == "true", tc=True), T,
+                                          STATE_PTRS, STATE_SCALARS)
     return out
 
 
@@ -292,15 +295,20 @@ def run_state(lib, i):
     X, Y = a(batch, L, H, P), a(batch, L, GY, N)
     R = gssd.tile_rows(io)
     ok = True
-    for adj in ("false", "true"):
+    # the CUDA-core kernel (a block per R x 2R tile), then (float) the tensor-core one (R x R)
+    runs = [(adj, "", f"emu_state_{io}_{adj}", 2 * R, 256) for adj in ("false", "true")]
+    if io == "float32":
+        runs += [(adj, " TF32", f"emu_state_tc_{adj}", R, gssd.TC_THREADS)
+                 for adj in ("false", "true")]
+    for adj, label, sym, cols, threads in runs:
         out = np.full((batch, nc, H, P, N), np.nan, dt)
         grid = batch * nc  # (batch * nc, H, tiles): the wrapper takes gx, gy; z folded below
-        tiles = -(-P // R) * -(-N // (2 * R))
+        tiles = -(-P // R) * -(-N // cols)
         bufs = [X, Y, dte, cum, seq, starts, out]
         s = (ctypes.c_longlong * 6)(L, H, P, GY, N, nc)
         eb = (EmuBuf * len(bufs))(*[EmuBuf(None, 0) if v is None else
                                     EmuBuf(v.ctypes.data, v.nbytes) for v in bufs])
-        getattr(lib, f"emu_state_{io}_{adj}")(eb, s, grid, H, tiles, 256)
+        getattr(lib, sym)(eb, s, grid, H, tiles, threads)
         ref = np.zeros(out.shape)
         g = np.arange(H) // (H // GY)
         for b in range(batch):
@@ -322,7 +330,8 @@ def run_state(lib, i):
         if np.isnan(out).any():
             err = float("inf")
         tol = 2e-6 if io == "float32" else 1e-13
-        print(f"state {i} {io} adjoint={adj}: rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
+        print(f"state {i} {io}{label} adjoint={adj}: rel err {err:.2e} "
+              f"{'ok' if err < tol else 'FAIL'}")
         ok = ok and err < tol
     return ok
 
