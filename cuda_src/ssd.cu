@@ -830,8 +830,9 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's rounding), so
 // the products keep float32's accuracy.
 //
-// A block owns R = 64 rows, as ssd_chunk_mm (so ssd_chunk_cb's blocks fit), and 64 of the V
-// columns (blocks ceil(V / 64) apart in the grid take the others), 4 warps of 16 rows. A warp
+// A block owns R = 64 rows, as ssd_chunk_mm (so ssd_chunk_cb's blocks fit), and 8 NT of the V
+// columns (64 or 128; blocks ceil(V / 8 NT) apart in the grid take the others), 4 warps of 16
+// rows. A warp
 // holds its rows' outputs and, per q-tile, its rows of the weighted block in accumulator
 // registers, which it multiplies by Vv from there: lane (g, t)
 // holds columns 2t and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next
@@ -843,7 +844,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // p ^ rot(r % 8),
 // so that the fragment reads (a quarter warp: 2 rows x 4 units) and the transposed stores
 // (8 rows, one unit each) touch 8 different units of the 32 banks.
-// Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 64)), SSD_TC_THREADS threads.
+// Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 8 NT)), SSD_TC_THREADS threads.
 // --------------------------------------------------------------------------------------
 #define SSD_TC_THREADS 128
 #ifndef SSD_TC_KS  // k (or q) per shared stage: 16 or 32
@@ -998,8 +999,9 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
-template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ>
-__global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
+template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ,
+          int NT>
+__global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
 ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
                 const float* __restrict__ Mm, const float* __restrict__ D,
                 const TV* __restrict__ z, const float* __restrict__ dte,
@@ -1007,16 +1009,18 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                 const ssm_i64* __restrict__ starts, TO* __restrict__ out, ssm_i64 L, int H,
                 int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
                 int tiles_per_chunk, const float* __restrict__ cb, int classes) {
-    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;  // NT n-tiles of V
+    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS;
+    constexpr int VR = 8 * NT;           // the block's columns of V: NT n-tiles of 8
+    constexpr int BR = VR > R ? VR : R;  // rows of the second stage: M, W or Vv^T
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
-    __shared__ uint4 us[R][KS / 2], bs[R][KS / 2];  // U rows; M, W rows or Vv^T
+    __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M, W rows or Vv^T
     __shared__ float cum_r[R], cum_q[R], dt_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wr = 16 * (tid >> 5);  // the warp's first row
-    const int v_blocks = (V + R - 1) / R;
-    const int v0 = (int)(blockIdx.x % v_blocks) * R, nv = V - v0 < R ? V - v0 : R;
+    const int v_blocks = (V + VR - 1) / VR;
+    const int v0 = (int)(blockIdx.x % v_blocks) * VR, nv = V - v0 < VR ? V - v0 : VR;
     ssd_mm_block<float, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
     if (!w.at((ssm_i64)blockIdx.x / v_blocks, tiles_per_chunk, nc, starts, XU, XW, XV)) return;
     const ssm_i64 b = w.b, c = w.c, r0 = w.r0;
@@ -1036,7 +1040,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     const float* M = Mm + ((b * m_chunks + c) * H + h) * KV + (MT ? v0 : (ssm_i64)v0 * K);
     {
         ssd_tc_stage<R, false> ul;
-        ssd_tc_stage<R, MT> ml;
+        ssd_tc_stage<VR, MT> ml;
         ul.load(Ur, u_stride, nr, K, 0);
         ml.load(M, MT ? V : K, nv, K, 0);
         for (int k0 = 0; k0 < K; k0 += KS) {
@@ -1112,7 +1116,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
         const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
         const ssm_i64 v_stride = (ssm_i64)XV * V;
-        ssd_tc_stage<R, true> vl;
+        ssd_tc_stage<VR, true> vl;
         vl.load(Vq, v_stride, nv, nq, 0);
 #pragma unroll
         for (int s = 0; s < R / KS; ++s) {

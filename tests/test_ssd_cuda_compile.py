@@ -31,9 +31,9 @@ def representative_names():
     for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
         names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V, "float32")))
     # the tensor-core float products: every kind, and 16-bit inputs with float32 arithmetic
-    names += [ssd.mm_tc_name(kind, "float32", "float32") for kind in ssd.TC_KINDS
-              if kind in ssd.MM_KINDS]
-    names += [ssd.mm_tc_name("y", io, bc) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
+    names += [ssd.mm_tc_name(kind, "float32", "float32", nt) for kind in ssd.TC_KINDS
+              if kind in ssd.MM_KINDS for nt in ssd.TC_NT]
+    names += [ssd.mm_tc_name("y", io, bc, 8) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
     names += [ssd.state_name(io, bc, adj, tc=True) for io, bc in ssd.DTYPE_PAIRS
               if io != "float64" for adj in (False, True)]
     for vm in ssd.vm_values("float32"):

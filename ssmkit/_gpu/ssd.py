@@ -154,9 +154,9 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
 
 
 # ssd_chunk_mm_tc: the float chunk products on tensor cores (3 x TF32); a block per 64 rows
-# and 64 columns.
+# and 8 NT columns.
 TC_THREADS = 128  # SSD_TC_THREADS
-TC_COLUMNS = 64   # the columns of V a block owns (its R)
+TC_NT = (8, 16)   # NT: n-tiles of 8 columns a block owns
 # The kinds that run there ("state": the chunk states, ssd_chunk_state_tc). dB and dC (V = N
 # = 128 at the peer shape) stay on the CUDA cores: each 64-column block redoes the q-tile sums
 # x dY^T, and they measured 4.4-4.5 ms there against 4.1 (benchmarks/SSD.md).
@@ -173,11 +173,16 @@ def uses_tc(compute: str, kind: str) -> bool:
             and compiler.device_limits()["compute_capability"] >= 80)
 
 
-def mm_tc_name(kind: str, io: str, bc: str) -> str:
+def tc_nt(V: int) -> int:
+    """NT of ``ssd_chunk_mm_tc`` for V columns: 8 up to 64, else 16 (blocks of 128 columns)."""
+    return TC_NT[0] if V <= 8 * TC_NT[0] else TC_NT[1]
+
+
+def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
     roles, upper, mt, dtq = MM_KINDS[kind]
     types = [_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles]
     flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
-    return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}>"
+    return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}, {nt}>"
 
 
 def state_name(io: str, bc: str, adjoint: bool, *, tc: bool = False) -> str:
@@ -207,7 +212,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
         if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
-            names.append(mm_tc_name(kind, io, bc))
+            names += [mm_tc_name(kind, io, bc, nt) for nt in TC_NT]
     return names
 
 
@@ -529,12 +534,12 @@ class _Layout:
         V = Vv.shape[3]
         K = U.shape[3]
         tc = uses_tc(self.ct, kind)
-        name = (mm_tc_name(kind, self.io, self.bc) if tc
+        name = (mm_tc_name(kind, self.io, self.bc, tc_nt(V)) if tc
                 else mm_name(kind, self.io, self.bc, column_groups(V, self.ct)))
         tiles = self.mm_tiles
         m_chunks = M.shape[1]
         classes = 1 if cb is None else cb.shape[2]
-        v_blocks = -(-V // TC_COLUMNS) if tc else 1
+        v_blocks = -(-V // (8 * tc_nt(V))) if tc else 1
         _launch(name, (p.batch * p.H * self.nc * tiles * v_blocks,),
                 (U, W, Vv, M, _ptr(D), _ptr(z), self.dte, self.cum, _ptr(p.seq_idx), self.starts,
                  out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),

@@ -57,8 +57,9 @@ def kernels():
                 out[f"mm_{io}_{kind}_{vm}"] = (gssd.mm_name(kind, io, io, vm), T, PTRS, SCALARS,
                                                TAIL_P, TAIL_S)
             if io == "float32":
-                out[f"mm_tc_{kind}"] = (gssd.mm_tc_name(kind, io, io), T, PTRS, SCALARS,
-                                        TAIL_P, TAIL_S)
+                for nt in gssd.TC_NT:
+                    out[f"mm_tc_{kind}_{nt}"] = (gssd.mm_tc_name(kind, io, io, nt), T, PTRS,
+                                                 SCALARS, TAIL_P, TAIL_S)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
         for adj in ("false", "true"):
@@ -220,10 +221,10 @@ def run_case(lib, i):
             scal = [L, H, XU, XW, XV, K, V, nc, m_chunks, tiles, classes]
             # the CUDA-core kernel, then (float) the tensor-core one
             runs = [(f"VM {vm}", f"emu_mm_{io}_{kind}_{vm}", batch * H * nc * tiles, 256)]
-            if io == "float32":
-                v_blocks = -(-V // gssd.TC_COLUMNS)
-                runs.append(("TF32", f"emu_mm_tc_{kind}", batch * H * nc * tiles * v_blocks,
-                             gssd.TC_THREADS))
+            if io == "float32":  # both column widths, whatever V is
+                runs += [(f"TF32 NT {nt:2d}", f"emu_mm_tc_{kind}_{nt}",
+                          batch * H * nc * tiles * -(-V // (8 * nt)), gssd.TC_THREADS)
+                         for nt in gssd.TC_NT]
             for label, sym, grid, threads in runs:
                 out = np.full((batch, L, H, V), np.nan, dt)
                 args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
@@ -233,7 +234,7 @@ def run_case(lib, i):
                     err = float("inf")
                 worst = max(worst, err)
                 tol = 2e-6 if io == "float32" else 1e-13
-                print(f"case {i} {io} {kind:5s} {label:4s}{' cb' if with_cb else '   '}: "
+                print(f"case {i} {io} {kind:5s} {label:10s}{' cb' if with_cb else '   '}: "
                       f"rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
                 if not err < tol:
                     return False
