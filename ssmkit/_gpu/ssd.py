@@ -16,9 +16,9 @@ Forward
        once per chunk for all the heads that share B and C.
     ``ssd_chunk_state`` and ``ssd_chunk_mm`` are register-tiled matrix products on the
     CUDA cores (float, double, and 16-bit inputs with the tensor cores off); in float32
-    arithmetic on sm_80 and later the products y, ycore and (G B) run on tensor cores
-    instead (``ssd_chunk_mm_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0``
-    keeps them on the CUDA cores).
+    arithmetic on sm_80 and later they run on tensor cores instead (``ssd_chunk_mm_tc``,
+    ``ssd_chunk_state_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0`` keeps
+    them on the CUDA cores).
     The chunks are cut every ``chunk_size`` steps and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
     For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 to 4
@@ -157,10 +157,9 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
 # and 8 NT columns.
 TC_THREADS = 128  # SSD_TC_THREADS
 TC_NT = (8, 16)   # NT: n-tiles of 8 columns a block owns
-# The kinds that run there ("state": the chunk states, ssd_chunk_state_tc). dB and dC (V = N
-# = 128 at the peer shape) stay on the CUDA cores: each 64-column block redoes the q-tile sums
-# x dY^T, and they measured 4.4-4.5 ms there against 4.1 (benchmarks/SSD.md).
-TC_KINDS = ("y", "ycore", "GB", "state")
+# The kinds that run there ("state": the chunk states, ssd_chunk_state_tc): all of them; a
+# module switch so that one kind can be timed on the CUDA cores against the others.
+TC_KINDS = ("y", "ycore", "GB", "dB", "dC", "state")
 
 
 def uses_tc(compute: str, kind: str) -> bool:
