@@ -680,8 +680,8 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
     }
     // The weighted block's entry (r, qi) of q-tile q0 from U_r . W_q = s: zero where masked.
     __device__ __forceinline__ CT weight(CT s, int r, int qi, ssm_i64 q0, int nq) const {
-        const ssm_i64 rt = r0 + r, qt = q0 + qi;
-        const bool live = r < nr && qi < nq && (UPPER ? qt >= rt : qt <= rt) &&
+        const int ahead = qi - r - (int)(r0 - q0);  // step q - step r (tiles of one chunk)
+        const bool live = r < nr && qi < nq && (UPPER ? ahead >= 0 : ahead <= 0) &&
                           seq_q[qi] == seq_r[r];
         if (!live) return CT(0);
         CT wv = ssd_exp<CT>(UPPER ? cum_q[qi] - cum_r[r] : cum_r[r] - cum_q[qi]) * s;
@@ -1078,9 +1078,16 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = wr + g + 8 * (e >> 1), q = 8 * jj + 2 * t + (e & 1);
-                    sacc[jj][e] = UPPER ? blkp[q * R + r] : blkp[r * R + q];
+                for (int i = 0; i < 2; ++i) {  // rows r, columns q and q + 1
+                    const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
+                    if (UPPER) {
+                        sacc[jj][2 * i] = blkp[q * R + r];
+                        sacc[jj][2 * i + 1] = blkp[(q + 1) * R + r];
+                    } else {
+                        const float2 v = *reinterpret_cast<const float2*>(blkp + r * R + q);
+                        sacc[jj][2 * i] = v.x;
+                        sacc[jj][2 * i + 1] = v.y;
+                    }
                 }
             __syncthreads();  // cum_q, dt_q, seq_q
         } else {

@@ -51,6 +51,7 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
     emu_mma_count++;
 }
 
+struct alignas(8) float2 { float x, y; };
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 
