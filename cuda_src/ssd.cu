@@ -996,6 +996,28 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
     }
 };
 
+// acc += A B^T over k < n_k: A's rows arow0 .. arow0 + 15 (stage `as`) and B's NT n-tiles
+// (stage `bs`), stage after stage. la, lb hold a stage in registers; load_a(k0), load_b(k0)
+// fill them, and stage k + 1's loads are in flight while stage k is summed.
+template <int NT, class LA, class LB, class FA, class FB>
+__device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_TC_KS / 2],
+                                           uint4 (*bs)[SSD_TC_KS / 2], int arow0, LA& la,
+                                           LB& lb, FA load_a, FB load_b, int n_k) {
+    load_a(0);
+    load_b(0);
+    for (int k0 = 0; k0 < n_k; k0 += SSD_TC_KS) {
+        __syncthreads();
+        la.store(as);
+        lb.store(bs);
+        __syncthreads();
+        if (k0 + SSD_TC_KS < n_k) {
+            load_a(k0 + SSD_TC_KS);
+            load_b(k0 + SSD_TC_KS);
+        }
+        ssd_tc_stage_mma<NT>(acc, as, arow0, bs);
+    }
+}
+
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
@@ -1041,19 +1063,8 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     {
         ssd_tc_stage<R, false> ul;
         ssd_tc_stage<VR, MT> ml;
-        ul.load(Ur, u_stride, nr, K, 0);
-        ml.load(M, MT ? V : K, nv, K, 0);
-        for (int k0 = 0; k0 < K; k0 += KS) {
-            __syncthreads();
-            ul.store(us);
-            ml.store(bs);
-            __syncthreads();
-            if (k0 + KS < K) {
-                ul.load(Ur, u_stride, nr, K, k0 + KS);
-                ml.load(M, MT ? V : K, nv, K, k0 + KS);
-            }
-            ssd_tc_stage_mma<NT>(acc, us, wr, bs);
-        }
+        ssd_tc_sum(acc, us, bs, wr, ul, ml, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
+                   [&](int k0) { ml.load(M, MT ? V : K, nv, K, k0); }, K);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -1098,19 +1109,8 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
             const TW* Wq = W + ((b * L + q0) * XW + hw) * (ssm_i64)K;
             const ssm_i64 w_stride = (ssm_i64)XW * K;
             ssd_tc_stage<R, false> ul, wl;
-            ul.load(Ur, u_stride, nr, K, 0);
-            wl.load(Wq, w_stride, nq, K, 0);
-            for (int k0 = 0; k0 < K; k0 += KS) {
-                __syncthreads();
-                ul.store(us);
-                wl.store(bs);
-                __syncthreads();
-                if (k0 + KS < K) {
-                    ul.load(Ur, u_stride, nr, K, k0 + KS);
-                    wl.load(Wq, w_stride, nq, K, k0 + KS);
-                }
-                ssd_tc_stage_mma<R / 8>(sacc, us, wr, bs);
-            }
+            ssd_tc_sum(sacc, us, bs, wr, ul, wl, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
+                       [&](int k0) { wl.load(Wq, w_stride, nq, K, k0); }, K);
         }
         // Weighted and masked in place (zero where masked).
 #pragma unroll

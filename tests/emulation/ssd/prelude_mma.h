@@ -13,12 +13,12 @@ template <bool BF> inline float emu_16_to_f(unsigned short u) {
     return emu_h2f(u);
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.{bf16|f16}: D = A B + D with the PTX ISA fragments
-// (g = lane >> 2, t = lane & 3): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
-// a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0,d1 = D[g][2t..2t+1],
-// d2,d3 = D[g+8][2t..2t+1]; the low half of a register is the lower index.
-template <bool BF>
-inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+// The two halves of an emulated mma.sync around the operands' decoding: emu_mma_gather stores
+// this lane's registers with its warp's and waits for all 32 lanes (the warp's gathered
+// registers); emu_mma_finish waits until every lane has decoded them (they may then be
+// overwritten), then adds A B (16 x K times K x 8, in double) to this lane's accumulators:
+// d0, d1 = D[g][2t..2t+1], d2, d3 = D[g+8][2t..2t+1].
+inline EmuMmaX& emu_mma_gather(const unsigned (&a)[4], unsigned b0, unsigned b1) {
     const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
     EmuWarp& W = emu_warps[w];
     if (W.mask != 0xffffffffu) emu_fail("mma.sync in a partial warp");
@@ -26,6 +26,29 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
     for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
     X.b[lane][0] = b0; X.b[lane][1] = b1;
     W.bar->arrive_and_wait();
+    return X;
+}
+template <int K>
+inline void emu_mma_finish(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) {
+    const unsigned tid = threadIdx.x, lane = tid % 32;
+    emu_warps[tid / 32].bar->arrive_and_wait();
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += (double)A[r][k] * (double)B[k][c];
+        d[i] = (float)((double)d[i] + s);
+    }
+    emu_mma_count++;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16|f16}: D = A B + D with the PTX ISA fragments
+// (g = lane >> 2, t = lane & 3): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
+// a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0,d1 = D[g][2t..2t+1],
+// d2,d3 = D[g+8][2t..2t+1]; the low half of a register is the lower index.
+template <bool BF>
+inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const EmuMmaX& X = emu_mma_gather(a, b0, b1);
     float A[16][16], B[16][8];
     for (int l = 0; l < 32; ++l) {
         const int g = l >> 2, t = l & 3;
@@ -40,15 +63,7 @@ inline void emu_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
             B[k + 1][g] = emu_16_to_f<BF>(X.b[l][i] >> 16);
         }
     }
-    W.bar->arrive_and_wait();  // every lane has read the operands before any overwrites them
-    const int g = lane >> 2, t = lane & 3;
-    for (int i = 0; i < 4; ++i) {
-        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
-        double s = 0;
-        for (int k = 0; k < 16; ++k) s += (double)A[r][k] * (double)B[k][c];
-        d[i] = (float)((double)d[i] + s);
-    }
-    emu_mma_count++;
+    emu_mma_finish<16>(d, A, B);
 }
 
 struct alignas(8) float2 { float x, y; };
@@ -69,13 +84,7 @@ inline unsigned emu_cvt_tf32(float x) {
 // a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g]; d as for m16n8k16. Operands must be
 // TF32 values (low 13 bits zero), as cvt.rna makes them.
 inline void emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    const unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32;
-    EmuWarp& W = emu_warps[w];
-    if (W.mask != 0xffffffffu) emu_fail("mma.sync in a partial warp");
-    EmuMmaX& X = emu_mmax[w];
-    for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
-    X.b[lane][0] = b0; X.b[lane][1] = b1;
-    W.bar->arrive_and_wait();
+    const EmuMmaX& X = emu_mma_gather(a, b0, b1);
     float A[16][8], B[8][8];
     for (int l = 0; l < 32; ++l) {
         const int g = l >> 2, t = l & 3;
@@ -88,15 +97,7 @@ inline void emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, uns
             B[t + 4 * i][g] = __uint_as_float(X.b[l][i]);
         }
     }
-    W.bar->arrive_and_wait();  // every lane has read the operands before any overwrites them
-    const int g = lane >> 2, t = lane & 3;
-    for (int i = 0; i < 4; ++i) {
-        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
-        double s = 0;
-        for (int k = 0; k < 8; ++k) s += (double)A[r][k] * (double)B[k][c];
-        d[i] = (float)((double)d[i] + s);
-    }
-    emu_mma_count++;
+    emu_mma_finish<8>(d, A, B);
 }
 
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix l / 8
