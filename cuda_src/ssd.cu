@@ -1154,26 +1154,26 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 // --------------------------------------------------------------------------------------
 // ssd_chunk_state_tc: ssd_chunk_state in float on tensor cores (3 x TF32, as
 // ssd_chunk_mm_tc; ssmkit._gpu.ssd chooses it with the products). Same arguments and sums.
-// A block computes a 64 x 64 tile of the P x N result, 4 warps of 16 rows p; the steps s are
-// the k of the product, staged SSD_TC_KS at a time as X^T (rows p, times w_s as they are
-// split) and Y^T (rows n).
-// Grid: (batch * nc, H, ceil(P / 64) * ceil(N / 64)), SSD_TC_THREADS threads.
+// A block computes a 64 x 8 NT tile of the P x N result (NT 8 or 16, as ssd_chunk_mm_tc),
+// 4 warps of 16 rows p; the steps s are the k of the product, staged SSD_TC_KS at a time as
+// X^T (rows p, times w_s as they are split) and Y^T (rows n).
+// Grid: (batch * nc, H, ceil(P / 64) * ceil(N / 8 NT)), SSD_TC_THREADS threads.
 // --------------------------------------------------------------------------------------
-template <typename TX, typename TY, bool ADJ>
-__global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
+template <typename TX, typename TY, bool ADJ, int NT>
+__global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
 ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
                    const float* __restrict__ dte, const float* __restrict__ cum,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    float* __restrict__ out, ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
-    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NT = R / 8;
-    __shared__ uint4 xs[R][KS / 2], ys[R][KS / 2];
+    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NR = 8 * NT;  // NR columns n
+    __shared__ uint4 xs[R][KS / 2], ys[NR][KS / 2];
     __shared__ float w_sh[KS];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wr = 16 * (tid >> 5);  // the warp's first row p
     const ssm_i64 e = blockIdx.x;    // = b * nc + c
     const int h = blockIdx.y;
     const int p_tiles = (P + R - 1) / R;
-    const int p0 = (blockIdx.z % p_tiles) * R, n0 = (blockIdx.z / p_tiles) * R;
+    const int p0 = (blockIdx.z % p_tiles) * R, n0 = (blockIdx.z / p_tiles) * NR;
     const ssm_i64 b = e / nc, c = e - b * nc;
     const ssm_i64 t0 = starts[c], t1 = starts[c + 1], E = t1 - 1;
     const int n_s = (int)(t1 - t0), gy = h / (H / GY);
@@ -1188,7 +1188,8 @@ ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[nt][q] = 0.f;
-    ssd_tc_stage<R, true> xl, yl;
+    ssd_tc_stage<R, true> xl;
+    ssd_tc_stage<NR, true> yl;
     float cs = 0.f, ds = 0.f;  // thread tid < KS: cum, dt' and seq of the stage's step tid
     int sq = 0;
     auto load = [&](int k0) {

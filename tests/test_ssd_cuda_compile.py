@@ -34,8 +34,8 @@ def representative_names():
     names += [ssd.mm_tc_name(kind, "float32", "float32", nt) for kind in ssd.TC_KINDS
               if kind in ssd.MM_KINDS for nt in ssd.TC_NT]
     names += [ssd.mm_tc_name("y", io, bc, 8) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
-    names += [ssd.state_name(io, bc, adj, tc=True) for io, bc in ssd.DTYPE_PAIRS
-              if io != "float64" for adj in (False, True)]
+    names += [ssd.state_name(io, bc, adj, nt=nt) for io, bc in ssd.DTYPE_PAIRS
+              if io != "float64" for adj in (False, True) for nt in ssd.TC_NT]
     for vm in ssd.vm_values("float32"):
         names.append(ssd.mm_name("y", "float32", "float32", vm))
     for vm in ssd.vm_values("float64"):

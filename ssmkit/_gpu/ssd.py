@@ -184,14 +184,14 @@ def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
     return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}, {nt}>"
 
 
-def state_name(io: str, bc: str, adjoint: bool, *, tc: bool = False) -> str:
-    """The chunk-state kernel: ``ssd_chunk_state`` or, with ``tc``, ``ssd_chunk_state_tc``;
+def state_name(io: str, bc: str, adjoint: bool, *, nt: int = 0) -> str:
+    """The chunk-state kernel: ``ssd_chunk_state`` or, with ``nt`` (NT), ``ssd_chunk_state_tc``;
     the adjoint form reads dY in the compute dtype."""
     ct = _COMPUTE[io]
     T = _CTYPE[ct] if adjoint else _CTYPE[io]
     adj = "true" if adjoint else "false"
-    if tc:
-        return f"ssd_chunk_state_tc<{T}, {_CTYPE[bc]}, {adj}>"
+    if nt:
+        return f"ssd_chunk_state_tc<{T}, {_CTYPE[bc]}, {adj}, {nt}>"
     return f"ssd_chunk_state<{T}, {_CTYPE[bc]}, {_CTYPE[ct]}, {adj}>"
 
 
@@ -207,7 +207,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
     if TB != CT:  # dB, dC of the tensor-core backward, summed straight into B's dtype
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
     if ct == "float32":
-        names += [state_name(io, bc, adj, tc=True) for adj in (False, True)]
+        names += [state_name(io, bc, adj, nt=nt) for adj in (False, True) for nt in TC_NT]
     for kind in mm_kinds:
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
         if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
@@ -514,16 +514,16 @@ class _Layout:
     def chunk_state(self, p, X, Y, adjoint):
         """Per chunk: sum over its steps of w_s X_s (outer) Y_s, (batch, nc, H, P, N)."""
         cp = p.xp
-        tc = uses_tc(self.ct, "state")
-        name = state_name(self.io, self.bc, adjoint, tc=tc)
+        nt = tc_nt(p.N) if uses_tc(self.ct, "state") else 0
+        name = state_name(self.io, self.bc, adjoint, nt=nt)
         out = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.compute_dtype)
-        R = tile_rows(self.ct)  # a block's tile: R x 2R of the P x N result (R x R on tc)
-        NR = R if tc else 2 * R
+        R = tile_rows(self.ct)  # a block's tile: R x 2R of the P x N result (R x 8 NT on tc)
+        NR = 8 * nt if nt else 2 * R
         grid = (p.batch * self.nc, p.H, -(-p.P // R) * -(-p.N // NR))
         _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
                              np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
                              np.int32(p.N), np.int64(self.nc)),
-                threads=TC_THREADS if tc else THREADS)
+                threads=TC_THREADS if nt else THREADS)
         return out
 
     def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None):

@@ -66,8 +66,9 @@ def kernels():
             out[f"state_{io}_{adj}"] = (f"ssd_chunk_state<{T}, {T}, {T}, {adj}>", T, STATE_PTRS,
                                         STATE_SCALARS)
             if io == "float32":
-                out[f"state_tc_{adj}"] = (gssd.state_name(io, io, adj == "true", tc=True), T,
-                                          STATE_PTRS, STATE_SCALARS)
+                for nt in gssd.TC_NT:
+                    out[f"state_tc_{adj}_{nt}"] = (gssd.state_name(io, io, adj == "true", nt=nt),
+                                                   T, STATE_PTRS, STATE_SCALARS)
     return out
 
 
@@ -299,8 +300,8 @@ def run_state(lib, i):
     # the CUDA-core kernel (a block per R x 2R tile), then (float) the tensor-core one (R x R)
     runs = [(adj, "", f"emu_state_{io}_{adj}", 2 * R, 256) for adj in ("false", "true")]
     if io == "float32":
-        runs += [(adj, " TF32", f"emu_state_tc_{adj}", R, gssd.TC_THREADS)
-                 for adj in ("false", "true")]
+        runs += [(adj, f" TF32 NT {nt}", f"emu_state_tc_{adj}_{nt}", 8 * nt, gssd.TC_THREADS)
+                 for adj in ("false", "true") for nt in gssd.TC_NT]
     for adj, label, sym, cols, threads in runs:
         out = np.full((batch, nc, H, P, N), np.nan, dt)
         grid = batch * nc  # (batch * nc, H, tiles): the wrapper takes gx, gy; z folded below
