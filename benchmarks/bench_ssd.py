@@ -7,8 +7,10 @@ the device-to-device copy bandwidth measured in the same run, each time set agai
 the compulsory traffic (bytes / copy bandwidth) and mamba_ssm's Triton time where
 peers-h200.md has one. Writes ``results/ssd_<gpu>.json`` and a markdown table beside it.
 16-bit rows run the forward on the tensor-core kernels (cuda_src/ssd_mma.cu) and also time it
-with ``SSMKIT_SSD_MMA=0`` (the CUDA-core kernels), and the forward+backward also with
-``SSMKIT_SSD_MMA_BWD=0`` (the backward's chunk products on CUDA cores; tensor cores by default); the
+with ``SSMKIT_SSD_MMA=0`` and ``SSMKIT_SSD_TF32=0`` (the CUDA-core kernels), and the
+forward+backward also with ``SSMKIT_SSD_MMA_BWD=0`` and ``SSMKIT_SSD_TF32=0`` (the backward's
+chunk products on CUDA cores; tensor cores by default); float32 rows run their chunk products
+and chunk states on tensor cores as 3 x TF32 and also time both with ``SSMKIT_SSD_TF32=0``; the
 peer bfloat16 row's forward is split into its stages (effective dt + chunk sums, chunk states,
 state passing, outputs), and so is its tensor-core backward (products, adjoint chunk state on
 both paths, adjoint passing, the fused per-step pass, the whole backward).
@@ -97,8 +99,9 @@ class _env:
 
 
 def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
-    """Forward and forward+backward milliseconds for one configuration (and, for 16-bit
-    dtypes, the forward on CUDA cores and the forward+backward with the CUDA-core backward)."""
+    """Forward and forward+backward milliseconds for one configuration, and the forward and
+    the forward+backward with the CUDA-core kernels (16-bit dtypes: the forward, and the
+    backward's products; float32: every product; none for float64)."""
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
     fwd = lambda: ssmkit.ssd(**x, **kw)  # noqa: E731
@@ -113,11 +116,12 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     fb_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
     fb_lat_ms = cuda_median_ms(fwd_bwd, reps=5)
     fwd_old_ms = fb_old_ms = None
-    if dtype in ("float16", "bfloat16"):
-        with _env("SSMKIT_SSD_MMA", "0"):  # the same forward on the CUDA-core kernels
-            fwd_old_ms = cuda_median_ms(fwd, calls=5)
-        with _env("SSMKIT_SSD_MMA_BWD", "0"):  # the backward's products on CUDA cores
-            fb_old_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
+    if dtype in ("float16", "bfloat16", "float32"):
+        sixteen = dtype != "float32"
+        with _env("SSMKIT_SSD_TF32", "0"), _env("SSMKIT_SSD_MMA", "0" if sixteen else "1"):
+            fwd_old_ms = cuda_median_ms(fwd, calls=5)  # the same forward on CUDA cores
+        with _env("SSMKIT_SSD_TF32", "0"), _env("SSMKIT_SSD_MMA_BWD", "0" if sixteen else "1"):
+            fb_old_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)  # the backward's products too
     return fwd_ms, fb_ms, fwd_old_ms, fb_old_ms, fwd_lat_ms, fb_lat_ms
 
 
@@ -289,9 +293,11 @@ def run_gpu(args):
              "/ time as a fraction of the copy bandwidth. mamba_ssm: its Triton "
              "mamba_chunk_scan_combined, from peers-h200.md (x mamba_ssm > 1 means faster). "
              "16-bit forwards run on tensor cores (cuda_src/ssd_mma.cu); 'fwd ms, CUDA "
-             "cores': the same call with SSMKIT_SSD_MMA=0; 16-bit backwards run their chunk "
-             "products on tensor cores; 'fwd+bwd ms, CUDA-core bwd': the same call with "
-             "SSMKIT_SSD_MMA_BWD=0.",
+             "cores': the same call with SSMKIT_SSD_MMA=0 and SSMKIT_SSD_TF32=0; 16-bit "
+             "backwards run their chunk products on tensor cores; 'fwd+bwd ms, CUDA-core bwd': "
+             "the same call with SSMKIT_SSD_MMA_BWD=0 and SSMKIT_SSD_TF32=0. float32 rows run "
+             "their chunk products and chunk states on tensor cores as 3 x TF32 (float32's "
+             "accuracy); their CUDA-core columns: the same calls with SSMKIT_SSD_TF32=0.",
              "",
              "| dtype | batch | L | H | P | G | N | chunk | fwd ms | latency | of copy | "
              "x mamba_ssm | fwd ms, CUDA cores | fwd+bwd ms | latency | of copy | x mamba_ssm | "
