@@ -164,9 +164,8 @@ TC_KINDS = ("y", "ycore", "GB", "dB", "dC", "state")
 
 def uses_tc(compute: str, kind: str) -> bool:
     """Whether the chunk product ``kind`` runs on ``ssd_chunk_mm_tc`` (``"state"``: the chunk
-    states on ``ssd_chunk_state_tc``): one of TC_KINDS in
-    float32 arithmetic, a device of compute capability 8.0 or more, and ``SSMKIT_SSD_TF32``
-    not set to ``0``."""
+    states on ``ssd_chunk_state_tc``): one of TC_KINDS in float32 arithmetic, on a device of
+    compute capability 8.0 or more, with ``SSMKIT_SSD_TF32`` not set to ``0``."""
     return (compute == "float32" and kind in TC_KINDS
             and os.environ.get("SSMKIT_SSD_TF32", "1") != "0"
             and compiler.device_limits()["compute_capability"] >= 80)
@@ -178,6 +177,7 @@ def tc_nt(V: int) -> int:
 
 
 def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
+    """The ``ssd_chunk_mm_tc`` instance of one product kind with NT n-tiles per block."""
     roles, upper, mt, dtq = MM_KINDS[kind]
     types = [_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles]
     flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
