@@ -826,24 +826,22 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // same sums, in another order.
 //
 // 3 x TF32: every operand value x is split once, when it is staged, into two TF32 values
-// hi = tf32(x) and lo = tf32(x - hi), and a b is summed as a_lo b_hi + a_hi b_lo + a_hi b_hi
-// by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's rounding), so
-// the products keep float32's accuracy.
+// (ssd_tf32_split: hi rounded, lo = x - hi cut), and a b is summed as a_lo b_hi + a_hi b_lo +
+// a_hi b_hi by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's
+// rounding), so the products keep float32's accuracy.
 //
 // A block owns R = 64 rows, as ssd_chunk_mm (so ssd_chunk_cb's blocks fit), and 8 NT of the V
 // columns (64 or 128; blocks ceil(V / 8 NT) apart in the grid take the others), 4 warps of 16
-// rows. A warp
-// holds its rows' outputs and, per q-tile, its rows of the weighted block in accumulator
-// registers, which it multiplies by Vv from there: lane (g, t)
-// holds columns 2t and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next
-// product when its B fragments take k = 2t, 2t + 1 too (ssd_tc_frag). Every product here
+// rows. A warp holds its rows' outputs and, per q-tile, its rows of the weighted block in
+// accumulator registers, which it multiplies by Vv from there: lane (g, t) holds columns 2t
+// and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next product when its
+// B fragments take k = 2t, 2t + 1 too (ssd_tc_frag_acc, ssd_tc_frag_b). Every product here
 // uses that k order.
 // Shared stages hold SSD_TC_KS = 16 values of k (or q) per row, split: a row is 8 units of 16
 // bytes (hi and lo of the pair k = 2p, 2p + 1: hi_2p, hi_2p+1, lo_2p, lo_2p+1, so that a B
 // fragment's hi and lo halves are register pairs as loaded), unit p of row r stored at
-// p ^ rot(r % 8),
-// so that the fragment reads (a quarter warp: 2 rows x 4 units) and the transposed stores
-// (8 rows, one unit each) touch 8 different units of the 32 banks.
+// p ^ rot(r % 8), so that the fragment reads (a quarter warp: 2 rows x 4 units) and the
+// transposed stores (8 rows, one unit each) touch 8 different units of the 32 banks.
 // Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 8 NT)), SSD_TC_THREADS threads.
 // --------------------------------------------------------------------------------------
 #define SSD_TC_THREADS 128
@@ -996,18 +994,27 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
     }
 };
 
+// Stage weights for ssd_tc_sum: none.
+struct ssd_tc_unweighted {
+    __device__ __forceinline__ const float* operator()(int) const { return nullptr; }
+};
+
 // acc += A B^T over k < n_k: A's rows arow0 .. arow0 + 15 (stage `as`) and B's NT n-tiles
 // (stage `bs`), stage after stage. la, lb hold a stage in registers; load_a(k0), load_b(k0)
-// fill them, and stage k + 1's loads are in flight while stage k is summed.
-template <int NT, class LA, class LB, class FA, class FB>
+// fill them, and stage k + 1's loads are in flight while stage k is summed. weights(k0), run
+// before the stage's first barrier, gives the weights A's values are stored times (see
+// ssd_tc_stage::store; it may write them to shared memory then), or null.
+template <int NT, class LA, class LB, class FA, class FB, class FW = ssd_tc_unweighted>
 __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_TC_KS / 2],
                                            uint4 (*bs)[SSD_TC_KS / 2], int arow0, LA& la,
-                                           LB& lb, FA load_a, FB load_b, int n_k) {
+                                           LB& lb, FA load_a, FB load_b, int n_k,
+                                           FW weights = FW()) {
     load_a(0);
     load_b(0);
     for (int k0 = 0; k0 < n_k; k0 += SSD_TC_KS) {
+        const float* w = weights(k0);
         __syncthreads();
-        la.store(as);
+        la.store(as, w);
         lb.store(bs);
         __syncthreads();
         if (k0 + SSD_TC_KS < n_k) {
@@ -1192,29 +1199,26 @@ ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
     ssd_tc_stage<NR, true> yl;
     float cs = 0.f, ds = 0.f;  // thread tid < KS: cum, dt' and seq of the stage's step tid
     int sq = 0;
-    auto load = [&](int k0) {
-        xl.load(Xs, x_stride, P - p0, n_s, k0);
-        yl.load(Ys, y_stride, N - n0, n_s, k0);
-        if (tid < KS && k0 + tid < n_s) {
-            const ssm_i64 i = (b * L + t0 + k0 + tid) * H + h;
-            cs = cum[i];
-            ds = ADJ ? 0.f : dte[i];
-            sq = ssd_seq(seq, b * L + t0 + k0 + tid);
-        }
-    };
-    load(0);
-    for (int k0 = 0; k0 < n_s; k0 += KS) {
-        if (tid < KS)  // the last stage's stores read w_sh before the barrier below it
-            w_sh[tid] = k0 + tid < n_s && sq == seq_ref
-                            ? (ADJ ? ssd_exp<float>(cs) : ssd_exp<float>(cum_E - cs) * ds)
-                            : 0.f;
-        __syncthreads();
-        xl.store(xs, w_sh);
-        yl.store(ys);
-        __syncthreads();
-        if (k0 + KS < n_s) load(k0 + KS);
-        ssd_tc_stage_mma<NT>(acc, xs, wr, ys);
-    }
+    ssd_tc_sum(
+        acc, xs, ys, wr, xl, yl,
+        [&](int k0) { xl.load(Xs, x_stride, P - p0, n_s, k0); },
+        [&](int k0) {  // Y^T and the weights' inputs
+            yl.load(Ys, y_stride, N - n0, n_s, k0);
+            if (tid < KS && k0 + tid < n_s) {
+                const ssm_i64 i = (b * L + t0 + k0 + tid) * H + h;
+                cs = cum[i];
+                ds = ADJ ? 0.f : dte[i];
+                sq = ssd_seq(seq, b * L + t0 + k0 + tid);
+            }
+        },
+        n_s,
+        [&](int k0) {  // the last stage's stores read w_sh before the barrier after them
+            if (tid < KS)
+                w_sh[tid] = k0 + tid < n_s && sq == seq_ref
+                                ? (ADJ ? ssd_exp<float>(cs) : ssd_exp<float>(cum_E - cs) * ds)
+                                : 0.f;
+            return (const float*)w_sh;
+        });
     const ssm_i64 PN = (ssm_i64)P * N;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)

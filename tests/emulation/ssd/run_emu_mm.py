@@ -296,23 +296,10 @@ def run_state(lib, i):
     a = lambda *s: rng.standard_normal(s).astype(dt)
     X, Y = a(batch, L, H, P), a(batch, L, GY, N)
     R = gssd.tile_rows(io)
-    ok = True
-    # the CUDA-core kernel (a block per R x 2R tile), then (float) the tensor-core one (R x R)
-    runs = [(adj, "", f"emu_state_{io}_{adj}", 2 * R, 256) for adj in ("false", "true")]
-    if io == "float32":
-        runs += [(adj, f" TF32 NT {nt}", f"emu_state_tc_{adj}_{nt}", 8 * nt, gssd.TC_THREADS)
-                 for adj in ("false", "true") for nt in gssd.TC_NT]
-    for adj, label, sym, cols, threads in runs:
-        out = np.full((batch, nc, H, P, N), np.nan, dt)
-        grid = batch * nc  # (batch * nc, H, tiles): the wrapper takes gx, gy; z folded below
-        tiles = -(-P // R) * -(-N // cols)
-        bufs = [X, Y, dte, cum, seq, starts, out]
-        s = (ctypes.c_longlong * 6)(L, H, P, GY, N, nc)
-        eb = (EmuBuf * len(bufs))(*[EmuBuf(None, 0) if v is None else
-                                    EmuBuf(v.ctypes.data, v.nbytes) for v in bufs])
-        getattr(lib, sym)(eb, s, grid, H, tiles, threads)
-        ref = np.zeros(out.shape)
-        g = np.arange(H) // (H // GY)
+    g = np.arange(H) // (H // GY)
+
+    def reference(adj):
+        ref = np.zeros((batch, nc, H, P, N))
         for b in range(batch):
             for c in range(nc):
                 t0, t1 = int(starts[c]), int(starts[c + 1])
@@ -328,6 +315,25 @@ def run_state(lib, i):
                         continue
                     ref[b, c] += (w[:, None, None] * X[b, t].astype(np.float64)[:, :, None]
                                   * Y[b, t][g].astype(np.float64)[:, None, :])
+        return ref
+
+    refs = {adj: reference(adj) for adj in ("false", "true")}
+    ok = True
+    # the CUDA-core kernel (a block per R x 2R tile), then (float) the tensor-core one (R x 8 NT)
+    runs = [(adj, "", f"emu_state_{io}_{adj}", 2 * R, 256) for adj in ("false", "true")]
+    if io == "float32":
+        runs += [(adj, f" TF32 NT {nt}", f"emu_state_tc_{adj}_{nt}", 8 * nt, gssd.TC_THREADS)
+                 for adj in ("false", "true") for nt in gssd.TC_NT]
+    for adj, label, sym, cols, threads in runs:
+        out = np.full((batch, nc, H, P, N), np.nan, dt)
+        grid = batch * nc  # (batch * nc, H, tiles): the wrapper takes gx, gy; z folded below
+        tiles = -(-P // R) * -(-N // cols)
+        bufs = [X, Y, dte, cum, seq, starts, out]
+        s = (ctypes.c_longlong * 6)(L, H, P, GY, N, nc)
+        eb = (EmuBuf * len(bufs))(*[EmuBuf(None, 0) if v is None else
+                                    EmuBuf(v.ctypes.data, v.nbytes) for v in bufs])
+        getattr(lib, sym)(eb, s, grid, H, tiles, threads)
+        ref = refs[adj]
         err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
         if np.isnan(out).any():
             err = float("inf")
