@@ -1418,12 +1418,6 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                               2 * SSD_MMA_ROWS * LDV <= MS), "the staged rows fit us and ms");
     const int off = with_diag ? 0 : 1;  // 1: q = r is left out of the block
     float* const part = HSUM ? out + hs * part_stride : out;
-    // AHEAD (the C B^T products, given a second Vv buffer in dynamic shared memory): step
-    // 2's Vv tiles alternate between vt2 and vt, the next one in flight while one is
-    // multiplied; the first comes with step 1. Else each tile is staged, landed and used.
-    extern __shared__ ssm_v16 ssd_mma_dyn[];
-    unsigned short* const vt2 = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
-    const bool ahead = use_cb && ssm_dynamic_smem_bytes() >= SSD_MMA_ROWS * LDV * 2;
 
     // One head's products, stored (the first head of a run) or added. Called once without
     // HSUM: a loop around the body there would cost ptxas registers (spills at 128).
@@ -1460,15 +1454,6 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 us, U + ((b * L + r0) * XU + hu) * K + k0, (ssm_i64)XU * K, nr, K - k0, vec, tid);
         };
 
-        // Stage step 2's Vv tile from step q0 into dst (zero past the reach).
-        const ssm_i64 q_begin = UPPER ? r0 : t0;
-        const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
-        auto stage_v = [&](unsigned short* dst, ssm_i64 q0) {
-            ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
-                dst, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V,
-                (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS), V, vec, tid);
-        };
-
         // 1. The boundary term.
         const T* M = Mm + ((b * m_chunks + c) * H + h) * ((ssm_i64)K * V);
         for (int k0 = 0; k0 < K; k0 += KW) {
@@ -1483,10 +1468,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                 ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
                     vt, Xd + ((b * L + r0) * H + h) * V, (ssm_i64)H * V, nr, V,
                     vec && ((unsigned long long)Xd & 15) == 0, tid);
-            if (k0 == 0) {
-                if (ahead) stage_v(vt2, UPPER ? r0 : t0);
-                load_rows();
-            }
+            if (k0 == 0) load_rows();
             ssd_mma_cp_land();
             __syncthreads();
             ssd_mma_slice<T, NT, KW, LDK, !HSUM, MT, LDM>(acc, us, ms, k0, K, warp, lane);
@@ -1530,13 +1512,11 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             }
         }
 
-        // 2. The diagonal block, one tile of 64 steps q at a time over the rows' reach (pass
-        // `it`; with `ahead`, its Vv tile in vt2 for even passes, vt for odd ones).
-        int it = 0;
-        for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS, ++it) {
+        // 2. The diagonal block, one tile of 64 steps q at a time over the rows' reach.
+        const ssm_i64 q_begin = UPPER ? r0 : t0;
+        const ssm_i64 q_end = UPPER ? t1 : r0 + nr;
+        for (ssm_i64 q0 = q_begin; q0 < q_end; q0 += SSD_MMA_ROWS) {
             const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
-            const bool last = q0 + SSD_MMA_ROWS >= q_end;
-            unsigned short* const vcur = ahead && !(it & 1) ? vt2 : vt;
             float gacc[8][4];
             if (use_cb) {  // uniform: U W^T = C B^T from ssd_mma_cb (UPPER: its transpose)
                 const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
@@ -1562,10 +1542,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             for (int k0 = 0; k0 < (use_cb ? 1 : K); k0 += KW) {
                 __syncthreads();  // the previous reads of ms (and of vt, cum_q, ...) are done
                 if (k0 == 0) {
-                    if (!ahead)
-                        stage_v(vt, q0);
-                    else if (!last)  // the next pass's tile, into the buffer this one is not in
-                        stage_v(it & 1 ? vt2 : vt, q0 + SSD_MMA_ROWS);
+                    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, LDV, false>(
+                        vt, Vv + ((b * L + q0) * XV + hv) * V, (ssm_i64)XV * V, nq, V, vec, tid);
                     if constexpr (STAGED) {
                         if (q0 == q_begin) {  // the epilogue's rows, in flight with this tile
                             const ssm_i64 at = ((b * L + r0) * H + h) * V;
@@ -1606,11 +1584,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                         ms, W + ((b * L + q0) * XW + hw) * K + k0, (ssm_i64)XW * K, nq, K - k0,
                         vec, tid);
                 }
-                ssm_cp_commit();
-                if (ahead && !last)
-                    ssm_cp_wait<1>();  // this pass's tile has landed; the next is in flight
-                else
-                    ssm_cp_wait<0>();
+                ssd_mma_cp_land();
                 far_any = __syncthreads_or(far);
                 if (!use_cb) ssd_mma_slice<T, 8, KW, LDK, !HSUM>(gacc, us, ms, k0, K, warp, lane);
             }
@@ -1648,7 +1622,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     afr[j >> 1][(j & 1) * 2 + 1] = ssd_mma_pack<T>(v[2], v[3]);
                 }
             }
-            const ssd_mma_saddr v_lane = ssd_mma_lane_a<LDV, !HSUM>(vcur, lane);
+            const ssd_mma_saddr v_lane = ssd_mma_lane_a<LDV, !HSUM>(vt, lane);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 // On the chunk's diagonal tile, warp w's rows see steps < 16 (w + 1) (lower)

@@ -333,18 +333,6 @@ MMA_AHEAD_BYTES = (64 * (64 + 8) + 64 * (128 + 8)) * 2  # SSD_MMA_AHEAD_BYTES
 MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, before those
 
 
-# ycore and GB (the products reading the C B^T blocks) stage their next Vv tile while one is
-# multiplied, into a second buffer in dynamic shared memory (AHEAD of ssd_mma_chunk_mm);
-# False: each tile staged, landed and used in turn (to compare).
-MMA_V_AHEAD = True
-
-
-def _v_ahead_smem(V: int) -> int:
-    """Dynamic shared memory for the second Vv buffer of a C B^T product (64 rows of
-    mma_width(V) + 8 16-bit values), 0 with MMA_V_AHEAD off."""
-    return 64 * (mma_width(V) + 8) * 2 if MMA_V_AHEAD else 0
-
-
 def _ahead_smem(p):
     """Dynamic shared memory for dB and dC's staging ahead, 0 where they stage one head at a
     time."""
@@ -691,8 +679,7 @@ class _Layout:
                  *(_ptr(r.get(k)) for k in ("dy", "z", "x", "D", "cbd", "dY16", "dz", "dx",
                                             "dcum", "dD_part")),
                  np.int32(1 if cb is None else cb.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS,
-                smem=0 if cb is None else _v_ahead_smem(V))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return None if part is None else _sum_runs(p.xp, part)
 
     def _head_runs(self, p, groups, V):
