@@ -8,7 +8,8 @@ with z (CUDA-event medians of back-to-back calls, ``timing.cuda_median_ms``). Pr
     PYTHONPATH=$PWD python3 benchmarks/ab_ssd_switch.py NAME [ROUNDS] [VALUES] [ROW]
 
 NAME a boolean switch (True and False alternate), or any switch with VALUES given as a
-comma-separated list of Python literals (``MMA_FWD_PIECES 3 1,2,4``); a NAME starting with
+comma-separated list of Python literals (``MMA_FWD_PIECES 3 1,2,4``; separated by semicolons
+when one holds a comma: ``TC_KINDS 2 "('y','dB');('y',)"``); a NAME starting with
 ``SSMKIT_`` is an environment variable, VALUES its strings (``1,0`` by default). ROW: the
 index of the row of bench_ssd.TABLE (0, the bfloat16 peer row, by default; 1 is float32).
 """
@@ -33,7 +34,7 @@ def main(name, rounds=3, values=None, row=0):
     if env:
         values = (values or "1,0").split(",")
     elif values is not None:
-        values = [ast.literal_eval(v) for v in values.split(",")]
+        values = [ast.literal_eval(v) for v in values.split(";" if ";" in values else ",")]
     elif isinstance(getattr(gpu_ssd, name), bool):
         values = (True, False)
     else:

@@ -634,13 +634,18 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
         r0 = t0 + (ssm_i64)tile * R;
         if (r0 >= t1) return false;
         nr = (int)(t1 - r0 < R ? t1 - r0 : R);
+        const ssm_i64 E = t1 - 1;
+        seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+        set_head(h, XU, XW, XV);
+        return true;
+    }
+    // Moves the block to head h_ (same rows and chunk): its groups and cum_E.
+    __device__ __forceinline__ void set_head(int h_, int XU, int XW, int XV) {
+        h = h_;
         hu = h / (H / XU);
         hw = h / (H / XW);
         hv = h / (H / XV);
-        const ssm_i64 E = t1 - 1;
-        seq_bound = UPPER ? ssd_seq(seq, b * L + E) : ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-        cum_E = cum[(b * L + E) * H + h];
-        return true;
+        cum_E = cum[(b * L + t1 - 1) * H + h];
     }
     // cum_r, seq_r (the last row repeated past nr); the caller's barrier publishes them.
     __device__ __forceinline__ void load_rows() const {
@@ -979,16 +984,18 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             }
         }
     }
-    // With w, value (o, k) is stored times w[k] (the stage's weights, in shared memory).
-    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2],
-                                          const float* w = nullptr) const {
+    // With w, value (o, k) is stored times w[k] (the stage's weights, in shared memory); with
+    // w_row, times w_row[o].
+    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2], const float* w = nullptr,
+                                          const float* w_row = nullptr) const {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             int o, p;
             where(j, o, p);
+            const float f = w_row ? w_row[o] : 1.f;
             uint4 u;
-            ssd_tf32_split(w ? w[2 * p] * v[j][0] : v[j][0], u.x, u.z);
-            ssd_tf32_split(w ? w[2 * p + 1] * v[j][1] : v[j][1], u.y, u.w);
+            ssd_tf32_split(w ? w[2 * p] * v[j][0] : f * v[j][0], u.x, u.z);
+            ssd_tf32_split(w ? w[2 * p + 1] * v[j][1] : f * v[j][1], u.y, u.w);
             st[o][ssd_tc_unit(o, p)] = u;
         }
     }
@@ -1003,8 +1010,10 @@ struct ssd_tc_unweighted {
 // (stage `bs`), stage after stage. la, lb hold a stage in registers; load_a(k0), load_b(k0)
 // fill them, and stage k + 1's loads are in flight while stage k is summed. weights(k0), run
 // before the stage's first barrier, gives the weights A's values are stored times (see
-// ssd_tc_stage::store; it may write them to shared memory then), or null.
-template <int NT, class LA, class LB, class FA, class FB, class FW = ssd_tc_unweighted>
+// ssd_tc_stage::store; it may write them to shared memory then), or null: one per k, or
+// with ROW_WEIGHTS one per row of A.
+template <int NT, bool ROW_WEIGHTS = false, class LA, class LB, class FA, class FB,
+          class FW = ssd_tc_unweighted>
 __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_TC_KS / 2],
                                            uint4 (*bs)[SSD_TC_KS / 2], int arow0, LA& la,
                                            LB& lb, FA load_a, FB load_b, int n_k,
@@ -1014,7 +1023,10 @@ __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_
     for (int k0 = 0; k0 < n_k; k0 += SSD_TC_KS) {
         const float* w = weights(k0);
         __syncthreads();
-        la.store(as, w);
+        if (ROW_WEIGHTS)
+            la.store(as, nullptr, w);
+        else
+            la.store(as, w);
         lb.store(bs);
         __syncthreads();
         if (k0 + SSD_TC_KS < n_k) {
@@ -1155,6 +1167,226 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         for (int e = 0; e < 4; ++e) {
             const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
             if (r < nr && v < V) w.write(acc[nt][e], r, v, XV, V, D, Vv, z, out);
+        }
+}
+
+// --------------------------------------------------------------------------------------
+// dB and dC summed over heads, in float on tensor cores (3 x TF32, as ssd_chunk_mm_tc).
+// dC_t sums over the heads h of C's group the diagonal block
+// sum_{s<=t} exp(cum_t - cum_s) dt'_s (dY_t^h . x_s^h) B_s and the boundary term
+// exp(cum_t) dY_t^h states_h; dB_s sums, over B's group, dt'_s times the transposed block
+// (with C_t) and boundary term (with dHx_h). Within a class of heads (the heads that read one
+// B group and one C group, ssmkit._gpu.ssd.head_classes) the block's product with B (or C)
+// is linear in the weighted block, so the heads' weighted blocks are summed first and that
+// product is made once per class, not once per head:
+//   ssd_chunk_hblocks_tc  the R x R weighted blocks U_r . W_q, summed over a class's heads,
+//                         in ssd_chunk_cb's layout (read by the same cb_block);
+//   ssd_chunk_hsum_tc     the boundary terms of a run of the class's heads, plus (the first
+//                         run) the summed blocks times Vv: one partial per run, summed by
+//                         ssd_sum_parts; the host sums the classes of each group.
+// U, W, Vv, M as ssd_chunk_mm_tc's dB (UPPER, ROWF: rows times dt'_r) and dC (DTQ) kinds.
+// --------------------------------------------------------------------------------------
+
+// Grid: (batch * nc * classes * pairs), pairs = T (T + 1) / 2 for T tiles per chunk; block
+// ((b * nc + c) * classes + k) * pairs + hi (hi + 1) / 2 + lo takes row tile rt and q-tile
+// qt: (hi, lo) = (rt, qt), or (qt, rt) when UPPER. Blocks past the chunk's end write nothing.
+template <typename TU, typename TW, bool UPPER, bool DTQ, bool ROWF>
+__global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
+ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
+                     const float* __restrict__ dte, const float* __restrict__ cum,
+                     const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                     float* __restrict__ gs, ssm_i64 L, int H, int XU, int XW, int K,
+                     ssm_i64 nc, int tiles_per_chunk, int classes) {
+    constexpr int R = ssd_mm_tile<float>::R;
+    __shared__ uint4 us[R][SSD_TC_KS / 2], ws[R][SSD_TC_KS / 2];
+    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R];
+    __shared__ int seq_r[R], seq_q[R];
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wr = 16 * (tid >> 5);
+    const int pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+    const ssm_i64 blk = blockIdx.x, bck = blk / pairs;
+    const int pair = (int)(blk - bck * pairs);
+    const ssm_i64 bc = bck / classes;
+    const int k = (int)(bck - bc * classes);
+    int hi = 0;
+    while ((hi + 1) * (hi + 2) / 2 <= pair) ++hi;
+    const int lo = pair - hi * (hi + 1) / 2;
+    const int rt = UPPER ? lo : hi, qt = UPPER ? hi : lo;
+    const int hpk = H / classes, h0 = k * hpk;
+    ssd_mm_block<float, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
+    const ssm_i64 b = bc / nc, c = bc - b * nc;
+    if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, XU,
+              XW, 1))
+        return;
+    const ssm_i64 q0 = w.t0 + (ssm_i64)qt * R;
+    if (q0 >= w.t1) return;
+    const int nr = w.nr, nq = (int)(w.t1 - q0 < R ? w.t1 - q0 : R);
+    const ssm_i64 u_stride = (ssm_i64)XU * K, w_stride = (ssm_i64)XW * K;
+
+    float gsum[R / 8][4];
+#pragma unroll
+    for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gsum[jj][e] = 0.f;
+    for (int h = h0; h < h0 + hpk; ++h) {
+        w.set_head(h, XU, XW, 1);
+        __syncthreads();  // the previous head's reads of the row and q-tile values are done
+        w.load_rows();
+        w.load_q(q0, nq);
+        if (ROWF && tid < R) f_r[tid] = dte[(b * L + w.r0 + (tid < nr ? tid : nr - 1)) * H + h];
+        float sacc[R / 8][4];
+#pragma unroll
+        for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[jj][e] = 0.f;
+        const TU* Ur = U + ((b * L + w.r0) * XU + w.hu) * (ssm_i64)K;
+        const TW* Wq = W + ((b * L + q0) * XW + w.hw) * (ssm_i64)K;
+        ssd_tc_stage<R, false> ul, wl;
+        // (its first barrier publishes the row and q-tile values)
+        ssd_tc_sum(sacc, us, ws, wr, ul, wl, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
+                   [&](int k0) { wl.load(Wq, w_stride, nq, K, k0); }, K);
+#pragma unroll
+        for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
+                const float v = w.weight(sacc[jj][e], r, qi, q0, nq);
+                gsum[jj][e] += ROWF ? v * f_r[r] : v;
+            }
+    }
+    // Entry (r, q) at r R + q (UPPER: the transposed block's entry (q, r)), zeros included.
+    float* const out = gs + blk * (R * R);
+#pragma unroll
+    for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
+            if (UPPER) {
+                out[q * R + r] = gsum[jj][2 * i];
+                out[(q + 1) * R + r] = gsum[jj][2 * i + 1];
+            } else {
+                float2 v;
+                v.x = gsum[jj][2 * i];
+                v.y = gsum[jj][2 * i + 1];
+                *reinterpret_cast<float2*>(out + r * R + q) = v;
+            }
+        }
+}
+
+// Grid: (batch * nc * T * classes * runs * ceil(V / 8 NT)); block
+// ((((b * nc + c) * T + rt) * classes + k) * runs + run) * v_blocks + vb. Run `run` of class
+// k's heads: heads h0 + run * hpr .. (hpr = ceil(hpk / runs)). part: (runs, batch, L,
+// classes, V), part_stride apart; every entry of a row in a chunk written by each run.
+template <typename TU, typename TV, bool UPPER, bool ROWF, int NT>
+__global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
+ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
+                  const float* __restrict__ Mm, const float* __restrict__ gs,
+                  const float* __restrict__ dte, const float* __restrict__ cum,
+                  const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
+                  float* __restrict__ part, ssm_i64 L, int H, int XU, int XV, int K, int V,
+                  ssm_i64 nc, ssm_i64 m_chunks, int tiles_per_chunk, int classes, int runs,
+                  ssm_i64 part_stride) {
+    constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS;
+    constexpr int VR = 8 * NT, BR = VR > R ? VR : R;
+    __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M's columns or Vv^T
+    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R];
+    __shared__ int seq_r[R], seq_q[R];
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wr = 16 * (tid >> 5);
+    const int v_blocks = (V + VR - 1) / VR;
+    const ssm_i64 blk = blockIdx.x / v_blocks;
+    const int v0 = (int)(blockIdx.x - blk * v_blocks) * VR, nv = V - v0 < VR ? V - v0 : VR;
+    const ssm_i64 bct = blk / ((ssm_i64)classes * runs);
+    const int kr = (int)(blk - bct * classes * runs), k = kr / runs, run = kr - k * runs;
+    const ssm_i64 bc = bct / tiles_per_chunk;
+    const int rt = (int)(bct - bc * tiles_per_chunk);
+    const ssm_i64 b = bc / nc, c = bc - b * nc;
+    const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, h0 = k * hpk;
+    const int h_begin = h0 + run * hpr, h_end = h_begin + hpr < h0 + hpk ? h_begin + hpr : h0 + hpk;
+    ssd_mm_block<float, UPPER, false, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
+    if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, XU,
+              1, XV))
+        return;
+    const ssm_i64 r0 = w.r0;
+    const int nr = w.nr;
+    const ssm_i64 KV = (ssm_i64)K * V, u_stride = (ssm_i64)XU * K;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+    // The boundary terms: each head's U rows, times their factor, times M's columns.
+    for (int h = h_begin; h < h_end; ++h) {
+        w.set_head(h, XU, 1, XV);
+        const TU* Ur = U + ((b * L + r0) * XU + w.hu) * (ssm_i64)K;
+        const float* M = Mm + ((b * m_chunks + c) * H + h) * KV + v0;
+        ssd_tc_stage<R, false> ul;
+        ssd_tc_stage<VR, true> ml;
+        ssd_tc_sum<NT, true>(
+            acc, us, bs, wr, ul, ml, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
+            [&](int k0) { ml.load(M, V, nv, K, k0); }, K,
+            [&](int k0) {  // the rows' factors, each from its own thread's row values
+                if (k0 == 0 && tid < R) {
+                    w.load_rows();
+                    const float f = w.row_scale(tid);
+                    f_r[tid] = ROWF ? f * dte[(b * L + r0 + (tid < nr ? tid : nr - 1)) * H + h] : f;
+                }
+                return (const float*)f_r;
+            });
+    }
+
+    // The summed blocks times Vv (the first run): q-tiles over the rows' reach.
+    if (run == 0) {
+        w.set_head(h0, XU, 1, XV);
+        for (ssm_i64 q0 = w.q_begin(); q0 < w.q_end(); q0 += R) {
+            const int nq = (int)(w.q_end() - q0 < R ? w.q_end() - q0 : R);
+            const float* blkp = w.cb_block(gs, q0, nc, classes, tiles_per_chunk);
+            float sacc[R / 8][4];
+#pragma unroll
+            for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {  // rows r, columns q and q + 1
+                    const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
+                    if (UPPER) {
+                        sacc[jj][2 * i] = blkp[q * R + r];
+                        sacc[jj][2 * i + 1] = blkp[(q + 1) * R + r];
+                    } else {
+                        const float2 v = *reinterpret_cast<const float2*>(blkp + r * R + q);
+                        sacc[jj][2 * i] = v.x;
+                        sacc[jj][2 * i + 1] = v.y;
+                    }
+                }
+            const TV* Vq = Vv + ((b * L + q0) * XV + w.hv) * (ssm_i64)V + v0;
+            const ssm_i64 v_stride = (ssm_i64)XV * V;
+            ssd_tc_stage<VR, true> vl;
+            vl.load(Vq, v_stride, nv, nq, 0);
+#pragma unroll
+            for (int s = 0; s < R / KS; ++s) {
+                if (s * KS >= nq) break;
+                __syncthreads();
+                vl.store(bs);
+                __syncthreads();
+                if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
+#pragma unroll
+                for (int j = 0; j < KS / 8; ++j) {
+                    const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+                }
+            }
+        }
+    }
+
+    float* const out = part + (ssm_i64)run * part_stride;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
+            if (r < nr && v < V) out[((b * L + r0 + r) * classes + k) * V + v] = acc[nt][e];
         }
 }
 

@@ -157,9 +157,10 @@ def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
 # and 8 NT columns.
 TC_THREADS = 128  # SSD_TC_THREADS
 TC_NT = (8, 16)   # NT: n-tiles of 8 columns a block owns
-# The kinds that run there ("state": the chunk states, ssd_chunk_state_tc): all of them; a
+# The kinds that run there ("state": the chunk states, ssd_chunk_state_tc; "hsum": dB and dC
+# summed over heads by ssd_chunk_hsum_tc, else per head and then summed): all of them; a
 # module switch so that one kind can be timed on the CUDA cores against the others.
-TC_KINDS = ("y", "ycore", "GB", "dB", "dC", "state")
+TC_KINDS = ("y", "ycore", "GB", "dB", "dC", "state", "hsum")
 
 
 def uses_tc(compute: str, kind: str) -> bool:
@@ -182,6 +183,28 @@ def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
     types = [_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles]
     flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
     return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}, {nt}>"
+
+
+# dB and dC summed over heads on tensor cores (ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc): the
+# heads' weighted blocks summed per class of heads before the one product with C (or B).
+# (U, W, Vv) roles, UPPER, DTQ, ROWF (rows times dt').
+HSUM_KINDS = {
+    "dB": (("io", "ct", "bc"), True, False, True),   # U = x, W = dY, Vv = C, M = dHx
+    "dC": (("ct", "io", "bc"), False, True, False),  # U = dY, W = x, Vv = B, M = states
+}
+
+
+def _flags(*fs) -> str:
+    return ", ".join("true" if f else "false" for f in fs)
+
+
+def hsum_names(kind: str, io: str, bc: str, nt: int) -> tuple:
+    """The ``ssd_chunk_hblocks_tc`` and ``ssd_chunk_hsum_tc`` instances of dB or dC with NT
+    n-tiles per block."""
+    roles, upper, dtq, rowf = HSUM_KINDS[kind]
+    tu, tw, tv = (_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles)
+    return (f"ssd_chunk_hblocks_tc<{tu}, {tw}, {_flags(upper, dtq, rowf)}>",
+            f"ssd_chunk_hsum_tc<{tu}, {tv}, {_flags(upper, rowf)}, {nt}>")
 
 
 def state_name(io: str, bc: str, adjoint: bool, *, nt: int = 0) -> str:
@@ -212,6 +235,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
         if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
             names += [mm_tc_name(kind, io, bc, nt) for nt in TC_NT]
+        if ct == "float32" and kind in HSUM_KINDS:  # summed over heads on tensor cores
+            names += sorted({n for nt in TC_NT for n in hsum_names(kind, io, bc, nt)})
     return names
 
 
@@ -545,6 +570,41 @@ class _Layout:
                  np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
                  np.int64(m_chunks), np.int32(tiles), _ptr(cb), np.int32(classes)),
                 threads=TC_THREADS if tc else THREADS)
+        return out
+
+    def hsum(self, p, kind, U, W, Vv, M):
+        """dB (``kind`` "dB": U = x, W = dY, Vv = C, M = dHx) or dC ("dC": U = dY, W = x,
+        Vv = B, M = states) summed over the heads of each group, (batch, L, G, N) in the
+        compute dtype, on tensor cores: the weighted blocks of each class of heads summed
+        (``ssd_chunk_hblocks_tc``), then their product with Vv and the heads' boundary
+        terms in runs of heads (``ssd_chunk_hsum_tc``), the runs' partials summed in order
+        and the classes of each group added."""
+        cp = p.xp
+        GB, GC = p.B.shape[2], p.C.shape[2]
+        G = GB if kind == "dB" else GC
+        classes = head_classes(p.H, GB, GC)
+        V, K, T = Vv.shape[3], U.shape[3], self.mm_tiles
+        nt = tc_nt(V)
+        blocks_name, sum_name = hsum_names(kind, self.io, self.bc, nt)
+        pairs = T * (T + 1) // 2
+        gs = cp.empty((p.batch, self.nc, classes, pairs, 64 * 64), dtype=np.float32)
+        _launch(blocks_name, (p.batch * self.nc * classes * pairs,),
+                (U, W, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
+                 np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(K),
+                 np.int64(self.nc), np.int32(T), np.int32(classes)), threads=TC_THREADS)
+        v_blocks = -(-V // (8 * nt))
+        blocks = p.batch * self.nc * T * classes * v_blocks
+        runs = head_splits(blocks, p.H // classes)
+        part = cp.empty((runs, p.batch, p.L, classes, V), dtype=np.float32)
+        _launch(sum_name, (blocks * runs,),
+                (U, Vv, M, gs, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
+                 np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(Vv.shape[2]),
+                 np.int32(K), np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(T),
+                 np.int32(classes), np.int32(runs), np.int64(p.batch * p.L * classes * V)),
+                threads=TC_THREADS)
+        out = _sum_runs(cp, part)
+        if classes > G:  # the classes of each group are consecutive
+            out = out.reshape(p.batch, p.L, G, classes // G, V).sum(axis=3)
         return out
 
     def cb_cuda(self, p):
@@ -1005,14 +1065,19 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             dot_shift=1)
         GBg, GCg = p.B.shape[2], p.C.shape[2]
         GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
-        dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
-        dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+        if uses_tc(lay.ct, "hsum"):
+            dB = lay.hsum(p, "dB", p.x, dY, p.C, dHx)
+            dC = lay.hsum(p, "dC", dY, p.x, p.B, states)
+        else:
+            dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
+            dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
+            # the sums over each group's heads as batched products (one pass over dBh, dCh)
+            dB = cp.matmul(dte.reshape(batch, L, GBg, 1, H // GBg),
+                           dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
+            dC = cp.matmul(cp.ones(H // GCg, dtype=cd),
+                           dCh.reshape(batch, L, GCg, H // GCg, N))
         rows = _bwd_rows(p, lay, GB, dY, ycore)
         dx, xGB, dcum = rows["dx"], rows["xGB"], rows["dcum"]
-        # the sums over each group's heads as batched products (one pass over dBh, dCh)
-        dB = cp.matmul(dte.reshape(batch, L, GBg, 1, H // GBg),
-                       dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
-        dC = cp.matmul(cp.ones(H // GCg, dtype=cd), dCh.reshape(batch, L, GCg, H // GCg, N))
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
         dcum[:, ends, :] += end_dot
         dD = None if p.D is None else rows["dD_part"].sum(axis=0)

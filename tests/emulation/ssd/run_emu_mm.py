@@ -31,6 +31,13 @@ CB_PTRS = "const T*,const T*,const ssm_i64*,T*".split(",")
 CB_SCALARS = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".split(",")
 ROWS_SCALARS = ["ssm_i64", "int", "int", "int"]
+# ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc (dB and dC summed over heads)
+HB_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
+HB_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+HS_PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const int*,const ssm_i64*,"
+           "T*").split(",")
+HS_SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
+              "int", "ssm_i64"]
 STATE_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
 STATE_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
@@ -60,6 +67,10 @@ def kernels():
                 for nt in gssd.TC_NT:
                     out[f"mm_tc_{kind}_{nt}"] = (gssd.mm_tc_name(kind, io, io, nt), T, PTRS,
                                                  SCALARS, TAIL_P, TAIL_S)
+                    if kind in gssd.HSUM_KINDS:
+                        hb, hs = gssd.hsum_names(kind, io, io, nt)
+                        out[f"hb_{kind}"] = (hb, T, HB_PTRS, HB_SCALARS)
+                        out[f"hs_{kind}_{nt}"] = (hs, T, HS_PTRS, HS_SCALARS)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
         for adj in ("false", "true"):
@@ -152,6 +163,7 @@ CASES = [
     ("float64", 1, 33, 64, None, 1, 1, 1, 1, 9, 250),
     ("float32", 1, 230, 200, [150], 2, 1, 1, 2, 20, 16),  # 4 tiles per chunk
     ("float64", 1, 100, 100, None, 2, 1, 2, 1, 12, 8),
+    ("float32", 1, 200, 256, [90], 4, 2, 4, 1, 32, 72),  # 4 heads per class: runs of heads
 ]
 
 
@@ -239,7 +251,41 @@ def run_case(lib, i):
                       f"rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
                 if not err < tol:
                     return False
+        if io == "float32" and kind in gssd.HSUM_KINDS and not run_hsum(
+                lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
+            return False
     return True
+
+
+def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
+    """dB or dC summed over classes of heads (ssd_chunk_hblocks_tc, then ssd_chunk_hsum_tc
+    in runs of heads, the runs' partials added here) against the per-head reference summed
+    (dB's heads times dt'). Classes: one head each, and the heads of each Vv group."""
+    batch, L, H, V = ref.shape
+    K, XU, XW, XV = U.shape[3], U.shape[2], W.shape[2], Vv.shape[2]
+    nc = len(starts) - 1
+    row_f = dte if gssd.HSUM_KINDS[kind][3] else np.ones_like(dte)
+    pairs = tiles * (tiles + 1) // 2
+    ok = True
+    for classes in sorted({H, XV}):
+        hpk = H // classes
+        want = (ref * row_f[..., None]).reshape(batch, L, classes, hpk, V).sum(axis=3)
+        gs = np.full((batch, nc, classes, pairs, 64 * 64), np.nan, np.float32)
+        launch(lib, f"emu_hb_{kind}", batch * nc * classes * pairs,
+               [U, W, dte, cum, seq, starts, gs], [L, H, XU, XW, K, nc, tiles, classes],
+               threads=gssd.TC_THREADS)
+        for nt in gssd.TC_NT:
+            for runs in sorted({1, 2, hpk}):
+                v_blocks = -(-V // (8 * nt))
+                part = np.full((runs, batch, L, classes, V), np.nan, np.float32)
+                launch(lib, f"emu_hs_{kind}_{nt}",
+                       batch * nc * tiles * classes * runs * v_blocks,
+                       [U, Vv, Mm, gs, dte, cum, seq, starts, part],
+                       [L, H, XU, XV, K, V, nc, m_chunks, tiles, classes, runs,
+                        batch * L * classes * V], threads=gssd.TC_THREADS)
+                ok = check(f"case {i} float32 {kind:5s} summed, {classes} classes, NT {nt:2d}, "
+                           f"{runs} runs", part.astype(np.float64).sum(axis=0), want, 2e-6) and ok
+    return ok
 
 
 # ssd_bwd_rows: (io, rows = batch * L, H, P, with D)
