@@ -1179,32 +1179,37 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 // B group and one C group, ssmkit._gpu.ssd.head_classes) the block's product with B (or C)
 // is linear in the weighted block, so the heads' weighted blocks are summed first and that
 // product is made once per class, not once per head:
-//   ssd_chunk_hblocks_tc  the R x R weighted blocks U_r . W_q, summed over a class's heads,
-//                         in ssd_chunk_cb's layout (read by the same cb_block);
+//   ssd_chunk_hblocks_tc  the R x R weighted blocks U_r . W_q, summed over runs of a class's
+//                         heads, in ssd_chunk_cb's layout (read by the same cb_block): one
+//                         partial per run, summed by ssd_sum_parts;
 //   ssd_chunk_hsum_tc     the boundary terms of a run of the class's heads, plus (the first
 //                         run) the summed blocks times Vv: one partial per run, summed by
 //                         ssd_sum_parts; the host sums the classes of each group.
 // U, W, Vv, M as ssd_chunk_mm_tc's dB (UPPER, ROWF: rows times dt'_r) and dC (DTQ) kinds.
 // --------------------------------------------------------------------------------------
 
-// Grid: (batch * nc * classes * pairs), pairs = T (T + 1) / 2 for T tiles per chunk; block
-// ((b * nc + c) * classes + k) * pairs + hi (hi + 1) / 2 + lo takes row tile rt and q-tile
-// qt: (hi, lo) = (rt, qt), or (qt, rt) when UPPER. Blocks past the chunk's end write nothing.
+// Grid: (batch * nc * classes * pairs * runs), pairs = T (T + 1) / 2 for T tiles per chunk;
+// block (((b * nc + c) * classes + k) * pairs + hi (hi + 1) / 2 + lo) * runs + run sums run
+// `run` of class k's heads (as ssd_chunk_hsum_tc's runs) for row tile rt and q-tile qt:
+// (hi, lo) = (rt, qt), or (qt, rt) when UPPER, into gs + run gs_stride. Blocks past the
+// chunk's end write nothing.
 template <typename TU, typename TW, bool UPPER, bool DTQ, bool ROWF>
 __global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
 ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
                      const float* __restrict__ dte, const float* __restrict__ cum,
                      const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                      float* __restrict__ gs, ssm_i64 L, int H, int XU, int XW, int K,
-                     ssm_i64 nc, int tiles_per_chunk, int classes) {
+                     ssm_i64 nc, int tiles_per_chunk, int classes, int runs,
+                     ssm_i64 gs_stride) {
     constexpr int R = ssd_mm_tile<float>::R;
     __shared__ uint4 us[R][SSD_TC_KS / 2], ws[R][SSD_TC_KS / 2];
-    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R];
+    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R], f_q[R];
     __shared__ int seq_r[R], seq_q[R];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wr = 16 * (tid >> 5);
     const int pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
-    const ssm_i64 blk = blockIdx.x, bck = blk / pairs;
+    const ssm_i64 blk = blockIdx.x / runs, bck = blk / pairs;
+    const int run = (int)(blockIdx.x - blk * runs);
     const int pair = (int)(blk - bck * pairs);
     const ssm_i64 bc = bck / classes;
     const int k = (int)(bck - bc * classes);
@@ -1212,7 +1217,8 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
     while ((hi + 1) * (hi + 2) / 2 <= pair) ++hi;
     const int lo = pair - hi * (hi + 1) / 2;
     const int rt = UPPER ? lo : hi, qt = UPPER ? hi : lo;
-    const int hpk = H / classes, h0 = k * hpk;
+    const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, h0 = k * hpk;
+    const int h_begin = h0 + run * hpr, h_end = h_begin + hpr < h0 + hpk ? h_begin + hpr : h0 + hpk;
     ssd_mm_block<float, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
     const ssm_i64 b = bc / nc, c = bc - b * nc;
     if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, XU,
@@ -1222,18 +1228,40 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
     if (q0 >= w.t1) return;
     const int nr = w.nr, nq = (int)(w.t1 - q0 < R ? w.t1 - q0 : R);
     const ssm_i64 u_stride = (ssm_i64)XU * K, w_stride = (ssm_i64)XW * K;
+    // A tile pair off the diagonal without restarts has every entry live (entries past nr or
+    // nq are zero products), and its weights factor through the chunk sum at the later
+    // tile's first step (ref): exp(cum_r - cum_q) = exp(cum_r - ref) exp(ref - cum_q)
+    // (lower; UPPER transposed), both exponents <= 0 when the sums do not increase. f_r, f_q
+    // then hold the factors (with dt'_r, dt'_q where the kind weights by them); a head where
+    // an exponent exceeds 64 takes the entrywise weights.
+    const bool whole = !seq && qt != rt;
+    const ssm_i64 ref_t = UPPER ? q0 : w.r0;
 
     float gsum[R / 8][4];
 #pragma unroll
     for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gsum[jj][e] = 0.f;
-    for (int h = h0; h < h0 + hpk; ++h) {
+    for (int h = h_begin; h < h_end; ++h) {
         w.set_head(h, XU, XW, 1);
         __syncthreads();  // the previous head's reads of the row and q-tile values are done
         w.load_rows();
         w.load_q(q0, nq);
-        if (ROWF && tid < R) f_r[tid] = dte[(b * L + w.r0 + (tid < nr ? tid : nr - 1)) * H + h];
+        bool far = false;
+        if (tid < R) {  // each thread reads the row and q-tile values it wrote
+            const float dr = ROWF ? dte[(b * L + w.r0 + (tid < nr ? tid : nr - 1)) * H + h] : 1.f;
+            if (whole) {
+                const float ref = cum[(b * L + ref_t) * H + h];
+                const float er = UPPER ? ref - cum_r[tid] : cum_r[tid] - ref;
+                const float eq = UPPER ? cum_q[tid] - ref : ref - cum_q[tid];
+                f_r[tid] = ssd_exp<float>(er) * dr;
+                f_q[tid] = ssd_exp<float>(eq) * (DTQ ? dt_q[tid] : 1.f);
+                far = er > 64.f || eq > 64.f;
+            } else {
+                f_r[tid] = dr;
+            }
+        }
+        const bool factored = whole && !__syncthreads_or(far);  // (whole: uniform)
         float sacc[R / 8][4];
 #pragma unroll
         for (int jj = 0; jj < R / 8; ++jj)
@@ -1250,12 +1278,16 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
-                const float v = w.weight(sacc[jj][e], r, qi, q0, nq);
-                gsum[jj][e] += ROWF ? v * f_r[r] : v;
+                if (factored) {
+                    gsum[jj][e] += sacc[jj][e] * f_r[r] * f_q[qi];
+                } else {
+                    const float v = w.weight(sacc[jj][e], r, qi, q0, nq);
+                    gsum[jj][e] += ROWF ? v * f_r[r] : v;
+                }
             }
     }
     // Entry (r, q) at r R + q (UPPER: the transposed block's entry (q, r)), zeros included.
-    float* const out = gs + blk * (R * R);
+    float* const out = gs + run * gs_stride + blk * (R * R);
 #pragma unroll
     for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll

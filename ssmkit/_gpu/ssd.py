@@ -576,9 +576,10 @@ class _Layout:
         """dB (``kind`` "dB": U = x, W = dY, Vv = C, M = dHx) or dC ("dC": U = dY, W = x,
         Vv = B, M = states) summed over the heads of each group, (batch, L, G, N) in the
         compute dtype, on tensor cores: the weighted blocks of each class of heads summed
-        (``ssd_chunk_hblocks_tc``), then their product with Vv and the heads' boundary
-        terms in runs of heads (``ssd_chunk_hsum_tc``), the runs' partials summed in order
-        and the classes of each group added."""
+        over runs of heads (``ssd_chunk_hblocks_tc``; the runs' partials summed in order),
+        then their product with Vv and the heads' boundary terms in runs of heads
+        (``ssd_chunk_hsum_tc``), the runs' partials summed in order and the classes of each
+        group added."""
         cp = p.xp
         GB, GC = p.B.shape[2], p.C.shape[2]
         G = GB if kind == "dB" else GC
@@ -587,11 +588,15 @@ class _Layout:
         nt = tc_nt(V)
         blocks_name, sum_name = hsum_names(kind, self.io, self.bc, nt)
         pairs = T * (T + 1) // 2
-        gs = cp.empty((p.batch, self.nc, classes, pairs, 64 * 64), dtype=np.float32)
-        _launch(blocks_name, (p.batch * self.nc * classes * pairs,),
+        blocks = p.batch * self.nc * classes * pairs
+        gs_runs = head_splits(blocks, p.H // classes)
+        gs = cp.empty((gs_runs, p.batch, self.nc, classes, pairs, 64 * 64), dtype=np.float32)
+        _launch(blocks_name, (blocks * gs_runs,),
                 (U, W, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
                  np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(K),
-                 np.int64(self.nc), np.int32(T), np.int32(classes)), threads=TC_THREADS)
+                 np.int64(self.nc), np.int32(T), np.int32(classes), np.int32(gs_runs),
+                 np.int64(gs[0].size)), threads=TC_THREADS)
+        gs = _sum_runs(cp, gs)
         v_blocks = -(-V // (8 * nt))
         blocks = p.batch * self.nc * T * classes * v_blocks
         runs = head_splits(blocks, p.H // classes)

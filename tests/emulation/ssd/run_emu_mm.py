@@ -33,7 +33,7 @@ ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".
 ROWS_SCALARS = ["ssm_i64", "int", "int", "int"]
 # ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc (dB and dC summed over heads)
 HB_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
-HB_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+HB_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int", "int", "ssm_i64"]
 HS_PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const int*,const ssm_i64*,"
            "T*").split(",")
 HS_SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
@@ -164,6 +164,7 @@ CASES = [
     ("float32", 1, 230, 200, [150], 2, 1, 1, 2, 20, 16),  # 4 tiles per chunk
     ("float64", 1, 100, 100, None, 2, 1, 2, 1, 12, 8),
     ("float32", 1, 200, 256, [90], 4, 2, 4, 1, 32, 72),  # 4 heads per class: runs of heads
+    ("float32", 1, 250, 256, None, 4, 4, 2, 1, 48, 40),  # factored weights off the diagonal
 ]
 
 
@@ -260,20 +261,23 @@ def run_case(lib, i):
 def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
     """dB or dC summed over classes of heads (ssd_chunk_hblocks_tc, then ssd_chunk_hsum_tc
     in runs of heads, the runs' partials added here) against the per-head reference summed
-    (dB's heads times dt'). Classes: one head each, and the heads of each Vv group."""
+    (dB's heads times dt'). Classes: one head each, and the heads of each Vv group, their
+    blocks summed in one run or (the second) one run per head."""
     batch, L, H, V = ref.shape
     K, XU, XW, XV = U.shape[3], U.shape[2], W.shape[2], Vv.shape[2]
     nc = len(starts) - 1
     row_f = dte if gssd.HSUM_KINDS[kind][3] else np.ones_like(dte)
     pairs = tiles * (tiles + 1) // 2
     ok = True
-    for classes in sorted({H, XV}):
+    for classes, gs_runs in sorted({(H, 1), (XV, 1), (XV, H // XV)}):
         hpk = H // classes
         want = (ref * row_f[..., None]).reshape(batch, L, classes, hpk, V).sum(axis=3)
-        gs = np.full((batch, nc, classes, pairs, 64 * 64), np.nan, np.float32)
-        launch(lib, f"emu_hb_{kind}", batch * nc * classes * pairs,
-               [U, W, dte, cum, seq, starts, gs], [L, H, XU, XW, K, nc, tiles, classes],
+        gs = np.full((gs_runs, batch, nc, classes, pairs, 64 * 64), np.nan, np.float32)
+        launch(lib, f"emu_hb_{kind}", batch * nc * classes * pairs * gs_runs,
+               [U, W, dte, cum, seq, starts, gs],
+               [L, H, XU, XW, K, nc, tiles, classes, gs_runs, gs[0].size],
                threads=gssd.TC_THREADS)
+        gs = gs.sum(axis=0, dtype=np.float32)  # the runs, in order (as ssd_sum_parts)
         for nt in gssd.TC_NT:
             for runs in sorted({1, 2, hpk}):
                 v_blocks = -(-V // (8 * nt))
@@ -283,8 +287,9 @@ def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, t
                        [U, Vv, Mm, gs, dte, cum, seq, starts, part],
                        [L, H, XU, XV, K, V, nc, m_chunks, tiles, classes, runs,
                         batch * L * classes * V], threads=gssd.TC_THREADS)
-                ok = check(f"case {i} float32 {kind:5s} summed, {classes} classes, NT {nt:2d}, "
-                           f"{runs} runs", part.astype(np.float64).sum(axis=0), want, 2e-6) and ok
+                ok = check(f"case {i} float32 {kind:5s} summed, {classes} classes, "
+                           f"{gs_runs} + {runs} runs, NT {nt:2d}",
+                           part.astype(np.float64).sum(axis=0), want, 2e-6) and ok
     return ok
 
 
