@@ -673,6 +673,22 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
             seq_q[threadIdx.x] = ssd_seq(seq, b * L + q);
         }
     }
+    // The factored weights of q-tile q0 off the diagonal, without restarts: every entry is
+    // live (entries past nr or nq are zero products), and exp(cum_r - cum_q) (lower; UPPER
+    // transposed) factors through the chunk sum at the later tile's first step, ref, as
+    // exp(cum_r - ref) exp(ref - cum_q), both exponents <= 0 when the sums do not increase.
+    // Thread i < R sets f_r[i] (times f_extra) and f_q[i] (times dt'_q with DTQ) from the row
+    // and q-tile values it loaded itself, and returns whether an exponent exceeds 64 (the
+    // tile then takes the entrywise weights).
+    __device__ __forceinline__ bool factor(ssm_i64 q0, CT* f_r, CT* f_q, CT f_extra) const {
+        const int i = threadIdx.x;
+        const CT ref = cum[(b * L + (UPPER ? q0 : r0)) * H + h];
+        const CT er = UPPER ? ref - cum_r[i] : cum_r[i] - ref;
+        const CT eq = UPPER ? cum_q[i] - ref : ref - cum_q[i];
+        f_r[i] = ssd_exp<CT>(er) * f_extra;
+        f_q[i] = DTQ ? ssd_exp<CT>(eq) * dt_q[i] : ssd_exp<CT>(eq);
+        return er > CT(64) || eq > CT(64);
+    }
     // ssd_chunk_cb's R x R block of q-tile q0: C B^T's block (rt, qt) as stored (entry (r, q)
     // at r R + q), read transposed for UPPER (entry (r, q) at q R + r).
     __device__ __forceinline__ const CT* cb_block(const CT* cb, ssm_i64 q0, ssm_i64 nc,
@@ -1055,7 +1071,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     constexpr int BR = VR > R ? VR : R;  // rows of the second stage: M, W or Vv^T
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
     __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M, W rows or Vv^T
-    __shared__ float cum_r[R], cum_q[R], dt_q[R];
+    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R], f_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -1103,7 +1119,11 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         w.load_q(q0, nq);
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
+        bool factored = false;  // the tile's weights as f_r[r] f_q[q] (ssd_mm_block::factor)
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
+            const bool whole = !seq && q0 != r0;  // uniform
+            bool far = false;
+            if (whole && tid < R) far = w.factor(q0, f_r, f_q, 1.f);
             const float* blkp = w.cb_block(cb, q0, nc, classes, tiles_per_chunk);
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
@@ -1119,7 +1139,8 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                         sacc[jj][2 * i + 1] = v.y;
                     }
                 }
-            __syncthreads();  // cum_q, dt_q, seq_q
+            const int any_far = __syncthreads_or(far);  // (and cum_q, dt_q, seq_q, f_r, f_q)
+            factored = whole && !any_far;
         } else {
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
@@ -1137,7 +1158,8 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
-                sacc[jj][e] = w.weight(sacc[jj][e], r, qi, q0, nq);
+                sacc[jj][e] = factored ? sacc[jj][e] * f_r[r] * f_q[qi]
+                                       : w.weight(sacc[jj][e], r, qi, q0, nq);
             }
         // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
         const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
@@ -1228,14 +1250,9 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
     if (q0 >= w.t1) return;
     const int nr = w.nr, nq = (int)(w.t1 - q0 < R ? w.t1 - q0 : R);
     const ssm_i64 u_stride = (ssm_i64)XU * K, w_stride = (ssm_i64)XW * K;
-    // A tile pair off the diagonal without restarts has every entry live (entries past nr or
-    // nq are zero products), and its weights factor through the chunk sum at the later
-    // tile's first step (ref): exp(cum_r - cum_q) = exp(cum_r - ref) exp(ref - cum_q)
-    // (lower; UPPER transposed), both exponents <= 0 when the sums do not increase. f_r, f_q
-    // then hold the factors (with dt'_r, dt'_q where the kind weights by them); a head where
-    // an exponent exceeds 64 takes the entrywise weights.
+    // A tile pair off the diagonal without restarts takes factored weights (f_r, f_q; see
+    // ssd_mm_block::factor), per head unless an exponent exceeds 64.
     const bool whole = !seq && qt != rt;
-    const ssm_i64 ref_t = UPPER ? q0 : w.r0;
 
     float gsum[R / 8][4];
 #pragma unroll
@@ -1250,18 +1267,13 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
         bool far = false;
         if (tid < R) {  // each thread reads the row and q-tile values it wrote
             const float dr = ROWF ? dte[(b * L + w.r0 + (tid < nr ? tid : nr - 1)) * H + h] : 1.f;
-            if (whole) {
-                const float ref = cum[(b * L + ref_t) * H + h];
-                const float er = UPPER ? ref - cum_r[tid] : cum_r[tid] - ref;
-                const float eq = UPPER ? cum_q[tid] - ref : ref - cum_q[tid];
-                f_r[tid] = ssd_exp<float>(er) * dr;
-                f_q[tid] = ssd_exp<float>(eq) * (DTQ ? dt_q[tid] : 1.f);
-                far = er > 64.f || eq > 64.f;
-            } else {
+            if (whole)
+                far = w.factor(q0, f_r, f_q, dr);
+            else
                 f_r[tid] = dr;
-            }
         }
-        const bool factored = whole && !__syncthreads_or(far);  // (whole: uniform)
+        // (whole: uniform; without it no vote, and ssd_tc_sum's first barrier publishes)
+        const bool factored = whole && !__syncthreads_or(far);
         float sacc[R / 8][4];
 #pragma unroll
         for (int jj = 0; jj < R / 8; ++jj)
