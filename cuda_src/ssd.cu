@@ -1071,7 +1071,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     constexpr int BR = VR > R ? VR : R;  // rows of the second stage: M, W or Vv^T
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
     __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M, W rows or Vv^T
-    __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R], f_q[R];
+    __shared__ float cum_r[R], cum_q[R], dt_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -1119,11 +1119,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         w.load_q(q0, nq);
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
-        bool factored = false;  // the tile's weights as f_r[r] f_q[q] (ssd_mm_block::factor)
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
-            const bool whole = !seq && q0 != r0;  // uniform
-            bool far = false;
-            if (whole && tid < R) far = w.factor(q0, f_r, f_q, 1.f);
             const float* blkp = w.cb_block(cb, q0, nc, classes, tiles_per_chunk);
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
@@ -1139,8 +1135,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                         sacc[jj][2 * i + 1] = v.y;
                     }
                 }
-            const int any_far = __syncthreads_or(far);  // (and cum_q, dt_q, seq_q, f_r, f_q)
-            factored = whole && !any_far;
+            __syncthreads();  // cum_q, dt_q, seq_q
         } else {
 #pragma unroll
             for (int jj = 0; jj < R / 8; ++jj)
@@ -1158,8 +1153,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
-                sacc[jj][e] = factored ? sacc[jj][e] * f_r[r] * f_q[qi]
-                                       : w.weight(sacc[jj][e], r, qi, q0, nq);
+                sacc[jj][e] = w.weight(sacc[jj][e], r, qi, q0, nq);
             }
         // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
         const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
