@@ -1190,33 +1190,33 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 // dB and dC summed over heads, in float on tensor cores (3 x TF32, as ssd_chunk_mm_tc).
 // dC_t sums over the heads h of C's group the diagonal block
 // sum_{s<=t} exp(cum_t - cum_s) dt'_s (dY_t^h . x_s^h) B_s and the boundary term
-// exp(cum_t) dY_t^h states_h; dB_s sums, over B's group, dt'_s times the transposed block
-// (with C_t) and boundary term (with dHx_h). Within a class of heads (the heads that read one
-// B group and one C group, ssmkit._gpu.ssd.head_classes) the block's product with B (or C)
-// is linear in the weighted block, so the heads' weighted blocks are summed first and that
-// product is made once per class, not once per head:
-//   ssd_chunk_hblocks_tc  the R x R weighted blocks U_r . W_q, summed over runs of a class's
-//                         heads, in ssd_chunk_cb's layout (read by the same cb_block): one
+// exp(cum_t) dY_t^h states_h; dB_s sums, over B's group, the same weighted entries (t, s)
+// times C_t, and dt'_s exp(cum_E - cum_s) x_s^h dHx_h. Within a class of heads (the heads that
+// read one B group and one C group, ssmkit._gpu.ssd.head_classes) both products with B (or
+// C) are linear in the weighted block, so the heads' weighted blocks are summed first, once
+// for dB and dC together, and each product is made once per class, not once per head:
+//   ssd_chunk_hblocks_tc  the R x R blocks of sum_h [s <= t] exp(cum_t - cum_s) dt'_s
+//                         dY_t^h . x_s^h over runs of a class's heads, in ssd_chunk_cb's
+//                         layout (dC reads them as C B^T's, dB transposed as GB does): one
 //                         partial per run, summed by ssd_sum_parts;
 //   ssd_chunk_hsum_tc     the boundary terms of a run of the class's heads, plus (the first
 //                         run) the summed blocks times Vv: one partial per run, summed by
 //                         ssd_sum_parts; the host sums the classes of each group.
-// U, W, Vv, M as ssd_chunk_mm_tc's dB (UPPER, ROWF: rows times dt'_r) and dC (DTQ) kinds.
+// U, Vv, M as ssd_chunk_mm_tc's dB (UPPER, ROWF: rows times dt'_r) and dC kinds.
 // --------------------------------------------------------------------------------------
 
 // Grid: (batch * nc * classes * pairs * runs), pairs = T (T + 1) / 2 for T tiles per chunk;
-// block (((b * nc + c) * classes + k) * pairs + hi (hi + 1) / 2 + lo) * runs + run sums run
-// `run` of class k's heads (as ssd_chunk_hsum_tc's runs) for row tile rt and q-tile qt:
-// (hi, lo) = (rt, qt), or (qt, rt) when UPPER, into gs + run gs_stride. Blocks past the
-// chunk's end write nothing.
-template <typename TU, typename TW, bool UPPER, bool DTQ, bool ROWF>
+// block (((b * nc + c) * classes + k) * pairs + rt (rt + 1) / 2 + qt) * runs + run sums run
+// `run` of class k's heads (as ssd_chunk_hsum_tc's runs) for row tile rt and q-tile
+// qt <= rt, into gs + run gs_stride. dY rows t, x rows s. Blocks past the chunk's end write
+// nothing.
+template <typename TY, typename TX>
 __global__ void __launch_bounds__(SSD_TC_THREADS, SSD_TC_MIN_BLOCKS)
-ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
+ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
                      const float* __restrict__ dte, const float* __restrict__ cum,
                      const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
-                     float* __restrict__ gs, ssm_i64 L, int H, int XU, int XW, int K,
-                     ssm_i64 nc, int tiles_per_chunk, int classes, int runs,
-                     ssm_i64 gs_stride) {
+                     float* __restrict__ gs, ssm_i64 L, int H, int P, ssm_i64 nc,
+                     int tiles_per_chunk, int classes, int runs, ssm_i64 gs_stride) {
     constexpr int R = ssd_mm_tile<float>::R;
     __shared__ uint4 us[R][SSD_TC_KS / 2], ws[R][SSD_TC_KS / 2];
     __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R], f_q[R];
@@ -1229,22 +1229,20 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
     const int pair = (int)(blk - bck * pairs);
     const ssm_i64 bc = bck / classes;
     const int k = (int)(bck - bc * classes);
-    int hi = 0;
-    while ((hi + 1) * (hi + 2) / 2 <= pair) ++hi;
-    const int lo = pair - hi * (hi + 1) / 2;
-    const int rt = UPPER ? lo : hi, qt = UPPER ? hi : lo;
+    int rt = 0;
+    while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
+    const int qt = pair - rt * (rt + 1) / 2;
     const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, h0 = k * hpk;
     const int h_begin = h0 + run * hpr, h_end = h_begin + hpr < h0 + hpk ? h_begin + hpr : h0 + hpk;
-    ssd_mm_block<float, UPPER, DTQ, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
+    ssd_mm_block<float, false, true, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
     const ssm_i64 b = bc / nc, c = bc - b * nc;
-    if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, XU,
-              XW, 1))
+    if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, H,
+              H, 1))
         return;
     const ssm_i64 q0 = w.t0 + (ssm_i64)qt * R;
-    if (q0 >= w.t1) return;
     const int nr = w.nr, nq = (int)(w.t1 - q0 < R ? w.t1 - q0 : R);
-    const ssm_i64 u_stride = (ssm_i64)XU * K, w_stride = (ssm_i64)XW * K;
-    // A tile pair off the diagonal without restarts takes factored weights (f_r, f_q; see
+    const ssm_i64 stride = (ssm_i64)H * P;
+    // A q-tile before the rows' tile without restarts takes factored weights (f_r, f_q; see
     // ssd_mm_block::factor), per head unless an exponent exceeds 64.
     const bool whole = !seq && qt != rt;
 
@@ -1254,18 +1252,12 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
 #pragma unroll
         for (int e = 0; e < 4; ++e) gsum[jj][e] = 0.f;
     for (int h = h_begin; h < h_end; ++h) {
-        w.set_head(h, XU, XW, 1);
+        w.set_head(h, H, H, 1);
         __syncthreads();  // the previous head's reads of the row and q-tile values are done
         w.load_rows();
         w.load_q(q0, nq);
         bool far = false;
-        if (tid < R) {  // each thread reads the row and q-tile values it wrote
-            const float dr = ROWF ? dte[(b * L + w.r0 + (tid < nr ? tid : nr - 1)) * H + h] : 1.f;
-            if (whole)
-                far = w.factor(q0, f_r, f_q, dr);
-            else
-                f_r[tid] = dr;
-        }
+        if (whole && tid < R) far = w.factor(q0, f_r, f_q, 1.f);
         // (whole: uniform; without it no vote, and ssd_tc_sum's first barrier publishes)
         const bool factored = whole && !__syncthreads_or(far);
         float sacc[R / 8][4];
@@ -1273,41 +1265,31 @@ ssd_chunk_hblocks_tc(const TU* __restrict__ U, const TW* __restrict__ W,
         for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
             for (int e = 0; e < 4; ++e) sacc[jj][e] = 0.f;
-        const TU* Ur = U + ((b * L + w.r0) * XU + w.hu) * (ssm_i64)K;
-        const TW* Wq = W + ((b * L + q0) * XW + w.hw) * (ssm_i64)K;
-        ssd_tc_stage<R, false> ul, wl;
-        // (its first barrier publishes the row and q-tile values)
-        ssd_tc_sum(sacc, us, ws, wr, ul, wl, [&](int k0) { ul.load(Ur, u_stride, nr, K, k0); },
-                   [&](int k0) { wl.load(Wq, w_stride, nq, K, k0); }, K);
+        const TY* Yr = dY + ((b * L + w.r0) * H + h) * (ssm_i64)P;
+        const TX* Xq = X + ((b * L + q0) * H + h) * (ssm_i64)P;
+        ssd_tc_stage<R, false> yl, xl;
+        ssd_tc_sum(sacc, us, ws, wr, yl, xl, [&](int k0) { yl.load(Yr, stride, nr, P, k0); },
+                   [&](int k0) { xl.load(Xq, stride, nq, P, k0); }, P);
 #pragma unroll
         for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
-                if (factored) {
-                    gsum[jj][e] += sacc[jj][e] * f_r[r] * f_q[qi];
-                } else {
-                    const float v = w.weight(sacc[jj][e], r, qi, q0, nq);
-                    gsum[jj][e] += ROWF ? v * f_r[r] : v;
-                }
+                gsum[jj][e] += factored ? sacc[jj][e] * f_r[r] * f_q[qi]
+                                        : w.weight(sacc[jj][e], r, qi, q0, nq);
             }
     }
-    // Entry (r, q) at r R + q (UPPER: the transposed block's entry (q, r)), zeros included.
+    // Entry (r, q) at r R + q, zeros included.
     float* const out = gs + run * gs_stride + blk * (R * R);
 #pragma unroll
     for (int jj = 0; jj < R / 8; ++jj)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
-            if (UPPER) {
-                out[q * R + r] = gsum[jj][2 * i];
-                out[(q + 1) * R + r] = gsum[jj][2 * i + 1];
-            } else {
-                float2 v;
-                v.x = gsum[jj][2 * i];
-                v.y = gsum[jj][2 * i + 1];
-                *reinterpret_cast<float2*>(out + r * R + q) = v;
-            }
+            float2 v;
+            v.x = gsum[jj][2 * i];
+            v.y = gsum[jj][2 * i + 1];
+            *reinterpret_cast<float2*>(out + r * R + q) = v;
         }
 }
 

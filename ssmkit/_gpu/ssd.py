@@ -185,26 +185,26 @@ def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
     return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}, {nt}>"
 
 
-# dB and dC summed over heads on tensor cores (ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc): the
-# heads' weighted blocks summed per class of heads before the one product with C (or B).
-# (U, W, Vv) roles, UPPER, DTQ, ROWF (rows times dt').
+# dB and dC summed over heads on tensor cores: the heads' weighted blocks summed per class of
+# heads (ssd_chunk_hblocks_tc, once for both), then one product with C (or B) per class
+# (ssd_chunk_hsum_tc). (U, Vv) roles, UPPER, ROWF (rows times dt') of ssd_chunk_hsum_tc.
 HSUM_KINDS = {
-    "dB": (("io", "ct", "bc"), True, False, True),   # U = x, W = dY, Vv = C, M = dHx
-    "dC": (("ct", "io", "bc"), False, True, False),  # U = dY, W = x, Vv = B, M = states
+    "dB": (("io", "bc"), True, True),    # U = x, Vv = C, M = dHx
+    "dC": (("ct", "bc"), False, False),  # U = dY, Vv = B, M = states
 }
 
 
-def _flags(*fs) -> str:
-    return ", ".join("true" if f else "false" for f in fs)
+def hblocks_name(io: str) -> str:
+    """The ``ssd_chunk_hblocks_tc`` instance (dY in float, x in ``io``)."""
+    return f"ssd_chunk_hblocks_tc<float, {_CTYPE[io]}>"
 
 
-def hsum_names(kind: str, io: str, bc: str, nt: int) -> tuple:
-    """The ``ssd_chunk_hblocks_tc`` and ``ssd_chunk_hsum_tc`` instances of dB or dC with NT
-    n-tiles per block."""
-    roles, upper, dtq, rowf = HSUM_KINDS[kind]
-    tu, tw, tv = (_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles)
-    return (f"ssd_chunk_hblocks_tc<{tu}, {tw}, {_flags(upper, dtq, rowf)}>",
-            f"ssd_chunk_hsum_tc<{tu}, {tv}, {_flags(upper, rowf)}, {nt}>")
+def hsum_name(kind: str, io: str, bc: str, nt: int) -> str:
+    """The ``ssd_chunk_hsum_tc`` instance of dB or dC with NT n-tiles per block."""
+    roles, upper, rowf = HSUM_KINDS[kind]
+    tu, tv = (_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles)
+    flags = ", ".join("true" if f else "false" for f in (upper, rowf))
+    return f"ssd_chunk_hsum_tc<{tu}, {tv}, {flags}, {nt}>"
 
 
 def state_name(io: str, bc: str, adjoint: bool, *, nt: int = 0) -> str:
@@ -236,7 +236,9 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
         if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
             names += [mm_tc_name(kind, io, bc, nt) for nt in TC_NT]
         if ct == "float32" and kind in HSUM_KINDS:  # summed over heads on tensor cores
-            names += sorted({n for nt in TC_NT for n in hsum_names(kind, io, bc, nt)})
+            names += [hsum_name(kind, io, bc, nt) for nt in TC_NT]
+    if ct == "float32":
+        names.append(hblocks_name(io))
     return names
 
 
@@ -572,36 +574,39 @@ class _Layout:
                 threads=TC_THREADS if tc else THREADS)
         return out
 
-    def hsum(self, p, kind, U, W, Vv, M):
-        """dB (``kind`` "dB": U = x, W = dY, Vv = C, M = dHx) or dC ("dC": U = dY, W = x,
-        Vv = B, M = states) summed over the heads of each group, (batch, L, G, N) in the
-        compute dtype, on tensor cores: the weighted blocks of each class of heads summed
-        over runs of heads (``ssd_chunk_hblocks_tc``; the runs' partials summed in order),
-        then their product with Vv and the heads' boundary terms in runs of heads
-        (``ssd_chunk_hsum_tc``), the runs' partials summed in order and the classes of each
-        group added."""
+    def hsum_blocks(self, p, dY):
+        """The weighted blocks of dB and dC summed over each class of heads (see
+        head_classes), (batch, nc, classes, pairs, 64 * 64) float32, in ``cb_cuda``'s layout:
+        ``ssd_chunk_hblocks_tc`` in runs of heads, the runs' partials summed in order."""
         cp = p.xp
-        GB, GC = p.B.shape[2], p.C.shape[2]
-        G = GB if kind == "dB" else GC
-        classes = head_classes(p.H, GB, GC)
+        classes = head_classes(p.H, p.B.shape[2], p.C.shape[2])
+        T = self.mm_tiles
+        blocks = p.batch * self.nc * classes * (T * (T + 1) // 2)
+        runs = head_splits(blocks, p.H // classes)
+        gs = cp.empty((runs, p.batch, self.nc, classes, T * (T + 1) // 2, 64 * 64),
+                      dtype=np.float32)
+        _launch(hblocks_name(self.io), (blocks * runs,),
+                (dY, p.x, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
+                 np.int32(p.H), np.int32(p.P), np.int64(self.nc), np.int32(T),
+                 np.int32(classes), np.int32(runs), np.int64(gs[0].size)), threads=TC_THREADS)
+        return _sum_runs(cp, gs)
+
+    def hsum(self, p, kind, U, Vv, M, gs):
+        """dB (``kind`` "dB": U = x, Vv = C, M = dHx) or dC ("dC": U = dY, Vv = B, M = states)
+        summed over the heads of each group, (batch, L, G, N) float32, on tensor cores from
+        the summed blocks ``gs`` (:meth:`hsum_blocks`): their product with Vv and the heads'
+        boundary terms in runs of heads (``ssd_chunk_hsum_tc``), the runs' partials summed
+        in order and the classes of each group added."""
+        cp = p.xp
+        G = (p.B if kind == "dB" else p.C).shape[2]
+        classes = gs.shape[2]
         V, K, T = Vv.shape[3], U.shape[3], self.mm_tiles
         nt = tc_nt(V)
-        blocks_name, sum_name = hsum_names(kind, self.io, self.bc, nt)
-        pairs = T * (T + 1) // 2
-        blocks = p.batch * self.nc * classes * pairs
-        gs_runs = head_splits(blocks, p.H // classes)
-        gs = cp.empty((gs_runs, p.batch, self.nc, classes, pairs, 64 * 64), dtype=np.float32)
-        _launch(blocks_name, (blocks * gs_runs,),
-                (U, W, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
-                 np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]), np.int32(K),
-                 np.int64(self.nc), np.int32(T), np.int32(classes), np.int32(gs_runs),
-                 np.int64(gs[0].size)), threads=TC_THREADS)
-        gs = _sum_runs(cp, gs)
         v_blocks = -(-V // (8 * nt))
         blocks = p.batch * self.nc * T * classes * v_blocks
         runs = head_splits(blocks, p.H // classes)
         part = cp.empty((runs, p.batch, p.L, classes, V), dtype=np.float32)
-        _launch(sum_name, (blocks * runs,),
+        _launch(hsum_name(kind, self.io, self.bc, nt), (blocks * runs,),
                 (U, Vv, M, gs, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(Vv.shape[2]),
                  np.int32(K), np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(T),
@@ -1071,8 +1076,9 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         GBg, GCg = p.B.shape[2], p.C.shape[2]
         GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
         if uses_tc(lay.ct, "hsum"):
-            dB = lay.hsum(p, "dB", p.x, dY, p.C, dHx)
-            dC = lay.hsum(p, "dC", dY, p.x, p.B, states)
+            gs = lay.hsum_blocks(p, dY)
+            dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
+            dC = lay.hsum(p, "dC", dY, p.B, states, gs)
         else:
             dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
             dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))

@@ -33,7 +33,7 @@ ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".
 ROWS_SCALARS = ["ssm_i64", "int", "int", "int"]
 # ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc (dB and dC summed over heads)
 HB_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
-HB_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int", "int", "ssm_i64"]
+HB_SCALARS = ["ssm_i64", "int", "int", "ssm_i64", "int", "int", "int", "ssm_i64"]
 HS_PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const int*,const ssm_i64*,"
            "T*").split(",")
 HS_SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",
@@ -68,9 +68,9 @@ def kernels():
                     out[f"mm_tc_{kind}_{nt}"] = (gssd.mm_tc_name(kind, io, io, nt), T, PTRS,
                                                  SCALARS, TAIL_P, TAIL_S)
                     if kind in gssd.HSUM_KINDS:
-                        hb, hs = gssd.hsum_names(kind, io, io, nt)
-                        out[f"hb_{kind}"] = (hb, T, HB_PTRS, HB_SCALARS)
-                        out[f"hs_{kind}_{nt}"] = (hs, T, HS_PTRS, HS_SCALARS)
+                        out[f"hs_{kind}_{nt}"] = (gssd.hsum_name(kind, io, io, nt), T, HS_PTRS,
+                                                  HS_SCALARS)
+                out["hb"] = (gssd.hblocks_name(io), T, HB_PTRS, HB_SCALARS)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
         for adj in ("false", "true"):
@@ -259,24 +259,27 @@ def run_case(lib, i):
 
 
 def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
-    """dB or dC summed over classes of heads (ssd_chunk_hblocks_tc, then ssd_chunk_hsum_tc
-    in runs of heads, the runs' partials added here) against the per-head reference summed
-    (dB's heads times dt'). Classes: one head each, and the heads of each Vv group, their
-    blocks summed in one run or (the second) one run per head."""
+    """dB or dC summed over classes of heads (ssd_chunk_hblocks_tc's blocks, then
+    ssd_chunk_hsum_tc in runs of heads, the runs' partials added here) against the per-head
+    reference summed (dB's heads times dt'). The blocks read dY and x per head: the case's
+    grouped U, W repeated over their groups' heads (dC: dY = U, x = W; dB: the other way).
+    Classes: one head each, and the heads of each Vv group, their blocks summed in one run
+    or (the second) one run per head."""
     batch, L, H, V = ref.shape
-    K, XU, XW, XV = U.shape[3], U.shape[2], W.shape[2], Vv.shape[2]
+    K, XU, XV = U.shape[3], U.shape[2], Vv.shape[2]
     nc = len(starts) - 1
-    row_f = dte if gssd.HSUM_KINDS[kind][3] else np.ones_like(dte)
+    per_head = lambda a: np.ascontiguousarray(np.repeat(a, H // a.shape[2], axis=2))
+    dY, x = (per_head(U), per_head(W)) if kind == "dC" else (per_head(W), per_head(U))
+    row_f = dte if gssd.HSUM_KINDS[kind][2] else np.ones_like(dte)
     pairs = tiles * (tiles + 1) // 2
     ok = True
     for classes, gs_runs in sorted({(H, 1), (XV, 1), (XV, H // XV)}):
         hpk = H // classes
         want = (ref * row_f[..., None]).reshape(batch, L, classes, hpk, V).sum(axis=3)
         gs = np.full((gs_runs, batch, nc, classes, pairs, 64 * 64), np.nan, np.float32)
-        launch(lib, f"emu_hb_{kind}", batch * nc * classes * pairs * gs_runs,
-               [U, W, dte, cum, seq, starts, gs],
-               [L, H, XU, XW, K, nc, tiles, classes, gs_runs, gs[0].size],
-               threads=gssd.TC_THREADS)
+        launch(lib, "emu_hb", batch * nc * classes * pairs * gs_runs,
+               [dY, x, dte, cum, seq, starts, gs],
+               [L, H, K, nc, tiles, classes, gs_runs, gs[0].size], threads=gssd.TC_THREADS)
         gs = gs.sum(axis=0, dtype=np.float32)  # the runs, in order (as ssd_sum_parts)
         for nt in gssd.TC_NT:
             for runs in sorted({1, 2, hpk}):
