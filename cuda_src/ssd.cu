@@ -1053,6 +1053,55 @@ __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_
     }
 }
 
+// The warp's rows of an R x R block of ssd_chunk_cb's layout (entry (r, q) at r R + q; UPPER:
+// the transposed block's, entry (r, q) at q R + r), as mma accumulators of 16 rows from wr.
+template <bool UPPER, int R>
+__device__ __forceinline__ void ssd_tc_block_frags(float (&sacc)[R / 8][4], const float* blkp,
+                                                   int wr) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int jj = 0; jj < R / 8; ++jj)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {  // rows r, columns q and q + 1
+            const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
+            if (UPPER) {
+                sacc[jj][2 * i] = blkp[q * R + r];
+                sacc[jj][2 * i + 1] = blkp[(q + 1) * R + r];
+            } else {
+                const float2 v = *reinterpret_cast<const float2*>(blkp + r * R + q);
+                sacc[jj][2 * i] = v.x;
+                sacc[jj][2 * i + 1] = v.y;
+            }
+        }
+}
+
+// acc += the warp's rows of a weighted R x R block (sacc, as mma accumulators) times nq <= R
+// rows of Vv from Vq (nv <= 8 NT columns, rows v_stride apart), staged SSD_TC_KS rows at a
+// time as [v][q] in bs (a stage of at least 8 NT rows; its barriers fence the caller's
+// previous reads of bs).
+template <int NT, int R, typename TV>
+__device__ __forceinline__ void ssd_tc_times_v(float (&acc)[NT][4], const float (&sacc)[R / 8][4],
+                                               uint4 (*bs)[SSD_TC_KS / 2], const TV* Vq,
+                                               ssm_i64 v_stride, int nv, int nq) {
+    constexpr int KS = SSD_TC_KS;
+    ssd_tc_stage<8 * NT, true> vl;
+    vl.load(Vq, v_stride, nv, nq, 0);
+#pragma unroll
+    for (int s = 0; s < R / KS; ++s) {
+        if (s * KS >= nq) break;
+        __syncthreads();
+        vl.store(bs);
+        __syncthreads();
+        if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
+#pragma unroll
+        for (int j = 0; j < KS / 8; ++j) {
+            const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+        }
+    }
+}
+
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
@@ -1120,21 +1169,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
-            const float* blkp = w.cb_block(cb, q0, nc, classes, tiles_per_chunk);
-#pragma unroll
-            for (int jj = 0; jj < R / 8; ++jj)
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {  // rows r, columns q and q + 1
-                    const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
-                    if (UPPER) {
-                        sacc[jj][2 * i] = blkp[q * R + r];
-                        sacc[jj][2 * i + 1] = blkp[(q + 1) * R + r];
-                    } else {
-                        const float2 v = *reinterpret_cast<const float2*>(blkp + r * R + q);
-                        sacc[jj][2 * i] = v.x;
-                        sacc[jj][2 * i + 1] = v.y;
-                    }
-                }
+            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
             __syncthreads();  // cum_q, dt_q, seq_q
         } else {
 #pragma unroll
@@ -1155,25 +1190,9 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                 const int r = wr + g + 8 * (e >> 1), qi = 8 * jj + 2 * t + (e & 1);
                 sacc[jj][e] = w.weight(sacc[jj][e], r, qi, q0, nq);
             }
-        // Times Vv's rows q (as [v][q]), SSD_TC_KS of them per stage.
-        const TV* Vq = Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0;
-        const ssm_i64 v_stride = (ssm_i64)XV * V;
-        ssd_tc_stage<VR, true> vl;
-        vl.load(Vq, v_stride, nv, nq, 0);
-#pragma unroll
-        for (int s = 0; s < R / KS; ++s) {
-            if (s * KS >= nq) break;
-            __syncthreads();
-            vl.store(bs);
-            __syncthreads();
-            if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
-#pragma unroll
-            for (int j = 0; j < KS / 8; ++j) {
-                const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
-            }
-        }
+        // Times Vv's rows q.
+        ssd_tc_times_v<NT, R>(acc, sacc, bs, Vv + ((b * L + q0) * XV + hv) * (ssm_i64)V + v0,
+                              (ssm_i64)XV * V, nv, nq);
     }
 
     // Epilogue: skip connection and gate (the forward output only).
@@ -1362,41 +1381,10 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
         w.set_head(h0, XU, 1, XV);
         for (ssm_i64 q0 = w.q_begin(); q0 < w.q_end(); q0 += R) {
             const int nq = (int)(w.q_end() - q0 < R ? w.q_end() - q0 : R);
-            const float* blkp = w.cb_block(gs, q0, nc, classes, tiles_per_chunk);
             float sacc[R / 8][4];
-#pragma unroll
-            for (int jj = 0; jj < R / 8; ++jj)
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {  // rows r, columns q and q + 1
-                    const int r = wr + g + 8 * i, q = 8 * jj + 2 * t;
-                    if (UPPER) {
-                        sacc[jj][2 * i] = blkp[q * R + r];
-                        sacc[jj][2 * i + 1] = blkp[(q + 1) * R + r];
-                    } else {
-                        const float2 v = *reinterpret_cast<const float2*>(blkp + r * R + q);
-                        sacc[jj][2 * i] = v.x;
-                        sacc[jj][2 * i + 1] = v.y;
-                    }
-                }
-            const TV* Vq = Vv + ((b * L + q0) * XV + w.hv) * (ssm_i64)V + v0;
-            const ssm_i64 v_stride = (ssm_i64)XV * V;
-            ssd_tc_stage<VR, true> vl;
-            vl.load(Vq, v_stride, nv, nq, 0);
-#pragma unroll
-            for (int s = 0; s < R / KS; ++s) {
-                if (s * KS >= nq) break;
-                __syncthreads();
-                vl.store(bs);
-                __syncthreads();
-                if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
-#pragma unroll
-                for (int j = 0; j < KS / 8; ++j) {
-                    const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
-                }
-            }
+            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(gs, q0, nc, classes, tiles_per_chunk), wr);
+            ssd_tc_times_v<NT, R>(acc, sacc, bs, Vv + ((b * L + q0) * XV + w.hv) * (ssm_i64)V + v0,
+                                  (ssm_i64)XV * V, nv, nq);
         }
     }
 
