@@ -531,6 +531,41 @@ MMA_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("GB, GC, cuts", [(2, 1, None), (1, 3, [100, 256]), (2, 3, None),
+                                          (6, 6, [40])])
+def test_float32_head_sums_match_reference(monkeypatch, GB, GC, cuts):
+    """float32 dB and dC summed over classes of heads on tensor cores (ssd_chunk_hblocks_tc,
+    ssd_chunk_hsum_tc: chunks of 4 row tiles, tile pairs off the diagonal with and without
+    restarts, B and C in different groups, classes summed into groups) against the
+    reference, and against the per-head products summed afterwards."""
+    from ssmkit._gpu import ssd as gpu_ssd
+    rng = np.random.default_rng(GB * 10 + GC)
+    inputs = make_inputs(rng, batch=2, L=300, H=6, P=24, G=1, N=40, D_form="channel",
+                         with_init=True, seq_cuts=cuts)
+    inputs["B"] = rng.standard_normal((2, 300, GB, 40))
+    inputs["C"] = rng.standard_normal((2, 300, GC, 40))
+    opts = dict(chunk_size=256, dt_softplus=True)
+    calls = []
+    hsum = gpu_ssd._Layout.hsum
+    monkeypatch.setattr(gpu_ssd._Layout, "hsum",
+                        lambda self, *a, **k: calls.append(a[1]) or hsum(self, *a, **k))
+    check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(0))
+    assert sorted(calls) == ["dB", "dC"]
+    # the same gradients from the per-head products
+    xp = xp_for("gpu")
+    arrays, _ = cast(inputs, "float32", xp)
+    dy = xp.asarray(rng.standard_normal(inputs["x"].shape).astype(np.float32))
+    grads = []
+    for kinds in (gpu_ssd.TC_KINDS, tuple(k for k in gpu_ssd.TC_KINDS if k != "hsum")):
+        monkeypatch.setattr(gpu_ssd, "TC_KINDS", kinds)
+        _, pullback = ssmkit.ssd_vjp(**arrays, **opts)
+        grads.append(pullback(dy))
+    for name in ("B", "C"):
+        assert rel_err(getattr(grads[0], name), getattr(grads[1], name)) < 1e-5, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(MMA_CASES) + 1))
 def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, case):
