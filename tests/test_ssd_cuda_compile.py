@@ -36,6 +36,11 @@ def representative_names():
     names += [ssd.mm_tc_name("y", io, bc, 8) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
     names += [ssd.state_name(io, bc, adj, nt=nt) for io, bc in ssd.DTYPE_PAIRS
               if io != "float64" for adj in (False, True) for nt in ssd.TC_NT]
+    # dB and dC summed over heads: both kinds at both widths, and every 16-bit input pair
+    names += [ssd.hsum_name(kind, "float32", "float32", nt) for kind in ssd.HSUM_KINDS
+              for nt in ssd.TC_NT]
+    names += [ssd.hsum_name("dB", io, bc, 8) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
+    names += [ssd.hblocks_name(io) for io, _ in ssd.DTYPE_PAIRS if io != "float64"]
     for vm in ssd.vm_values("float32"):
         names.append(ssd.mm_name("y", "float32", "float32", vm))
     for vm in ssd.vm_values("float64"):
