@@ -36,7 +36,10 @@ Backward (from the boundary states the forward kept, nothing per step)
     the outputs are recomputed without gate (``ssd_chunk_mm``), the adjoint
     chunk sums and ``ssd_adjoint_passing`` give the adjoint leaving every chunk
     and the initial state's gradient, and three transposed ``ssd_chunk_mm``
-    products give (G B)_s (for dx and ddt), dB and dC; ``ssd_bwd_rows`` does the
+    products give (G B)_s (for dx and ddt), dB and dC (in float32 on tensor cores, dB and
+    dC summed over heads instead: ``ssd_chunk_hblocks_tc`` sums the heads' weighted
+    blocks once for both, ``ssd_chunk_hsum_tc`` multiplies them by C or B once per class
+    of heads); ``ssd_bwd_rows`` does the
     per-step work after them (dx, x . (G B), the chunk sums' cotangent, dD's partial
     sums) in one pass; ddt through the decays
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
@@ -576,15 +579,15 @@ class _Layout:
 
     def hsum_blocks(self, p, dY):
         """The weighted blocks of dB and dC summed over each class of heads (see
-        head_classes), (batch, nc, classes, pairs, 64 * 64) float32, in ``cb_cuda``'s layout:
+        head_classes), (batch, nc, classes, pairs, R * R) float32, in ``cb_cuda``'s layout:
         ``ssd_chunk_hblocks_tc`` in runs of heads, the runs' partials summed in order."""
         cp = p.xp
         classes = head_classes(p.H, p.B.shape[2], p.C.shape[2])
-        T = self.mm_tiles
-        blocks = p.batch * self.nc * classes * (T * (T + 1) // 2)
+        T, R = self.mm_tiles, tile_rows(self.ct)
+        pairs = T * (T + 1) // 2  # the blocks on and below the diagonal
+        blocks = p.batch * self.nc * classes * pairs
         runs = head_splits(blocks, p.H // classes)
-        gs = cp.empty((runs, p.batch, self.nc, classes, T * (T + 1) // 2, 64 * 64),
-                      dtype=np.float32)
+        gs = cp.empty((runs, p.batch, self.nc, classes, pairs, R * R), dtype=np.float32)
         _launch(hblocks_name(self.io), (blocks * runs,),
                 (dY, p.x, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
                  np.int32(p.H), np.int32(p.P), np.int64(self.nc), np.int32(T),
