@@ -197,11 +197,6 @@ HSUM_KINDS = {
 }
 
 
-# NT of ssd_chunk_hsum_tc: None takes tc_nt(V), as the products do (a module switch, to
-# compare the widths).
-HSUM_NT = None
-
-
 def hblocks_name(io: str) -> str:
     """The ``ssd_chunk_hblocks_tc`` instance (dY in float, x in ``io``)."""
     return f"ssd_chunk_hblocks_tc<float, {_CTYPE[io]}>"
@@ -609,7 +604,7 @@ class _Layout:
         G = (p.B if kind == "dB" else p.C).shape[2]
         classes = gs.shape[2]
         V, K, T = Vv.shape[3], U.shape[3], self.mm_tiles
-        nt = HSUM_NT or tc_nt(V)
+        nt = tc_nt(V)
         v_blocks = -(-V // (8 * nt))
         blocks = p.batch * self.nc * T * classes * v_blocks
         runs = head_splits(blocks, p.H // classes)
