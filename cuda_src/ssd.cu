@@ -677,15 +677,15 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
     // live (entries past nr or nq are zero products), and exp(cum_r - cum_q) (lower; UPPER
     // transposed) factors through the chunk sum at the later tile's first step, ref, as
     // exp(cum_r - ref) exp(ref - cum_q), both exponents <= 0 when the sums do not increase.
-    // Thread i < R sets f_r[i] (times f_extra) and f_q[i] (times dt'_q with DTQ) from the row
-    // and q-tile values it loaded itself, and returns whether an exponent exceeds 64 (the
-    // tile then takes the entrywise weights).
-    __device__ __forceinline__ bool factor(ssm_i64 q0, CT* f_r, CT* f_q, CT f_extra) const {
+    // Thread i < R sets f_r[i] and f_q[i] (times dt'_q with DTQ) from the row and q-tile
+    // values it loaded itself, and returns whether an exponent exceeds 64 (the tile then
+    // takes the entrywise weights).
+    __device__ __forceinline__ bool factor(ssm_i64 q0, CT* f_r, CT* f_q) const {
         const int i = threadIdx.x;
         const CT ref = cum[(b * L + (UPPER ? q0 : r0)) * H + h];
         const CT er = UPPER ? ref - cum_r[i] : cum_r[i] - ref;
         const CT eq = UPPER ? cum_q[i] - ref : ref - cum_q[i];
-        f_r[i] = ssd_exp<CT>(er) * f_extra;
+        f_r[i] = ssd_exp<CT>(er);
         f_q[i] = DTQ ? ssd_exp<CT>(eq) * dt_q[i] : ssd_exp<CT>(eq);
         return er > CT(64) || eq > CT(64);
     }
@@ -1224,9 +1224,19 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
 // U, Vv, M as ssd_chunk_mm_tc's dB (UPPER, ROWF: rows times dt'_r) and dC kinds.
 // --------------------------------------------------------------------------------------
 
+// Run `run` of `runs` of class k's heads (H / classes consecutive heads, runs of
+// ceil(H / classes / runs), the last ones shorter or empty): heads h_begin .. h_end - 1.
+// ssmkit._gpu.ssd.head_splits picks runs so that none is empty.
+__device__ __forceinline__ void ssd_head_run(int H, int classes, int k, int runs, int run,
+                                             int& h_begin, int& h_end) {
+    const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, end = (k + 1) * hpk;
+    h_begin = k * hpk + run * hpr;
+    h_end = h_begin + hpr < end ? h_begin + hpr : end;
+}
+
 // Grid: (batch * nc * classes * pairs * runs), pairs = T (T + 1) / 2 for T tiles per chunk;
 // block (((b * nc + c) * classes + k) * pairs + rt (rt + 1) / 2 + qt) * runs + run sums run
-// `run` of class k's heads (as ssd_chunk_hsum_tc's runs) for row tile rt and q-tile
+// `run` of class k's heads (ssd_head_run) for row tile rt and q-tile
 // qt <= rt, into gs + run gs_stride. dY rows t, x rows s. Blocks past the chunk's end write
 // nothing.
 template <typename TY, typename TX>
@@ -1251,8 +1261,9 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
     int rt = 0;
     while ((rt + 1) * (rt + 2) / 2 <= pair) ++rt;
     const int qt = pair - rt * (rt + 1) / 2;
-    const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, h0 = k * hpk;
-    const int h_begin = h0 + run * hpr, h_end = h_begin + hpr < h0 + hpk ? h_begin + hpr : h0 + hpk;
+    const int h0 = k * (H / classes);
+    int h_begin, h_end;
+    ssd_head_run(H, classes, k, runs, run, h_begin, h_end);
     ssd_mm_block<float, false, true, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
     const ssm_i64 b = bc / nc, c = bc - b * nc;
     if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, H,
@@ -1276,7 +1287,7 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
         w.load_rows();
         w.load_q(q0, nq);
         bool far = false;
-        if (whole && tid < R) far = w.factor(q0, f_r, f_q, 1.f);
+        if (whole && tid < R) far = w.factor(q0, f_r, f_q);
         // (whole: uniform; without it no vote, and ssd_tc_sum's first barrier publishes)
         const bool factored = whole && !__syncthreads_or(far);
         float sacc[R / 8][4];
@@ -1313,9 +1324,9 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
 }
 
 // Grid: (batch * nc * T * classes * runs * ceil(V / 8 NT)); block
-// ((((b * nc + c) * T + rt) * classes + k) * runs + run) * v_blocks + vb. Run `run` of class
-// k's heads: heads h0 + run * hpr .. (hpr = ceil(hpk / runs)). part: (runs, batch, L,
-// classes, V), part_stride apart; every entry of a row in a chunk written by each run.
+// ((((b * nc + c) * T + rt) * classes + k) * runs + run) * v_blocks + vb, for run `run` of
+// class k's heads (ssd_head_run). part: (runs, batch, L, classes, V), part_stride apart;
+// every entry of a row in a chunk written by each run.
 template <typename TU, typename TV, bool UPPER, bool ROWF, int NT>
 __global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
 ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
@@ -1340,8 +1351,9 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
     const ssm_i64 bc = bct / tiles_per_chunk;
     const int rt = (int)(bct - bc * tiles_per_chunk);
     const ssm_i64 b = bc / nc, c = bc - b * nc;
-    const int hpk = H / classes, hpr = (hpk + runs - 1) / runs, h0 = k * hpk;
-    const int h_begin = h0 + run * hpr, h_end = h_begin + hpr < h0 + hpk ? h_begin + hpr : h0 + hpk;
+    const int h0 = k * (H / classes);
+    int h_begin, h_end;
+    ssd_head_run(H, classes, k, runs, run, h_begin, h_end);
     ssd_mm_block<float, UPPER, false, R> w(L, H, cum, dte, seq, cum_r, cum_q, dt_q, seq_r, seq_q);
     if (!w.at(((b * H + h0) * nc + c) * tiles_per_chunk + rt, tiles_per_chunk, nc, starts, XU,
               1, XV))

@@ -148,12 +148,23 @@ def vm_values(compute: str) -> list:
     return sorted({column_groups(V, compute) for V in range(1, MAX_DIM + 1)})
 
 
-def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
-    ct = _COMPUTE[io]
+def _cbool(*flags) -> str:
+    """C++ bool template arguments: ``true, false, ...``."""
+    return ", ".join("true" if f else "false" for f in flags)
+
+
+def _mm_args(kind: str, io: str, bc: str) -> tuple:
+    """The U, W, Vv, output types and the UPPER, MT, DTQ flags of one chunk-product kind,
+    as ``ssd_chunk_mm`` and ``ssd_chunk_mm_tc`` take them."""
     roles, upper, mt, dtq = MM_KINDS[kind]
-    types = [_CTYPE[{"io": io, "bc": bc, "ct": ct}[r]] for r in roles]
-    flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
-    return f"ssd_chunk_mm<{', '.join(types)}, {_CTYPE[ct]}, {flags}, {vm}>"
+    ct = _COMPUTE[io]
+    types = ", ".join(_CTYPE[{"io": io, "bc": bc, "ct": ct}[r]] for r in roles)
+    return types, _cbool(upper, mt, dtq)
+
+
+def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
+    types, flags = _mm_args(kind, io, bc)
+    return f"ssd_chunk_mm<{types}, {_CTYPE[_COMPUTE[io]]}, {flags}, {vm}>"
 
 
 # ssd_chunk_mm_tc: the float chunk products on tensor cores (3 x TF32); a block per 64 rows
@@ -182,10 +193,8 @@ def tc_nt(V: int) -> int:
 
 def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
     """The ``ssd_chunk_mm_tc`` instance of one product kind with NT n-tiles per block."""
-    roles, upper, mt, dtq = MM_KINDS[kind]
-    types = [_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles]
-    flags = ", ".join("true" if f else "false" for f in (upper, mt, dtq))
-    return f"ssd_chunk_mm_tc<{', '.join(types)}, {flags}, {nt}>"
+    types, flags = _mm_args(kind, io, bc)
+    return f"ssd_chunk_mm_tc<{types}, {flags}, {nt}>"
 
 
 # dB and dC summed over heads on tensor cores: the heads' weighted blocks summed per class of
@@ -206,8 +215,7 @@ def hsum_name(kind: str, io: str, bc: str, nt: int) -> str:
     """The ``ssd_chunk_hsum_tc`` instance of dB or dC with NT n-tiles per block."""
     roles, upper, rowf = HSUM_KINDS[kind]
     tu, tv = (_CTYPE[{"io": io, "bc": bc, "ct": "float32"}[r]] for r in roles)
-    flags = ", ".join("true" if f else "false" for f in (upper, rowf))
-    return f"ssd_chunk_hsum_tc<{tu}, {tv}, {flags}, {nt}>"
+    return f"ssd_chunk_hsum_tc<{tu}, {tv}, {_cbool(upper, rowf)}, {nt}>"
 
 
 def state_name(io: str, bc: str, adjoint: bool, *, nt: int = 0) -> str:
@@ -215,7 +223,7 @@ def state_name(io: str, bc: str, adjoint: bool, *, nt: int = 0) -> str:
     the adjoint form reads dY in the compute dtype."""
     ct = _COMPUTE[io]
     T = _CTYPE[ct] if adjoint else _CTYPE[io]
-    adj = "true" if adjoint else "false"
+    adj = _cbool(adjoint)
     if nt:
         return f"ssd_chunk_state_tc<{T}, {_CTYPE[bc]}, {adj}, {nt}>"
     return f"ssd_chunk_state<{T}, {_CTYPE[bc]}, {_CTYPE[ct]}, {adj}>"
@@ -327,8 +335,7 @@ def mma_mm_name(kind: str, io: str, V: int, fused: bool = False) -> str:
     ``fused``: with the per-step work in its epilogue (``MMA_FUSE``, ycore and GB only)."""
     vw = mma_width(V)
     upper, dtw, mt, hsum = MMA_BWD_KINDS[kind]
-    flags = ", ".join(["true" if upper else "false", str(dtw), "true" if mt else "false",
-                       "true" if hsum else "false"])
+    flags = f"{_cbool(upper)}, {dtw}, {_cbool(mt, hsum)}"
     fuse = MMA_FUSE[kind] if fused else 0
     return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}, {fuse}>"
 

@@ -70,7 +70,8 @@ def kernels():
                     if kind in gssd.HSUM_KINDS:
                         out[f"hs_{kind}_{nt}"] = (gssd.hsum_name(kind, io, io, nt), T, HS_PTRS,
                                                   HS_SCALARS)
-                out["hb"] = (gssd.hblocks_name(io), T, HB_PTRS, HB_SCALARS)
+        if io == "float32":
+            out["hb"] = (gssd.hblocks_name(io), T, HB_PTRS, HB_SCALARS)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
         for adj in ("false", "true"):
