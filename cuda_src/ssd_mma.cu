@@ -1194,6 +1194,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 // FUSE = 1 (the ycore instance) or 2 (GB): nothing is stored to out; the epilogue does the
 // per-step element-wise work on the block's rows instead (ssd_mma_rows_epilogue; dy, z, X,
 // D, cbd in, dY16, dz, dx, dcum, dD_part out; cbm required). FUSE = 0: those are unused.
+// FUSE = 2 takes rowdot (or null) for x_s . (G B)_s instead (see the epilogue's xgb).
 // Grid: (batch * XO * head_splits * nc * tiles_per_chunk); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 
@@ -1209,7 +1210,10 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
 //   FUSE = 2 (GB, acc = go): dx = (go + e dY) + D dY rounded to T,
 //     dcum[row] -= sum_p x_p go_p, and the block's per-column sums of dY x, in warp order,
 //     to dD_part (when not null; red: the block's 4 x 8 NT floats of shared scratch, free
-//     once every warp is past its reads of the staged rows).
+//     once every warp is past its reads of the staged rows); with xgb (not null),
+//     xgb[row] = x_r . (G B)_r = (sum_p x_p go_p + e_r sum_p x_p dY_p) / dt'_r, the diagonal
+//     term included (0 where dt'_r = 0: the host takes this path with softplus only, where
+//     dt'_r = 0 comes with a zero derivative; dt_s holds the rows' dt').
 // STAGED: the rows' dy, x, z come from shared tiles (rows of LDS values, zero past nr and
 // P; the caller copied them while the product ran), else from global memory, every load
 // issued before the first is used (one round trip per block, not one per column pair).
@@ -1219,8 +1223,8 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         const T* __restrict__ X, const float* e_s, const float* d_s, const float* dc_s,
         T* __restrict__ dY16, T* __restrict__ dz, T* __restrict__ dx, float* __restrict__ dcum,
         float* __restrict__ dD_part, const unsigned short* dys, const unsigned short* xs,
-        const unsigned short* zs, float* red, ssm_i64 row0, int H, int h, int P, int nr,
-        int warp, int lane) {
+        const unsigned short* zs, float* red, const float* dt_s, float* __restrict__ xgb,
+        ssm_i64 row0, int H, int h, int P, int nr, int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const bool pair = (P & 1) == 0 &&
                       (((unsigned long long)dy | (unsigned long long)X |
@@ -1260,7 +1264,7 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         }
         const float e = e_s[r];
         // 2. The arithmetic of ssd_mma_bwd_rows, and the stores.
-        float sum = 0.0f;
+        float sum = 0.0f, xdy = 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int p = 8 * j + 2 * t;
@@ -1291,6 +1295,7 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
                 } else {
                     o[k] = (a[j][k] + e * dYv) + Dv * dYv;
                     sum += xv * a[j][k];
+                    xdy += xv * dYv;
                     dd[j][k] += dYv * xv;
                 }
             }
@@ -1305,6 +1310,12 @@ __device__ __forceinline__ void ssd_mma_rows_epilogue(
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (t == 0 && live) dcum[row] = FUSE == 1 ? sum : dc_s[r] - sum;
+        if (FUSE == 2 && xgb) {  // uniform: xGB = x_r . (G B)_r, its diagonal term added
+            xdy += __shfl_xor_sync(0xffffffffu, xdy, 1);
+            xdy += __shfl_xor_sync(0xffffffffu, xdy, 2);
+            const float dt = dt_s[r];
+            if (t == 0 && live) xgb[row] = dt > 0.0f ? (sum + e * xdy) / dt : 0.0f;
+        }
     }
     if (FUSE == 2 && dD_part) {  // uniform: the columns' sums over the 8 lanes g, then the warps
 #pragma unroll
@@ -1645,8 +1656,8 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
             ssd_mma_rows_epilogue<T, FUSE, NT, STAGED, LDV>(
                 acc, dy, z, X, e_s, d_s, dc_s, dY16, dz, dx, dcum,
                 dD_part ? dD_part + (((ssm_i64)bu * per_set + ctile) * H) * V : nullptr,
-                us, ms, ms + SSD_MMA_ROWS * LDV, reinterpret_cast<float*>(vt),
-                (b * L + r0) * H + h, H, h, V, nr, warp, lane);
+                us, ms, ms + SSD_MMA_ROWS * LDV, reinterpret_cast<float*>(vt), dt_r,
+                FUSE == 2 ? rowdot : nullptr, (b * L + r0) * H + h, H, h, V, nr, warp, lane);
             return;
         }
         {
@@ -1845,6 +1856,24 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
     }
 }
 
+// A summed 64 x 64 block (rows r, columns q, as mma accumulators: warp w rows 16 w ..) into
+// blk, row-major, zero past nr rows and nq columns (entries that multiply nothing there
+// but could hold a non-finite weight).
+__device__ __forceinline__ void ssd_mma_block_store(float* blk, const float (&gsum)[8][4], int nr,
+                                                    int nq, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+            const int r = 16 * warp + g + (i >= 2 ? 8 : 0), q = 8 * j + 2 * t;
+            const bool live = r < nr;
+            *reinterpret_cast<ssd_mma_f2*>(blk + r * SSD_MMA_ROWS + q) =
+                ssd_mma_f2{{live && q < nq ? gsum[j][i] : 0.0f,
+                            live && q + 1 < nq ? gsum[j][i + 1] : 0.0f}};
+        }
+}
+
 // The run's partial: acc's rows r < nr, columns v < N into part (batch, L, XO, N).
 template <int NT>
 __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc)[NT][4],
@@ -1876,15 +1905,20 @@ __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc
 // goes per head through a second accumulator (acc2), scaled by s_r^h and added.
 // A block: 64 rows r of one chunk, all N columns, one run of heads; writes its partial
 // (no read-modify-write). Grid and out as ssd_mma_chunk_mm with HSUM (XO = C groups).
+// KEEP: gs receives each run's summed blocks, 64 x 64 row-major per (row tile, q-tile)
+// pair: gs[((((b * XO + o) * head_splits + run) * nc + c) * pairs + pair) * 4096 + r * 64 + q],
+// pair = rt (rt + 1) / 2 + qt as ssd_mma_cb's, for ssd_mma_chunk_db<T, true> (without KEEP
+// gs is unused). The stores take ptxas past the 255 registers: it spills 8 bytes, written
+// at the start and read back once for the partial's store (not in a loop).
 // --------------------------------------------------------------------------------------
-template <typename T>
+template <typename T, bool KEEP>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
 ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __restrict__ Bm,
                  const T* __restrict__ states, const float* __restrict__ dte,
                  const float* __restrict__ cum, const int* __restrict__ seq,
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
-                 ssm_i64 part_stride) {
+                 ssm_i64 part_stride, float* __restrict__ gs) {
     constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
@@ -2065,6 +2099,16 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                 finish(gacc, any_far);
             }
         }
+        if (KEEP) {  // the run's summed block, for ssd_mma_chunk_db<T, true>
+            // blockIdx.x = (set nc + c) T + tile (ssd_mma_run_at), so that the pair's index
+            // comes from it alone (no register held through the kernel for it)
+            const unsigned tpc = (unsigned)tiles_per_chunk, sc = blockIdx.x / tpc;
+            const unsigned tile = blockIdx.x - sc * tpc;
+            ssd_mma_block_store(gs + ((ssm_i64)sc * (tpc * (tpc + 1) / 2) + tile * (tile + 1) / 2 +
+                                      (unsigned)((q0 - t0) / SSD_MMA_ROWS)) *
+                                         (SSD_MMA_ROWS * SSD_MMA_ROWS),
+                                gsum, nr, nq, warp, lane);
+        }
         __syncthreads();  // the row arrays' last reads (the mask) are behind every warp
         ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
             vt, Bm + ((b * L + q0) * GB + gb) * N, (ssm_i64)GB * N, nq, N, vec, tid);
@@ -2090,8 +2134,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
 // transposed blocks (cbt), in the fragment positions of the masked block; the block's
 // threads add it to rowdot (their own rows, in tile order). Grid and out as
 // ssd_mma_chunk_mm with HSUM (XO = B groups); the heads of a run read one C group.
+// SHARED: the run's summed masked blocks come from ssd_mma_chunk_dc's gs instead (the same
+// entries: dB's (r, q) is dC's (q, r), exp(cum_q - cum_r) dt'_r (x_r . dY_q)), launched with
+// the same groups (GB = GC) and runs; the heads' blocks are not made here, and rowdot is
+// not written (GB's epilogue gives x_s . (G B)_s, see ssd_mma_rows_epilogue).
 // --------------------------------------------------------------------------------------
-template <typename T>
+template <typename T, bool SHARED>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
 ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __restrict__ Cm,
                  const T* __restrict__ dHx, const T* __restrict__ Bm,
@@ -2100,7 +2148,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                  const float* __restrict__ cbt, float* __restrict__ out,
                  float* __restrict__ rowdot, ssm_i64 L, int H, int P, int XO, int GC, int N,
                  ssm_i64 nc, int tiles_per_chunk, int head_splits, ssm_i64 part_stride,
-                 int classes) {
+                 int classes, const float* __restrict__ gs) {
     constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // x[r][k]
@@ -2127,14 +2175,15 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     const int cb_pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const int seq_end = ssd_mma_seq(seq, b * L + E);
     const bool vec = ssd_mma_vec(P, N, X, dY, Cm, dHx);
-    // Dynamic shared memory: B's rows of the block (bs, for the row dots), then step 2's
-    // second buffers (ssd_mma_heads_ahead) where the launch gave room for them.
+    // Dynamic shared memory: B's rows of the block (bs, for the row dots; not with SHARED),
+    // then step 2's second buffers (ssd_mma_heads_ahead) where the launch gave room for them.
+    constexpr unsigned BS_BYTES = SHARED ? 0 : SSD_MMA_DB_B_BYTES;
     extern __shared__ ssm_v16 ssd_mma_dyn[];
     unsigned short* const bs = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
-    unsigned short* const dyn = bs + SSD_MMA_ROWS * SSD_MMA_SUM_LDV;
-    if (ssm_dynamic_smem_bytes() < SSD_MMA_DB_B_BYTES) __trap();
+    unsigned short* const dyn = bs + BS_BYTES / 2;
+    if (ssm_dynamic_smem_bytes() < BS_BYTES) __trap();
     const bool ahead = P <= SSD_MMA_SUM_KW &&
-                       ssm_dynamic_smem_bytes() >= SSD_MMA_DB_B_BYTES + SSD_MMA_AHEAD_BYTES;
+                       ssm_dynamic_smem_bytes() >= BS_BYTES + SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
     const ssm_i64 row_a = b * L + r0 + (ra < nr ? ra : nr - 1);
     const ssm_i64 row_b = b * L + r0 + (rb < nr ? rb : nr - 1);
@@ -2172,16 +2221,17 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             db += m[j][2] * ssm_load(b0) + m[j][3] * ssm_load(b1);
         }
     };
-    float* const rd_a = rowdot + row_a * H;  // + h
-    float* const rd_b = rowdot + row_b * H;
+    float* const rd_a = SHARED ? nullptr : rowdot + row_a * H;  // + h
+    float* const rd_b = SHARED ? nullptr : rowdot + row_b * H;
 
     float acc[NT][4];
     ssd_mma_zero(acc);
 
     // B's rows, landing with the first head's operands
-    ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
-        bs, Bm + ((b * L + r0) * XO + o) * N, (ssm_i64)XO * N, nr, N,
-        vec && ((unsigned long long)Bm & 15) == 0, tid);
+    if (!SHARED)
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+            bs, Bm + ((b * L + r0) * XO + o) * N, (ssm_i64)XO * N, nr, N,
+            vec && ((unsigned long long)Bm & 15) == 0, tid);
 
     // 1. The boundary terms, head by head: their row dots with B start rowdot.
     // head h's product scaled, its row dots, and its share of acc
@@ -2196,13 +2246,15 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             acc2[j][2] *= sb;
             acc2[j][3] *= sb;
         }
-        float da, db;
-        dot_b(acc2, da, db);
-        da = row_sum(da);
-        db = row_sum(db);
-        if (t == 0) {
-            if (ra < nr) rd_a[h] = da;
-            if (rb < nr) rd_b[h] = db;
+        if (!SHARED) {
+            float da, db;
+            dot_b(acc2, da, db);
+            da = row_sum(da);
+            db = row_sum(db);
+            if (t == 0) {
+                if (ra < nr) rd_a[h] = da;
+                if (rb < nr) rd_b[h] = db;
+            }
         }
         const float ta = dt_r[ra], tb = dt_r[rb];
 #pragma unroll
@@ -2253,6 +2305,26 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     for (ssm_i64 q0 = r0; q0 < t1; q0 += SSD_MMA_ROWS) {
         const int nq = (int)(t1 - q0 < SSD_MMA_ROWS ? t1 - q0 : SSD_MMA_ROWS);
         const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
+        if constexpr (SHARED) {
+            // The run's summed block from ssd_mma_chunk_dc (rows q, columns r there), read
+            // transposed, loads issued before the barrier; then one product with C.
+            const float* const blk =
+                gs + ((((b * XO + o) * head_splits + R.hs) * nc + c) * cb_pairs +
+                      qt * (qt + 1) / 2 + R.tile) * (ssm_i64)(SSD_MMA_ROWS * SSD_MMA_ROWS);
+            float gsum[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    gsum[j][i] = blk[(8 * j + 2 * t + (i & 1)) * SSD_MMA_ROWS + (i >= 2 ? rb : ra)];
+            __syncthreads();  // the previous tile's reads of vt are done
+            ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+                vt, Cm + ((b * L + q0) * GC + gc) * N, (ssm_i64)GC * N, nq, N, vec, tid);
+            ssd_mma_cp_land();
+            __syncthreads();
+            ssd_mma_run_times_v<T, true>(acc, gsum, vt, q0 == r0, warp, lane);
+            continue;
+        }
         // B_r . C_q (ssd_mma_cb's transposed block, in the warps' fragment order) in shared
         // memory, where vt lies: vt holds C only after the heads' loop. Copied with the first
         // head's operands.

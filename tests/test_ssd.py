@@ -651,6 +651,8 @@ def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
     passes = []
     rows_pass = gpu_ssd._rows
     monkeypatch.setattr(gpu_ssd, "_rows", lambda *a, **k: passes.append(1) or rows_pass(*a, **k))
+    # (dB's own blocks both times: shared blocks change where x_s . (G B)_s comes from)
+    monkeypatch.setattr(gpu_ssd, "MMA_SHARED_BLOCKS", False)
     xp = xp_for("gpu")
     grads = {}
     for fused in (False, True):
@@ -667,6 +669,43 @@ def test_fused_rows_match_rows_pass(monkeypatch, dtype_name, case):
         bound = GRAD_RTOL[dtype_name] if f in ("dt", "A", "dt_bias") else (
             1e-5 if f == "D" else 4 * u)
         # relative, with a floor for gradients that are roundoff themselves (dA at L = 1)
+        scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
+        assert np.linalg.norm(grads[True][f] - g0) <= bound * scale, f
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(MMA_CASES)))
+def test_shared_blocks_match_own_blocks(monkeypatch, dtype_name, case):
+    """dB from dC's summed masked blocks (MMA_SHARED_BLOCKS, the default) against dB making
+    its own: the same float32 sums, so every gradient but dt and dt_bias agrees to a
+    rounding; those take x_s . (G B)_s from GB's epilogue instead of dB's row dots (other
+    roundings, within GRAD_RTOL). Also that the shared kernel ran where it applies."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    arrays, opts, dy = _mma_problem(monkeypatch, dtype_name, case, 900 + case)
+    _, _, _, P, _, N, _, _ = MMA_CASES[case]
+    names = []
+    launch = gpu_ssd._launch
+    monkeypatch.setattr(gpu_ssd, "_launch",
+                        lambda name, *a, **k: names.append(name) or launch(name, *a, **k))
+    xp = xp_for("gpu")
+    grads = {}
+    for shared in (False, True):
+        monkeypatch.setattr(gpu_ssd, "MMA_SHARED_BLOCKS", shared)
+        names.clear()
+        (_, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts)
+        dfin = xp.asarray(np.random.default_rng(9).standard_normal(fin.shape), dtype=fin.dtype)
+        g = pullback(dy, dfin)
+        grads[shared] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                         if getattr(g, f) is not None}
+        on_mma = max(P, N) <= gpu_ssd.MMA_WIDTHS[-1]
+        assert sum(n == gpu_ssd.mma_db_name(dtype_name, True) for n in names) == (
+            1 if shared and on_mma else 0), names
+    u = UNIT_ROUNDOFF[dtype_name]
+    for f, g0 in grads[False].items():
+        bound = GRAD_RTOL[dtype_name] if f in ("dt", "dt_bias") else 4 * u
         scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
         assert np.linalg.norm(grads[True][f] - g0) <= bound * scale, f
 
@@ -796,9 +835,11 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 6
+    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 8
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
     assert gpu_ssd.mma_dc_name("float16") in names and gpu_ssd.mma_db_name("float16") in names
+    assert gpu_ssd.mma_db_name("bfloat16", shared=True) == "ssd_mma_chunk_db<ssm_bf16, true>"
+    assert gpu_ssd.mma_db_name("float16", shared=True) in names
     assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64) == \
         "ssd_mma_chunk_mm<ssm_bf16, true, 2, false, false, 64, 128, 0>"
     assert gpu_ssd.mma_mm_name("GB", "bfloat16", 64, fused=True) == \

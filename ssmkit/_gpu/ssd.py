@@ -340,14 +340,16 @@ def mma_mm_name(kind: str, io: str, V: int, fused: bool = False) -> str:
     return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}, {fuse}>"
 
 
-def mma_dc_name(io: str) -> str:
-    """The ``ssd_mma_chunk_dc`` instance (dC summed over heads, the heads' blocks summed first)."""
-    return f"ssd_mma_chunk_dc<{_CTYPE[io]}>"
+def mma_dc_name(io: str, keep: bool = False) -> str:
+    """The ``ssd_mma_chunk_dc`` instance (dC summed over heads, the heads' blocks summed first;
+    ``keep``: those sums also written for dB, see :data:`MMA_SHARED_BLOCKS`)."""
+    return f"ssd_mma_chunk_dc<{_CTYPE[io]}, {_cbool(keep)}>"
 
 
-def mma_db_name(io: str) -> str:
-    """The ``ssd_mma_chunk_db`` instance (dB summed over heads, the heads' blocks summed first)."""
-    return f"ssd_mma_chunk_db<{_CTYPE[io]}>"
+def mma_db_name(io: str, shared: bool = False) -> str:
+    """The ``ssd_mma_chunk_db`` instance (dB summed over heads, the heads' blocks summed first;
+    ``shared``: those sums read from dC's, see :data:`MMA_SHARED_BLOCKS`)."""
+    return f"ssd_mma_chunk_db<{_CTYPE[io]}, {_cbool(shared)}>"
 
 
 def mma_bwd_kernel_names(io: str) -> list:
@@ -359,7 +361,8 @@ def mma_bwd_kernel_names(io: str) -> list:
             + [mma_mm_name(kind, io, vw, fused=True) for kind in MMA_FUSE for vw in MMA_WIDTHS]
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
-            + [mma_dc_name(io), mma_db_name(io)])
+            + [mma_dc_name(io), mma_db_name(io)]
+            + [mma_dc_name(io, keep=True), mma_db_name(io, shared=True)])
 
 
 # dB and dC stage the next head's operands while one computes (ssd_mma_heads_ahead), in
@@ -368,6 +371,21 @@ def mma_bwd_kernel_names(io: str) -> list:
 MMA_HEADS_AHEAD = True
 MMA_AHEAD_BYTES = (64 * (64 + 8) + 64 * (128 + 8)) * 2  # SSD_MMA_AHEAD_BYTES
 MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, before those
+
+
+# dB takes the heads' summed masked blocks from dC (which writes them, gs) instead of making
+# them again: dB's block entry (s, t) is dC's (t, s). Then dB no longer makes each head's
+# block, so the per-head x_s . (G B)_s comes from GB's epilogue (a division by dt'_s, which
+# is why this path needs dt_softplus: there dt'_s = 0 only where its derivative is 0).
+# Needs B and C in the same groups and the per-step work fused; False: dB makes its own
+# blocks (to compare).
+MMA_SHARED_BLOCKS = True
+
+
+def _shared_blocks(p, fused):
+    """Whether dB reads dC's summed blocks (see :data:`MMA_SHARED_BLOCKS`)."""
+    return (MMA_SHARED_BLOCKS and fused and p.dt_softplus
+            and p.B.shape[2] == p.C.shape[2])
 
 
 def _ahead_smem(p):
@@ -771,36 +789,52 @@ class _Layout:
         part = p.xp.empty((splits, p.batch, p.L, groups, V), dtype=p.compute_dtype)
         return blocks, splits, part
 
-    def dc_mma(self, p, dY, states):
+    def dc_mma(self, p, dY, states, gs=None):
         """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
         heads' masked blocks summed before the one product with B), (batch, L, GC, N) in C's
-        dtype (the float32 sums of the heads' runs rounded once).
+        dtype (the float32 sums of the heads' runs rounded once). ``gs`` (or None, see
+        :meth:`shared_blocks`) receives each run's summed blocks.
         Needs every C group's heads to read one B group (GC a multiple of GB)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
         blocks, splits, part = self._head_runs(p, GC, p.N)
-        _launch(mma_dc_name(self.io), (blocks * splits,),
+        _launch(mma_dc_name(self.io, gs is not None), (blocks * splits,),
                 (dY, p.x, p.B, states, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
                  np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
-                 np.int64(p.batch * p.L * GC * p.N)),
+                 np.int64(p.batch * p.L * GC * p.N), _ptr(gs)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=_ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
-    def db_mma(self, p, dY, dHx, cbt, rowdot):
+    def shared_blocks(self, p):
+        """The buffer of dC's summed blocks for dB (float32, per run of heads and tile pair,
+        64 x 64 each; see ssd_mma_chunk_dc's gs)."""
+        G = p.C.shape[2]
+        splits = head_splits(p.batch * G * self.nc * self.mma_tiles, p.H // G)
+        pairs = self.mma_tiles * (self.mma_tiles + 1) // 2
+        return p.xp.empty((p.batch, G, splits, self.nc, pairs, 64, 64), dtype=np.float32)
+
+    def db_mma(self, p, dY, dHx, cbt, rowdot, gs=None):
         """dB summed over each B group's heads on tensor cores (``ssd_mma_chunk_db``: the
         heads' masked blocks, times dt', summed before the one product with C), (batch, L,
         GB, N) in B's dtype (the float32 sums of the heads' runs rounded once); ``rowdot``
         (batch, L, H) receives each head's row dot with B before
         the dt' scaling (x_s . (G B)_s). ``cbt``: the transposed blocks of :meth:`cb_mma`.
+        With ``gs`` (dC's summed blocks, :meth:`shared_blocks`; GB = GC) the blocks are read
+        from there, and ``cbt`` and ``rowdot`` are unused (None).
         Needs every B group's heads to read one C group (GB a multiple of GC)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
         blocks, splits, part = self._head_runs(p, GB, p.N)
-        _launch(mma_db_name(self.io), (blocks * splits,),
-                (p.x, dY, p.C, dHx, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts, cbt,
-                 part, rowdot, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB),
-                 np.int32(GC), np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles),
-                 np.int32(splits), np.int64(p.batch * p.L * GB * p.N), np.int32(cbt.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=MMA_DB_B_BYTES + _ahead_smem(p))
+        shared = gs is not None
+        if shared and gs.shape[2] != splits:
+            raise ValueError(f"ssd (GPU): dC's blocks come in {gs.shape[2]} runs, dB's in {splits}")
+        _launch(mma_db_name(self.io, shared), (blocks * splits,),
+                (p.x, dY, p.C, dHx, p.B, self.dte, self.cum, _ptr(p.seq_idx), self.starts,
+                 _ptr(cbt), part, _ptr(rowdot), np.int64(p.L), np.int32(p.H), np.int32(p.P),
+                 np.int32(GB), np.int32(GC), np.int32(p.N), np.int64(self.nc),
+                 np.int32(self.mma_tiles), np.int32(splits), np.int64(p.batch * p.L * GB * p.N),
+                 np.int32(1 if shared else cbt.shape[2]), _ptr(gs)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS,
+                smem=(0 if shared else MMA_DB_B_BYTES) + _ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def passing(self, p, chunk_states, *, entering=False, final=None):
@@ -1013,9 +1047,11 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dY16, dz = dy, None
     if not early:  # after ycore, which made dY16
         adj = start_adjoint(dY16)
-    # dC (summed over each group's heads) needs dY16 and the entering states only
+    # dC (summed over each group's heads) needs dY16 and the entering states only; with
+    # shared blocks it leaves its heads' summed blocks to dB
+    gs = lay.shared_blocks(p) if _shared_blocks(p, rows is not None) else None
     if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
-        dC = lay.dc_mma(p, dY16, entering)
+        dC = lay.dc_mma(p, dY16, entering, gs)
     else:
         dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     if side is not None:
@@ -1024,13 +1060,16 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
     bnd = cp.empty((p.batch, p.L, p.H), dtype=cd)
-    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx16, with_diag=False, Xd=p.x, bnd=bnd,
-                          cb=cbt, rows=rows)
-    # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
-    # arrays); dB scaled by dt' there, after its rows' dots with B:
-    # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
     xGB = cp.empty((p.batch, p.L, p.H), dtype=cd)
-    if p.B.shape[2] % p.C.shape[2] == 0:  # each B group's heads read one C group
+    # with shared blocks, x_s . (G B)_s from GB's epilogue (its rows divided by dt'_s)
+    dtGB_off = lay.mm_mma(p, "GB", p.B, p.C, dY16, dHx16, with_diag=False, Xd=p.x, bnd=bnd,
+                          cb=cbt, rows=rows, rowdot=None if gs is None else xGB)
+    # dB and dC summed over each group's heads in the kernels (no per-head (batch, L, H, N)
+    # arrays); dB scaled by dt' there, after its rows' dots with B (without shared blocks):
+    # x_s . (G B)_s = B_s . (dB_s / dt'_s), the same sum with no division by dt'.
+    if gs is not None:
+        dB = lay.db_mma(p, dY16, dHx16, None, None, gs)
+    elif p.B.shape[2] % p.C.shape[2] == 0:  # each B group's heads read one C group
         dB = lay.db_mma(p, dY16, dHx16, cbt, xGB)
     else:
         dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx16, groups=p.B.shape[2], dt_out=True,

@@ -156,10 +156,10 @@ for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
     for i, name in enumerate(_gssd.mma_bwd_kernel_names(io)):
         if name.startswith("ssd_mma_chunk_mm"):
             KERNELS[f"mm_{io}_{i}"] = (name, T, MM_T, MM_S, MM_T2, MM_S2)
-        elif name.startswith("ssd_mma_chunk_db"):
-            KERNELS[f"db_{io}"] = (name, T, DB_T, DB_S)
+        elif name.startswith("ssd_mma_chunk_db"):  # gs: a pointer after the scalars
+            KERNELS[f"db_{io}_{i}"] = (name, T, DB_T, DB_S, ["const float*"])
         elif name.startswith("ssd_mma_chunk_dc"):
-            KERNELS[f"dc_{io}"] = (name, T, DC_T, DC_S)
+            KERNELS[f"dc_{io}_{i}"] = (name, T, DC_T, DC_S, ["float*"])
         elif name.startswith("ssd_mma_bwd_rows"):
             KERNELS[f"rows_{io}_{i}"] = (name, T, ROWS_T, ROWS_S)
 
