@@ -213,6 +213,8 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
     go = lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd, cb=cbt)
     dyc = dy.astype(cupy.float32)
     rows = gpu_ssd._fused_rows(p, lay, dy, cb)
+    gs = lay.shared_blocks(p)
+    lay.dc_mma(p, dy, entering, gs)  # (dB's reads of gs: the blocks of this call)
     return {
         "layout (dt', chunk sums)": _back_to_back(lambda: gpu_ssd._Layout(p)),
         "C B^T and its transpose": _back_to_back(lambda: lay.cb_mma(p, transposed=True)),
@@ -229,6 +231,12 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
                                cb=cbt)),
         "dB (summed over heads)": _back_to_back(lambda: lay.db_mma(p, dy, dHx, cbt, xGB)),
         "dC (summed over heads)": _back_to_back(lambda: lay.dc_mma(p, dy, entering)),
+        "dC keeping its summed blocks": _back_to_back(lambda: lay.dc_mma(p, dy, entering, gs)),
+        "dB from dC's summed blocks": _back_to_back(
+            lambda: lay.db_mma(p, dy, dHx, None, None, gs)),
+        "GB with the rows' final part and x.(G B) (fused, shared blocks)": _back_to_back(
+            lambda: lay.mm_mma(p, "GB", p.B, p.C, dy, dHx, with_diag=False, Xd=p.x, bnd=bnd,
+                               cb=cbt, rows=rows, rowdot=xGB)),
         "rows (dx, dcum, dD)": _back_to_back(lambda: gpu_ssd._rows(p, lay, dy, True, cb, yo, go)),
         "ycore with the rows' first part (fused)": _back_to_back(
             lambda: lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
@@ -239,6 +247,9 @@ def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
         **{f"whole backward, {label}": _with_switch(
             "MMA_ROWS_FUSED", fused, lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None),
             calls=5) for fused, label in ((True, "rows fused"), (False, "rows pass"))},
+        "whole backward, rows fused, dB's own blocks": _with_switch(
+            "MMA_SHARED_BLOCKS", False, lambda: gpu_ssd.ssd_backward(p, checkpoints, dy, None),
+            calls=5),
     }
 
 
