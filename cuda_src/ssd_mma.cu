@@ -1856,6 +1856,25 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
     }
 }
 
+// This lane's part of rows ra, rb of m (NT D tiles of 16 x 8, columns v = 8 j + 2 t and
+// + 1) dotted with the same rows of a staged 16-bit tile (row stride SSD_MMA_SUM_LDV, zero
+// past its rows and columns); the 4 lanes t of a row hold its columns.
+template <typename T, int NT>
+__device__ __forceinline__ void ssd_mma_rows_dot(const float (&m)[NT][4], const unsigned short* rows,
+                                                 int ra, int rb, int lane, float& da, float& db) {
+    const int t = lane & 3;
+    const unsigned short* const pa = rows + ra * SSD_MMA_SUM_LDV + 2 * t;
+    const unsigned short* const pb = rows + rb * SSD_MMA_SUM_LDV + 2 * t;
+    da = 0.0f;
+    db = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const unsigned wa = ssd_mma_pair(pa + 8 * j), wb = ssd_mma_pair(pb + 8 * j);
+        da += m[j][0] * ssd_mma_half<T>(wa, 0) + m[j][1] * ssd_mma_half<T>(wa, 1);
+        db += m[j][2] * ssd_mma_half<T>(wb, 0) + m[j][3] * ssd_mma_half<T>(wb, 1);
+    }
+}
+
 // A summed 64 x 64 block (rows r, columns q, as mma accumulators: warp w rows 16 w ..) into
 // blk, row-major, zero past nr rows and nq columns (entries that multiply nothing there
 // but could hold a non-finite weight).
@@ -1911,14 +1930,15 @@ __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc
 // gs is unused). The stores take ptxas past the 255 registers: it spills 8 bytes, written
 // at the start and read back once for the partial's store (not in a loop).
 // --------------------------------------------------------------------------------------
-template <typename T, bool KEEP>
+template <typename T, bool KEEP, bool DCUM>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
 ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __restrict__ Bm,
                  const T* __restrict__ states, const float* __restrict__ dte,
                  const float* __restrict__ cum, const int* __restrict__ seq,
                  const ssm_i64* __restrict__ starts, float* __restrict__ out, ssm_i64 L, int H,
                  int P, int GB, int XO, int N, ssm_i64 nc, int tiles_per_chunk, int head_splits,
-                 ssm_i64 part_stride, float* __restrict__ gs) {
+                 ssm_i64 part_stride, float* __restrict__ gs, const T* __restrict__ Cm,
+                 const float* __restrict__ cbl, float* __restrict__ dcum, int classes) {
     constexpr int VW = SSD_MMA_SUM_VW, NT = VW / 8, LDK = SSD_MMA_SUM_KW + 8;
     constexpr int VT = SSD_MMA_ROWS * SSD_MMA_SUM_LDV;  // vt's values
     alignas(16) __shared__ unsigned short us[SSD_MMA_ROWS * LDK];  // dY[r][k]
@@ -1943,11 +1963,25 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     const int gb = ssd_mma_group(R.h_begin, H, GB);  // the same for the whole run (checked by the host)
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
-    // step 2's second buffers (ssd_mma_heads_ahead), where the launch gave them
+    // Dynamic shared memory: DCUM, C's rows of the block (cs, for the row dots); then step
+    // 2's second buffers (ssd_mma_heads_ahead), where the launch gave them.
+    constexpr unsigned CS_BYTES = DCUM ? SSD_MMA_DB_B_BYTES : 0;
     extern __shared__ ssm_v16 ssd_mma_dyn[];
-    unsigned short* const dyn = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
-    const bool ahead = P <= SSD_MMA_SUM_KW && ssm_dynamic_smem_bytes() >= SSD_MMA_AHEAD_BYTES;
+    unsigned short* const cs = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
+    unsigned short* const dyn = cs + CS_BYTES / 2;
+    if (ssm_dynamic_smem_bytes() < CS_BYTES) __trap();
+    const bool ahead = P <= SSD_MMA_SUM_KW &&
+                       ssm_dynamic_smem_bytes() >= CS_BYTES + SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
+    // DCUM: the rows' dcum (first half) of head h at dc_a[h], dc_b[h]
+    float* const dc_a = DCUM ? dcum + (b * L + r0 + (ra < nr ? ra : nr - 1)) * H : nullptr;
+    float* const dc_b = DCUM ? dcum + (b * L + r0 + (rb < nr ? rb : nr - 1)) * H : nullptr;
+    // The 4 lanes t of a row hold its columns: their sums, on every lane.
+    auto row_sum = [](float v) {
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        return v;
+    };
 
     // This block's rows r0 .. of head h: the chunk sums and restart labels.
     auto stage_rows = [&](int h) {
@@ -1961,11 +1995,27 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     float acc[NT][4];
     ssd_mma_zero(acc);
 
+    // DCUM: C's rows, landing with the first head's operands
+    if (DCUM)
+        ssd_mma_stage_async<T, SSD_MMA_ROWS, VW, SSD_MMA_SUM_LDV, false>(
+            cs, Cm + ((b * L + r0) * XO + R.o) * N, (ssm_i64)XO * N, nr, N,
+            vec && ((unsigned long long)Cm & 15) == 0, tid);
+
     // 1. The boundary terms, head by head.
-    // head h's product scaled into acc
-    auto boundary = [&](const float (&acc2)[NT][4]) {
+    // head h's product scaled into acc (DCUM: its rows dotted with C start dcum)
+    auto boundary = [&](int h, const float (&acc2)[NT][4]) {
         const float sa = seq_r[ra] == seq_prev ? ssm_math<float>::decay(cum_r[ra]) : 0.0f;
         const float sb = seq_r[rb] == seq_prev ? ssm_math<float>::decay(cum_r[rb]) : 0.0f;
+        if (DCUM) {
+            float da, db;
+            ssd_mma_rows_dot<T, NT>(acc2, cs, ra, rb, lane, da, db);
+            da = row_sum(da);
+            db = row_sum(db);
+            if (t == 0) {
+                if (ra < nr) dc_a[h] = sa * da;
+                if (rb < nr) dc_b[h] = sb * db;
+            }
+        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             acc[j][0] += sa * acc2[j][0];
@@ -1985,12 +2035,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                     ma, states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N), N, P, N, vec, tid);
             },
             [] {}, [&](int h) { stage_rows(h); },
-            [&](int, const unsigned short* ua, const unsigned short* ma, int) {
+            [&](int h, const unsigned short* ua, const unsigned short* ma, int) {
                 float acc2[NT][4];
                 ssd_mma_zero(acc2);
                 ssd_mma_slice<T, NT, SSD_MMA_SUM_KW, LDK, false, true, SSD_MMA_SUM_LDV>(
                     acc2, ua, ma, 0, P, warp, lane);
-                boundary(acc2);
+                boundary(h, acc2);
             },
             no_vote);
     } else {
@@ -2005,7 +2055,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         ms, S + (ssm_i64)k0 * N, N, P - k0, N, vec, tid);
                 },
                 [&] { stage_rows(h); }, tid, warp, lane);
-            boundary(acc2);
+            boundary(h, acc2);
         }
     }
 
@@ -2039,32 +2089,74 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                 }
             }
         };
-        // head h's masked block into gsum
-        auto finish = [&](const float (&gacc)[8][4], int any_far) {
-            if (whole && !any_far) {  // uniform
-                ssd_mma_weighed(gacc, row_f[ra], row_f[rb], col_w, t,
-                                [&](int j, float v0, float v1, float v2, float v3) {
-                                    gsum[j][0] += v0;
-                                    gsum[j][1] += v1;
-                                    gsum[j][2] += v2;
-                                    gsum[j][3] += v3;
-                                });
-                return;
-            }
-            // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
-            // past nr and steps past nq need no test there either)
+        // DCUM: ssd_mma_cb's block of C B^T for these rows and steps (in the warps' fragment
+        // order) in shared memory where vt lies (vt holds B only after the heads' loop),
+        // copied with the first head's operands
+        const float* const bcs = reinterpret_cast<const float*>(vt);
+        auto copy_bc = [&] {
+            if (!DCUM) return;
+            const int qt = (int)((q0 - t0) / SSD_MMA_ROWS);
+            const float* const src =
+                cbl + (((b * nc + R.c) * classes + ssd_mma_group(R.h_begin, H, classes)) *
+                           (tiles_per_chunk * (tiles_per_chunk + 1) / 2) +
+                       R.tile * (R.tile + 1) / 2 + qt) * (ssm_i64)(SSD_MMA_ROWS * SSD_MMA_ROWS);
+#pragma unroll 1
+            for (int k = tid; k < SSD_MMA_ROWS * SSD_MMA_ROWS / 4; k += SSD_MMA_THREADS)
+                ssd_mma_cp16(reinterpret_cast<unsigned short*>(const_cast<float*>(bcs) + 4 * k),
+                             src + 4 * k, true);
+        };
+        static_assert(SSD_MMA_ROWS * SSD_MMA_ROWS * 4 <= VT * 2, "vt holds the C B^T block");
+        // head h's masked block into gsum; DCUM: its rows' dots with the recomputed output's
+        // block, sum_{q < r} round_T(w_rq (C_r . B_q)) (dY_r . x_q), added to dcum. Those
+        // entries are ycore's (ssd_mma_chunk_mm, with_diag = 0), the same operations in the
+        // same order, so that dcum's pairs of terms cancel as with ycore's rows.
+        auto finish = [&](int h, const float (&gacc)[8][4], int any_far) {
+            float da = 0.0f, db = 0.0f;
+            auto ydot = [&](int j, int i, float w) {  // w: the entry's weight, times C B^T
+                T mr;
+                mr.bits = ssd_mma_bits<T>(w * bcs[((warp * 8 + j) * 32 + lane) * 4 + i]);
+                if (i >= 2) db += ssm_load(mr) * gacc[j][i];
+                else da += ssm_load(mr) * gacc[j][i];
+            };
             const int dq = (int)(q0 - r0);
+            if (whole && !any_far) {  // uniform
+                // ssd_mma_weighed's operations; ycore takes them where nr = 64 (else entrywise)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+                for (int j = 0; j < 8; ++j) {
+                    const int s = 8 * j + 2 * t;
+                    const float fa = row_f[ra], fb = row_f[rb], w0 = col_w[s], w1 = col_w[s + 1];
+                    const float f[4] = {fa * w0, fa * w1, fb * w0, fb * w1};
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int sq = 8 * j + 2 * t + (i & 1);
-                    const int r = i >= 2 ? rb : ra;
-                    const bool live = sq + dq <= r && (!seq || seq_q[sq] == seq_r[r]);
-                    if (live)
-                        gsum[j][i] += ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq] *
-                                      gacc[j][i];
+                    for (int i = 0; i < 4; ++i) {
+                        gsum[j][i] += f[i] * gacc[j][i];
+                        if (DCUM && nr == SSD_MMA_ROWS) ydot(j, i, f[i]);
+                    }
                 }
+            }
+            if (!(whole && !any_far) || (DCUM && nr < SSD_MMA_ROWS)) {
+                // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
+                // past nr and steps past nq need no test there either)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int sq = 8 * j + 2 * t + (i & 1);
+                        const int r = i >= 2 ? rb : ra;
+                        const bool same = !seq || seq_q[sq] == seq_r[r];
+                        const float w = ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq];
+                        if (!(whole && !any_far) && same && sq + dq <= r)
+                            gsum[j][i] += w * gacc[j][i];
+                        if (DCUM && same && sq + dq < r) ydot(j, i, w);
+                    }
+            }
+            if (DCUM) {
+                da = row_sum(da);
+                db = row_sum(db);
+                if (t == 0) {
+                    if (ra < nr) dc_a[h] += da;
+                    if (rb < nr) dc_b[h] += db;
+                }
+            }
         };
         if (ahead) {
             ssd_mma_heads_ahead(
@@ -2075,13 +2167,13 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                         wa, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, tid);
                 },
-                [] {}, prep,
-                [&](int, const unsigned short* ua, const unsigned short* wa, int any_far) {
+                copy_bc, prep,
+                [&](int h, const unsigned short* ua, const unsigned short* wa, int any_far) {
                     float gacc[8][4];
                     ssd_mma_zero(gacc);
                     ssd_mma_slice<T, 8, SSD_MMA_SUM_KW, LDK, false, false, SSD_MMA_SUM_LDV>(
                         gacc, ua, wa, 0, P, warp, lane);
-                    finish(gacc, any_far);
+                    finish(h, gacc, any_far);
                 },
                 far);
         } else {
@@ -2094,9 +2186,10 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                             ws, X + ((b * L + q0) * H + h) * P + k0, (ssm_i64)H * P, nq,
                             P - k0, vec, tid);
+                        if (k0 == 0 && h == R.h_begin) copy_bc();
                     },
                     [&] { prep(h); }, tid, warp, lane, far);
-                finish(gacc, any_far);
+                finish(h, gacc, any_far);
             }
         }
         if (KEEP) {  // the run's summed block, for ssd_mma_chunk_db<T, true>

@@ -681,33 +681,43 @@ def test_shared_blocks_match_own_blocks(monkeypatch, dtype_name, case):
     """dB from dC's summed masked blocks (MMA_SHARED_BLOCKS, the default) against dB making
     its own: the same float32 sums, so every gradient but dt and dt_bias agrees to a
     rounding; those take x_s . (G B)_s from GB's epilogue instead of dB's row dots (other
-    roundings, within GRAD_RTOL). Also that the shared kernel ran where it applies."""
+    roundings, within GRAD_RTOL). Without z, dC then also gives dcum's first half
+    (MMA_DC_DCUM, the default) and ycore does not run: against ycore's rows, the same
+    rounded block entries, float32 sums in another order (dt, A, dt_bias within GRAD_RTOL,
+    the rest to a rounding). Also which kernels ran."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     arrays, opts, dy = _mma_problem(monkeypatch, dtype_name, case, 900 + case)
-    _, _, _, P, _, N, _, _ = MMA_CASES[case]
+    _, _, _, P, _, N, _, kw = MMA_CASES[case]
+    on_mma = max(P, N) <= gpu_ssd.MMA_WIDTHS[-1]
+    no_z = not kw.get("with_z", True)
     names = []
     launch = gpu_ssd._launch
     monkeypatch.setattr(gpu_ssd, "_launch",
                         lambda name, *a, **k: names.append(name) or launch(name, *a, **k))
     xp = xp_for("gpu")
     grads = {}
-    for shared in (False, True):
+    for shared, dcum in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(gpu_ssd, "MMA_SHARED_BLOCKS", shared)
+        monkeypatch.setattr(gpu_ssd, "MMA_DC_DCUM", dcum)
         names.clear()
         (_, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts)
         dfin = xp.asarray(np.random.default_rng(9).standard_normal(fin.shape), dtype=fin.dtype)
         g = pullback(dy, dfin)
-        grads[shared] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
-                         if getattr(g, f) is not None}
-        on_mma = max(P, N) <= gpu_ssd.MMA_WIDTHS[-1]
+        grads[shared, dcum] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                               if getattr(g, f) is not None}
         assert sum(n == gpu_ssd.mma_db_name(dtype_name, True) for n in names) == (
             1 if shared and on_mma else 0), names
+        ycore = gpu_ssd.mma_mm_name("ycore", dtype_name, P, fused=True)
+        assert sum(n == ycore for n in names) == (
+            0 if not on_mma or (shared and dcum and no_z) else 1), names
     u = UNIT_ROUNDOFF[dtype_name]
-    for f, g0 in grads[False].items():
-        bound = GRAD_RTOL[dtype_name] if f in ("dt", "dt_bias") else 4 * u
-        scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
-        assert np.linalg.norm(grads[True][f] - g0) <= bound * scale, f
+    for (a, b), loose in ((((False, False), (True, False)), ("dt", "dt_bias")),
+                          (((True, False), (True, True)), ("dt", "A", "dt_bias"))):
+        for f, g0 in grads[a].items():
+            bound = GRAD_RTOL[dtype_name] if f in loose else 4 * u
+            scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[a]["x"]))
+            assert np.linalg.norm(grads[b][f] - g0) <= bound * scale, (a, b, f)
 
 
 @pytest.mark.gpu
@@ -835,7 +845,7 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 8
+    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 9
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
     assert gpu_ssd.mma_dc_name("float16") in names and gpu_ssd.mma_db_name("float16") in names
     assert gpu_ssd.mma_db_name("bfloat16", shared=True) == "ssd_mma_chunk_db<ssm_bf16, true>"
@@ -942,7 +952,9 @@ def test_tensor_core_backward_matches_reference(monkeypatch, dtype_name, case):
     monkeypatch.setenv("SSMKIT_SSD_MMA_BWD", "1")
     calls = _count_calls(monkeypatch, "mm_mma", "dc_mma", "db_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
-    assert len(calls) == (4 if max(P, N) <= 128 else 0)
+    # (without z dC gives dcum's first half and ycore does not run: MMA_DC_DCUM)
+    products = 4 if kw.get("with_z", True) else 3
+    assert len(calls) == (products if max(P, N) <= 128 else 0)
     # The same cotangents with the switch on and off.
     xp = xp_for("gpu")
     arrays, exact = cast(inputs, dtype_name, xp)

@@ -340,10 +340,11 @@ def mma_mm_name(kind: str, io: str, V: int, fused: bool = False) -> str:
     return f"ssd_mma_chunk_mm<{_CTYPE[io]}, {flags}, {vw}, {128 if vw <= 64 else 64}, {fuse}>"
 
 
-def mma_dc_name(io: str, keep: bool = False) -> str:
+def mma_dc_name(io: str, keep: bool = False, dcum: bool = False) -> str:
     """The ``ssd_mma_chunk_dc`` instance (dC summed over heads, the heads' blocks summed first;
-    ``keep``: those sums also written for dB, see :data:`MMA_SHARED_BLOCKS`)."""
-    return f"ssd_mma_chunk_dc<{_CTYPE[io]}, {_cbool(keep)}>"
+    ``keep``: those sums also written for dB, see :data:`MMA_SHARED_BLOCKS`; ``dcum``: the
+    rows' first half of dcum too, see :data:`MMA_DC_DCUM`)."""
+    return f"ssd_mma_chunk_dc<{_CTYPE[io]}, {_cbool(keep, dcum)}>"
 
 
 def mma_db_name(io: str, shared: bool = False) -> str:
@@ -362,7 +363,8 @@ def mma_bwd_kernel_names(io: str) -> list:
             + [f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, true>" for nw in (64, 128)]
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
             + [mma_dc_name(io), mma_db_name(io)]
-            + [mma_dc_name(io, keep=True), mma_db_name(io, shared=True)])
+            + [mma_dc_name(io, keep=True), mma_dc_name(io, keep=True, dcum=True),
+               mma_db_name(io, shared=True)])
 
 
 # dB and dC stage the next head's operands while one computes (ssd_mma_heads_ahead), in
@@ -380,6 +382,18 @@ MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, befor
 # Needs B and C in the same groups and the per-step work fused; False: dB makes its own
 # blocks (to compare).
 MMA_SHARED_BLOCKS = True
+
+
+# Without z, ycore's only output on the fused path is dcum's first half (its rows dotted with
+# dY). dC, which makes each head's dY_t . x_s blocks anyway, then also takes those row dots
+# with ycore's block entries (the same roundings) and with its boundary terms, and ycore is
+# not run. Needs the shared blocks' conditions; False: ycore runs (to compare).
+MMA_DC_DCUM = True
+
+
+def _dc_dcum(p, shared):
+    """Whether dC gives dcum's first half instead of ycore (see :data:`MMA_DC_DCUM`)."""
+    return MMA_DC_DCUM and shared and p.z is None
 
 
 def _shared_blocks(p, fused):
@@ -789,20 +803,27 @@ class _Layout:
         part = p.xp.empty((splits, p.batch, p.L, groups, V), dtype=p.compute_dtype)
         return blocks, splits, part
 
-    def dc_mma(self, p, dY, states, gs=None):
+    def dc_mma(self, p, dY, states, gs=None, dcum=None, cbl=None):
         """dC summed over each C group's heads on tensor cores (``ssd_mma_chunk_dc``: the
         heads' masked blocks summed before the one product with B), (batch, L, GC, N) in C's
         dtype (the float32 sums of the heads' runs rounded once). ``gs`` (or None, see
-        :meth:`shared_blocks`) receives each run's summed blocks.
+        :meth:`shared_blocks`) receives each run's summed blocks. ``dcum`` (batch, L, H), with
+        ``gs`` and ``cbl`` (:meth:`cb_mma`'s lower blocks), receives the first half of the
+        chunk sums' cotangent, sum_p dY_p (ycore's rows)_p (see :data:`MMA_DC_DCUM`).
         Needs every C group's heads to read one B group (GC a multiple of GB)."""
         GB, GC = p.B.shape[2], p.C.shape[2]
         blocks, splits, part = self._head_runs(p, GC, p.N)
-        _launch(mma_dc_name(self.io, gs is not None), (blocks * splits,),
+        with_dcum = dcum is not None
+        if with_dcum and (gs is None or cbl is None):
+            raise ValueError("ssd (GPU): dC gives dcum only with its blocks kept (gs) and cbl")
+        _launch(mma_dc_name(self.io, gs is not None, with_dcum), (blocks * splits,),
                 (dY, p.x, p.B, states, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(GB), np.int32(GC),
                  np.int32(p.N), np.int64(self.nc), np.int32(self.mma_tiles), np.int32(splits),
-                 np.int64(p.batch * p.L * GC * p.N), _ptr(gs)),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=_ahead_smem(p))
+                 np.int64(p.batch * p.L * GC * p.N), _ptr(gs), p.C, _ptr(cbl), _ptr(dcum),
+                 np.int32(1 if cbl is None else cbl.shape[2])),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS,
+                smem=(MMA_DB_B_BYTES if with_dcum else 0) + _ahead_smem(p))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def shared_blocks(self, p):
@@ -1036,8 +1057,10 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     early = streams and p.z is None
     if early:
         adj = start_adjoint(dy)
-    ycore_off = lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering, with_diag=False, cb=cbl,
-                           rows=rows)
+    shared = _shared_blocks(p, rows is not None)
+    dc_dcum = _dc_dcum(p, shared)  # then dC gives rows["dcum"], not ycore
+    ycore_off = None if dc_dcum else lay.mm_mma(p, "ycore", p.C, p.B, p.x, entering,
+                                                with_diag=False, cb=cbl, rows=rows)
     if rows is not None:
         dY16, dz = (dy, None) if p.z is None else (rows["dY16"], rows["dz"])
     elif p.z is not None:
@@ -1049,8 +1072,10 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         adj = start_adjoint(dY16)
     # dC (summed over each group's heads) needs dY16 and the entering states only; with
     # shared blocks it leaves its heads' summed blocks to dB
-    gs = lay.shared_blocks(p) if _shared_blocks(p, rows is not None) else None
-    if p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
+    gs = lay.shared_blocks(p) if shared else None
+    if dc_dcum:
+        dC = lay.dc_mma(p, dY16, entering, gs, dcum=rows["dcum"], cbl=cbl)
+    elif p.C.shape[2] % p.B.shape[2] == 0:  # each C group's heads read one B group
         dC = lay.dc_mma(p, dY16, entering, gs)
     else:
         dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])

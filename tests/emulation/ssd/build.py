@@ -159,7 +159,9 @@ for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
         elif name.startswith("ssd_mma_chunk_db"):  # gs: a pointer after the scalars
             KERNELS[f"db_{io}_{i}"] = (name, T, DB_T, DB_S, ["const float*"])
         elif name.startswith("ssd_mma_chunk_dc"):
-            KERNELS[f"dc_{io}_{i}"] = (name, T, DC_T, DC_S, ["float*"])
+            # gs, C, cbl, dcum and classes after the scalars
+            KERNELS[f"dc_{io}_{i}"] = (name, T, DC_T, DC_S,
+                                       ["float*", "const T*", "const float*", "float*"], ["int"])
         elif name.startswith("ssd_mma_bwd_rows"):
             KERNELS[f"rows_{io}_{i}"] = (name, T, ROWS_T, ROWS_S)
 

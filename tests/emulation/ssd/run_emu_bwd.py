@@ -12,7 +12,8 @@ the largest |fused - unfused| over |reference| (the per-step work in ycore's and
 epilogues against ssd_mma_bwd_rows: the same arithmetic, row sums in another order, both
 without shared blocks), then the largest |shared - not| over |reference| outside dt and
 dt_bias, and in them (dB from dC's summed blocks, x_s . (G B)_s from GB's epilogue, against
-dB's own blocks and row dots: MMA_SHARED_BLOCKS), then "ALL OK" or "SOME FAILED". Mutation check: SSD_EMU_MUTATE='old=>new' ... run_emu_bwd.py 9
+dB's own blocks and row dots: MMA_SHARED_BLOCKS), then the largest |dcum from dC - from
+ycore| over |reference| (without z: MMA_DC_DCUM), then "ALL OK" or "SOME FAILED". Mutation check: SSD_EMU_MUTATE='old=>new' ... run_emu_bwd.py 9
 """
 import dataclasses, math, os, sys, time
 os.environ["SSMKIT_SSD_MMA_BWD"] = "1"
@@ -104,13 +105,18 @@ FUSED_GAP = 5e-4  # fused against unfused per-step work: float32 row sums in ano
 # take x_s . (G B)_s from GB's epilogue instead of dB's row dots, other roundings: their gap
 # is bounded by GRAD_RTOL (8.6e-3 measured on case 18 in bfloat16, where the shared path's
 # dt_bias is 2.0e-3 from the reference and the other's 8.0e-3)
-SHARED_GAP, DT_FIELDS = 1e-6, ("dt", "dt_bias")
+# Without z dC also gives dcum's first half (MMA_DC_DCUM): then dt, A and dt_bias differ from
+# ycore's by float32 sums in another order only (DCUM_GAP; against ycore's rows, shared blocks
+# both times)
+SHARED_GAP, DT_FIELDS, DCUM_GAP = 1e-6, ("dt", "A", "dt_bias"), 1e-4
 
 def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
-         softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048, fused=True, shared=True):
+         softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048, fused=True, shared=True,
+         dc_dcum=True):
     os.environ["SSMKIT_SSD_MMA_BWD"] = "1" if mma else "0"
     gssd.MMA_ROWS_FUSED = fused  # the per-step work in ycore's and GB's epilogues
     gssd.MMA_SHARED_BLOCKS = shared  # dB from dC's summed blocks (where it applies)
+    gssd.MMA_DC_DCUM = dc_dcum  # without z, dcum's first half from dC instead of ycore
     gssd.MMA_SUM_BLOCKS = sum_blocks  # small: dB, dC summed over runs of several heads
     rng = np.random.default_rng(seed)
     GC = GC or G
@@ -145,7 +151,9 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     dfinal = rng.standard_normal(final.shape).astype(np.float32)
     g = gssd.ssd_backward(p, ckpt, dy, dfinal)
     el = time.time() - t
-    assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (4 if mma else 0), calls
+    no_ycore = mma and gssd._dc_dcum(p, gssd._shared_blocks(p, fused))
+    assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (
+        (3 if no_ycore else 4) if mma else 0), calls
     assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
     assert sum(n.startswith("ssd_mma_bwd_rows") for n in calls) == (
         0 if not mma or fused else 1 + (zv is not None)), calls
@@ -195,6 +203,10 @@ CASES = [
     # whole tiles without restarts (the factored weights of ycore, GB, dC, and of dB as a
     # head-summing ssd_mma_chunk_mm: B in fewer groups than C), runs of two heads
     ("float16", 1, 160, 4, 16, 1, 16, 128, {"GC": 2, "init": True, "sum_blocks": 1}),
+    # without z, dcum's first half from dC (MMA_DC_DCUM): 4 row tiles per chunk, the last
+    # chunk's last tile short (nr 8) after whole tiles, runs of heads; restarts, two row tiles
+    ("bfloat16", 1, 456, 4, 64, 1, 128, 256, {"z": False, "init": True, "sum_blocks": 1}),
+    ("float16", 2, 200, 3, 32, 1, 64, 128, {"z": False, "seq": True, "sum_blocks": 4}),
 ]
 
 if __name__ == "__main__":
@@ -206,6 +218,7 @@ if __name__ == "__main__":
         errs, ok, el, (g1, _) = case(dtype, *shape, **opts, seed=i, mma=True)
         _, _, _, (g2, _) = case(dtype, *shape, **opts, seed=i, mma=True, fused=False)
         _, _, _, (g3, _) = case(dtype, *shape, **opts, seed=i, mma=True, shared=False)
+        _, _, _, (g4, _) = case(dtype, *shape, **opts, seed=i, mma=True, dc_dcum=False)
         def gap(k, ga, gb=g1):  # |ga - gb| / |reference| (absolute where the reference is 0), as the GPU test
             d = np.asarray(gb[k]).astype(np.float64) - np.asarray(ga[k]).astype(np.float64)
             n = np.linalg.norm(np.asarray(getattr(gr, k), np.float64))
@@ -215,12 +228,13 @@ if __name__ == "__main__":
         # dB from dC's blocks (the default, g1) against dB's own (g3)
         sgap = max(gap(k, g3) for k in errs if k not in DT_FIELDS)
         sdt = max((gap(k, g3) for k in errs if k in DT_FIELDS), default=0.0)
+        dgap = max(gap(k, g4) for k in errs)  # dcum from dC against ycore's
         ok = (ok and max(gaps.values()) <= 4 * GRAD_RTOL[dtype] and fgap <= FUSED_GAP
-              and sgap <= SHARED_GAP and sdt <= GRAD_RTOL[dtype])
+              and sgap <= SHARED_GAP and sdt <= GRAD_RTOL[dtype] and dgap <= DCUM_GAP)
         allok &= ok
         es = " ".join(f"{k}={v:.1e}/{errs0[k]:.1e}/{gaps[k]:.1e}" for k, v in errs.items())
         print("  (per gradient: switch on vs reference / switch off vs reference / on vs off)")
-        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}; fused vs unfused {fgap:.1e}; shared blocks vs not {sgap:.1e}, dt {sdt:.1e}) "
+        print(f"{i} {dtype:9s} batch,L,H,P,G,N,chunk={shape} {opts}: {es} (GRAD_RTOL {GRAD_RTOL[dtype]:g}, test bound 4x; worst on {max(errs.values()):.1e}, off {max(errs0.values()):.1e}; fused vs unfused {fgap:.1e}; shared blocks vs not {sgap:.1e}, dt {sdt:.1e}; dcum from dC vs ycore {dgap:.1e}) "
               f"{'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
     print("ALL OK" if allok else "SOME FAILED")
     sys.exit(0 if allok else 1)
