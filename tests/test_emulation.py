@@ -65,8 +65,9 @@ def test_warp_convolution_kernels_in_emulation():
     # bfloat16; packed sequences (cu_seqlens) with initial states, and with a sequence
     # without steps and no initial state; whole tiles (chunk 128)
     ("run_emu.py", ["0", "8", "4", "16"]),
-    # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights)
-    ("run_emu_bwd.py", ["14", "18", "21"]),
+    # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights);
+    # without z (dcum's first half from dC)
+    ("run_emu_bwd.py", ["14", "18", "21", "23"]),
     # ssd_chunk_mm, the CUDA-core products (float and double); the per-chunk passes
     ("run_emu_mm.py", []),
 ])
