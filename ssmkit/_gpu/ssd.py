@@ -65,7 +65,11 @@ Backward (from the boundary states the forward kept, nothing per step)
     ``B_s . dB_s / dt'_s``, and the chunk-end term ``<dHx, S_c>`` is the sum of the
     boundary terms of ``dt'_s x_s . (G B)_s`` that the kernel writes per step: the
     terms that cancel in the chunk sums' cotangent then cancel up to float32 sums
-    instead of through different 16-bit roundings.
+    instead of through different 16-bit roundings. With softplus and B, C in the same
+    groups (``MMA_SHARED_BLOCKS``), dB reads the heads' masked blocks that dC summed,
+    and ``x_s . (G B)_s`` comes from GB's epilogue instead; without z as well
+    (``MMA_DC_DCUM``), dC also gives the first half of the chunk sums' cotangent, from
+    the recomputed output's own rounded block entries, and that product is not run.
 
 Arithmetic is float32 (float64 for float64 inputs) on CUDA cores, except the
 tensor-core products (16-bit operands, or float32 operands as two TF32 parts; float32
