@@ -873,7 +873,12 @@ def test_head_splits_cover_every_head_once():
         assert min(runs) >= 1 and sum(runs) == heads, (blocks, heads, runs)
         if blocks * heads >= gpu_ssd.MMA_SUM_BLOCKS:
             assert blocks * splits >= gpu_ssd.MMA_SUM_BLOCKS / 2 or splits == heads
-    assert gpu_ssd.head_splits(256, 80) == 8  # the peer configuration: 8 runs of 10 heads
+    # the peer configuration: 2 runs of 40 heads (16 bits), 8 runs of 10 (float32's target)
+    assert gpu_ssd.head_splits(256, 80) == 2
+    assert gpu_ssd.head_splits(256, 80, gpu_ssd.TC_SUM_BLOCKS) == 8
+    for blocks, heads in ((256, 80), (300, 7), (2, 64)):
+        splits = gpu_ssd.head_splits(blocks, heads, 4096)
+        assert blocks * splits >= 2048 or splits == heads
 
 
 def test_head_classes_share_their_groups():

@@ -421,9 +421,16 @@ MMA_ADJOINT_STATE = True
 # the products write them and ssd_mma_bwd_rows reads them back (to compare).
 MMA_ROWS_FUSED = True
 
-# Blocks a head-summing product (dB, dC) aims for: enough to fill an H200 (132 SMs, 2-4
-# blocks each) several times over, so that the chunk's uneven tiles balance out.
-MMA_SUM_BLOCKS = 2048
+# Blocks a 16-bit head-summing product (dB, dC) aims for: about two waves of an H200 (132
+# SMs, 2 blocks each), in runs of many heads. Since dB reads dC's summed blocks, fewer and
+# longer runs win (fewer partials, one product with B or C per run): forward+backward at
+# the peer bfloat16 shape 2.72-2.73 ms at 512 against 2.82 (256), 2.77-2.78 (1024),
+# 2.88-2.93 (2048) and 3.11-3.12 (4096), two alternating rounds
+# (benchmarks/results/ssd_sum_blocks/).
+MMA_SUM_BLOCKS = 512
+# The same for the float32 head sums (ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc): 2048
+# (forward+backward 10.29-10.30 ms against 10.34-10.35 at 1024 and 10.42-10.46 at 4096).
+TC_SUM_BLOCKS = 2048
 
 # The backward's adjoint chunk states and passing (the passing is latency-bound) run on a
 # second stream beside ycore (without z) and dC, which do not need them. Forward+backward at
@@ -454,10 +461,12 @@ def _join(cp, side):
     cp.cuda.get_current_stream().wait_event(side.record())
 
 
-def head_splits(blocks_per_split: int, heads_per_out: int) -> int:
+def head_splits(blocks_per_split: int, heads_per_out: int, target: int | None = None) -> int:
     """How many runs of consecutive heads (partial sums) a head-summing product uses: about
-    MMA_SUM_BLOCKS blocks in all, at most one run per head, and no run empty."""
-    want = min(heads_per_out, max(1, -(-MMA_SUM_BLOCKS // max(blocks_per_split, 1))))
+    ``target`` blocks in all (default MMA_SUM_BLOCKS), at most one run per head, and no run
+    empty."""
+    target = MMA_SUM_BLOCKS if target is None else target
+    want = min(heads_per_out, max(1, -(-target // max(blocks_per_split, 1))))
     per_run = -(-heads_per_out // want)
     return -(-heads_per_out // per_run)
 
@@ -629,7 +638,7 @@ class _Layout:
         T, R = self.mm_tiles, tile_rows(self.ct)
         pairs = T * (T + 1) // 2  # the blocks on and below the diagonal
         blocks = p.batch * self.nc * classes * pairs
-        runs = head_splits(blocks, p.H // classes)
+        runs = head_splits(blocks, p.H // classes, TC_SUM_BLOCKS)
         gs = cp.empty((runs, p.batch, self.nc, classes, pairs, R * R), dtype=np.float32)
         _launch(hblocks_name(self.io), (blocks * runs,),
                 (dY, p.x, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
@@ -650,7 +659,7 @@ class _Layout:
         nt = tc_nt(V)
         v_blocks = -(-V // (8 * nt))
         blocks = p.batch * self.nc * T * classes * v_blocks
-        runs = head_splits(blocks, p.H // classes)
+        runs = head_splits(blocks, p.H // classes, TC_SUM_BLOCKS)
         part = cp.empty((runs, p.batch, p.L, classes, V), dtype=np.float32)
         _launch(hsum_name(kind, self.io, self.bc, nt), (blocks * runs,),
                 (U, Vv, M, gs, self.dte, self.cum, _ptr(p.seq_idx), self.starts, part,
