@@ -1791,6 +1791,7 @@ __device__ __forceinline__ int ssd_mma_run_product(float (&acc)[NT][4], unsigned
 // The second buffers: us1 (rows x K), then ws1 (step 2: rows x K) or ms1 (step 1: K x V).
 #define SSD_MMA_AHEAD_BYTES ((SSD_MMA_ROWS * (SSD_MMA_SUM_KW + 8) + SSD_MMA_SUM_KW * SSD_MMA_SUM_LDV) * 2)
 #define SSD_MMA_DB_B_BYTES (SSD_MMA_ROWS * SSD_MMA_SUM_LDV * 2)  // dB's rows of B
+#define SSD_MMA_DC_PRE_BYTES (2 * 5 * SSD_MMA_ROWS * 4)  // dC's fetched row values (pre_v, pre_s)
 template <typename Stage, typename First, typename Prep, typename Body>
 __device__ __forceinline__ void ssd_mma_heads_ahead(int h_begin, int h_end, unsigned short* us0,
                                                     unsigned short* ws0, unsigned short* us1,
@@ -1927,8 +1928,14 @@ __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc
 // KEEP: gs receives each run's summed blocks, 64 x 64 row-major per (row tile, q-tile)
 // pair: gs[((((b * XO + o) * head_splits + run) * nc + c) * pairs + pair) * 4096 + r * 64 + q],
 // pair = rt (rt + 1) / 2 + qt as ssd_mma_cb's, for ssd_mma_chunk_db<T, true> (without KEEP
-// gs is unused). The stores take ptxas past the 255 registers: it spills 8 bytes, written
-// at the start and read back once for the partial's store (not in a loop).
+// gs is unused).
+// DCUM (with KEEP): dcum[b, r, h] receives each row's first half of the chunk sums'
+// cotangent, sum_p dY_r[p] (ycore's row r)[p], from ycore's own rounded block entries
+// (C B^T's lower blocks from cbl, classes of heads as ssd_mma_cb's) and the boundary rows
+// dotted with C (Cm) (see the heads' loop below).
+// Registers (NVRTC 12.9, sm_90): 255, 254 (KEEP), 247 (KEEP and DCUM), no spills. The
+// heads' row values fetched with their operands (pre_v, pre_s) freed the registers whose
+// spills the stores had caused.
 // --------------------------------------------------------------------------------------
 template <typename T, bool KEEP, bool DCUM>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, 2)
@@ -1963,15 +1970,20 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     const int gb = ssd_mma_group(R.h_begin, H, GB);  // the same for the whole run (checked by the host)
     const int seq_prev = ssd_mma_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
     const bool vec = ssd_mma_vec(P, N, dY, X, Bm, states);
-    // Dynamic shared memory: DCUM, C's rows of the block (cs, for the row dots); then step
-    // 2's second buffers (ssd_mma_heads_ahead), where the launch gave them.
+    // Dynamic shared memory: DCUM, C's rows of the block (cs, for the row dots); then, where
+    // the launch gave room, the heads' fetched row values (pre_v, pre_s, below) and step
+    // 2's second buffers (ssd_mma_heads_ahead).
     constexpr unsigned CS_BYTES = DCUM ? SSD_MMA_DB_B_BYTES : 0;
     extern __shared__ ssm_v16 ssd_mma_dyn[];
     unsigned short* const cs = reinterpret_cast<unsigned short*>(ssd_mma_dyn);
-    unsigned short* const dyn = cs + CS_BYTES / 2;
+    float (*const pre_v)[3][SSD_MMA_ROWS] =
+        reinterpret_cast<float (*)[3][SSD_MMA_ROWS]>(cs + CS_BYTES / 2);
+    int (*const pre_s)[2][SSD_MMA_ROWS] = reinterpret_cast<int (*)[2][SSD_MMA_ROWS]>(pre_v + 2);
+    unsigned short* const dyn = cs + (CS_BYTES + SSD_MMA_DC_PRE_BYTES) / 2;
     if (ssm_dynamic_smem_bytes() < CS_BYTES) __trap();
     const bool ahead = P <= SSD_MMA_SUM_KW &&
-                       ssm_dynamic_smem_bytes() >= CS_BYTES + SSD_MMA_AHEAD_BYTES;
+                       ssm_dynamic_smem_bytes() >=
+                           CS_BYTES + SSD_MMA_DC_PRE_BYTES + SSD_MMA_AHEAD_BYTES;
     const int ra = 16 * warp + (lane >> 2), rb = ra + 8;
     // DCUM: the rows' dcum (first half) of head h at dc_a[h], dc_b[h]
     float* const dc_a = DCUM ? dcum + (b * L + r0 + (ra < nr ? ra : nr - 1)) * H : nullptr;
@@ -1989,6 +2001,31 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             const ssm_i64 r = r0 + (tid < nr ? tid : nr - 1);
             cum_r[tid] = cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e;
             seq_r[tid] = ssd_mma_seq(seq, b * L + r);
+        }
+    };
+    // On the heads-ahead path head h's row and step values come with its operands (4-byte
+    // cp.async into half (h - h_begin) & 1), so that no head waits on those loads between
+    // its two barriers: pre_v[k][0] the rows' chunk sums, [1] the steps', [2] the steps'
+    // dt'; pre_s[k][0], [1] their labels. fetch(h, q0, nq) issues them (q0 < 0: the rows'
+    // only), landed_rows(h) turns them into the row arrays as stage_rows does.
+    auto fetch = [&](int h, ssm_i64 q0, int nq) {
+        if (tid >= SSD_MMA_ROWS) return;
+        const int k = (h - R.h_begin) & 1;
+        const ssm_i64 r = b * L + r0 + (tid < nr ? tid : nr - 1);
+        ssm_cp_async<4>(&pre_v[k][0][tid], cum + r * H + h);
+        if (seq) ssm_cp_async<4>(&pre_s[k][0][tid], seq + r);
+        if (q0 >= 0) {
+            const ssm_i64 q = b * L + q0 + (tid < nq ? tid : nq - 1);
+            ssm_cp_async<4>(&pre_v[k][1][tid], cum + q * H + h);
+            ssm_cp_async<4>(&pre_v[k][2][tid], dte + q * H + h);
+            if (seq) ssm_cp_async<4>(&pre_s[k][1][tid], seq + q);
+        }
+    };
+    auto landed_rows = [&](int h) {
+        if (tid < SSD_MMA_ROWS) {
+            const int k = (h - R.h_begin) & 1;
+            cum_r[tid] = pre_v[k][0][tid] * ssm_math<float>::kLog2e;
+            seq_r[tid] = seq ? pre_s[k][0][tid] : 0;
         }
     };
 
@@ -2033,8 +2070,9 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                     ua, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
                 ssd_mma_stage_async<T, SSD_MMA_SUM_KW, VW, SSD_MMA_SUM_LDV, false>(
                     ma, states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N), N, P, N, vec, tid);
+                fetch(h, -1, 0);
             },
-            [] {}, [&](int h) { stage_rows(h); },
+            [] {}, [&](int h) { landed_rows(h); },
             [&](int h, const unsigned short* ua, const unsigned short* ma, int) {
                 float acc2[NT][4];
                 ssd_mma_zero(acc2);
@@ -2087,6 +2125,22 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         cum[(b * L + r) * H + h] * ssm_math<float>::kLog2e,
                         cum[(b * L + r0) * H + h] * ssm_math<float>::kLog2e, dq_t);
                 }
+            }
+        };
+        // the same from the values fetched with the head's operands (heads-ahead path)
+        auto prep_landed = [&](int h) {
+            far = false;
+            landed_rows(h);
+            if (tid < SSD_MMA_ROWS) {
+                const int k = (h - R.h_begin) & 1;
+                const float cq = pre_v[k][1][tid] * ssm_math<float>::kLog2e, dq_t = pre_v[k][2][tid];
+                cum_q[tid] = cq;
+                dt_q[tid] = dq_t;
+                seq_q[tid] = seq ? pre_s[k][1][tid] : 0;
+                if (whole)
+                    far = ssd_mma_tile_factors<false>(
+                        col_w, row_f, tid, cq, pre_v[k][0][tid] * ssm_math<float>::kLog2e,
+                        pre_v[k][0][0] * ssm_math<float>::kLog2e, dq_t);
             }
         };
         // DCUM: ssd_mma_cb's block of C B^T for these rows and steps (in the warps' fragment
@@ -2166,8 +2220,9 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                         ua, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec, tid);
                     ssd_mma_stage_async<T, SSD_MMA_ROWS, SSD_MMA_SUM_KW, LDK, false>(
                         wa, X + ((b * L + q0) * H + h) * P, (ssm_i64)H * P, nq, P, vec, tid);
+                    fetch(h, q0, nq);
                 },
-                copy_bc, prep,
+                copy_bc, prep_landed,
                 [&](int h, const unsigned short* ua, const unsigned short* wa, int any_far) {
                     float gacc[8][4];
                     ssd_mma_zero(gacc);

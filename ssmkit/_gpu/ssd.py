@@ -377,6 +377,7 @@ def mma_bwd_kernel_names(io: str) -> list:
 MMA_HEADS_AHEAD = True
 MMA_AHEAD_BYTES = (64 * (64 + 8) + 64 * (128 + 8)) * 2  # SSD_MMA_AHEAD_BYTES
 MMA_DB_B_BYTES = 64 * (128 + 8) * 2  # SSD_MMA_DB_B_BYTES: dB's rows of B, before those
+MMA_DC_PRE_BYTES = 2 * 5 * 64 * 4  # SSD_MMA_DC_PRE_BYTES: dC's fetched row values, before those
 
 
 # dB takes the heads' summed masked blocks from dC (which writes them, gs) instead of making
@@ -836,7 +837,8 @@ class _Layout:
                  np.int64(p.batch * p.L * GC * p.N), _ptr(gs), p.C, _ptr(cbl), _ptr(dcum),
                  np.int32(1 if cbl is None else cbl.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS,
-                smem=(MMA_DB_B_BYTES if with_dcum else 0) + _ahead_smem(p))
+                smem=(MMA_DB_B_BYTES if with_dcum else 0)
+                + (MMA_DC_PRE_BYTES + _ahead_smem(p) if _ahead_smem(p) else 0))
         return _sum_runs(p.xp, part, p.bc_dtype)
 
     def shared_blocks(self, p):
