@@ -1857,6 +1857,16 @@ __device__ __forceinline__ void ssd_mma_run_times_v(float (&acc)[NT][4], const f
     }
 }
 
+// f(j, i, q, r) for each entry (j, i) of a warp's 16 x 64 block as mma accumulators
+// (lane (g, t)): its column q = 8 j + 2 t + (i & 1) and its row r, ra for i < 2, rb after.
+template <typename F>
+__device__ __forceinline__ void ssd_mma_each_entry(int t, int ra, int rb, F f) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f(j, i, 8 * j + 2 * t + (i & 1), i >= 2 ? rb : ra);
+}
+
 // This lane's part of rows ra, rb of m (NT D tiles of 16 x 8, columns v = 8 j + 2 t and
 // + 1) dotted with the same rows of a staged 16-bit tile (row stride SSD_MMA_SUM_LDV, zero
 // past its rows and columns); the 4 lanes t of a row hold its columns.
@@ -2190,18 +2200,12 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             if (!(whole && !any_far) || (DCUM && nr < SSD_MMA_ROWS)) {
                 // mask and weight as ssd_mma_chunk_mm's lower products (with the diagonal; rows
                 // past nr and steps past nq need no test there either)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int sq = 8 * j + 2 * t + (i & 1);
-                        const int r = i >= 2 ? rb : ra;
-                        const bool same = !seq || seq_q[sq] == seq_r[r];
-                        const float w = ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq];
-                        if (!(whole && !any_far) && same && sq + dq <= r)
-                            gsum[j][i] += w * gacc[j][i];
-                        if (DCUM && same && sq + dq < r) ydot(j, i, w);
-                    }
+                ssd_mma_each_entry(t, ra, rb, [&](int j, int i, int sq, int r) {
+                    const bool same = !seq || seq_q[sq] == seq_r[r];
+                    const float w = ssm_math<float>::decay(cum_r[r] - cum_q[sq]) * dt_q[sq];
+                    if (!(whole && !any_far) && same && sq + dq <= r) gsum[j][i] += w * gacc[j][i];
+                    if (DCUM && same && sq + dq < r) ydot(j, i, w);
+                });
             }
             if (DCUM) {
                 da = row_sum(da);
@@ -2537,15 +2541,10 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                                 });
             } else {
                 const int dq = (int)(q0 - r0);
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int sq = 8 * j + 2 * t + (i & 1);
-                        const int r = i >= 2 ? rb : ra;
-                        const bool live = sq + dq >= r && (!seq || seq_q[sq] == seq_r[r]);
-                        if (live) add(j, i, ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i]);
-                    }
+                ssd_mma_each_entry(t, ra, rb, [&](int j, int i, int sq, int r) {
+                    const bool live = sq + dq >= r && (!seq || seq_q[sq] == seq_r[r]);
+                    if (live) add(j, i, ssm_math<float>::decay(cum_q[sq] - cum_r[r]) * gacc[j][i]);
+                });
             }
             da = row_sum(da);
             db = row_sum(db);
