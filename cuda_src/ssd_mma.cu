@@ -1943,7 +1943,7 @@ __device__ __forceinline__ void ssd_mma_run_store(float* part, const float (&acc
 // cotangent, sum_p dY_r[p] (ycore's row r)[p], from ycore's own rounded block entries
 // (C B^T's lower blocks from cbl, classes of heads as ssd_mma_cb's) and the boundary rows
 // dotted with C (Cm) (see the heads' loop below).
-// Registers (NVRTC 12.9, sm_90): 255, 254 (KEEP), 247 (KEEP and DCUM), no spills. The
+// Registers (NVRTC 12.9, sm_90): 254, 254 (KEEP), 248 (KEEP and DCUM), no spills. The
 // heads' row values fetched with their operands (pre_v, pre_s) freed the registers whose
 // spills the stores had caused.
 // --------------------------------------------------------------------------------------
