@@ -1135,10 +1135,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     w.load_rows();
 
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+    ssm_mma_zero(acc);
 
     // Phase 1: the boundary term, U rows times M (as [v][k]: M's rows, or its columns with MT).
     const TU* Ur = U + ((b * L + r0) * XU + hu) * (ssm_i64)K;
@@ -1172,10 +1169,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
             ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
             __syncthreads();  // cum_q, dt_q, seq_q
         } else {
-#pragma unroll
-            for (int jj = 0; jj < R / 8; ++jj)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[jj][e] = 0.f;
+            ssm_mma_zero(sacc);
             const TW* Wq = W + ((b * L + q0) * XW + hw) * (ssm_i64)K;
             const ssm_i64 w_stride = (ssm_i64)XW * K;
             ssd_tc_stage<R, false> ul, wl;
@@ -1277,10 +1271,7 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
     const bool whole = !seq && qt != rt;
 
     float gsum[R / 8][4];
-#pragma unroll
-    for (int jj = 0; jj < R / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) gsum[jj][e] = 0.f;
+    ssm_mma_zero(gsum);
     for (int h = h_begin; h < h_end; ++h) {
         w.set_head(h, H, H, 1);
         __syncthreads();  // the previous head's reads of the row and q-tile values are done
@@ -1291,10 +1282,7 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
         // (whole: uniform; without it no vote, and ssd_tc_sum's first barrier publishes)
         const bool factored = whole && !__syncthreads_or(far);
         float sacc[R / 8][4];
-#pragma unroll
-        for (int jj = 0; jj < R / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sacc[jj][e] = 0.f;
+        ssm_mma_zero(sacc);
         const TY* Yr = dY + ((b * L + w.r0) * H + h) * (ssm_i64)P;
         const TX* Xq = X + ((b * L + q0) * H + h) * (ssm_i64)P;
         ssd_tc_stage<R, false> yl, xl;
@@ -1363,10 +1351,7 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
     const ssm_i64 KV = (ssm_i64)K * V, u_stride = (ssm_i64)XU * K;
 
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+    ssm_mma_zero(acc);
 
     // The boundary terms: each head's U rows, times their factor, times M's columns.
     for (int h = h_begin; h < h_end; ++h) {
@@ -1443,10 +1428,7 @@ ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
     const ssm_i64 x_stride = (ssm_i64)H * P, y_stride = (ssm_i64)GY * N;
 
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[nt][q] = 0.f;
+    ssm_mma_zero(acc);
     ssd_tc_stage<R, true> xl;
     ssd_tc_stage<NR, true> yl;
     float cs = 0.f, ds = 0.f;  // thread tid < KS: cum, dt' and seq of the stage's step tid

@@ -240,15 +240,6 @@ __device__ __forceinline__ void ssd_mma_weighed(const float (&g)[8][4], float fa
     }
 }
 
-// Accumulators (NT D tiles of 16 x 8 per warp) set to zero.
-template <int NT>
-__device__ __forceinline__ void ssd_mma_zero(float (&acc)[NT][4]) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-}
-
 // Four 8 x 8 matrices of 16-bit values from a shared tile (row stride LD values, every row
 // 16-byte aligned) in one ldmatrix: matrix i has rows row0 + 8 ((i >> RB) & 1) .. + 7 and
 // columns col0 + 8 ((i >> (1 - RB)) & 1) .. + 7, and r[i] holds, for lane (g, t), its row g,
@@ -449,7 +440,7 @@ ssd_mma_chunk_state(const T* __restrict__ X, const T* __restrict__ Bm,
     const bool vec = ssd_mma_vec(P, N, X, Bm, X, Bm);
 
     float acc[NT][4];
-    ssd_mma_zero(acc);
+    ssm_mma_zero(acc);
 
     for (ssm_i64 s0 = t0; s0 < t1; s0 += SSD_MMA_ROWS) {
         const int ns = (int)(t1 - s0 < SSD_MMA_ROWS ? t1 - s0 : SSD_MMA_ROWS);
@@ -630,7 +621,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
-    ssd_mma_zero(S);
+    ssm_mma_zero(S);
     if (h0) {
         const float* src = h0 + bh * PN;
         ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
@@ -836,7 +827,7 @@ ssd_mma_cb(const T* __restrict__ Cm, const T* __restrict__ Bm, const ssm_i64* __
     const bool vec = ssd_mma_vec(8, N, Cm, Bm, Cm, Bm);
 
     float acc[8][4];
-    ssd_mma_zero(acc);
+    ssm_mma_zero(acc);
     for (int n0 = 0; n0 < N; n0 += KW) {
         __syncthreads();  // the previous slice's reads are done
         ssd_mma_stage<T, SSD_MMA_ROWS, KW, LDK>(
@@ -977,7 +968,7 @@ ssd_mma_chunk_out(const T* __restrict__ Cm, const float* __restrict__ cb, const 
     };
 
     float acc[NT][4];
-    ssd_mma_zero(acc);
+    ssm_mma_zero(acc);
 
     // 1. The entering state's contribution. The state stays staged in ms from tile to tile
     // when it is one slice and the gate's rows do not take ms over in step 3.
@@ -1457,7 +1448,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
         };
 
         float acc[NT][4];
-        ssd_mma_zero(acc);
+        ssm_mma_zero(acc);
 
         // Stage U[r0 .. r0 + 63][k0 .. k0 + KW - 1] into us (zero outside).
         auto stage_u = [&](int k0) {
@@ -1537,7 +1528,7 @@ ssd_mma_chunk_mm(const T* __restrict__ U, const T* __restrict__ W, const T* __re
                     (UPPER ? qt * (qt + 1) / 2 + tile : tile * (tile + 1) / 2 + qt);
                 ssd_mma_cb_load(gacc, cbm, blk, warp, lane);
             } else {
-                ssd_mma_zero(gacc);
+                ssm_mma_zero(gacc);
             }
             // A whole tile of steps wholly on the far side of the rows (both tiles full),
             // without restarts, has every entry live, and its weights factor through the
@@ -2040,7 +2031,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     };
 
     float acc[NT][4];
-    ssd_mma_zero(acc);
+    ssm_mma_zero(acc);
 
     // DCUM: C's rows, landing with the first head's operands
     if (DCUM)
@@ -2085,7 +2076,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
             [] {}, [&](int h) { landed_rows(h); },
             [&](int h, const unsigned short* ua, const unsigned short* ma, int) {
                 float acc2[NT][4];
-                ssd_mma_zero(acc2);
+                ssm_mma_zero(acc2);
                 ssd_mma_slice<T, NT, SSD_MMA_SUM_KW, LDK, false, true, SSD_MMA_SUM_LDV>(
                     acc2, ua, ma, 0, P, warp, lane);
                 boundary(h, acc2);
@@ -2094,7 +2085,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     } else {
         for (int h = R.h_begin; h < R.h_end; ++h) {
             float acc2[NT][4];
-            ssd_mma_zero(acc2);
+            ssm_mma_zero(acc2);
             const T* S = states + ((b * nc + R.c) * H + h) * ((ssm_i64)P * N);
             ssd_mma_run_product<T, NT, true>(
                 acc2, us, ms, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
@@ -2113,7 +2104,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
     for (ssm_i64 q0 = t0; q0 < q_end; q0 += SSD_MMA_ROWS) {
         const int nq = (int)(q_end - q0 < SSD_MMA_ROWS ? q_end - q0 : SSD_MMA_ROWS);
         float gsum[8][4];
-        ssd_mma_zero(gsum);
+        ssm_mma_zero(gsum);
         // a whole tile before the rows without restarts: factored weights (ssd_mma_chunk_mm)
         const bool whole = !seq && q0 + SSD_MMA_ROWS <= r0;
         bool far = false;
@@ -2229,7 +2220,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
                 copy_bc, prep_landed,
                 [&](int h, const unsigned short* ua, const unsigned short* wa, int any_far) {
                     float gacc[8][4];
-                    ssd_mma_zero(gacc);
+                    ssm_mma_zero(gacc);
                     ssd_mma_slice<T, 8, SSD_MMA_SUM_KW, LDK, false, false, SSD_MMA_SUM_LDV>(
                         gacc, ua, wa, 0, P, warp, lane);
                     finish(h, gacc, any_far);
@@ -2238,7 +2229,7 @@ ssd_mma_chunk_dc(const T* __restrict__ dY, const T* __restrict__ X, const T* __r
         } else {
             for (int h = R.h_begin; h < R.h_end; ++h) {
                 float gacc[8][4];
-                ssd_mma_zero(gacc);
+                ssm_mma_zero(gacc);
                 const int any_far = ssd_mma_run_product<T>(
                     gacc, us, ws, dY + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
                     [&](int k0) {
@@ -2377,7 +2368,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     float* const rd_b = SHARED ? nullptr : rowdot + row_b * H;
 
     float acc[NT][4];
-    ssd_mma_zero(acc);
+    ssm_mma_zero(acc);
 
     // B's rows, landing with the first head's operands
     if (!SHARED)
@@ -2430,7 +2421,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
             [] {}, [&](int h) { stage_rows(h); },
             [&](int h, const unsigned short* ua, const unsigned short* ma, int) {
                 float acc2[NT][4];
-                ssd_mma_zero(acc2);
+                ssm_mma_zero(acc2);
                 ssd_mma_slice<T, NT, SSD_MMA_SUM_KW, LDK, false, true, SSD_MMA_SUM_LDV>(
                     acc2, ua, ma, 0, P, warp, lane);
                 boundary(h, acc2);
@@ -2439,7 +2430,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
     } else {
         for (int h = R.h_begin; h < R.h_end; ++h) {
             float acc2[NT][4];
-            ssd_mma_zero(acc2);
+            ssm_mma_zero(acc2);
             const T* M = dHx + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
             ssd_mma_run_product<T, NT, true>(
                 acc2, us, ms, X + ((b * L + r0) * H + h) * P, (ssm_i64)H * P, nr, P, vec,
@@ -2486,7 +2477,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                       (ssm_i64)(SSD_MMA_ROWS * SSD_MMA_ROWS);
         static_assert(SSD_MMA_ROWS * SSD_MMA_ROWS * 4 <= VT * 2, "vt holds the B C^T block");
         float gsum[8][4];
-        ssd_mma_zero(gsum);
+        ssm_mma_zero(gsum);
         // a whole tile after the rows without restarts: factored weights (ssd_mma_chunk_mm)
         const bool whole = !seq && q0 >= r0 + SSD_MMA_ROWS && nq == SSD_MMA_ROWS;
         bool far = false;
@@ -2567,7 +2558,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
                     const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
                     const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
                     float gacc[8][4];
-                    ssd_mma_zero(gacc);
+                    ssm_mma_zero(gacc);
                     ssd_mma_slice<T, 8, SSD_MMA_SUM_KW, LDK, false, false, SSD_MMA_SUM_LDV>(
                         gacc, ua, wa, 0, P, warp, lane);
                     finish(h, gacc, any_far, rd_prev_a, rd_prev_b);
@@ -2576,7 +2567,7 @@ ssd_mma_chunk_db(const T* __restrict__ X, const T* __restrict__ dY, const T* __r
         } else {
             for (int h = R.h_begin; h < R.h_end; ++h) {
                 float gacc[8][4];
-                ssd_mma_zero(gacc);
+                ssm_mma_zero(gacc);
                 const float rd_prev_a = t == 0 && ra < nr ? rd_a[h] : 0.0f;
                 const float rd_prev_b = t == 0 && rb < nr ? rd_b[h] : 0.0f;
                 const int any_far = ssd_mma_run_product<T>(

@@ -528,3 +528,14 @@ template <> struct ssm_mma16<ssm_half> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
+
+// ---------------------------------------------------------------------------
+// mma accumulators: NT D tiles of 16 x 8 per warp (float32), set to zero.
+// ---------------------------------------------------------------------------
+template <int NT>
+__device__ __forceinline__ void ssm_mma_zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+}
