@@ -773,6 +773,372 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 }
 
 // --------------------------------------------------------------------------------------
+// The whole forward in one walk (ssd_mma_fwd): ssd_mma_state_walk, ssd_mma_cb and
+// ssd_mma_chunk_out in one kernel, for problems without restarts (seq null) whose rows
+// of x, B, C, z and out start 16-byte aligned, P and N multiples of 8 and N <= NW. A
+// block owns one (batch row, head) and 64 columns p of it, keeps the state S (64 p x NW
+// n, float32) in registers, and walks the row in tiles of up to 64 steps that never cross
+// a chunk's end. With cum_b the chunk sum before the tile (0 at a chunk's start, else
+// cum_{r0 - 1}) and e the tile's last step, per tile:
+//   y_t = exp(cum_t - cum_b) C_t S^T + sum_{r0 <= s <= t} exp(cum_t - cum_s) dt'_s (C_t . B_s) x_s,
+//         then + D x_t and * silu(z_t);
+//   S   = exp(cum_e - cum_b) S + sum_s exp(cum_e - cum_s) dt'_s x_s B_s^T.
+// So a chunk's later tiles see its earlier steps through S (rounded to T as the product's
+// operand, as the two-kernel path rounds the state entering the chunk), and C B^T is made
+// per tile, in the block, from the staged B and C: nothing passes between kernels, and
+// x, B and C are read once per (row, head). The chunks only say where the state is kept:
+// at every boundary j (float32, states[b, j]; with `entering`, also the state entering
+// each chunk in T, the backward's operand) or, with states null, final[bslot[b, j]].
+// Warp w (2 NW / 32 warps) owns rows p 16 (w % 4) .. + 15; at NW = 128 the warps w and
+// w + 4 share them, each with 64 columns n of S (64 (w / 4) ..), so that each holds the
+// part of C_t S^T over its columns: the two parts are added in the epilogue, and the tile
+// pairs of the diagonal term are split between them.
+// Per tile (tile k in stage buffer k % 2, one tile's copies in flight):
+//   B1  (tile k landed) z's rows of this tile and tile k + 1's x, B, C and chunk sums go
+//       in flight; (chunk start, with entering) S in T to entering;
+//       C B^T for rows t of this warp, s <= t (K = n: every column), masked, weighted,
+//       rounded to T into ws[t][s]; the row decays exp(cum_t - cum_b), the column weights
+//       exp(cum_e - cum_s) dt'_s and the tile's decay; y^T = S C^T (A = S rounded to T
+//       from the accumulators, B = C as staged: y is held transposed, 16 p x 64 t);
+//   B2  y^T columns times their row decays; y^T += x^T W^T (the diagonal term) and
+//       S = d S + (w x)^T B, from the same fragments of x^T;
+//   B3  y^T parts to float32 rows in the stage's B (and C) buffer;
+//   B4  + D x, * silu(z), 16-byte stores of 8 outputs.
+// Grid: (batch * H * ceil(P / 64)) blocks of 2 NW threads; dynamic shared memory
+// ssd_mma_fwd_layout<NW>::BYTES. h0 (batch, H, P, N) or null; states (batch, nc + 1, H, P,
+// N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final (slots,
+// H, P, N); 64-bit offsets.
+// --------------------------------------------------------------------------------------
+#ifndef SSD_MMA_FWD_BLOCKS
+#define SSD_MMA_FWD_BLOCKS 2  // blocks per SM at NW = 128 (105.8 KiB of shared memory each)
+#endif
+
+template <int NW>
+struct ssd_mma_fwd_layout {  // byte offsets into the dynamic shared memory
+    static constexpr int LDB = NW + 8, LDY = 64 + 4;
+    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // x[s][p] of a stage
+    static constexpr int BB = 64 * LDB * 2;         // B[s][n] or C[t][n] of a stage
+    static constexpr int VB = 132 * 4;              // cum_s[64], cum_b, (pad), dt'_s[64]
+    static constexpr int STAGE = XB + 2 * BB + VB;
+    static constexpr int WS = 2 * STAGE;            // W[t][s] in T
+    static constexpr int ZS = WS + XB;              // z[t][p] of the tile
+    static constexpr int FS = ZS + XB;              // row decays, column weights, D, misc
+    static constexpr int BYTES = FS + 196 * 4;
+    // the y^T parts as float32 rows [t][p] (row stride LDY) in the stage's B, C buffers
+    static_assert(64 * LDY * 4 <= (NW == 128 ? BB : 2 * BB), "a y part fits its buffer");
+    static_assert(STAGE % 16 == 0 && XB % 16 == 0, "16-byte aligned buffers");
+};
+
+template <typename T, int NW>
+__global__ void __launch_bounds__(2 * NW, NW == 128 ? SSD_MMA_FWD_BLOCKS : 3)
+ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restrict__ Cm,
+            const float* __restrict__ D, const T* __restrict__ z,
+            const float* __restrict__ dte, const float* __restrict__ cum,
+            const ssm_i64* __restrict__ starts, const float* __restrict__ h0,
+            float* __restrict__ states, T* __restrict__ entering, const int* __restrict__ bslot,
+            float* __restrict__ final, T* __restrict__ out, ssm_i64 L, int H, int P, int GB,
+            int GC, int N, ssm_i64 nc) {
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    using LY = ssd_mma_fwd_layout<NW>;
+    constexpr int THREADS = 2 * NW, NT = 8, LD = SSD_MMA_LD, LDB = LY::LDB, LDY = LY::LDY;
+    constexpr bool HALVES = NW == 128;
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    unsigned char* const sm = reinterpret_cast<unsigned char*>(ssd_mma_dyn);
+    auto xs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE); };
+    auto bs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE + LY::XB); };
+    auto cs_at = [&](int k) {
+        return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE + LY::XB + LY::BB);
+    };
+    auto vals_at = [&](int k) {  // [0, 64): cum_s; [64]: cum_b; [68, 132): dt'_s
+        return reinterpret_cast<float*>(sm + k * LY::STAGE + LY::XB + 2 * LY::BB);
+    };
+    unsigned short* const ws = reinterpret_cast<unsigned short*>(sm + LY::WS);
+    unsigned short* const zs = reinterpret_cast<unsigned short*>(sm + LY::ZS);
+    float* const row_f = reinterpret_cast<float*>(sm + LY::FS);  // exp(cum_t - cum_b)
+    float* const col_w = row_f + 64;                              // exp(cum_e - cum_s) dt'_s
+    float* const d_s = row_f + 128;                               // D of the block's columns
+    float* const tile_d = row_f + 192;                            // exp(cum_e - cum_b)
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's rows p, columns n
+    const unsigned p_tiles = (P + 63) / 64;
+    const unsigned bh = blockIdx.x / p_tiles;  // 32-bit quotients
+    const int p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
+    const ssm_i64 b = bh / (unsigned)H;
+    const int h = (int)(bh - (unsigned)b * (unsigned)H);
+    const int gB = ssd_mma_group(h, H, GB), gC = ssd_mma_group(h, H, GC);
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
+    const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
+    const int pa = p0 + wp + g, na = wn + 2 * t4;  // this thread's state entries
+
+    float S[NT][4];
+    ssm_mma_zero(S);
+    if (h0) {
+        const float* src = h0 + bh * PN;
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            S[j][i] = src[o];
+            if (two) S[j][i + 1] = src[o + 1];
+        });
+    }
+    auto keep = [&](ssm_i64 jb) {  // the state at boundary jb
+        float* dst;
+        if (states) {
+            dst = states + ((b * (nc + 1) + jb) * H + h) * PN;
+        } else {
+            const int k = bslot[b * (nc + 1) + jb];
+            if (k < 0) return;
+            dst = final + ((ssm_i64)k * H + h) * PN;
+        }
+        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            if (two) {  // (N even)
+                *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
+            } else {
+                dst[o] = S[j][i];
+            }
+        });
+    };
+
+    // A tile's copies into stage k: thread tid copies 8 columns cc of rows rr + RS i, from
+    // source pointers that step down the rows with the walk.
+    constexpr int RS = THREADS / 8;
+    static_assert(64 % RS == 0, "whole passes");
+    const int rr = tid >> 3, cc = (tid & 7) * 8;
+    const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;
+    const T* b_src = Bm + (row * GB + gB) * N + cc + rr * GBN;
+    const T* c_src = Cm + (row * GC + gC) * N + cc + rr * GCN;
+    const T* z_src = z ? z + (row * H + h) * P + p0 + cc + rr * HP : nullptr;
+    const bool x_cols = cc < P - p0;
+    auto copy_tile = [&](const ssd_mma_walker& u, int k) {
+        const int ns = u.rows(64);
+        unsigned short *xd = xs_at(k), *bd = bs_at(k), *cd = cs_at(k);
+#pragma unroll
+        for (int i = 0; i < 64 / RS; ++i) {
+            const int r = rr + RS * i;
+            const bool live = r < ns, xl = live && x_cols;  // (a copy that is not live reads nothing)
+            ssd_mma_cp16(xd + r * LD + cc, xl ? x_src + RS * i * HP : X, xl);
+#pragma unroll
+            for (int nb = 0; nb < NW; nb += 64) {
+                const bool l = live && nb + cc < N;
+                ssd_mma_cp16(bd + r * LDB + nb + cc, l ? b_src + RS * i * GBN + nb : Bm, l);
+                ssd_mma_cp16(cd + r * LDB + nb + cc, l ? c_src + RS * i * GCN + nb : Cm, l);
+            }
+        }
+        x_src += ns * HP;
+        b_src += ns * GBN;
+        c_src += ns * GCN;
+        float* v = vals_at(k);
+        if (tid < 64) {
+            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
+            ssm_cp_async<4>(v + tid, cum + i);
+            ssm_cp_async<4>(v + 68 + tid, dte + i);
+        } else if (tid == 64 && !u.first) {
+            ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
+        }
+    };
+    auto copy_z = [&](int ns) {  // this tile's rows of z into zs
+#pragma unroll
+        for (int i = 0; i < 64 / RS; ++i) {
+            const bool live = rr + RS * i < ns && x_cols;
+            ssd_mma_cp16(zs + (rr + RS * i) * LD + cc, live ? z_src + RS * i * HP : z, live);
+        }
+        z_src += ns * HP;
+    };
+
+    for (int p = tid; p < 64; p += THREADS) d_s[p] = D && p0 + p < P ? D[(ssm_i64)h * P + p0 + p] : 0.0f;
+    ssd_mma_walker next(starts, nc);  // the next tile to copy
+    copy_tile(next, 0);
+    next.advance(64, starts, nc);
+    ssm_cp_commit();
+    keep(0);
+
+    int k = 0;  // the stage of the tile being computed
+    for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(64, starts, nc), k ^= 1) {
+        const int ns = cur.rows(64);
+        ssm_cp_wait<0>();
+        __syncthreads();  // B1: tile k is the block's; the last tile's epilogue is done
+        if (z) copy_z(ns);
+        ssm_cp_commit();  // (z's group first: the epilogue waits for it, not for the next tile)
+        if (next.c < nc) {
+            copy_tile(next, k ^ 1);
+            next.advance(64, starts, nc);
+        }
+        ssm_cp_commit();
+        if (cur.first && entering) {  // the state entering the chunk, in T
+            T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
+            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+                const float v[2] = {S[j][i], S[j][i + 1]};
+                ssd_mma_set2(dst + o, two, two, v);
+            });
+        }
+        const unsigned short *xs = xs_at(k), *bs = bs_at(k), *cs = cs_at(k);
+        const float* cv = vals_at(k);
+        const float* dv = cv + 68;
+        const float cum_b = cur.first ? 0.0f : cv[64];
+
+        // C B^T for this warp's rows t and columns s (at NW = 128 half of them each), on
+        // tensor cores (K = n), then masked (s <= t < ns), weighted and rounded to T in ws.
+        {
+            constexpr int SJ = HALVES ? 4 : 8;  // 8-column tiles s of the warp
+            const int s_base = HALVES ? 32 * (warp >> 2) : 0;
+            float cb[SJ][4];
+            ssm_mma_zero(cb);
+            const ssd_mma_saddr c_lane = ssd_mma_lane_a<LDB>(cs, lane);
+            const ssd_mma_saddr b_lane = ssd_mma_lane_b<LDB>(bs, lane);
+#pragma unroll
+            for (int k0 = 0; k0 < NW; k0 += 16) {
+                if (k0 < N) {
+                    unsigned a[4];
+                    ssd_mma_load_a<LDB>(a, c_lane, wp, k0);
+#pragma unroll
+                    for (int j = 0; j < SJ; j += 2) {
+                        if (s_base + 8 * j < wp + 16) {  // (a pair past the rows is masked out)
+                            unsigned bf[4];
+                            ssd_mma_load_b2<LDB>(bf, b_lane, s_base + 8 * j, k0);
+                            ssd_mma_run2<T>(cb[j], cb[j + 1], a, bf);
+                        }
+                    }
+                }
+            }
+            const int ta = wp + g, tb = ta + 8;
+            const float la = cv[ta] * L2E, lb = cv[tb] * L2E;
+#pragma unroll
+            for (int j = 0; j < SJ; ++j) {
+                const int s = s_base + 8 * j + 2 * t4;
+                float w[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int si = s + (i & 1), t = i >= 2 ? tb : ta;
+                    const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
+                    w[i] = si <= t && t < ns ? ssm_math<float>::decay(e) * dv[si] * cb[j][i] : 0.0f;
+                }
+                *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
+                *reinterpret_cast<unsigned*>(ws + tb * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
+            }
+        }
+        if (tid < 64) {
+            const float ce = cv[ns - 1];
+            row_f[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
+            col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
+            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
+        }
+        // y^T = S C^T over this warp's columns n: S's accumulators, rounded to T, are the A
+        // fragments (tiles 2 ks, 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
+        float acc[NT][4];
+        ssm_mma_zero(acc);
+        {
+            const ssd_mma_saddr c_lane = ssd_mma_lane_b<LDB>(cs, lane);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (wn + 16 * ks < N) {
+                    const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
+                                           ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
+                                           ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
+                                           ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
+#pragma unroll
+                    for (int j = 0; j < NT; j += 2) {
+                        unsigned bf[4];
+                        ssd_mma_load_b2<LDB>(bf, c_lane, 8 * j, wn + 16 * ks);
+                        ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float f0 = row_f[8 * j + 2 * t4], f1 = row_f[8 * j + 2 * t4 + 1];
+            acc[j][0] *= f0;
+            acc[j][1] *= f1;
+            acc[j][2] *= f0;
+            acc[j][3] *= f1;
+        }
+        {
+            const float d = tile_d[0];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) S[j][i] *= d;
+        }
+        {
+            const ssd_mma_saddr x_lane = ssd_mma_lane_b<LD>(xs, lane);
+            const ssd_mma_saddr w_lane = ssd_mma_lane_b<LD>(ws, lane);
+            const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs, lane);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (16 * ks < ns) {  // uniform over the block
+                    unsigned a[4], al[4];
+                    ssd_mma_load_at<LD>(a, x_lane, wp, 16 * ks);
+                    // the diagonal term: column pairs jp >= ks of y^T (s <= t); at NW = 128
+                    // pairs 0 and 3 in the first warp of the rows, 1 and 2 in the second
+#pragma unroll
+                    for (int jp = ks; jp < 4; ++jp) {
+                        if (!HALVES || ((jp == 0 || jp == 3) == (wn == 0))) {
+                            unsigned bf[4];
+                            ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
+                            ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], a, bf);
+                        }
+                    }
+                    ssd_mma_weigh_a<T, false>(a, al, col_w, 16 * ks, lane);
+#pragma unroll
+                    for (int j = 0; j < NT; j += 2) {
+                        if (wn + 8 * j < N) {
+                            unsigned bf[4];
+                            ssd_mma_load_bt2<LDB>(bf, b_lane, wn + 8 * j, 16 * ks);
+                            ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
+                        }
+                    }
+                }
+            }
+        }
+        if (cur.last(64)) keep(cur.c + 1);
+
+        __syncthreads();  // B3: every warp is done with this stage's B and C
+        {
+            float* yp = reinterpret_cast<float*>(HALVES && wn ? cs_at(k) : bs_at(k));
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    yp[(8 * j + 2 * t4 + (i & 1)) * LDY + wp + g + (i >= 2 ? 8 : 0)] = acc[j][i];
+        }
+        ssm_cp_wait<1>();  // z's rows of this tile have landed (the next tile's may be in flight)
+        __syncthreads();  // B4
+        {
+            const float* y0 = reinterpret_cast<const float*>(bs);
+            const float* y1 = reinterpret_cast<const float*>(cs);
+#pragma unroll
+            for (int i = tid; i < 64 * 8; i += THREADS) {
+                const int r = i >> 3, pc = (i & 7) * 8;
+                if (r < ns && p0 + pc < P) {
+                    float v[8];
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) {
+                        T xv;
+                        xv.bits = xs[r * LD + pc + q];
+                        v[q] = y0[r * LDY + pc + q] + d_s[pc + q] * ssm_load(xv);
+                        if (HALVES) v[q] += y1[r * LDY + pc + q];
+                        if (z) {
+                            T zq;
+                            zq.bits = zs[r * LD + pc + q];
+                            const float zv = ssm_load(zq);
+                            v[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
+                        }
+                    }
+                    ssd_mma_u4 w;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) w.v[q] = ssd_mma_pack<T>(v[2 * q], v[2 * q + 1]);
+                    T* dst = out + ((row + cur.s0 + r) * H + h) * P + p0 + pc;
+                    *reinterpret_cast<ssd_mma_u4*>(dst) = w;
+                }
+            }
+        }
+    }
+    ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
+}
+
+// --------------------------------------------------------------------------------------
 // C B^T of every chunk, once per class of heads that share their B and C groups (all the
 // heads when G = 1), for ssd_mma_chunk_out: the blocks of the lower triangle, 64 x 64 each
 // (rows r of tile RT, columns s of tile QT <= RT), K = N in slices of KW. The block is

@@ -590,6 +590,7 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
     opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True,
                 cu_seqlens=None if cu is None else xp_for("gpu").asarray(cu))
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", False)  # (the walk is what runs here)
     calls = _count_calls(monkeypatch, "state_walk_mma")
     xp = xp_for("gpu")
     dy = xp.asarray(as_dtype(rng.standard_normal(arrays["x"].shape), dtype_name))
@@ -617,6 +618,55 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
         for f, g0 in grads[False, 64].items():
             bound = GRAD_RTOL[dtype_name] if f in ("dt", "A", "dt_bias") else 4 * u
             assert rel_err(grads[True, w][f], g0) < bound, (w, f)
+
+
+# The forward in one kernel: MMA_CASES without restarts, and chunks that are not multiples
+# of its 64-step tiles, N <= 64 (4 warps) and N of 72 (8 warps, columns past N), z and not.
+FUSED_CASES = [c for c in MMA_CASES if "seq_cuts" not in c[7] and c[5] <= 128] + [
+    (2, 333, 3, 64, 1, 64, 100, dict(with_init=True, D_form="channel")),
+    (1, 700, 2, 128, 1, 128, 256, dict(with_z=False)),
+    (3, 65, 2, 16, 1, 8, 64, dict(with_init=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(FUSED_CASES)))
+def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
+    """ssd_mma_fwd (the default where it applies) against the state walk and the output
+    kernel: each within the reference's tolerance, outputs and final states within 2^-6 of
+    each other's largest entries (the fused kernel rounds its 16-bit operands per tile of 64
+    steps, the two kernels per chunk), with checkpoints (ssd_vjp) and without (ssd); the
+    gradients from the fused kernel's checkpoints within the tolerances of the reference."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = FUSED_CASES[case]
+    rng = np.random.default_rng(700 + case)
+    inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    xp = xp_for("gpu")
+    arrays, exact = cast(inputs, dtype_name, xp)
+    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    fused_calls = _count_calls(monkeypatch, "fwd_mma")
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", fused)
+        y, fin = ssmkit.ssd(**arrays, **opts)
+        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
+        got[fused] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+    assert len(fused_calls) == 2, "ssd_mma_fwd ran once per call with the switch on"
+    y_ref, f_ref = ref.ssd(**exact, **opts)
+    for arrs in got.values():
+        for a, want in zip(arrs, (y_ref, f_ref, y_ref, f_ref)):
+            assert rel_err(a, want) < FORWARD_RTOL[dtype_name]
+    for a, b in zip(got[True], got[False]):
+        assert np.abs(a - b).max() <= 2.0 ** -6 * np.abs(b).max()
+    monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)
+    check_against_reference("gpu", dtype_name, inputs,
+                            dict(chunk_size=chunk, dt_softplus=True), np.random.default_rng(case))
 
 
 def _mma_problem(monkeypatch, dtype_name, case, seed):
@@ -758,7 +808,7 @@ def test_tensor_core_forward_matches_reference(monkeypatch, dtype_name, case):
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    calls = _count_calls(monkeypatch, "out_mma")
+    calls = _count_calls(monkeypatch, "out_mma", "fwd_mma")
     check_against_reference("gpu", dtype_name, inputs, opts, rng)
     assert calls, "the tensor-core path did not run"
     # The CUDA-core kernels on the same problem agree with it (both near the reference).

@@ -100,7 +100,7 @@ def test_mma_source_needs_no_include_path():
 
 def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_names()
-    assert len(names) == 2 * (4 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, outputs
+    assert len(names) == 2 * (6 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 2, outputs
     report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
                                           nvrtc_path=nvrtc_path)
     for name in names:

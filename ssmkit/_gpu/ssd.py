@@ -291,10 +291,27 @@ def mma_walk_name(io: str, nw: int | None = None) -> str:
     return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
+def mma_fwd_name(io: str, N: int) -> str:
+    """The ``ssd_mma_fwd`` instance (the whole forward in one walk) for state size N <= 128:
+    NW = 64 (4 warps) for N <= 64, else 128 (8 warps)."""
+    return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}>"
+
+
+def mma_fwd_smem(N: int) -> int:
+    """Dynamic shared memory of ``ssd_mma_fwd`` (``ssd_mma_fwd_layout<NW>::BYTES``): two
+    stages of x (64 x 72), B and C (64 x (NW + 8)) in 16 bits and 132 floats, then the
+    weighted block and z (64 x 72 each) and 196 floats."""
+    nw = mma_state_width(N)
+    x_bytes = 64 * 72 * 2
+    stage = x_bytes + 2 * 64 * (nw + 8) * 2 + 132 * 4
+    return 2 * stage + 2 * x_bytes + 196 * 4
+
+
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
-            + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)])
+            + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)]
+            + [mma_fwd_name(io, n) for n in (64, 128)])
 
 
 # Row tiles of a chunk that one block of ssd_mma_chunk_out walks in turn, without and with z:
@@ -308,6 +325,25 @@ MMA_STATE_WALK = True
 # The state columns n of a walk block: 64 (4 warps) or 128 (8 warps, x staged once for both
 # halves); one block per 64 x MMA_WALK_NW tile of the state.
 MMA_WALK_NW = 64
+
+
+# The forward in one kernel (ssd_mma_fwd) where it applies (see uses_mma_fwd); False: the
+# state walk, then the output kernel.
+MMA_FUSED_FWD = True
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
+def uses_mma_fwd(p, out) -> bool:
+    """Whether the tensor-core forward of problem ``p`` (``uses_mma``) runs as one kernel,
+    ``ssd_mma_fwd``: without restarts (no ``seq_idx`` or ``cu_seqlens``), N <= 128, P and N
+    multiples of 8, and x, B, C, z and ``out`` 16-byte aligned (its copies and stores move
+    16 bytes)."""
+    if not MMA_FUSED_FWD or p.seq_idx is not None or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 8:
+        return False
+    return all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, p.z, out) if a is not None)
 
 
 def uses_mma(p) -> bool:
@@ -729,6 +765,24 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
 
+    def fwd_mma(self, p, out, *, final=None):
+        """The whole tensor-core forward in one kernel (``ssd_mma_fwd``; see
+        :func:`uses_mma_fwd`): the outputs into ``out`` (batch, L, H, P) and, as
+        :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
+        final states are kept, there, and both are None."""
+        cp = p.xp
+        states = entering = None
+        if final is None:
+            states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+            entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
+        _launch(mma_fwd_name(self.io, p.N), (p.batch * p.H * -(-p.P // 64),),
+                (p.x, p.B, p.C, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
+                 _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
+                 out, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
+                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
+                source=MMA_SOURCE_FILE, threads=2 * mma_state_width(p.N), smem=mma_fwd_smem(p.N))
+        return states, entering
+
     def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
@@ -909,6 +963,9 @@ def ssd_forward(p, *, save_checkpoints):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
         keep = None if save_checkpoints else final
+        if uses_mma_fwd(p, y):
+            states, entering = lay.fwd_mma(p, y, final=keep)
+            return y, *_forward_result(lay, final, states, entering, save_checkpoints)
         if MMA_STATE_WALK:
             states, entering = lay.state_walk_mma(p, final=keep)
         else:
@@ -917,13 +974,19 @@ def ssd_forward(p, *, save_checkpoints):
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
+    return y, *_forward_result(lay, final, states, entering, save_checkpoints)
+
+
+def _forward_result(lay, final, states, entering, save_checkpoints):
+    """``(final, checkpoints)`` of :func:`ssd_forward`: the final states gathered from the
+    boundary states when those were kept; checkpoints are the boundary states and, from the
+    tensor-core forward, the states entering each chunk in 16 bits (the tensor-core
+    backward's operand)."""
     if states is not None and lay.final_is_last:
         final[...] = states[:, lay.nc]
     elif states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
-    # checkpoints: the boundary states and, from the tensor-core forward, the states entering
-    # each chunk in 16 bits (the tensor-core backward's operand)
-    return y, final, ((states, entering) if save_checkpoints else None)
+    return final, ((states, entering) if save_checkpoints else None)
 
 
 def _sum_runs(xp, part, dtype=None):

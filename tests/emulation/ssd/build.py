@@ -4,7 +4,7 @@ REPL swaps the inline-PTX lines (ldmatrix and cp.async among them) and vector ca
 emu_common.h / prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_fwd / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
 
@@ -41,7 +41,7 @@ struct EmuBuf { void* p; long long n; };
 // The next launch's dynamic shared memory (emu_set_dyn_smem), in this library's static data
 // so that its shared-window offsets (emu_cvta_shared) fit in 32 bits; 0xff bytes at each
 // block's start (a read of what no copy wrote is a NaN).
-alignas(16) static unsigned char emu_dyn_buf[64 * 1024];
+alignas(16) static unsigned char emu_dyn_buf[128 * 1024];
 static unsigned emu_next_smem = 0;
 extern "C" void emu_set_dyn_smem(unsigned n) {
     if (n > sizeof(emu_dyn_buf)) emu_fail("dynamic shared memory past the emulation's buffer");
@@ -99,6 +99,9 @@ OUT_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64", "int", "int", "int"]
 WALK_T = ("const T*,const T*,const float*,const float*,const int*,const ssm_i64*,const float*,"
           "float*,T*,const int*,float*").split(",")
 WALK_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
+FWD_T = ("const T*,const T*,const T*,const float*,const T*,const float*,const float*,"
+         "const ssm_i64*,const float*,float*,T*,const int*,float*,T*").split(",")
+FWD_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64"]
 CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")
 CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 
@@ -133,6 +136,7 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
     for nw in (64, 128):
         KERNELS[f"walk_{tag}_{nw}"] = (f"ssd_mma_state_walk<{T}, {nw}>", T, WALK_T, WALK_S)
+        KERNELS[f"fwd_{tag}_{nw}"] = (f"ssd_mma_fwd<{T}, {nw}>", T, FWD_T, FWD_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",

@@ -183,22 +183,34 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     return ey, ef, ok and walk_matches_two_kernels(p, final), el
 
 def walk_matches_two_kernels(p, final):
-    """ssd_mma_state_walk (the default widths ran above with the final states only; here
-    with checkpoints, at each width) against ssd_mma_chunk_state + ssd_state_passing:
-    float32 states within float32 roundings of each other, the same 16-bit entering states
-    up to a last-bit rounding."""
-    got = {}
+    """ssd_mma_state_walk (with checkpoints, at each width) against ssd_mma_chunk_state +
+    ssd_state_passing: float32 states within float32 roundings of each other, the same
+    16-bit entering states up to a last-bit rounding. Where ssd_mma_fwd applies (it ran
+    above with the final states only), its checkpoints and outputs against the two
+    kernels': within FUSED_GAP of the states' and outputs' largest entries (its operands
+    w_s x_s and the state are rounded to 16 bits per tile of 64 steps, not per chunk)."""
+    got, ys = {}, {}
+    base = None  # with ssd_mma_fwd the default, the first other variant's final states
     widths = (64, 128)  # the state columns n of a block
-    for walk, nw in [(False, 64)] + [(True, w) for w in widths]:
-        gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = walk, nw
+    fused = gssd.uses_mma_fwd(p, p.x)
+    variants = [(False, 64)] + [(True, w) for w in widths] + ([("fused", 0)] if fused else [])
+    for walk, nw in variants:
+        gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = walk is not False, nw or 64
+        gssd.MMA_FUSED_FWD = walk == "fused"
         try:
-            _, fin, (states, entering) = gssd.ssd_forward(p, save_checkpoints=True)
+            y, fin, (states, entering) = gssd.ssd_forward(p, save_checkpoints=True)
         finally:
-            gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = True, 64
+            gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD = True, 64, True
         got[walk, nw] = (states, entering.astype(np.float32))
+        ys[walk, nw] = y.astype(np.float32)
         # the final states ssd_forward gathered from its checkpoints, against those it kept
-        # without checkpoints
-        ef = np.abs(fin - final).max() / max(np.abs(final).max(), 1e-30)
+        # without checkpoints (the default path's, or the first variant's when that is
+        # not the default)
+        want = final
+        if walk != "fused" and fused:
+            base = fin if walk is False else base
+            want = base
+        ef = np.abs(fin - want).max() / max(np.abs(want).max(), 1e-30)
         if not ef <= 1e-5:
             print(f"  final states with checkpoints (walk {walk}, NW {nw}): {ef:.2e}")
             return False
@@ -208,6 +220,8 @@ def walk_matches_two_kernels(p, final):
     ok = True
     for nw in widths:
         s1, e1 = got[True, nw]
+        if fused:
+            final = base
         final_walk = final.copy()
         final_walk[lay.final_slots] = s1[lay.final_rows, lay.final_cols]  # the checkpoints'
         es = np.abs(s1 - s0).max() / scale
@@ -217,7 +231,18 @@ def walk_matches_two_kernels(p, final):
             ok = False
             print(f"  walk (NW {nw}) against two kernels: states {es:.2e}, "
                   f"entering {ee:.2e}, final {ef:.2e}")
+    if fused:
+        s1, e1 = got["fused", 0]
+        es = np.abs(s1 - s0).max() / scale
+        ee = np.abs(e1 - e0).max() / scale
+        y0 = ys[False, 64]
+        ey = np.abs(ys["fused", 0] - y0).max() / max(np.abs(y0).max(), 1e-30)
+        print(f"  fused against two kernels: states {es:.2e}, entering {ee:.2e}, y {ey:.2e}")
+        if not (es <= FUSED_GAP and ee <= FUSED_GAP and ey <= FUSED_GAP):
+            ok = False
     return ok
+
+FUSED_GAP = 2.0 ** -6
 
 CASES = [
     # dtype, batch, L, H, P, G, N, chunk, options
