@@ -776,61 +776,63 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // The whole forward in one walk (ssd_mma_fwd): ssd_mma_state_walk, ssd_mma_cb and
 // ssd_mma_chunk_out in one kernel, for problems without restarts (seq null) whose rows
 // of x, B, C, z and out start 16-byte aligned, P and N multiples of 8 and N <= NW. A
-// block owns one (batch row, head) and 64 columns p of it, keeps the state S (64 p x NW
-// n, float32) in registers, and walks the row in tiles of up to 64 steps that never cross
-// a chunk's end. With cum_b the chunk sum before the tile (0 at a chunk's start, else
-// cum_{r0 - 1}) and e the tile's last step, per tile:
+// block of 4 warps owns one (batch row, head) and 64 columns p of it, keeps the state S
+// (64 p x NW n, float32) in registers, warp w rows p 16 w .. + 15, and walks the row in
+// tiles of up to 64 steps that never cross a chunk's end. With cum_b the chunk sum before
+// the tile (0 at a chunk's start, else cum_{r0 - 1}) and e the tile's last step, per tile:
 //   y_t = exp(cum_t - cum_b) C_t S^T + sum_{r0 <= s <= t} exp(cum_t - cum_s) dt'_s (C_t . B_s) x_s,
 //         then + D x_t and * silu(z_t);
 //   S   = exp(cum_e - cum_b) S + sum_s exp(cum_e - cum_s) dt'_s x_s B_s^T.
 // So a chunk's later tiles see its earlier steps through S (rounded to T as the product's
-// operand, as the two-kernel path rounds the state entering the chunk), and C B^T is made
-// per tile, in the block, from the staged B and C: nothing passes between kernels, and
-// x, B and C are read once per (row, head). The chunks only say where the state is kept:
-// at every boundary j (float32, states[b, j]; with `entering`, also the state entering
-// each chunk in T, the backward's operand) or, with states null, final[bslot[b, j]].
-// Warp w (2 NW / 32 warps) owns rows p 16 (w % 4) .. + 15; at NW = 128 the warps w and
-// w + 4 share them, each with 64 columns n of S (64 (w / 4) ..), so that each holds the
-// part of C_t S^T over its columns: the two parts are added in the epilogue, and the tile
-// pairs of the diagonal term are split between them.
-// Per tile (tile k in stage buffer k % 2, one tile's copies in flight):
-//   B1  (tile k landed) z's rows of this tile and tile k + 1's x, B, C and chunk sums go
-//       in flight; (chunk start, with entering) S in T to entering;
-//       C B^T for rows t of this warp, s <= t (K = n: every column), masked, weighted,
-//       rounded to T into ws[t][s]; the row decays exp(cum_t - cum_b), the column weights
-//       exp(cum_e - cum_s) dt'_s and the tile's decay; y^T = S C^T (A = S rounded to T
-//       from the accumulators, B = C as staged: y is held transposed, 16 p x 64 t);
-//   B2  y^T columns times their row decays; y^T += x^T W^T (the diagonal term) and
-//       S = d S + (w x)^T B, from the same fragments of x^T;
-//   B3  y^T parts to float32 rows in the stage's B (and C) buffer;
-//   B4  + D x, * silu(z), 16-byte stores of 8 outputs.
-// Grid: (batch * H * ceil(P / 64)) blocks of 2 NW threads; dynamic shared memory
-// ssd_mma_fwd_layout<NW>::BYTES. h0 (batch, H, P, N) or null; states (batch, nc + 1, H, P,
-// N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final (slots,
-// H, P, N); 64-bit offsets.
+// operand, as the two-kernel path rounds the state entering a chunk), and C B^T is made per
+// tile, in the block, from the staged B and C: nothing passes between kernels, and x, B and
+// C are read once per (row, head). The chunks only say where the state is kept: at every
+// boundary j (float32, states[b, j]; with `entering`, also the state entering each chunk in
+// T, the backward's operand) or, with states null, final[bslot[b, j]].
+// Each warp holds y transposed (16 p x 64 t accumulators), so that S's accumulators,
+// rounded to T, are the A fragments of y^T = S C^T, and x^T's fragments (loaded once per
+// tile) serve the diagonal term, the state's update (weighted) and the epilogue's D x (they
+// have the accumulators' layout). Per tile (shared memory for 3 blocks per SM without z:
+// B and the chunk sums in two stages, x, C, z and the weighted block W in one):
+//   B1  (tile k landed) z's rows of this tile, then B and the chunk sums of tile k + 1, go
+//       in flight; x^T's fragments; the 10 16 x 16 blocks of C B^T on and below the
+//       diagonal (K = n), 2 or 3 per warp, masked, weighted and rounded to T into W[t][s];
+//       the row decays exp(cum_t - cum_b), column weights exp(cum_e - cum_s) dt'_s, the
+//       tile's decay; y^T = S C^T;
+//   B2  C and x of tile k + 1 go in flight; y^T's columns times their row decays;
+//       y^T += x^T W^T; S = d S + (w x)^T B; (chunk end) S kept;
+//   (z: its rows landed, B3) + D x, * silu(z) in registers, stored 2 bytes at a time.
+// Grid: (batch * H * ceil(P / 64)) blocks of 128 threads; dynamic shared memory
+// ssd_mma_fwd_layout<NW>::bytes(z). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// P, N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final
+// (slots, H, P, N); 64-bit offsets.
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_FWD_BLOCKS
-#define SSD_MMA_FWD_BLOCKS 2  // blocks per SM at NW = 128 (105.8 KiB of shared memory each)
+#define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
 #endif
 
 template <int NW>
 struct ssd_mma_fwd_layout {  // byte offsets into the dynamic shared memory
-    static constexpr int LDB = NW + 8, LDY = 64 + 4;
-    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // x[s][p] of a stage
-    static constexpr int BB = 64 * LDB * 2;         // B[s][n] or C[t][n] of a stage
+    static constexpr int LDB = NW + 8;
+    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // x[s][p], W[t][s], z[t][p]
+    static constexpr int BB = 64 * LDB * 2;         // B[s][n] or C[t][n]
     static constexpr int VB = 132 * 4;              // cum_s[64], cum_b, (pad), dt'_s[64]
-    static constexpr int STAGE = XB + 2 * BB + VB;
-    static constexpr int WS = 2 * STAGE;            // W[t][s] in T
-    static constexpr int ZS = WS + XB;              // z[t][p] of the tile
-    static constexpr int FS = ZS + XB;              // row decays, column weights, D, misc
-    static constexpr int BYTES = FS + 196 * 4;
-    // the y^T parts as float32 rows [t][p] (row stride LDY) in the stage's B, C buffers
-    static_assert(64 * LDY * 4 <= (NW == 128 ? BB : 2 * BB), "a y part fits its buffer");
-    static_assert(STAGE % 16 == 0 && XB % 16 == 0, "16-byte aligned buffers");
+    static constexpr int BS = 0, VS = 2 * BB, CS = VS + 2 * VB, XS = CS + BB, WS = XS + XB;
+    static constexpr int FS = WS + XB;    // row decays[64], column weights[64], tile decay
+    static constexpr int ZS = FS + 132 * 4;
+    static constexpr int BYTES = ZS;      // without z
+    static constexpr int BYTES_Z = ZS + XB;
+    static_assert(VS % 16 == 0 && CS % 16 == 0 && XS % 16 == 0 && ZS % 16 == 0, "aligned");
 };
 
+// The 16 x 16 blocks (tb, sb), sb <= tb, of a 64 x 64 tile: block i of 10, in rows.
+__device__ __forceinline__ void ssd_mma_lower_block(int i, int& tb, int& sb) {
+    tb = i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3;
+    sb = i - tb * (tb + 1) / 2;
+}
+
 template <typename T, int NW>
-__global__ void __launch_bounds__(2 * NW, NW == 128 ? SSD_MMA_FWD_BLOCKS : 3)
+__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_FWD_BLOCKS)
 ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restrict__ Cm,
             const float* __restrict__ D, const T* __restrict__ z,
             const float* __restrict__ dte, const float* __restrict__ cum,
@@ -840,29 +842,25 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             int GC, int N, ssm_i64 nc) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     using LY = ssd_mma_fwd_layout<NW>;
-    constexpr int THREADS = 2 * NW, NT = 8, LD = SSD_MMA_LD, LDB = LY::LDB, LDY = LY::LDY;
-    constexpr bool HALVES = NW == 128;
+    constexpr int THREADS = SSD_MMA_THREADS, NS = NW / 8, LD = SSD_MMA_LD, LDB = LY::LDB;
     constexpr float L2E = ssm_math<float>::kLog2e;
     extern __shared__ ssm_v16 ssd_mma_dyn[];
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssd_mma_dyn);
-    auto xs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE); };
-    auto bs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE + LY::XB); };
-    auto cs_at = [&](int k) {
-        return reinterpret_cast<unsigned short*>(sm + k * LY::STAGE + LY::XB + LY::BB);
-    };
+    auto bs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + LY::BS + k * LY::BB); };
     auto vals_at = [&](int k) {  // [0, 64): cum_s; [64]: cum_b; [68, 132): dt'_s
-        return reinterpret_cast<float*>(sm + k * LY::STAGE + LY::XB + 2 * LY::BB);
+        return reinterpret_cast<float*>(sm + LY::VS + k * LY::VB);
     };
+    unsigned short* const cs = reinterpret_cast<unsigned short*>(sm + LY::CS);
+    unsigned short* const xs = reinterpret_cast<unsigned short*>(sm + LY::XS);
     unsigned short* const ws = reinterpret_cast<unsigned short*>(sm + LY::WS);
     unsigned short* const zs = reinterpret_cast<unsigned short*>(sm + LY::ZS);
     float* const row_f = reinterpret_cast<float*>(sm + LY::FS);  // exp(cum_t - cum_b)
     float* const col_w = row_f + 64;                              // exp(cum_e - cum_s) dt'_s
-    float* const d_s = row_f + 128;                               // D of the block's columns
-    float* const tile_d = row_f + 192;                            // exp(cum_e - cum_b)
+    float* const tile_d = row_f + 128;                            // exp(cum_e - cum_b)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int wp = 16 * (warp & 3), wn = 64 * (warp >> 2);  // the warp's rows p, columns n
+    const int wp = 16 * warp;  // the warp's rows p
     const unsigned p_tiles = (P + 63) / 64;
     const unsigned bh = blockIdx.x / p_tiles;  // 32-bit quotients
     const int p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
@@ -871,13 +869,16 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const int gB = ssd_mma_group(h, H, GB), gC = ssd_mma_group(h, H, GC);
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
     const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
-    const int pa = p0 + wp + g, na = wn + 2 * t4;  // this thread's state entries
+    const int pa = p0 + wp + g, na = 2 * t4;  // this thread's state entries
+    // D of this thread's columns p = pa, pa + 8 (0 past P and without D)
+    const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
+    const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
 
-    float S[NT][4];
+    float S[NS][4];
     ssm_mma_zero(S);
     if (h0) {
         const float* src = h0 + bh * PN;
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
             S[j][i] = src[o];
             if (two) S[j][i + 1] = src[o + 1];
         });
@@ -891,7 +892,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             if (k < 0) return;
             dst = final + ((ssm_i64)k * H + h) * PN;
         }
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
             if (two) {  // (N even)
                 *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
             } else {
@@ -900,34 +901,28 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         });
     };
 
-    // A tile's copies into stage k: thread tid copies 8 columns cc of rows rr + RS i, from
-    // source pointers that step down the rows with the walk.
+    // Copies: thread tid copies 8 columns cc of rows rr + 16 i, from source pointers that
+    // step down the rows with the walk (x and C one tile later than B).
     constexpr int RS = THREADS / 8;
-    static_assert(64 % RS == 0, "whole passes");
     const int rr = tid >> 3, cc = (tid & 7) * 8;
     const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;
     const T* b_src = Bm + (row * GB + gB) * N + cc + rr * GBN;
     const T* c_src = Cm + (row * GC + gC) * N + cc + rr * GCN;
     const T* z_src = z ? z + (row * H + h) * P + p0 + cc + rr * HP : nullptr;
     const bool x_cols = cc < P - p0;
-    auto copy_tile = [&](const ssd_mma_walker& u, int k) {
+    auto copy_b = [&](const ssd_mma_walker& u, int k) {  // B and the chunk sums into stage k
         const int ns = u.rows(64);
-        unsigned short *xd = xs_at(k), *bd = bs_at(k), *cd = cs_at(k);
+        unsigned short* bd = bs_at(k);
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const int r = rr + RS * i;
-            const bool live = r < ns, xl = live && x_cols;  // (a copy that is not live reads nothing)
-            ssd_mma_cp16(xd + r * LD + cc, xl ? x_src + RS * i * HP : X, xl);
 #pragma unroll
             for (int nb = 0; nb < NW; nb += 64) {
-                const bool l = live && nb + cc < N;
+                const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
                 ssd_mma_cp16(bd + r * LDB + nb + cc, l ? b_src + RS * i * GBN + nb : Bm, l);
-                ssd_mma_cp16(cd + r * LDB + nb + cc, l ? c_src + RS * i * GCN + nb : Cm, l);
             }
         }
-        x_src += ns * HP;
         b_src += ns * GBN;
-        c_src += ns * GCN;
         float* v = vals_at(k);
         if (tid < 64) {
             const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
@@ -937,7 +932,22 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
         }
     };
-    auto copy_z = [&](int ns) {  // this tile's rows of z into zs
+    auto copy_xc = [&](int ns) {  // x and C of the next tile (ns steps)
+#pragma unroll
+        for (int i = 0; i < 64 / RS; ++i) {
+            const int r = rr + RS * i;
+            const bool xl = r < ns && x_cols;
+            ssd_mma_cp16(xs + r * LD + cc, xl ? x_src + RS * i * HP : X, xl);
+#pragma unroll
+            for (int nb = 0; nb < NW; nb += 64) {
+                const bool l = r < ns && nb + cc < N;
+                ssd_mma_cp16(cs + r * LDB + nb + cc, l ? c_src + RS * i * GCN + nb : Cm, l);
+            }
+        }
+        x_src += ns * HP;
+        c_src += ns * GCN;
+    };
+    auto copy_z = [&](int ns) {  // this tile's rows of z
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const bool live = rr + RS * i < ns && x_cols;
@@ -946,75 +956,88 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         z_src += ns * HP;
     };
 
-    for (int p = tid; p < 64; p += THREADS) d_s[p] = D && p0 + p < P ? D[(ssm_i64)h * P + p0 + p] : 0.0f;
-    ssd_mma_walker next(starts, nc);  // the next tile to copy
-    copy_tile(next, 0);
+    ssd_mma_walker next(starts, nc);  // the next tile whose B is copied
+    copy_b(next, 0);
+    copy_xc(next.rows(64));
     next.advance(64, starts, nc);
     ssm_cp_commit();
     keep(0);
 
+    const ssd_mma_saddr x_lane = ssd_mma_lane_b<LD>(xs, lane);
+    const ssd_mma_saddr w_lane = ssd_mma_lane_b<LD>(ws, lane);
+    const ssd_mma_saddr ca_lane = ssd_mma_lane_a<LDB>(cs, lane);  // C as A ([t][n])
+    const ssd_mma_saddr cb_lane = ssd_mma_lane_b<LDB>(cs, lane);  // C as B ([t][n] = [n][k])
     int k = 0;  // the stage of the tile being computed
     for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(64, starts, nc), k ^= 1) {
         const int ns = cur.rows(64);
         ssm_cp_wait<0>();
-        __syncthreads();  // B1: tile k is the block's; the last tile's epilogue is done
+        __syncthreads();  // B1: tile k is the block's; the last tile is done with every buffer
         if (z) copy_z(ns);
-        ssm_cp_commit();  // (z's group first: the epilogue waits for it, not for the next tile)
-        if (next.c < nc) {
-            copy_tile(next, k ^ 1);
+        ssm_cp_commit();  // (z's group first: the epilogue waits for it alone)
+        const bool more = next.c < nc;
+        const int ns_next = more ? next.rows(64) : 0;
+        if (more) {
+            copy_b(next, k ^ 1);
             next.advance(64, starts, nc);
         }
         ssm_cp_commit();
         if (cur.first && entering) {  // the state entering the chunk, in T
             T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
-            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
                 const float v[2] = {S[j][i], S[j][i + 1]};
                 ssd_mma_set2(dst + o, two, two, v);
             });
         }
-        const unsigned short *xs = xs_at(k), *bs = bs_at(k), *cs = cs_at(k);
+        const unsigned short* bs = bs_at(k);
         const float* cv = vals_at(k);
         const float* dv = cv + 68;
         const float cum_b = cur.first ? 0.0f : cv[64];
 
-        // C B^T for this warp's rows t and columns s (at NW = 128 half of them each), on
-        // tensor cores (K = n), then masked (s <= t < ns), weighted and rounded to T in ws.
+        // C B^T's blocks warp, warp + 4, warp + 8 of the lower triangle (K = n), masked
+        // (s <= t < ns), weighted and rounded to T into ws.
         {
-            constexpr int SJ = HALVES ? 4 : 8;  // 8-column tiles s of the warp
-            const int s_base = HALVES ? 32 * (warp >> 2) : 0;
-            float cb[SJ][4];
-            ssm_mma_zero(cb);
-            const ssd_mma_saddr c_lane = ssd_mma_lane_a<LDB>(cs, lane);
             const ssd_mma_saddr b_lane = ssd_mma_lane_b<LDB>(bs, lane);
+            float cb[3][2][4];
+#pragma unroll
+            for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
 #pragma unroll
             for (int k0 = 0; k0 < NW; k0 += 16) {
                 if (k0 < N) {
-                    unsigned a[4];
-                    ssd_mma_load_a<LDB>(a, c_lane, wp, k0);
 #pragma unroll
-                    for (int j = 0; j < SJ; j += 2) {
-                        if (s_base + 8 * j < wp + 16) {  // (a pair past the rows is masked out)
-                            unsigned bf[4];
-                            ssd_mma_load_b2<LDB>(bf, b_lane, s_base + 8 * j, k0);
-                            ssd_mma_run2<T>(cb[j], cb[j + 1], a, bf);
+                    for (int m = 0; m < 3; ++m) {
+                        int tb, sb;
+                        ssd_mma_lower_block(warp + 4 * m, tb, sb);
+                        if (warp + 4 * m < 10 && 16 * tb < ns) {
+                            unsigned a[4], bf[4];
+                            ssd_mma_load_a<LDB>(a, ca_lane, 16 * tb, k0);
+                            ssd_mma_load_b2<LDB>(bf, b_lane, 16 * sb, k0);
+                            ssd_mma_run2<T>(cb[m][0], cb[m][1], a, bf);
                         }
                     }
                 }
             }
-            const int ta = wp + g, tb = ta + 8;
-            const float la = cv[ta] * L2E, lb = cv[tb] * L2E;
 #pragma unroll
-            for (int j = 0; j < SJ; ++j) {
-                const int s = s_base + 8 * j + 2 * t4;
-                float w[4];
+            for (int m = 0; m < 3; ++m) {
+                int tb, sb;
+                ssd_mma_lower_block(warp + 4 * m, tb, sb);
+                if (warp + 4 * m < 10) {
+                    const int ta = 16 * tb + g, tb8 = ta + 8;
+                    const float la = cv[ta] * L2E, lb = cv[tb8] * L2E;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int si = s + (i & 1), t = i >= 2 ? tb : ta;
-                    const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
-                    w[i] = si <= t && t < ns ? ssm_math<float>::decay(e) * dv[si] * cb[j][i] : 0.0f;
+                    for (int jj = 0; jj < 2; ++jj) {
+                        const int s = 16 * sb + 8 * jj + 2 * t4;
+                        float w[4];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const int si = s + (i & 1), t = i >= 2 ? tb8 : ta;
+                            const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
+                            const bool live = (sb < tb || si <= t) && t < ns;
+                            w[i] = live ? ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i] : 0.0f;
+                        }
+                        *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
+                        *reinterpret_cast<unsigned*>(ws + tb8 * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
+                    }
                 }
-                *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
-                *reinterpret_cast<unsigned*>(ws + tb * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
             }
         }
         if (tid < 64) {
@@ -1023,31 +1046,43 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
             if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
         }
-        // y^T = S C^T over this warp's columns n: S's accumulators, rounded to T, are the A
-        // fragments (tiles 2 ks, 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
-        float acc[NT][4];
+        // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
+        // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
+        float acc[8][4];
         ssm_mma_zero(acc);
-        {
-            const ssd_mma_saddr c_lane = ssd_mma_lane_b<LDB>(cs, lane);
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                if (wn + 16 * ks < N) {
-                    const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
-                                           ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
-                                           ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
-                                           ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
+        for (int ks = 0; ks < NS / 2; ++ks) {
+            if (16 * ks < N) {
+                const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
+                                       ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
+                                       ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
+                                       ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
 #pragma unroll
-                    for (int j = 0; j < NT; j += 2) {
+                for (int j = 0; j < 8; j += 2) {
+                    if (8 * j < ns) {
                         unsigned bf[4];
-                        ssd_mma_load_b2<LDB>(bf, c_lane, 8 * j, wn + 16 * ks);
+                        ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
                         ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
                     }
                 }
             }
         }
-        __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's
+        // x^T's fragments, K = s 16 ks .. (zeros past the tile's steps), before xs is free
+        unsigned xa[4][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+        for (int ks = 0; ks < 4; ++ks) {
+            if (16 * ks < ns) {
+                ssd_mma_load_at<LD>(xa[ks], x_lane, wp, 16 * ks);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) xa[ks][i] = 0u;
+            }
+        }
+        __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; xs and cs are free
+        if (more) copy_xc(ns_next);
+        ssm_cp_commit();
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
             const float f0 = row_f[8 * j + 2 * t4], f1 = row_f[8 * j + 2 * t4 + 1];
             acc[j][0] *= f0;
             acc[j][1] *= f1;
@@ -1057,36 +1092,32 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         {
             const float d = tile_d[0];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NS; ++j)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) S[j][i] *= d;
         }
         {
-            const ssd_mma_saddr x_lane = ssd_mma_lane_b<LD>(xs, lane);
-            const ssd_mma_saddr w_lane = ssd_mma_lane_b<LD>(ws, lane);
             const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs, lane);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 if (16 * ks < ns) {  // uniform over the block
-                    unsigned a[4], al[4];
-                    ssd_mma_load_at<LD>(a, x_lane, wp, 16 * ks);
-                    // the diagonal term: column pairs jp >= ks of y^T (s <= t); at NW = 128
-                    // pairs 0 and 3 in the first warp of the rows, 1 and 2 in the second
+                    // the diagonal term: y^T's column pairs jp >= ks (s <= t)
 #pragma unroll
                     for (int jp = ks; jp < 4; ++jp) {
-                        if (!HALVES || ((jp == 0 || jp == 3) == (wn == 0))) {
+                        if (16 * jp < ns) {
                             unsigned bf[4];
                             ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
-                            ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], a, bf);
+                            ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
                         }
                     }
-                    ssd_mma_weigh_a<T, false>(a, al, col_w, 16 * ks, lane);
+                    unsigned aw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, al[4];
+                    ssd_mma_weigh_a<T, false>(aw, al, col_w, 16 * ks, lane);
 #pragma unroll
-                    for (int j = 0; j < NT; j += 2) {
-                        if (wn + 8 * j < N) {
+                    for (int j = 0; j < NS; j += 2) {
+                        if (8 * j < N) {
                             unsigned bf[4];
-                            ssd_mma_load_bt2<LDB>(bf, b_lane, wn + 8 * j, 16 * ks);
-                            ssd_mma_run2<T>(S[j], S[j + 1], a, bf);
+                            ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, 16 * ks);
+                            ssd_mma_run2<T>(S[j], S[j + 1], aw, bf);
                         }
                     }
                 }
@@ -1094,43 +1125,31 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         }
         if (cur.last(64)) keep(cur.c + 1);
 
-        __syncthreads();  // B3: every warp is done with this stage's B and C
-        {
-            float* yp = reinterpret_cast<float*>(HALVES && wn ? cs_at(k) : bs_at(k));
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    yp[(8 * j + 2 * t4 + (i & 1)) * LDY + wp + g + (i >= 2 ? 8 : 0)] = acc[j][i];
+        // The epilogue in registers: y^T's entry (p, t) of tile j, i is x^T's in
+        // xa[j / 2][2 (j % 2) + (i >= 2)], half i % 2; z^T's likewise from zs.
+        ssd_mma_saddr z_lane = 0;
+        if (z) {
+            ssm_cp_wait<2>();  // z's rows of this tile (B, x, C of the next may be in flight)
+            __syncthreads();  // B3
+            z_lane = ssd_mma_lane_b<LD>(zs, lane);
         }
-        ssm_cp_wait<1>();  // z's rows of this tile have landed (the next tile's may be in flight)
-        __syncthreads();  // B4
-        {
-            const float* y0 = reinterpret_cast<const float*>(bs);
-            const float* y1 = reinterpret_cast<const float*>(cs);
+        T* const orow = out + ((row + cur.s0) * H + h) * P;
 #pragma unroll
-            for (int i = tid; i < 64 * 8; i += THREADS) {
-                const int r = i >> 3, pc = (i & 7) * 8;
-                if (r < ns && p0 + pc < P) {
-                    float v[8];
+        for (int ks = 0; ks < 4; ++ks) {
+            unsigned za[4] = {0u, 0u, 0u, 0u};
+            if (z && 16 * ks < ns) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
 #pragma unroll
-                    for (int q = 0; q < 8; ++q) {
-                        T xv;
-                        xv.bits = xs[r * LD + pc + q];
-                        v[q] = y0[r * LDY + pc + q] + d_s[pc + q] * ssm_load(xv);
-                        if (HALVES) v[q] += y1[r * LDY + pc + q];
-                        if (z) {
-                            T zq;
-                            zq.bits = zs[r * LD + pc + q];
-                            const float zv = ssm_load(zq);
-                            v[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
-                        }
+            for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = 8 * j + 2 * t4 + (i & 1), p = pa + (i >= 2 ? 8 : 0);
+                    const int reg = 2 * (j & 1) + (i >= 2 ? 1 : 0);
+                    float v = acc[j][i] + (i >= 2 ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], i & 1);
+                    if (z) {
+                        const float zv = ssd_mma_half<T>(za[reg], i & 1);
+                        v *= zv * ssm_math<float>::sigmoid_fast(zv);
                     }
-                    ssd_mma_u4 w;
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) w.v[q] = ssd_mma_pack<T>(v[2 * q], v[2 * q + 1]);
-                    T* dst = out + ((row + cur.s0 + r) * H + h) * P + p0 + pc;
-                    *reinterpret_cast<ssd_mma_u4*>(dst) = w;
+                    if (t < ns && p < P) ssm_store(orow + (ssm_i64)t * HP + p, v);
                 }
             }
         }

@@ -293,18 +293,17 @@ def mma_walk_name(io: str, nw: int | None = None) -> str:
 
 def mma_fwd_name(io: str, N: int) -> str:
     """The ``ssd_mma_fwd`` instance (the whole forward in one walk) for state size N <= 128:
-    NW = 64 (4 warps) for N <= 64, else 128 (8 warps)."""
+    NW = 64 (the state's columns in a warp) for N <= 64, else 128."""
     return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}>"
 
 
-def mma_fwd_smem(N: int) -> int:
-    """Dynamic shared memory of ``ssd_mma_fwd`` (``ssd_mma_fwd_layout<NW>::BYTES``): two
-    stages of x (64 x 72), B and C (64 x (NW + 8)) in 16 bits and 132 floats, then the
-    weighted block and z (64 x 72 each) and 196 floats."""
-    nw = mma_state_width(N)
-    x_bytes = 64 * 72 * 2
-    stage = x_bytes + 2 * 64 * (nw + 8) * 2 + 132 * 4
-    return 2 * stage + 2 * x_bytes + 196 * 4
+def mma_fwd_smem(N: int, z: bool) -> int:
+    """Dynamic shared memory of ``ssd_mma_fwd`` (``ssd_mma_fwd_layout<NW>::BYTES``, or
+    ``BYTES_Z`` with z): B (64 x (NW + 8) 16-bit values) and 132 floats in two stages, C,
+    x and the weighted block (64 x 72) in one, 132 floats, and with z its rows (64 x 72)."""
+    rows = 64 * 72 * 2
+    b_bytes = 64 * (mma_state_width(N) + 8) * 2
+    return 3 * b_bytes + 2 * 132 * 4 + 2 * rows + 132 * 4 + (rows if z else 0)
 
 
 def mma_kernel_names(io: str) -> list:
@@ -780,7 +779,7 @@ class _Layout:
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
                  out, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
-                source=MMA_SOURCE_FILE, threads=2 * mma_state_width(p.N), smem=mma_fwd_smem(p.N))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N, p.z is not None))
         return states, entering
 
     def cb_mma(self, p, *, transposed=False):
