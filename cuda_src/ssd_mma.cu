@@ -870,9 +870,6 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
     const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
     const int pa = p0 + wp + g, na = 2 * t4;  // this thread's state entries
-    // D of this thread's columns p = pa, pa + 8 (0 past P and without D)
-    const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
-    const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
 
     float S[NS][4];
     ssm_mma_zero(S);
@@ -901,28 +898,24 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         });
     };
 
-    // Copies: thread tid copies 8 columns cc of rows rr + 16 i, from source pointers that
-    // step down the rows with the walk (x and C one tile later than B).
+    // Copies of the rows s0 + rr + 16 i of a tile (ns steps): thread tid copies their 8
+    // columns cc (the addresses made afresh per tile: kept, they cost registers).
     constexpr int RS = THREADS / 8;
     const int rr = tid >> 3, cc = (tid & 7) * 8;
-    const T* x_src = X + (row * H + h) * P + p0 + cc + rr * HP;
-    const T* b_src = Bm + (row * GB + gB) * N + cc + rr * GBN;
-    const T* c_src = Cm + (row * GC + gC) * N + cc + rr * GCN;
-    const T* z_src = z ? z + (row * H + h) * P + p0 + cc + rr * HP : nullptr;
     const bool x_cols = cc < P - p0;
     auto copy_b = [&](const ssd_mma_walker& u, int k) {  // B and the chunk sums into stage k
         const int ns = u.rows(64);
         unsigned short* bd = bs_at(k);
+        const T* src = Bm + ((row + u.s0 + rr) * GB + gB) * N + cc;
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const int r = rr + RS * i;
 #pragma unroll
             for (int nb = 0; nb < NW; nb += 64) {
                 const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
-                ssd_mma_cp16(bd + r * LDB + nb + cc, l ? b_src + RS * i * GBN + nb : Bm, l);
+                ssd_mma_cp16(bd + r * LDB + nb + cc, l ? src + RS * i * GBN + nb : Bm, l);
             }
         }
-        b_src += ns * GBN;
         float* v = vals_at(k);
         if (tid < 64) {
             const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
@@ -932,33 +925,33 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
         }
     };
-    auto copy_xc = [&](int ns) {  // x and C of the next tile (ns steps)
+    auto copy_xc = [&](ssm_i64 s0, int ns) {  // x and C of the next tile
+        const T* xsrc = X + ((row + s0 + rr) * H + h) * P + p0 + cc;
+        const T* csrc = Cm + ((row + s0 + rr) * GC + gC) * N + cc;
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const int r = rr + RS * i;
             const bool xl = r < ns && x_cols;
-            ssd_mma_cp16(xs + r * LD + cc, xl ? x_src + RS * i * HP : X, xl);
+            ssd_mma_cp16(xs + r * LD + cc, xl ? xsrc + RS * i * HP : X, xl);
 #pragma unroll
             for (int nb = 0; nb < NW; nb += 64) {
                 const bool l = r < ns && nb + cc < N;
-                ssd_mma_cp16(cs + r * LDB + nb + cc, l ? c_src + RS * i * GCN + nb : Cm, l);
+                ssd_mma_cp16(cs + r * LDB + nb + cc, l ? csrc + RS * i * GCN + nb : Cm, l);
             }
         }
-        x_src += ns * HP;
-        c_src += ns * GCN;
     };
-    auto copy_z = [&](int ns) {  // this tile's rows of z
+    auto copy_z = [&](ssm_i64 s0, int ns) {  // this tile's rows of z
+        const T* zsrc = z + ((row + s0 + rr) * H + h) * P + p0 + cc;
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const bool live = rr + RS * i < ns && x_cols;
-            ssd_mma_cp16(zs + (rr + RS * i) * LD + cc, live ? z_src + RS * i * HP : z, live);
+            ssd_mma_cp16(zs + (rr + RS * i) * LD + cc, live ? zsrc + RS * i * HP : z, live);
         }
-        z_src += ns * HP;
     };
 
     ssd_mma_walker next(starts, nc);  // the next tile whose B is copied
     copy_b(next, 0);
-    copy_xc(next.rows(64));
+    copy_xc(next.s0, next.rows(64));
     next.advance(64, starts, nc);
     ssm_cp_commit();
     keep(0);
@@ -972,9 +965,10 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         const int ns = cur.rows(64);
         ssm_cp_wait<0>();
         __syncthreads();  // B1: tile k is the block's; the last tile is done with every buffer
-        if (z) copy_z(ns);
+        if (z) copy_z(cur.s0, ns);
         ssm_cp_commit();  // (z's group first: the epilogue waits for it alone)
         const bool more = next.c < nc;
+        const ssm_i64 s_next = next.s0;  // (x and C follow after B2)
         const int ns_next = more ? next.rows(64) : 0;
         if (more) {
             copy_b(next, k ^ 1);
@@ -1000,7 +994,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             float cb[3][2][4];
 #pragma unroll
             for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
-#pragma unroll
+#pragma unroll 4  // (fully unrolled, ptxas spilled at 168 registers)
             for (int k0 = 0; k0 < NW; k0 += 16) {
                 if (k0 < N) {
 #pragma unroll
@@ -1050,7 +1044,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
         float acc[8][4];
         ssm_mma_zero(acc);
-#pragma unroll
+#pragma unroll 4  // (as above)
         for (int ks = 0; ks < NS / 2; ++ks) {
             if (16 * ks < N) {
                 const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
@@ -1079,7 +1073,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             }
         }
         __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; xs and cs are free
-        if (more) copy_xc(ns_next);
+        if (more) copy_xc(s_next, ns_next);
         ssm_cp_commit();
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -1089,6 +1083,57 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             acc[j][2] *= f0;
             acc[j][3] *= f1;
         }
+        // the diagonal term: y^T's column pairs jp >= ks (s <= t)
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+            for (int jp = ks; jp < 4; ++jp) {
+                if (16 * jp < ns) {  // (then 16 ks < ns too; uniform over the block)
+                    unsigned bf[4];
+                    ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
+                    ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
+                }
+            }
+        }
+
+        // The epilogue in registers (before the state's update: y^T's registers are free
+        // for it): y^T's entry (p, t) of tile j, i is x^T's in xa[j / 2][2 (j % 2) + (i >=
+        // 2)], half i % 2; z^T's likewise from zs.
+        ssd_mma_saddr z_lane = 0;
+        if (z) {
+            ssm_cp_wait<2>();  // z's rows of this tile (B, x, C of the next may be in flight)
+            __syncthreads();  // B3
+            z_lane = ssd_mma_lane_b<LD>(zs, lane);
+        }
+        {
+            T* const orow = out + ((row + cur.s0) * H + h) * P;
+            // D of this thread's columns p = pa, pa + 8 (0 past P and without D; loaded
+            // per tile, from L1: kept, they cost registers)
+            const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
+            const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                unsigned za[4] = {0u, 0u, 0u, 0u};
+                if (z && 16 * ks < ns) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
+#pragma unroll
+                for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int t = 8 * j + 2 * t4 + (i & 1), p = pa + (i >= 2 ? 8 : 0);
+                        const int reg = 2 * (j & 1) + (i >= 2 ? 1 : 0);
+                        float v = acc[j][i] +
+                                  (i >= 2 ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], i & 1);
+                        if (z) {
+                            const float zv = ssd_mma_half<T>(za[reg], i & 1);
+                            v *= zv * ssm_math<float>::sigmoid_fast(zv);
+                        }
+                        if (t < ns && p < P) ssm_store(orow + (ssm_i64)t * HP + p, v);
+                    }
+                }
+            }
+        }
+
+        // S = d S + (w x)^T B
         {
             const float d = tile_d[0];
 #pragma unroll
@@ -1101,15 +1146,6 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 if (16 * ks < ns) {  // uniform over the block
-                    // the diagonal term: y^T's column pairs jp >= ks (s <= t)
-#pragma unroll
-                    for (int jp = ks; jp < 4; ++jp) {
-                        if (16 * jp < ns) {
-                            unsigned bf[4];
-                            ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
-                            ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
-                        }
-                    }
                     unsigned aw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, al[4];
                     ssd_mma_weigh_a<T, false>(aw, al, col_w, 16 * ks, lane);
 #pragma unroll
@@ -1124,35 +1160,6 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             }
         }
         if (cur.last(64)) keep(cur.c + 1);
-
-        // The epilogue in registers: y^T's entry (p, t) of tile j, i is x^T's in
-        // xa[j / 2][2 (j % 2) + (i >= 2)], half i % 2; z^T's likewise from zs.
-        ssd_mma_saddr z_lane = 0;
-        if (z) {
-            ssm_cp_wait<2>();  // z's rows of this tile (B, x, C of the next may be in flight)
-            __syncthreads();  // B3
-            z_lane = ssd_mma_lane_b<LD>(zs, lane);
-        }
-        T* const orow = out + ((row + cur.s0) * H + h) * P;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            unsigned za[4] = {0u, 0u, 0u, 0u};
-            if (z && 16 * ks < ns) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
-#pragma unroll
-            for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int t = 8 * j + 2 * t4 + (i & 1), p = pa + (i >= 2 ? 8 : 0);
-                    const int reg = 2 * (j & 1) + (i >= 2 ? 1 : 0);
-                    float v = acc[j][i] + (i >= 2 ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], i & 1);
-                    if (z) {
-                        const float zv = ssd_mma_half<T>(za[reg], i & 1);
-                        v *= zv * ssm_math<float>::sigmoid_fast(zv);
-                    }
-                    if (t < ns && p < P) ssm_store(orow + (ssm_i64)t * HP + p, v);
-                }
-            }
-        }
     }
     ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
 }

@@ -497,6 +497,17 @@ def test_tensor_core_path_selection(monkeypatch):
     assert [gpu_ssd.mma_state_width(N) for N in (1, 64, 65, 256)] == [64, 64, 128, 128]
 
 
+def test_fused_forward_where_it_fills_the_gpu():
+    """ssd_mma_fwd's rule (MMA_FUSED_FWD = "auto") against the H200 measurements of
+    benchmarks/SSD.md: 396 resident blocks without z (3 per SM), 264 with z; the blocks of
+    the shapes that were timed, and which kernel was faster there."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    faster = {80: False, 160: False, 192: False, 320: True, 400: False, 640: True, 1280: True}
+    assert {b: gpu_ssd.fused_fills(b, 396) for b in faster} == faster
+    assert not gpu_ssd.fused_fills(320, 264)  # the peer row with z
+
+
 def _count_calls(monkeypatch, *methods):
     """Counts the calls of ``_Layout.<method>`` for each method named, in one list (to show
     which path ran): the tensor-core output launches ("out_mma") or the backward's

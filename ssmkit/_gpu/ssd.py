@@ -326,23 +326,46 @@ MMA_STATE_WALK = True
 MMA_WALK_NW = 64
 
 
-# The forward in one kernel (ssd_mma_fwd) where it applies (see uses_mma_fwd); False: the
-# state walk, then the output kernel.
-MMA_FUSED_FWD = True
+# The forward in one kernel (ssd_mma_fwd) where it applies (see uses_mma_fwd): "auto" where
+# its blocks fill the GPU (fused_fills), True wherever it applies, False never (the state
+# walk, then the output kernel).
+MMA_FUSED_FWD = "auto"
+MMA_FWD_BLOCKS = 3  # SSD_MMA_FWD_BLOCKS: ssd_mma_fwd's register bound, in blocks per SM
 
 
 def _address(a) -> int:
     return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
 
 
+def fused_fills(blocks: int, resident: int) -> bool:
+    """Whether ``blocks`` blocks of ``ssd_mma_fwd``, ``resident`` of which fit the GPU at
+    once, make it the faster forward. Each block walks a whole row, so the kernel takes
+    about one walk's time per wave of blocks, resident or not, where the two kernels'
+    time grows with the work (benchmarks/SSD.md, ``ssd_fused_shapes.py``): the one kernel
+    wins where the waves are at least 3/4 full, the last wave at least half full or behind
+    3 whole ones."""
+    waves = blocks / resident
+    whole = int(waves)
+    last = waves - whole
+    return waves >= 0.75 and (last == 0 or last >= 0.5 or whole >= 3)
+
+
 def uses_mma_fwd(p, out) -> bool:
     """Whether the tensor-core forward of problem ``p`` (``uses_mma``) runs as one kernel,
     ``ssd_mma_fwd``: without restarts (no ``seq_idx`` or ``cu_seqlens``), N <= 128, P and N
     multiples of 8, and x, B, C, z and ``out`` 16-byte aligned (its copies and stores move
-    16 bytes)."""
+    16 bytes); with ``MMA_FUSED_FWD = "auto"`` on a GPU, also where its blocks fill the GPU
+    (:func:`fused_fills`; on the host emulation wherever it applies)."""
     if not MMA_FUSED_FWD or p.seq_idx is not None or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 8:
         return False
-    return all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, p.z, out) if a is not None)
+    if not all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, p.z, out) if a is not None):
+        return False
+    if MMA_FUSED_FWD != "auto" or p.xp is np:
+        return True
+    lim = compiler.device_limits()
+    smem = mma_fwd_smem(p.N, p.z is not None) + 1024  # (1 KiB reserved per block)
+    per_sm = min(MMA_FWD_BLOCKS, lim["smem_per_sm"] // smem)
+    return fused_fills(p.batch * p.H * -(-p.P // 64), per_sm * lim["sm_count"])
 
 
 def uses_mma(p) -> bool:

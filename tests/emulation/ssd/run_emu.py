@@ -194,13 +194,14 @@ def walk_matches_two_kernels(p, final):
     widths = (64, 128)  # the state columns n of a block
     fused = gssd.uses_mma_fwd(p, p.x)
     variants = [(False, 64)] + [(True, w) for w in widths] + ([("fused", 0)] if fused else [])
+    saved = gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD
     for walk, nw in variants:
         gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = walk is not False, nw or 64
         gssd.MMA_FUSED_FWD = walk == "fused"
         try:
             y, fin, (states, entering) = gssd.ssd_forward(p, save_checkpoints=True)
         finally:
-            gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD = True, 64, True
+            gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD = saved
         got[walk, nw] = (states, entering.astype(np.float32))
         ys[walk, nw] = y.astype(np.float32)
         # the final states ssd_forward gathered from its checkpoints, against those it kept

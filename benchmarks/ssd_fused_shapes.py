@@ -1,0 +1,60 @@
+"""The 16-bit SSD forward as one kernel (ssd_mma_fwd) against the state walk and the output
+kernel, over shapes: how the one kernel's blocks (one per (batch row, head, 64 columns p),
+each walking the whole row) fill the GPU decides which is faster. Alternating settings in
+one process, CUDA-event medians of back-to-back calls (``timing.cuda_median_ms``). Prints
+one ``SHAPE {json}`` line per shape and a table last.
+
+    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS]
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cupy  # noqa: E402
+
+import ssmkit  # noqa: E402
+from ssmkit._gpu import ssd as gpu_ssd  # noqa: E402
+from bench_ssd import make_inputs  # noqa: E402
+from timing import cuda_median_ms  # noqa: E402
+
+# (batch, L, H, P, N, z): the peer row's H, P, N at several batches and lengths, a smaller
+# model (24 heads), and the peer row with z
+SHAPES = [(1, 4096, 80, 64, 128, False), (2, 4096, 80, 64, 128, False),
+          (4, 4096, 80, 64, 128, False), (5, 4096, 80, 64, 128, False),
+          (8, 4096, 80, 64, 128, False), (4, 1024, 80, 64, 128, False),
+          (4, 16384, 80, 64, 128, False), (16, 1024, 80, 64, 128, False),
+          (8, 2048, 24, 64, 128, False), (4, 4096, 80, 64, 64, False),
+          (4, 4096, 80, 64, 128, True)]
+
+
+def main(rounds=2):
+    rows = []
+    for batch, L, H, P, N, with_z in SHAPES:
+        x = make_inputs(cupy, "bfloat16", batch, L, H, P, 1, N)
+        if with_z:
+            x["z"] = x["x"][:, ::-1].copy()
+        kw = dict(chunk_size=256, dt_softplus=True)
+        best = {}
+        for _ in range(int(rounds)):
+            for fused in (True, False):
+                gpu_ssd.MMA_FUSED_FWD = fused
+                ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5)
+                best[fused] = min(best.get(fused, ms), ms)
+        gpu_ssd.MMA_FUSED_FWD = True
+        row = {"batch": batch, "L": L, "H": H, "P": P, "N": N, "z": with_z,
+               "blocks": batch * H * -(-P // 64), "fused ms": best[True],
+               "two kernels ms": best[False]}
+        rows.append(row)
+        print("SHAPE", json.dumps(row), flush=True)
+        del x
+        cupy.get_default_memory_pool().free_all_blocks()
+    print("| batch | L | H | N | z | blocks | one kernel ms | two kernels ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['batch']} | {r['L']} | {r['H']} | {r['N']} | {r['z']} | {r['blocks']} | "
+              f"{r['fused ms']:.3f} | {r['two kernels ms']:.3f} |")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
