@@ -994,19 +994,17 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             float cb[3][2][4];
 #pragma unroll
             for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
-#pragma unroll 4  // (fully unrolled, ptxas spilled at 168 registers)
+#pragma unroll 2  // (fully unrolled, ptxas spilled at 168 registers)
             for (int k0 = 0; k0 < NW; k0 += 16) {
-                if (k0 < N) {
 #pragma unroll
-                    for (int m = 0; m < 3; ++m) {
-                        int tb, sb;
-                        ssd_mma_lower_block(warp + 4 * m, tb, sb);
-                        if (warp + 4 * m < 10 && 16 * tb < ns) {
-                            unsigned a[4], bf[4];
-                            ssd_mma_load_a<LDB>(a, ca_lane, 16 * tb, k0);
-                            ssd_mma_load_b2<LDB>(bf, b_lane, 16 * sb, k0);
-                            ssd_mma_run2<T>(cb[m][0], cb[m][1], a, bf);
-                        }
+                for (int m = 0; m < 3; ++m) {
+                    int tb, sb;
+                    ssd_mma_lower_block(warp + 4 * m, tb, sb);
+                    if (warp + 4 * m < 10) {
+                        unsigned a[4], bf[4];
+                        ssd_mma_load_a<LDB>(a, ca_lane, 16 * tb, k0);
+                        ssd_mma_load_b2<LDB>(bf, b_lane, 16 * sb, k0);
+                        ssd_mma_run2<T>(cb[m][0], cb[m][1], a, bf);
                     }
                 }
             }
@@ -1044,34 +1042,23 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
         float acc[8][4];
         ssm_mma_zero(acc);
-#pragma unroll 4  // (as above)
+#pragma unroll  // (fully: S is indexed by ks)
         for (int ks = 0; ks < NS / 2; ++ks) {
-            if (16 * ks < N) {
-                const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
-                                       ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
-                                       ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
-                                       ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
+            const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
+                                   ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
+                                   ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
+                                   ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    if (8 * j < ns) {
-                        unsigned bf[4];
-                        ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
-                        ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
-                    }
-                }
+            for (int j = 0; j < 8; j += 2) {
+                unsigned bf[4];
+                ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
+                ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
             }
         }
-        // x^T's fragments, K = s 16 ks .. (zeros past the tile's steps), before xs is free
+        // x^T's fragments, K = s 16 ks .., before xs is free
         unsigned xa[4][4];
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            if (16 * ks < ns) {
-                ssd_mma_load_at<LD>(xa[ks], x_lane, wp, 16 * ks);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) xa[ks][i] = 0u;
-            }
-        }
+        for (int ks = 0; ks < 4; ++ks) ssd_mma_load_at<LD>(xa[ks], x_lane, wp, 16 * ks);
         __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; xs and cs are free
         if (more) copy_xc(s_next, ns_next);
         ssm_cp_commit();
@@ -1088,11 +1075,9 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
             for (int jp = ks; jp < 4; ++jp) {
-                if (16 * jp < ns) {  // (then 16 ks < ns too; uniform over the block)
-                    unsigned bf[4];
-                    ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
-                    ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
-                }
+                unsigned bf[4];
+                ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
+                ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
             }
         }
 
@@ -1114,20 +1099,31 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 unsigned za[4] = {0u, 0u, 0u, 0u};
-                if (z && 16 * ks < ns) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
+                if (z) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
 #pragma unroll
                 for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int t = 8 * j + 2 * t4 + (i & 1), p = pa + (i >= 2 ? 8 : 0);
-                        const int reg = 2 * (j & 1) + (i >= 2 ? 1 : 0);
-                        float v = acc[j][i] +
-                                  (i >= 2 ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], i & 1);
-                        if (z) {
-                            const float zv = ssd_mma_half<T>(za[reg], i & 1);
-                            v *= zv * ssm_math<float>::sigmoid_fast(zv);
+                    for (int hf = 0; hf < 2; ++hf) {  // rows p = pa + 8 hf, steps t0, t0 + 1
+                        const int reg = 2 * (j & 1) + hf;
+                        float v[2];
+#pragma unroll
+                        for (int q = 0; q < 2; ++q) {
+                            v[q] = acc[j][2 * hf + q] +
+                                   (hf ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], q);
+                            if (z) {
+                                const float zv = ssd_mma_half<T>(za[reg], q);
+                                v[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
+                            }
                         }
-                        if (t < ns && p < P) ssm_store(orow + (ssm_i64)t * HP + p, v);
+                        // lanes g and g ^ 1 trade one value, so that an even g stores
+                        // columns p, p + 1 of step t0 and an odd g those of step t0 + 1,
+                        // 4 bytes at a time (P is even)
+                        const bool odd = g & 1;
+                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
+                        const float two[2] = {odd ? got : v[0], odd ? v[1] : got};
+                        const int t = 8 * j + 2 * t4 + (odd ? 1 : 0);
+                        const int p = pa + 8 * hf - (odd ? 1 : 0);
+                        if (t < ns && p < P) ssd_mma_set2(orow + (ssm_i64)t * HP + p, true, true, two);
                     }
                 }
             }
@@ -1145,17 +1141,13 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             const ssd_mma_saddr b_lane = ssd_mma_lane_a<LDB>(bs, lane);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
-                if (16 * ks < ns) {  // uniform over the block
-                    unsigned aw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, al[4];
-                    ssd_mma_weigh_a<T, false>(aw, al, col_w, 16 * ks, lane);
+                unsigned aw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, al[4];
+                ssd_mma_weigh_a<T, false>(aw, al, col_w, 16 * ks, lane);
 #pragma unroll
-                    for (int j = 0; j < NS; j += 2) {
-                        if (8 * j < N) {
-                            unsigned bf[4];
-                            ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, 16 * ks);
-                            ssd_mma_run2<T>(S[j], S[j + 1], aw, bf);
-                        }
-                    }
+                for (int j = 0; j < NS; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_bt2<LDB>(bf, b_lane, 8 * j, 16 * ks);
+                    ssd_mma_run2<T>(S[j], S[j + 1], aw, bf);
                 }
             }
         }
