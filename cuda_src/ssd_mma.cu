@@ -994,7 +994,10 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             float cb[3][2][4];
 #pragma unroll
             for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
-#pragma unroll 2  // (fully unrolled, ptxas spilled at 168 registers)
+            // (fully unrolled: ptxas then spills some of the loop's invariants at NW = 128,
+            // stored before it and reloaded once a tile; unrolled 2, nothing spills and the
+            // forward takes 6% longer, benchmarks/SSD.md)
+#pragma unroll
             for (int k0 = 0; k0 < NW; k0 += 16) {
 #pragma unroll
                 for (int m = 0; m < 3; ++m) {

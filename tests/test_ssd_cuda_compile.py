@@ -107,8 +107,14 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
         entry = report[name]
         assert entry["lowered"].startswith("_Z"), name
         assert "registers" in entry and "spill_stores" in entry, name
-        # Spilled accumulators would go through local memory in the inner loop.
-        assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (name, entry)
+        # Spilled accumulators would go through local memory in the inner loop. The one
+        # exception: ssd_mma_fwd at NW = 128, where ptxas (168 registers, 3 blocks per SM)
+        # spills a few of its walk's invariants before the walk and reloads them once per
+        # 64-step tile (seen in its SASS); the form without spills measured 6% slower
+        # (benchmarks/SSD.md).
+        allowed = 32 if name.startswith("ssd_mma_fwd<") and name.endswith(", 128>") else 0
+        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
+            name, entry)
 
 
 def mma_bwd_names():
