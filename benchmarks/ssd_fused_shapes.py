@@ -4,7 +4,7 @@ each walking the whole row) fill the GPU decides which is faster. Alternating se
 one process, CUDA-event medians of back-to-back calls (``timing.cuda_median_ms``). Prints
 one ``SHAPE {json}`` line per shape and a table last.
 
-    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS]
+    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz]
 """
 import json
 import os
@@ -19,18 +19,22 @@ from bench_ssd import make_inputs  # noqa: E402
 from timing import cuda_median_ms  # noqa: E402
 
 # (batch, L, H, P, N, z): the peer row's H, P, N at several batches and lengths, a smaller
-# model (24 heads), and the peer row with z
+# model (24 heads), N = 64, and some of them with z
 SHAPES = [(1, 4096, 80, 64, 128, False), (2, 4096, 80, 64, 128, False),
           (4, 4096, 80, 64, 128, False), (5, 4096, 80, 64, 128, False),
           (8, 4096, 80, 64, 128, False), (4, 1024, 80, 64, 128, False),
           (4, 16384, 80, 64, 128, False), (16, 1024, 80, 64, 128, False),
           (8, 2048, 24, 64, 128, False), (4, 4096, 80, 64, 64, False),
-          (4, 4096, 80, 64, 128, True)]
+          (4, 4096, 80, 64, 128, True), (2, 4096, 80, 64, 128, True),
+          (8, 4096, 80, 64, 128, True), (16, 1024, 80, 64, 128, True),
+          (8, 2048, 24, 64, 128, True)]
 
 
-def main(rounds=2):
+def main(rounds=2, which="all"):
     rows = []
     for batch, L, H, P, N, with_z in SHAPES:
+        if which != "all" and with_z != (which == "z"):
+            continue
         x = make_inputs(cupy, "bfloat16", batch, L, H, P, 1, N)
         if with_z:
             x["z"] = x["x"][:, ::-1].copy()

@@ -327,8 +327,8 @@ MMA_WALK_NW = 64
 
 
 # The forward in one kernel (ssd_mma_fwd) where it applies (see uses_mma_fwd): "auto" where
-# its blocks fill the GPU (fused_fills), True wherever it applies, False never (the state
-# walk, then the output kernel).
+# it is the faster (fused_faster), True wherever it applies, False never (the state walk,
+# then the output kernel).
 MMA_FUSED_FWD = "auto"
 MMA_FWD_BLOCKS = 3  # SSD_MMA_FWD_BLOCKS: ssd_mma_fwd's register bound, in blocks per SM
 
@@ -337,25 +337,29 @@ def _address(a) -> int:
     return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
 
 
-def fused_fills(blocks: int, resident: int) -> bool:
-    """Whether ``blocks`` blocks of ``ssd_mma_fwd``, ``resident`` of which fit the GPU at
-    once, make it the faster forward. Each block walks a whole row, so the kernel takes
-    about one walk's time per wave of blocks, resident or not, where the two kernels'
-    time grows with the work (benchmarks/SSD.md, ``ssd_fused_shapes.py``): the one kernel
-    wins where the waves are at least 3/4 full, the last wave at least half full or behind
-    3 whole ones."""
-    waves = blocks / resident
+def fused_faster(blocks: int, per_sm: int, sms: int) -> bool:
+    """Whether ``blocks`` blocks of ``ssd_mma_fwd``, ``per_sm`` of which fit a multiprocessor
+    at once (3 without z, 2 with), make it the faster forward on ``sms`` multiprocessors.
+    Each block walks a whole row, so the kernel takes about one walk per wave of resident
+    blocks, a last partial wave about 0.65 to 1 walk (the fewer its blocks, the less they
+    share a multiprocessor); the two kernels' time grows with the work, about 0.69 walk per
+    ``blocks / sms`` (their floor: the state walk's chain, about 0.6). Fitted to the 16
+    shapes timed on the H200 in benchmarks/SSD.md (``ssd_fused_shapes.py``), it picks the
+    faster kernel in 15 and is 4% off in the last."""
+    waves = blocks / (per_sm * sms)
     whole = int(waves)
     last = waves - whole
-    return waves >= 0.75 and (last == 0 or last >= 0.5 or whole >= 3)
+    fused = whole + (0.65 + 0.35 * last if last > 0 else 0.0)
+    two = max(0.6, 0.69 * blocks / sms)
+    return fused < two
 
 
 def uses_mma_fwd(p, out) -> bool:
     """Whether the tensor-core forward of problem ``p`` (``uses_mma``) runs as one kernel,
     ``ssd_mma_fwd``: without restarts (no ``seq_idx`` or ``cu_seqlens``), N <= 128, P and N
     multiples of 8, and x, B, C, z and ``out`` 16-byte aligned (its copies and stores move
-    16 bytes); with ``MMA_FUSED_FWD = "auto"`` on a GPU, also where its blocks fill the GPU
-    (:func:`fused_fills`; on the host emulation wherever it applies)."""
+    16 bytes); with ``MMA_FUSED_FWD = "auto"`` on a GPU, also where it is the faster
+    (:func:`fused_faster`; on the host emulation wherever it applies)."""
     if not MMA_FUSED_FWD or p.seq_idx is not None or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 8:
         return False
     if not all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, p.z, out) if a is not None):
@@ -365,7 +369,7 @@ def uses_mma_fwd(p, out) -> bool:
     lim = compiler.device_limits()
     smem = mma_fwd_smem(p.N, p.z is not None) + 1024  # (1 KiB reserved per block)
     per_sm = min(MMA_FWD_BLOCKS, lim["smem_per_sm"] // smem)
-    return fused_fills(p.batch * p.H * -(-p.P // 64), per_sm * lim["sm_count"])
+    return fused_faster(p.batch * p.H * -(-p.P // 64), per_sm, lim["sm_count"])
 
 
 def uses_mma(p) -> bool:
