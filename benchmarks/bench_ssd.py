@@ -162,8 +162,12 @@ def forward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):
             lambda: lay.state_walk_mma(p), calls=5),
         "ssd_mma_cb": cuda_median_ms(lambda: lay.cb_mma(p), calls=5),
         "ssd_mma_chunk_out": cuda_median_ms(lambda: lay.out_mma(p, entering, y, cb), calls=5),
+        "ssd_mma_fwd (the whole forward in one kernel)": cuda_median_ms(
+            lambda: lay.fwd_mma(p, y, final=final), calls=5),
+        "ssd_mma_fwd, every boundary kept": cuda_median_ms(lambda: lay.fwd_mma(p, y), calls=5),
         **{f"whole forward, {label}": _forward_with_walk(cupy, x, chunk, walk)
-           for walk, label in ((True, "state walk"), (False, "chunk states then passing"))},
+           for walk, label in ((True, "state walk"), (False, "chunk states then passing"),
+                               ("fused", "one kernel"))},
     }
 
 
@@ -181,9 +185,19 @@ def _with_switch(name, value, fn, **timing):
 
 
 def _forward_with_walk(cupy, x, chunk, walk):
-    """Device ms per ssmkit.ssd call with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` set to ``walk``."""
-    return _with_switch("MMA_STATE_WALK", walk,
-                        lambda: ssmkit.ssd(**x, chunk_size=chunk, dt_softplus=True), calls=5)
+    """Device ms per ssmkit.ssd call with ``ssmkit._gpu.ssd.MMA_STATE_WALK`` set to ``walk``
+    and the one-kernel forward off, or (``walk = "fused"``) the one-kernel forward on."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    call = lambda: ssmkit.ssd(**x, chunk_size=chunk, dt_softplus=True)  # noqa: E731
+    if walk == "fused":
+        return _with_switch("MMA_FUSED_FWD", True, call, calls=5)
+    before = gpu_ssd.MMA_FUSED_FWD
+    gpu_ssd.MMA_FUSED_FWD = False
+    try:
+        return _with_switch("MMA_STATE_WALK", walk, call, calls=5)
+    finally:
+        gpu_ssd.MMA_FUSED_FWD = before
 
 
 def backward_stages(cupy, dtype, batch, L, H, P, G, N, chunk):

@@ -39,13 +39,13 @@ def main(rounds=2, which="all"):
         if with_z:
             x["z"] = x["x"][:, ::-1].copy()
         kw = dict(chunk_size=256, dt_softplus=True)
-        best = {}
+        best, before = {}, gpu_ssd.MMA_FUSED_FWD
         for _ in range(int(rounds)):
             for fused in (True, False):
                 gpu_ssd.MMA_FUSED_FWD = fused
                 ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5)
                 best[fused] = min(best.get(fused, ms), ms)
-        gpu_ssd.MMA_FUSED_FWD = True
+        gpu_ssd.MMA_FUSED_FWD = before
         row = {"batch": batch, "L": L, "H": H, "P": P, "N": N, "z": with_z,
                "blocks": batch * H * -(-P // 64), "fused ms": best[True],
                "two kernels ms": best[False]}
