@@ -563,6 +563,46 @@ __device__ __forceinline__ void ssd_mma_tile_pairs(int pa, int na, int P, int N,
         }
 }
 
+// A walk's state S (a warp tile of ssd_mma_tile_pairs: rows pa, pa + 8, columns na + 8 j,
+// + 1) from the P x N matrix at src, or zeros when src is null.
+template <int NT>
+__device__ __forceinline__ void ssd_mma_state_init(float (&S)[NT][4], const float* src, int pa,
+                                                   int na, int P, int N) {
+    ssm_mma_zero(S);
+    if (!src) return;
+    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        S[j][i] = src[o];
+        if (two) S[j][i + 1] = src[o + 1];
+    });
+}
+
+// A walk's state at boundary jb of batch row b, head h, in float32: to states[b, jb, h]
+// (states (batch, nc + 1, H, P, N)) or, with states null, to final[bslot[b, jb], h] when
+// that slot is not -1. pair: N even (entries n, n + 1 as one 8-byte store).
+template <int NT>
+__device__ __forceinline__ void ssd_mma_state_keep(const float (&S)[NT][4], float* states,
+                                                   const int* bslot, float* final, ssm_i64 b,
+                                                   ssm_i64 jb, ssm_i64 nc, int H, int h,
+                                                   int pa, int na, int P, int N, bool pair) {
+    const ssm_i64 PN = (ssm_i64)P * N;
+    float* dst;
+    if (states) {
+        dst = states + ((b * (nc + 1) + jb) * H + h) * PN;
+    } else {
+        const int k = bslot[b * (nc + 1) + jb];
+        if (k < 0) return;
+        dst = final + ((ssm_i64)k * H + h) * PN;
+    }
+    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        if (two && pair) {
+            *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
+        } else {
+            dst[o] = S[j][i];
+            if (two) dst[o + 1] = S[j][i + 1];
+        }
+    });
+}
+
 // Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
 // t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
 struct ssd_mma_walker {
@@ -621,31 +661,9 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
     const int pa = p0 + wp + g, na = n0 + wn + 2 * t;  // this thread's entries (below)
 
     float S[NT][4];
-    ssm_mma_zero(S);
-    if (h0) {
-        const float* src = h0 + bh * PN;
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            S[j][i] = src[o];
-            if (two) S[j][i + 1] = src[o + 1];
-        });
-    }
+    ssd_mma_state_init(S, h0 ? h0 + bh * PN : nullptr, pa, na, P, N);
     auto keep = [&](ssm_i64 jb) {  // the state at boundary jb
-        float* dst;
-        if (states) {
-            dst = states + ((b * (nc + 1) + jb) * H + h) * PN;
-        } else {
-            const int k = bslot[b * (nc + 1) + jb];
-            if (k < 0) return;
-            dst = final + ((ssm_i64)k * H + h) * PN;
-        }
-        ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            if (two && pair) {
-                *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
-            } else {
-                dst[o] = S[j][i];
-                if (two) dst[o + 1] = S[j][i + 1];
-            }
-        });
+        ssd_mma_state_keep(S, states, bslot, final, b, jb, nc, H, h, pa, na, P, N, pair);
     };
 
     // Copies of a stage into buffer k. With vec, thread tid copies 8 columns cc of rows
@@ -872,30 +890,9 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const int pa = p0 + wp + g, na = 2 * t4;  // this thread's state entries
 
     float S[NS][4];
-    ssm_mma_zero(S);
-    if (h0) {
-        const float* src = h0 + bh * PN;
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            S[j][i] = src[o];
-            if (two) S[j][i + 1] = src[o + 1];
-        });
-    }
-    auto keep = [&](ssm_i64 jb) {  // the state at boundary jb
-        float* dst;
-        if (states) {
-            dst = states + ((b * (nc + 1) + jb) * H + h) * PN;
-        } else {
-            const int k = bslot[b * (nc + 1) + jb];
-            if (k < 0) return;
-            dst = final + ((ssm_i64)k * H + h) * PN;
-        }
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            if (two) {  // (N even)
-                *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], S[j][i + 1]}};
-            } else {
-                dst[o] = S[j][i];
-            }
-        });
+    ssd_mma_state_init(S, h0 ? h0 + bh * PN : nullptr, pa, na, P, N);
+    auto keep = [&](ssm_i64 jb) {  // the state at boundary jb (N even)
+        ssd_mma_state_keep(S, states, bslot, final, b, jb, nc, H, h, pa, na, P, N, true);
     };
 
     // Copies of the rows s0 + rr + 16 i of a tile (ns steps): thread tid copies their 8
