@@ -26,7 +26,11 @@ Forward
     along each row's chunks, the state in registers (``ssd_mma_state_walk``;
     ``MMA_STATE_WALK = False`` runs ``ssd_mma_chunk_state`` then ``ssd_state_passing``),
     step 4 in ``ssd_mma_chunk_out``, which reads each chunk's C B^T from ``ssd_mma_cb``,
-    made once for all the heads that share B and C; every option supported.
+    made once for all the heads that share B and C; every option supported. Without
+    restarts (no ``seq_idx`` or ``cu_seqlens``), N <= 128 and 16-byte aligned rows, steps 2
+    to 4 are one kernel instead, ``ssd_mma_fwd``: one walk per (row, head, 64 columns p),
+    the state in registers, C B^T and the outputs made per 64-step tile; where it is the
+    faster by the estimate of :func:`fused_faster` (``MMA_FUSED_FWD``).
     ``SSMKIT_SSD_MMA=0`` in the environment selects the CUDA-core kernels for every call
     (to compare the two). The per-chunk passes over (batch, L, H) arrays (``ssd_chunk_dt``
     and, in the backward, ``ssd_chunk_cumsum`` and ``ssd_bwd_dt``) take a block per (row,
