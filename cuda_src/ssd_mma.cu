@@ -603,6 +603,20 @@ __device__ __forceinline__ void ssd_mma_state_keep(const float (&S)[NT][4], floa
     });
 }
 
+// A walk's state entering chunk c of batch row b, head h, rounded to T, to entering[b, c,
+// h] (entering (batch, nc, H, P, N)). pair: N even.
+template <typename T, int NT>
+__device__ __forceinline__ void ssd_mma_state_enter(const float (&S)[NT][4], T* entering,
+                                                    ssm_i64 b, ssm_i64 c, ssm_i64 nc, int H,
+                                                    int h, int pa, int na, int P, int N,
+                                                    bool pair) {
+    T* dst = entering + ((b * nc + c) * H + h) * ((ssm_i64)P * N);
+    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        const float v[2] = {S[j][i], S[j][i + 1]};
+        ssd_mma_set2(dst + o, two && pair, two, v);
+    });
+}
+
 // Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
 // t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
 struct ssd_mma_walker {
@@ -758,11 +772,7 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
         issue((k + WB - 1) % WB);
         ssm_cp_commit();
         if (cur.first) {  // the state entering the chunk, in 16 bits; then d_c S
-            T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
-            ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-                const float v[2] = {S[j][i], S[j][i + 1]};
-                ssd_mma_set2(dst + o, two && pair, two, v);
-            });
+            ssd_mma_state_enter(S, entering, b, cur.c, nc, H, h, pa, na, P, N, pair);
             const float d = ds[k];
 #pragma unroll
             for (int j = 0; j < NT; ++j)
@@ -818,10 +828,10 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 //       the row decays exp(cum_t - cum_b), column weights exp(cum_e - cum_s) dt'_s, the
 //       tile's decay; y^T = S C^T;
 //   B2  C and x of tile k + 1 go in flight; y^T's columns times their row decays;
-//       y^T += x^T W^T; S = d S + (w x)^T B; (chunk end) S kept;
-//   (z: its rows landed, B3) + D x, * silu(z) in registers, stored 2 bytes at a time.
+//       y^T += x^T W^T; (z: its rows landed, B3) + D x, * silu(z) in registers, two
+//       columns of a step stored at a time; S = d S + (w x)^T B; (chunk end) S kept.
 // Grid: (batch * H * ceil(P / 64)) blocks of 128 threads; dynamic shared memory
-// ssd_mma_fwd_layout<NW>::bytes(z). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// ssd_mma_fwd_layout<NW>::BYTES (BYTES_Z with z). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final
 // (slots, H, P, N); 64-bit offsets.
 // --------------------------------------------------------------------------------------
@@ -972,13 +982,8 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             next.advance(64, starts, nc);
         }
         ssm_cp_commit();
-        if (cur.first && entering) {  // the state entering the chunk, in T
-            T* dst = entering + ((b * nc + cur.c) * H + h) * PN;
-            ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-                const float v[2] = {S[j][i], S[j][i + 1]};
-                ssd_mma_set2(dst + o, two, two, v);
-            });
-        }
+        if (cur.first && entering)  // the state entering the chunk, in T
+            ssd_mma_state_enter(S, entering, b, cur.c, nc, H, h, pa, na, P, N, true);
         const unsigned short* bs = bs_at(k);
         const float* cv = vals_at(k);
         const float* dv = cv + 68;

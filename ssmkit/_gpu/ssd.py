@@ -373,7 +373,12 @@ def uses_mma_fwd(p, out) -> bool:
     lim = compiler.device_limits()
     smem = mma_fwd_smem(p.N, p.z is not None) + 1024  # (1 KiB reserved per block)
     per_sm = min(MMA_FWD_BLOCKS, lim["smem_per_sm"] // smem)
-    return fused_faster(p.batch * p.H * -(-p.P // 64), per_sm, lim["sm_count"])
+    return fused_faster(_fwd_blocks(p), per_sm, lim["sm_count"])
+
+
+def _fwd_blocks(p) -> int:
+    """``ssd_mma_fwd``'s grid: a block per (batch row, head, 64 columns p)."""
+    return p.batch * p.H * -(-p.P // 64)
 
 
 def uses_mma(p) -> bool:
@@ -805,7 +810,7 @@ class _Layout:
         if final is None:
             states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
             entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        _launch(mma_fwd_name(self.io, p.N), (p.batch * p.H * -(-p.P // 64),),
+        _launch(mma_fwd_name(self.io, p.N), (_fwd_blocks(p),),
                 (p.x, p.B, p.C, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
                  out, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
@@ -892,12 +897,16 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS)
         return None if part is None else _sum_runs(p.xp, part)
 
-    def _head_runs(self, p, groups, V):
-        """The launch of a product over each of ``groups`` groups' heads (one head per group
-        when groups = H), in runs: blocks per run, runs (head_splits) and the runs' partials
-        (splits, batch, L, groups, V) in the compute dtype, for :func:`_sum_runs`."""
+    def _runs(self, p, groups):
+        """A product over each of ``groups`` groups' heads (one head per group when groups
+        = H), in runs: blocks per run and runs (head_splits)."""
         blocks = p.batch * groups * self.nc * self.mma_tiles
-        splits = head_splits(blocks, p.H // groups)
+        return blocks, head_splits(blocks, p.H // groups)
+
+    def _head_runs(self, p, groups, V):
+        """The launch of :meth:`_runs` and the runs' partials (splits, batch, L, groups, V)
+        in the compute dtype, for :func:`_sum_runs`."""
+        blocks, splits = self._runs(p, groups)
         part = p.xp.empty((splits, p.batch, p.L, groups, V), dtype=p.compute_dtype)
         return blocks, splits, part
 
@@ -929,7 +938,7 @@ class _Layout:
         """The buffer of dC's summed blocks for dB (float32, per run of heads and tile pair,
         64 x 64 each; see ssd_mma_chunk_dc's gs)."""
         G = p.C.shape[2]
-        splits = head_splits(p.batch * G * self.nc * self.mma_tiles, p.H // G)
+        _, splits = self._runs(p, G)
         pairs = self.mma_tiles * (self.mma_tiles + 1) // 2
         return p.xp.empty((p.batch, G, splits, self.nc, pairs, 64, 64), dtype=np.float32)
 
