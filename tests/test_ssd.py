@@ -510,6 +510,35 @@ def test_fused_forward_where_it_is_faster():
     assert {k: gpu_ssd.fused_faster(*k, 132) for k in faster} == faster
 
 
+def test_float32_kernel_chunk():
+    """float32 x runs chunks of at most F32_MAX_CHUNK (128) steps on the GPU; the 16-bit
+    paths, float64 and shorter chunks keep the caller's."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    assert gpu_ssd.F32_MAX_CHUNK == 128
+    got = {(q, io): gpu_ssd.kernel_chunk(q, io)
+           for q in (1, 100, 128, 129, 256, 1000) for io in ("float32", "bfloat16", "float64")}
+    for (q, io), k in got.items():
+        assert k == (min(q, 128) if io == "float32" else q), (q, io, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("L, chunk", [(300, 256), (129, 1000), (256, 200), (1, 256)])
+def test_float32_runs_chunks_of_128(L, chunk):
+    """float32 with chunk_size above 128: the VJP keeps a state every 128 steps (and at the
+    end), and the outputs, final states and gradients match the reference."""
+    batch, H, P, G, N = 2, 4, 16, 2, 32
+    inputs = make_inputs(np.random.default_rng(L + chunk), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, with_init=True)
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    arrays, _ = cast(inputs, "float32", xp_for("gpu"))
+    _, pullback = ssmkit.ssd_vjp(**arrays, **opts)
+    states = pullback.residuals["checkpoints"][0]
+    assert states.shape == (batch, -(-L // 128) + 1, H, P, N)
+    check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(chunk))
+
+
 def _count_calls(monkeypatch, *methods):
     """Counts the calls of ``_Layout.<method>`` for each method named, in one list (to show
     which path ran): the tensor-core output launches ("out_mma") or the backward's

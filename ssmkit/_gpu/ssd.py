@@ -19,7 +19,8 @@ Forward
     arithmetic on sm_80 and later they run on tensor cores instead (``ssd_chunk_mm_tc``,
     ``ssd_chunk_state_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0`` keeps
     them on the CUDA cores).
-    The chunks are cut every ``chunk_size`` steps and at every end of a packed
+    The chunks are cut every ``kernel_chunk(chunk_size)`` steps (at most
+    ``F32_MAX_CHUNK`` for float32 x, else ``chunk_size``) and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
     For float16/bfloat16 x with B, C of the same dtype and P <= 128, steps 2 to 4
     run on tensor cores instead (``cuda_src/ssd_mma.cu``): steps 2 and 3 in one walk
@@ -173,6 +174,19 @@ def _mm_args(kind: str, io: str, bc: str) -> tuple:
 def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
     types, flags = _mm_args(kind, io, bc)
     return f"ssd_chunk_mm<{types}, {_CTYPE[_COMPUTE[io]]}, {flags}, {vm}>"
+
+
+# float32 x runs chunks of at most this many steps: its chunk products (3 x TF32, or the
+# CUDA cores) cost in proportion to the chunk, the state passing and the boundary states in
+# inverse proportion, and at the peer shape 128 beats 256 and 64 (SSD.md, "float32 at chunks
+# of 128"). The result does not depend on the chunk beyond rounding; the VJP keeps a state
+# every F32_MAX_CHUNK steps. The 16-bit paths are fastest at 256 and take the caller's chunk.
+F32_MAX_CHUNK = 128
+
+
+def kernel_chunk(chunk_size: int, io: str) -> int:
+    """The chunk the kernels run for the caller's ``chunk_size`` and x's dtype ``io``."""
+    return min(chunk_size, F32_MAX_CHUNK) if io == "float32" else chunk_size
 
 
 # ssd_chunk_mm_tc: the float chunk products on tensor cores (3 x TF32); a block per 64 rows
@@ -634,7 +648,7 @@ class _Layout:
         cp = p.xp
         self.io, self.bc, self.ct = _check(p)
         L = p.L
-        self.Q = min(p.chunk_size, L)
+        self.Q = min(kernel_chunk(p.chunk_size, self.io), L)
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
          self.final_slots, last) = _boundaries(p, self.Q)
         # each row's final state is its state at the last boundary, in slot = row, and there
