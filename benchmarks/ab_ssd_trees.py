@@ -1,6 +1,7 @@
 """Time the SSD peer configuration (bfloat16, batch 4, L 4096, H 80, P 64, G 1, N 128, chunk
 256) of the tree this runs in, for A/B runs of several trees in one GPU session: the forward
-(back-to-back and one-call latency, without and with z), forward+backward, and the forward's
+(back-to-back and one-call latency, without and with z), forward+backward (without and
+with z), and the forward's
 stages as that tree's ``bench_ssd.forward_stages`` times them. Prints one ``ABROW {json}``
 line.
 
@@ -31,14 +32,15 @@ def main(label, dtype=PEER[0]):
     xz = dict(x, z=x["x"][:, ::-1].copy())
     dy = cupy.ones_like(x["x"])
 
-    def fwd_bwd():
-        _, pullback = ssmkit.ssd_vjp(**x, **kw)
+    def fwd_bwd(inputs=x):
+        _, pullback = ssmkit.ssd_vjp(**inputs, **kw)
         pullback(dy)
 
     row["fwd b2b"] = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5)
     row["fwd latency"] = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw))
     row["fwd b2b with z"] = cuda_median_ms(lambda: ssmkit.ssd(**xz, **kw), calls=5)
     row["fwd+bwd b2b"] = cuda_median_ms(fwd_bwd, reps=5, calls=3)
+    row["fwd+bwd b2b with z"] = cuda_median_ms(lambda: fwd_bwd(xz), reps=5, calls=3)
     if dtype in ("bfloat16", "float16"):  # the tensor-core forward's stages
         row.update(forward_stages(cupy, *config, CHUNK))
     print("ABROW", json.dumps({k: round(v, 4) if isinstance(v, float) else v

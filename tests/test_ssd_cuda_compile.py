@@ -26,7 +26,7 @@ def representative_names():
         names.append(ssd.mm_name("y", io, bc, ssd.column_groups(64, "float32")))
         names.append(ssd.kernel_names(io, bc, mm_kinds=())[4])  # forward chunk state
         names += [n for n in ssd.kernel_names(io, bc, mm_kinds=())
-                  if n.startswith(("ssd_diag_cb", "ssd_chunk_cb", "ssd_bwd_rows",
+                  if n.startswith(("ssd_diag_cb", "ssd_chunk_cb", "ssd_bwd_rows", "ssd_bwd_gate",
                                    "ssd_sum_parts"))]
     for kind, V in (("ycore", 64), ("GB", 64), ("dB", 128), ("dC", 128)):
         names.append(ssd.mm_name(kind, "float32", "float32", ssd.column_groups(V, "float32")))

@@ -259,7 +259,7 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
              f"ssd_adjoint_passing<{CT}>",
              state_name(io, bc, False), state_name(io, bc, True),
              f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}, {CT}>", f"ssd_diag_cb<{TB}, {CT}>",
-             f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>"]
+             f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>", f"ssd_bwd_gate<{T}, {CT}>"]
     if TB != CT:  # dB, dC of the tensor-core backward, summed straight into B's dtype
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
     if ct == "float32":
@@ -1263,18 +1263,10 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     else:
         cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
         ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd), cb=cbc)
-        dyc = dy.astype(cd, copy=False)
-        dz = None
         if p.z is not None:
-            zc = p.z.astype(cd)
-            xc = p.x.astype(cd, copy=False)
-            y_pre = ycore + (p.D[None, None] * xc if p.D is not None else 0)
-            sg = 1 / (1 + cp.exp(-zc))
-            dz = (dyc * y_pre * sg * (1 + zc * (1 - sg))).astype(p.io_dtype)
-            dY = dyc * zc * sg
+            dz, dY = _bwd_gate(p, lay, dy, ycore)
         else:
-            dY = dyc
-        dY = cp.ascontiguousarray(dY, dtype=cd)
+            dz, dY = None, cp.ascontiguousarray(dy, dtype=cd)
         dHx, dinit, end_dot = _adjoint_passing(
             p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal, dot_with=states,
             dot_shift=1)
@@ -1328,6 +1320,21 @@ def _bwd_rows(p, lay, GB, dY, ycore):
              _ptr(out["dD_part"]), np.int64(steps), np.int32(p.H), np.int32(p.P),
              np.int32(ROW_STEPS)), threads=ROW_THREADS)
     return out
+
+
+def _bwd_gate(p, lay, dy, ycore):
+    """dz (the input dtype) and dY = dLoss/d(output before the gate) (the compute dtype),
+    both (batch, L, H, P), in one pass over dy, z, x and ycore (``ssd_bwd_gate``)."""
+    cp = p.xp
+    dz = cp.empty(p.x.shape, dtype=p.io_dtype)
+    dY = cp.empty(p.x.shape, dtype=p.compute_dtype)
+    rows, hp = p.batch * p.L, p.H * p.P
+    # blocks of THREADS columns, enough for several waves of the GPU; each block walks its
+    # rows gridDim.x apart (and its columns gridDim.y * THREADS apart)
+    grid = (min(rows, 8192), min(-(-hp // THREADS), 65535))
+    _launch(f"ssd_bwd_gate<{_CTYPE[lay.io]}, {_CTYPE[lay.ct]}>", grid,
+            (dy, p.z, p.x, ycore, _ptr(p.D), dz, dY, np.int64(rows), np.int64(hp)))
+    return dz, dY
 
 
 def _bwd_dt(p, lay, dcum, xGB):

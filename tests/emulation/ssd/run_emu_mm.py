@@ -5,7 +5,7 @@ __syncthreads), every product kind (y with D and z, ycore, GB, dB, dC), float an
 every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts (a length-1
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
 multiples of the stage or of the column group) and head groups of U, W and Vv; and the
-backward's per-step pass ssd_bwd_rows, the chunk states ssd_chunk_state (both forms) and
+backward's per-step pass ssd_bwd_rows and its gate pass ssd_bwd_gate, the chunk states ssd_chunk_state (both forms) and
 the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt, and
 ssd_diag_cb against NumPy (all cases, with no arguments).
 
@@ -31,6 +31,8 @@ CB_PTRS = "const T*,const T*,const ssm_i64*,T*".split(",")
 CB_SCALARS = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".split(",")
 ROWS_SCALARS = ["ssm_i64", "int", "int", "int"]
+GATE_PTRS = "const T*,const T*,const T*,const T*,const T*,T*,T*".split(",")
+GATE_SCALARS = ["ssm_i64", "ssm_i64"]
 # ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc (dB and dC summed over heads)
 HB_PTRS = "const T*,const T*,const T*,const T*,const int*,const ssm_i64*,T*".split(",")
 HB_SCALARS = ["ssm_i64", "int", "int", "ssm_i64", "int", "int", "int", "ssm_i64"]
@@ -74,6 +76,7 @@ def kernels():
             out["hb"] = (gssd.hblocks_name(io), T, HB_PTRS, HB_SCALARS)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
+        out[f"gate_{io}"] = (f"ssd_bwd_gate<{T}, {T}>", T, GATE_PTRS, GATE_SCALARS)
         for adj in ("false", "true"):
             out[f"state_{io}_{adj}"] = (f"ssd_chunk_state<{T}, {T}, {T}, {adj}>", T, STATE_PTRS,
                                         STATE_SCALARS)
@@ -334,6 +337,29 @@ def run_rows(lib, i):
     return ok
 
 
+# ssd_bwd_gate: (io, rows = batch * L, H * P, with D, grid): grids smaller than the arrays,
+# so that blocks walk several rows and columns
+GATE_CASES = [("float32", 1, 1, True, (1, 1)), ("float32", 37, 600, True, (5, 2)),
+              ("float32", 9, 64, False, (9, 1)), ("float64", 20, 300, True, (3, 1))]
+
+
+def run_gate(lib, i):
+    io, rows, hp, with_d, (gx, gy) = GATE_CASES[i]
+    T, dt = IO[io]
+    rng = np.random.default_rng(250 + i)
+    a = lambda *s: (2 * rng.standard_normal(s)).astype(dt)
+    dy, z, x, ycore = a(rows, hp), a(rows, hp), a(rows, hp), a(rows, hp)
+    D = a(hp) if with_d else None
+    dz, dY = np.full((rows, hp), np.nan, dt), np.full((rows, hp), np.nan, dt)
+    launch(lib, f"emu_gate_{io}", gx, [dy, z, x, ycore, D, dz, dY], [rows, hp], grid_y=gy)
+    f = lambda v: v.astype(np.float64)
+    sg = 1 / (1 + np.exp(-f(z)))
+    y_pre = f(ycore) + (f(D)[None] * f(x) if with_d else 0)
+    tol = 2e-6 if io == "float32" else 1e-13
+    ok = check(f"gate {i} {io} dz", dz, f(dy) * y_pre * sg * (1 + f(z) * (1 - sg)), tol)
+    return check(f"gate {i} {io} dY", dY, f(dy) * f(z) * sg, tol) and ok
+
+
 # ssd_chunk_state: (io, batch, L, chunk, seq ends or None, H, GY, P, N)
 STATE_CASES = [("float32", 1, 1, 64, None, 1, 1, 1, 1),
                ("float32", 2, 150, 64, [40, 41, 100], 2, 1, 64, 128),
@@ -515,6 +541,7 @@ def main(argv):
     ok = all([run_case(lib, i) for i in which])
     if not argv:
         ok = all([run_rows(lib, i) for i in range(len(ROW_CASES))]) and ok
+        ok = all([run_gate(lib, i) for i in range(len(GATE_CASES))]) and ok
         ok = all([run_state(lib, i) for i in range(len(STATE_CASES))]) and ok
         ok = all([run_chunk_dt(lib, i) for i in range(len(CHUNK_DT_CASES))]) and ok
         ok = all([run_runs(lib, i) for i in range(len(RUN_CASES))]) and ok
