@@ -82,6 +82,16 @@ def np_bwd_rows(args):
         part[...] = 0
         part[0] = (f(dY) * f(X)).reshape(-1, int(H), int(P)).sum(0)
 
+def np_bwd_gate(args):
+    """ssd_bwd_gate (the gate's backward; its kernel text is checked by run_emu_mm.py): dz and
+    dY from dy, z, x and ycore."""
+    dy, z, X, ycore, D, dz, dY, _, _ = args
+    f = lambda a: np.asarray(a).astype(np.float64)
+    sg = 1 / (1 + np.exp(-f(z)))
+    y_pre = f(ycore) + (0 if NULL(D) else f(D) * f(X))
+    dz[...] = (f(dy) * y_pre * sg * (1 + f(z) * (1 - sg))).astype(dz.dtype)
+    dY[...] = (f(dy) * f(z) * sg).astype(dY.dtype)
+
 calls = []
 _base = gssd._launch
 def launch(name, grid, args, **kw):
@@ -96,6 +106,8 @@ def launch(name, grid, args, **kw):
         return None
     if name.startswith("ssd_bwd_rows<"):
         return np_bwd_rows(args)
+    if name.startswith("ssd_bwd_gate<"):
+        return np_bwd_gate(args)
     return _base(name, grid, args, **kw)
 gssd._launch = launch
 
