@@ -820,18 +820,18 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // Each warp holds y transposed (16 p x 64 t accumulators), so that S's accumulators,
 // rounded to T, are the A fragments of y^T = S C^T, and x^T's fragments (loaded once per
 // tile) serve the diagonal term, the state's update (weighted) and the epilogue's D x (they
-// have the accumulators' layout). Per tile (shared memory for 3 blocks per SM without z:
-// B and the chunk sums in two stages, x, C, z and the weighted block W in one):
-//   B1  (tile k landed) z's rows of this tile, then B and the chunk sums of tile k + 1, go
-//       in flight; x^T's fragments; the 10 16 x 16 blocks of C B^T on and below the
-//       diagonal (K = n), 2 or 3 per warp, masked, weighted and rounded to T into W[t][s];
-//       the row decays exp(cum_t - cum_b), column weights exp(cum_e - cum_s) dt'_s, the
-//       tile's decay; y^T = S C^T;
+// have the accumulators' layout). Per tile (shared memory for 3 blocks per SM: B and the
+// chunk sums in two stages, x, C and the weighted block W in one; z is not staged):
+//   B1  (tile k landed) B and the chunk sums of tile k + 1 go in flight, and z's rows of
+//       tile k + 1 into L2; x^T's fragments; the 10 16 x 16 blocks of C B^T on and below
+//       the diagonal (K = n), 2 or 3 per warp, masked, weighted and rounded to T into
+//       W[t][s]; the row decays exp(cum_t - cum_b), column weights exp(cum_e - cum_s) dt'_s,
+//       the tile's decay; y^T = S C^T;
 //   B2  C and x of tile k + 1 go in flight; y^T's columns times their row decays;
-//       y^T += x^T W^T; (z: its rows landed, B3) + D x, * silu(z) in registers, two
+//       y^T += x^T W^T; + D x, * silu(z) in registers (z read where y is stored), two
 //       columns of a step stored at a time; S = d S + (w x)^T B; (chunk end) S kept.
 // Grid: (batch * H * ceil(P / 64)) blocks of 128 threads; dynamic shared memory
-// ssd_mma_fwd_layout<NW>::BYTES (BYTES_Z with z). h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
+// ssd_mma_fwd_layout<NW>::BYTES. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final
 // (slots, H, P, N); 64-bit offsets.
 // --------------------------------------------------------------------------------------
@@ -842,15 +842,13 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 template <int NW>
 struct ssd_mma_fwd_layout {  // byte offsets into the dynamic shared memory
     static constexpr int LDB = NW + 8;
-    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // x[s][p], W[t][s], z[t][p]
+    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // x[s][p], W[t][s]
     static constexpr int BB = 64 * LDB * 2;         // B[s][n] or C[t][n]
     static constexpr int VB = 132 * 4;              // cum_s[64], cum_b, (pad), dt'_s[64]
     static constexpr int BS = 0, VS = 2 * BB, CS = VS + 2 * VB, XS = CS + BB, WS = XS + XB;
     static constexpr int FS = WS + XB;    // row decays[64], column weights[64], tile decay
-    static constexpr int ZS = FS + 132 * 4;
-    static constexpr int BYTES = ZS;      // without z
-    static constexpr int BYTES_Z = ZS + XB;
-    static_assert(VS % 16 == 0 && CS % 16 == 0 && XS % 16 == 0 && ZS % 16 == 0, "aligned");
+    static constexpr int BYTES = FS + 132 * 4;
+    static_assert(VS % 16 == 0 && CS % 16 == 0 && XS % 16 == 0 && BYTES % 16 == 0, "aligned");
 };
 
 // The 16 x 16 blocks (tb, sb), sb <= tb, of a 64 x 64 tile: block i of 10, in rows.
@@ -881,7 +879,6 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     unsigned short* const cs = reinterpret_cast<unsigned short*>(sm + LY::CS);
     unsigned short* const xs = reinterpret_cast<unsigned short*>(sm + LY::XS);
     unsigned short* const ws = reinterpret_cast<unsigned short*>(sm + LY::WS);
-    unsigned short* const zs = reinterpret_cast<unsigned short*>(sm + LY::ZS);
     float* const row_f = reinterpret_cast<float*>(sm + LY::FS);  // exp(cum_t - cum_b)
     float* const col_w = row_f + 64;                              // exp(cum_e - cum_s) dt'_s
     float* const tile_d = row_f + 128;                            // exp(cum_e - cum_b)
@@ -947,18 +944,15 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             }
         }
     };
-    auto copy_z = [&](ssm_i64 s0, int ns) {  // this tile's rows of z
-        const T* zsrc = z + ((row + s0 + rr) * H + h) * P + p0 + cc;
-#pragma unroll
-        for (int i = 0; i < 64 / RS; ++i) {
-            const bool live = rr + RS * i < ns && x_cols;
-            ssd_mma_cp16(zs + (rr + RS * i) * LD + cc, live ? zsrc + RS * i * HP : z, live);
-        }
+    auto prefetch_z = [&](ssm_i64 s0, int ns) {  // a tile's rows of z, into L2
+        ssm_prefetch_rows(z + ((row + s0) * H + h) * P + p0, HP, ns, P - p0 < 64 ? P - p0 : 64, tid,
+                          THREADS);
     };
 
     ssd_mma_walker next(starts, nc);  // the next tile whose B is copied
     copy_b(next, 0);
     copy_xc(next.s0, next.rows(64));
+    if (z) prefetch_z(next.s0, next.rows(64));
     next.advance(64, starts, nc);
     ssm_cp_commit();
     keep(0);
@@ -972,13 +966,12 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         const int ns = cur.rows(64);
         ssm_cp_wait<0>();
         __syncthreads();  // B1: tile k is the block's; the last tile is done with every buffer
-        if (z) copy_z(cur.s0, ns);
-        ssm_cp_commit();  // (z's group first: the epilogue waits for it alone)
         const bool more = next.c < nc;
         const ssm_i64 s_next = next.s0;  // (x and C follow after B2)
         const int ns_next = more ? next.rows(64) : 0;
         if (more) {
             copy_b(next, k ^ 1);
+            if (z) prefetch_z(s_next, ns_next);  // (read by the next tile's epilogue)
             next.advance(64, starts, nc);
         }
         ssm_cp_commit();
@@ -1088,23 +1081,35 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
 
         // The epilogue in registers (before the state's update: y^T's registers are free
         // for it): y^T's entry (p, t) of tile j, i is x^T's in xa[j / 2][2 (j % 2) + (i >=
-        // 2)], half i % 2; z^T's likewise from zs.
-        ssd_mma_saddr z_lane = 0;
-        if (z) {
-            ssm_cp_wait<2>();  // z's rows of this tile (B, x, C of the next may be in flight)
-            __syncthreads();  // B3
-            z_lane = ssd_mma_lane_b<LD>(zs, lane);
-        }
+        // 2)], half i % 2. z is read from global memory (L2: prefetched a tile ahead), two
+        // columns of a step at a time where they are stored: a shared buffer for it would
+        // leave room for 2 blocks per SM, not 3.
         {
-            T* const orow = out + ((row + cur.s0) * H + h) * P;
+            const ssm_i64 o0 = ((row + cur.s0) * H + h) * P;
+            T* const orow = out + o0;
             // D of this thread's columns p = pa, pa + 8 (0 past P and without D; loaded
             // per tile, from L1: kept, they cost registers)
             const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
             const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+            // lanes g and g ^ 1 trade one value, so that an even g stores columns p, p + 1 of
+            // step t0 and an odd g those of step t0 + 1, 4 bytes at a time (P is even)
+            const bool odd = g & 1;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
-                unsigned za[4] = {0u, 0u, 0u, 0u};
-                if (z) ssd_mma_load_at<LD>(za, z_lane, wp, 16 * ks);
+                // z at this ks's stores (issued together, ahead of their use; 0 where none)
+                unsigned zp[2][2] = {{0u, 0u}, {0u, 0u}};
+                if (z) {
+#pragma unroll
+                    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                        for (int hf = 0; hf < 2; ++hf) {
+                            const int t = 8 * (2 * ks + jj) + 2 * t4 + (odd ? 1 : 0);
+                            const int p = pa + 8 * hf - (odd ? 1 : 0);
+                            if (t < ns && p < P)
+                                zp[jj][hf] = *reinterpret_cast<const unsigned*>(
+                                    z + o0 + (ssm_i64)t * HP + p);
+                        }
+                }
 #pragma unroll
                 for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
 #pragma unroll
@@ -1112,20 +1117,18 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                         const int reg = 2 * (j & 1) + hf;
                         float v[2];
 #pragma unroll
-                        for (int q = 0; q < 2; ++q) {
+                        for (int q = 0; q < 2; ++q)
                             v[q] = acc[j][2 * hf + q] +
                                    (hf ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], q);
-                            if (z) {
-                                const float zv = ssd_mma_half<T>(za[reg], q);
-                                v[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
+                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
+                        float two[2] = {odd ? got : v[0], odd ? v[1] : got};
+                        if (z) {
+#pragma unroll
+                            for (int q = 0; q < 2; ++q) {
+                                const float zv = ssd_mma_half<T>(zp[j & 1][hf], q);
+                                two[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
                             }
                         }
-                        // lanes g and g ^ 1 trade one value, so that an even g stores
-                        // columns p, p + 1 of step t0 and an odd g those of step t0 + 1,
-                        // 4 bytes at a time (P is even)
-                        const bool odd = g & 1;
-                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
-                        const float two[2] = {odd ? got : v[0], odd ? v[1] : got};
                         const int t = 8 * j + 2 * t4 + (odd ? 1 : 0);
                         const int p = pa + 8 * hf - (odd ? 1 : 0);
                         if (t < ns && p < P) ssd_mma_set2(orow + (ssm_i64)t * HP + p, true, true, two);

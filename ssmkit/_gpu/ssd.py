@@ -315,13 +315,13 @@ def mma_fwd_name(io: str, N: int) -> str:
     return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}>"
 
 
-def mma_fwd_smem(N: int, z: bool) -> int:
-    """Dynamic shared memory of ``ssd_mma_fwd`` (``ssd_mma_fwd_layout<NW>::BYTES``, or
-    ``BYTES_Z`` with z): B (64 x (NW + 8) 16-bit values) and 132 floats in two stages, C,
-    x and the weighted block (64 x 72) in one, 132 floats, and with z its rows (64 x 72)."""
+def mma_fwd_smem(N: int) -> int:
+    """Dynamic shared memory of ``ssd_mma_fwd`` (``ssd_mma_fwd_layout<NW>::BYTES``): B (64 x
+    (NW + 8) 16-bit values) and 132 floats in two stages, C, x and the weighted block
+    (64 x 72) in one, and 132 floats (z, when given, is read from global memory)."""
     rows = 64 * 72 * 2
     b_bytes = 64 * (mma_state_width(N) + 8) * 2
-    return 3 * b_bytes + 2 * 132 * 4 + 2 * rows + 132 * 4 + (rows if z else 0)
+    return 3 * b_bytes + 2 * 132 * 4 + 2 * rows + 132 * 4
 
 
 def mma_kernel_names(io: str) -> list:
@@ -357,7 +357,7 @@ def _address(a) -> int:
 
 def fused_faster(blocks: int, per_sm: int, sms: int) -> bool:
     """Whether ``blocks`` blocks of ``ssd_mma_fwd``, ``per_sm`` of which fit a multiprocessor
-    at once (3 without z, 2 with), make it the faster forward on ``sms`` multiprocessors.
+    at once (3 on the H200), make it the faster forward on ``sms`` multiprocessors.
     Each block walks a whole row, so the kernel takes about one walk per wave of resident
     blocks, a last partial wave about 0.65 to 1 walk (the fewer its blocks, the less they
     share a multiprocessor); the two kernels' time grows with the work, about 0.69 walk per
@@ -385,7 +385,7 @@ def uses_mma_fwd(p, out) -> bool:
     if MMA_FUSED_FWD != "auto" or p.xp is np:
         return True
     lim = compiler.device_limits()
-    smem = mma_fwd_smem(p.N, p.z is not None) + 1024  # (1 KiB reserved per block)
+    smem = mma_fwd_smem(p.N) + 1024  # (1 KiB reserved per block)
     per_sm = min(MMA_FWD_BLOCKS, lim["smem_per_sm"] // smem)
     return fused_faster(_fwd_blocks(p), per_sm, lim["sm_count"])
 
@@ -829,7 +829,7 @@ class _Layout:
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
                  out, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N, p.z is not None))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N))
         return states, entering
 
     def cb_mma(self, p, *, transposed=False):
