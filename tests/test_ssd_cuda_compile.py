@@ -112,7 +112,7 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
         # spills a few of its walk's invariants before the walk and reloads them once per
         # 64-step tile (seen in its SASS); the form without spills measured 6% slower
         # (benchmarks/SSD.md).
-        allowed = 32 if name.startswith("ssd_mma_fwd<") and name.endswith(", 128>") else 0
+        allowed = 16 if name.startswith("ssd_mma_fwd<") and name.endswith(", 128>") else 0
         assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
             name, entry)
 
