@@ -1569,20 +1569,21 @@ ssd_bwd_rows(const TX* __restrict__ X, const CT* __restrict__ GB, const CT* __re
 }
 
 // --------------------------------------------------------------------------------------
-// The gate's backward for the CUDA-core and float32 tensor-core backward, element-wise, in
-// one pass over its inputs (the products after it take dY): with the output before the gate
-// y_pre = ycore + D x and s = sigmoid(z),
+// The gate's backward, element-wise, in one pass over its inputs (the products after it take
+// dY): with the output before the gate y_pre = ycore + D x and s = sigmoid(z),
 //   dz = dy y_pre s (1 + z (1 - s))   (the input dtype)
-//   dY = dy z s                       (dLoss/dy_pre, the compute type)
-// Element (r, j) of the (batch * L) x (H * P) arrays; D (H * P, or null).
+//   dY = dy z s                       (dLoss/dy_pre, in TD)
+// The CUDA-core and float32 tensor-core backward pass ycore (CT) and D; the 16-bit backward
+// passes the forward's y_pre (TX) as ycore and no D, and takes dY in TX.
+// Element (r, j) of the (batch * L) x (H * P) arrays; D (H * P, or null: then X is not read).
 // Grid: (row blocks, column blocks); block (x, y) walks rows x, x + gridDim.x, ... of columns
 // y SSD_THREADS + thread, + gridDim.y SSD_THREADS, ...
 // --------------------------------------------------------------------------------------
-template <typename TX, typename CT>
+template <typename TX, typename TY, typename TD, typename CT>
 __global__ void __launch_bounds__(SSD_THREADS)
 ssd_bwd_gate(const TX* __restrict__ dy, const TX* __restrict__ z, const TX* __restrict__ X,
-             const CT* __restrict__ ycore, const CT* __restrict__ D, TX* __restrict__ dz,
-             CT* __restrict__ dY, ssm_i64 rows, ssm_i64 HP) {
+             const TY* __restrict__ ycore, const CT* __restrict__ D, TX* __restrict__ dz,
+             TD* __restrict__ dY, ssm_i64 rows, ssm_i64 HP) {
     for (ssm_i64 j = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x; j < HP;
          j += (ssm_i64)gridDim.y * SSD_THREADS) {
         const CT Dj = D ? D[j] : CT(0);
@@ -1590,9 +1591,10 @@ ssd_bwd_gate(const TX* __restrict__ dy, const TX* __restrict__ z, const TX* __re
             const ssm_i64 i = r * HP + j;
             const CT zv = (CT)ssm_load(z[i]), g = (CT)ssm_load(dy[i]);
             const CT s = ssm_math<CT>::sigmoid(zv);
-            const CT y_pre = ycore[i] + Dj * (CT)ssm_load(X[i]);
+            CT y_pre = (CT)ssm_load(ycore[i]);
+            if (D) y_pre += Dj * (CT)ssm_load(X[i]);
             ssm_store(dz + i, g * y_pre * s * (CT(1) + zv * (CT(1) - s)));
-            dY[i] = g * zv * s;
+            ssm_store(dY + i, g * zv * s);
         }
     }
 }

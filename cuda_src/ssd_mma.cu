@@ -833,7 +833,9 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // Grid: (batch * H * ceil(P / 64)) blocks of 128 threads; dynamic shared memory
 // ssd_mma_fwd_layout<NW>::BYTES. h0 (batch, H, P, N) or null; states (batch, nc + 1, H,
 // P, N) or null; entering (batch, nc, H, P, N) or null; bslot (batch, nc + 1); final
-// (slots, H, P, N); 64-bit offsets.
+// (slots, H, P, N); with KEEP, ypre (batch, L, H, P) receives the output before the gate (the
+// backward with z starts from it; a separate instance, so that the others carry no code for
+// it), else it is null; 64-bit offsets.
 // --------------------------------------------------------------------------------------
 #ifndef SSD_MMA_FWD_BLOCKS
 #define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
@@ -857,15 +859,15 @@ __device__ __forceinline__ void ssd_mma_lower_block(int i, int& tb, int& sb) {
     sb = i - tb * (tb + 1) / 2;
 }
 
-template <typename T, int NW>
+template <typename T, int NW, bool KEEP>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_FWD_BLOCKS)
 ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restrict__ Cm,
             const float* __restrict__ D, const T* __restrict__ z,
             const float* __restrict__ dte, const float* __restrict__ cum,
             const ssm_i64* __restrict__ starts, const float* __restrict__ h0,
             float* __restrict__ states, T* __restrict__ entering, const int* __restrict__ bslot,
-            float* __restrict__ final, T* __restrict__ out, ssm_i64 L, int H, int P, int GB,
-            int GC, int N, ssm_i64 nc) {
+            float* __restrict__ final, T* __restrict__ out, T* __restrict__ ypre, ssm_i64 L,
+            int H, int P, int GB, int GC, int N, ssm_i64 nc) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     using LY = ssd_mma_fwd_layout<NW>;
     constexpr int THREADS = SSD_MMA_THREADS, NS = NW / 8, LD = SSD_MMA_LD, LDB = LY::LDB;
@@ -1122,6 +1124,11 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                                    (hf ? d_b : d_a) * ssd_mma_half<T>(xa[ks][reg], q);
                         const float got = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
                         float two[2] = {odd ? got : v[0], odd ? v[1] : got};
+                        const int t = 8 * j + 2 * t4 + (odd ? 1 : 0);
+                        const int p = pa + 8 * hf - (odd ? 1 : 0);
+                        const bool live = t < ns && p < P;
+                        if (KEEP && live)  // the output before the gate (the VJP's, with z)
+                            ssd_mma_set2(ypre + o0 + (ssm_i64)t * HP + p, true, true, two);
                         if (z) {
 #pragma unroll
                             for (int q = 0; q < 2; ++q) {
@@ -1129,9 +1136,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                                 two[q] *= zv * ssm_math<float>::sigmoid_fast(zv);
                             }
                         }
-                        const int t = 8 * j + 2 * t4 + (odd ? 1 : 0);
-                        const int p = pa + 8 * hf - (odd ? 1 : 0);
-                        if (t < ns && p < P) ssd_mma_set2(orow + (ssm_i64)t * HP + p, true, true, two);
+                        if (live) ssd_mma_set2(orow + (ssm_i64)t * HP + p, true, true, two);
                     }
                 }
             }

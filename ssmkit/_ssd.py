@@ -529,7 +529,10 @@ ssd_vjp.__doc__ = """The SSD scan and its pullback (reverse-mode gradient).
     -----
     The forward keeps the state entering each chunk, ``batch * H * P * N *
     ceil(L / chunk_size)`` floats beside the inputs (on the GPU with float32
-    ``x``, a chunk is at most 128 steps). The backward walks the
+    ``x``, a chunk is at most 128 steps). On the GPU with 16-bit ``x`` and
+    ``z``, where the forward runs as one kernel, it also keeps the output before
+    the gate, (batch, L, H, P) in x's dtype, so that the backward need not
+    recompute it. The backward walks the
     chunks in reverse, recomputes each chunk's states from its saved state and
     runs the adjoint recurrence (``g`` = dLoss/dh_t, P x N) through it::
 

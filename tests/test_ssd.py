@@ -712,6 +712,42 @@ def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
                             dict(chunk_size=chunk, dt_softplus=True), np.random.default_rng(case))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(FUSED_CASES)))
+def test_gate_backward_from_kept_output(monkeypatch, dtype_name, case):
+    """With z, ssd_vjp's one-kernel 16-bit forward keeps the output before the gate, and
+    the backward starts from it (the gate's backward in one pass, then the rest as without
+    z): every gradient within the reference's tolerances; without z nothing more is kept."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = FUSED_CASES[case]
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)
+    kw = dict(kw, with_z=True)
+    inputs = make_inputs(np.random.default_rng(800 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    arrays, _ = cast(inputs, dtype_name, xp_for("gpu"))
+    for z in (arrays["z"], None):
+        _, pullback = ssmkit.ssd_vjp(**dict(arrays, z=z), chunk_size=chunk, dt_softplus=True)
+        kept = pullback.residuals["checkpoints"][2]
+        assert (kept is not None) == (z is not None)
+        if kept is not None:
+            assert kept.shape == z.shape and kept.dtype == z.dtype
+    fused = _count_calls(monkeypatch, "fwd_mma")
+    launches = []
+    launch = gpu_ssd._launch
+    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (launches.append(name),
+                                                                    launch(name, *a, **k))[1])
+    check_against_reference("gpu", dtype_name, inputs, dict(chunk_size=chunk, dt_softplus=True),
+                            np.random.default_rng(case))
+    assert fused and any(n.startswith("ssd_bwd_gate<") for n in launches), launches
+
+
 def _mma_problem(monkeypatch, dtype_name, case, seed):
     """MMA_CASES[case] on the GPU in ``dtype_name`` with the tensor-core paths on: the
     arrays, the ssd_vjp options (chunk, softplus, final state) and a cotangent dy."""

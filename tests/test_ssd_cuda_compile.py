@@ -100,7 +100,7 @@ def test_mma_source_needs_no_include_path():
 
 def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_names()
-    assert len(names) == 2 * (6 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 2, outputs
+    assert len(names) == 2 * (8 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 4, outputs
     report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
                                           nvrtc_path=nvrtc_path)
     for name in names:
@@ -112,7 +112,7 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
         # spills a few of its walk's invariants before the walk and reloads them once per
         # 64-step tile (seen in its SASS); the form without spills measured 6% slower
         # (benchmarks/SSD.md).
-        allowed = 16 if name.startswith("ssd_mma_fwd<") and name.endswith(", 128>") else 0
+        allowed = 16 if name.startswith("ssd_mma_fwd<") and ", 128, " in name else 0
         assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
             name, entry)
 

@@ -83,6 +83,7 @@ sums).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -169,6 +170,13 @@ def _mm_args(kind: str, io: str, bc: str) -> tuple:
     ct = _COMPUTE[io]
     types = ", ".join(_CTYPE[{"io": io, "bc": bc, "ct": ct}[r]] for r in roles)
     return types, _cbool(upper, mt, dtq)
+
+
+def gate_name(io: str, kept: bool) -> str:
+    """``ssd_bwd_gate``'s instance for x of dtype ``io``: from ycore in the compute dtype,
+    dY in it too; with ``kept``, from the forward's output before the gate, dY in ``io``."""
+    T, CT = _CTYPE[io], _CTYPE[_COMPUTE[io]]
+    return f"ssd_bwd_gate<{T}, {T}, {T}, {CT}>" if kept else f"ssd_bwd_gate<{T}, {CT}, {CT}, {CT}>"
 
 
 def mm_name(kind: str, io: str, bc: str, vm: int) -> str:
@@ -259,9 +267,11 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
              f"ssd_adjoint_passing<{CT}>",
              state_name(io, bc, False), state_name(io, bc, True),
              f"ssd_bwd_dt<{CT}>", f"ssd_sum_parts<{CT}, {CT}>", f"ssd_diag_cb<{TB}, {CT}>",
-             f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>", f"ssd_bwd_gate<{T}, {CT}>"]
+             f"ssd_chunk_cb<{TB}, {CT}>", f"ssd_bwd_rows<{T}, {CT}>", gate_name(io, False)]
     if TB != CT:  # dB, dC of the tensor-core backward, summed straight into B's dtype
         names.append(f"ssd_sum_parts<{CT}, {TB}>")
+    if T != CT:  # the 16-bit backward's gate, from the forward's output before the gate
+        names.append(gate_name(io, True))
     if ct == "float32":
         names += [state_name(io, bc, adj, nt=nt) for adj in (False, True) for nt in TC_NT]
     for kind in mm_kinds:
@@ -309,10 +319,11 @@ def mma_walk_name(io: str, nw: int | None = None) -> str:
     return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
-def mma_fwd_name(io: str, N: int) -> str:
+def mma_fwd_name(io: str, N: int, keep: bool = False) -> str:
     """The ``ssd_mma_fwd`` instance (the whole forward in one walk) for state size N <= 128:
-    NW = 64 (the state's columns in a warp) for N <= 64, else 128."""
-    return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}>"
+    NW = 64 (the state's columns in a warp) for N <= 64, else 128; with ``keep``, the one
+    that also writes the output before the gate."""
+    return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}, {'true' if keep else 'false'}>"
 
 
 def mma_fwd_smem(N: int) -> int:
@@ -328,7 +339,7 @@ def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
             + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)]
-            + [mma_fwd_name(io, n) for n in (64, 128)])
+            + [mma_fwd_name(io, n, keep) for n in (64, 128) for keep in (False, True)])
 
 
 # Row tiles of a chunk that one block of ssd_mma_chunk_out walks in turn, without and with z:
@@ -814,21 +825,22 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
 
-    def fwd_mma(self, p, out, *, final=None):
+    def fwd_mma(self, p, out, *, final=None, ypre=None):
         """The whole tensor-core forward in one kernel (``ssd_mma_fwd``; see
         :func:`uses_mma_fwd`): the outputs into ``out`` (batch, L, H, P) and, as
         :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
-        final states are kept, there, and both are None."""
+        final states are kept, there, and both are None. ``ypre`` (batch, L, H, P), if
+        given, receives the outputs before the gate."""
         cp = p.xp
         states = entering = None
         if final is None:
             states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
             entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        _launch(mma_fwd_name(self.io, p.N), (_fwd_blocks(p),),
+        _launch(mma_fwd_name(self.io, p.N, ypre is not None), (_fwd_blocks(p),),
                 (p.x, p.B, p.C, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
-                 out, np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
-                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
+                 out, _ptr(ypre), np.int64(p.L), np.int32(p.H), np.int32(p.P),
+                 np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N))
         return states, entering
 
@@ -1002,8 +1014,11 @@ class _Layout:
 def ssd_forward(p, *, save_checkpoints):
     """Forward SSD on the GPU. See the backend contract in ``ssmkit._ssd``.
 
-    ``checkpoints`` (with ``save_checkpoints``) is the (batch, n_chunks + 1, H, P, N)
-    array of boundary states.
+    ``checkpoints`` (with ``save_checkpoints``) is ``(states, entering, ypre)``: the
+    (batch, n_chunks + 1, H, P, N) boundary states, the states entering each chunk in the
+    16-bit input dtype (tensor-core forward) or None, and, with z where the one-kernel
+    forward ran and the backward runs on tensor cores, the outputs before the gate (batch,
+    L, H, P) in the input dtype, else None (the backward then recomputes them).
     """
     cp = p.xp
     lay = _Layout(p, factor=False)
@@ -1017,8 +1032,10 @@ def ssd_forward(p, *, save_checkpoints):
         # states in 16 bits), not the float32 state at every boundary
         keep = None if save_checkpoints else final
         if uses_mma_fwd(p, y):
-            states, entering = lay.fwd_mma(p, y, final=keep)
-            return y, *_forward_result(lay, final, states, entering, save_checkpoints)
+            ypre = (cp.empty(p.x.shape, dtype=p.io_dtype)
+                    if save_checkpoints and p.z is not None and uses_mma_bwd(p) else None)
+            states, entering = lay.fwd_mma(p, y, final=keep, ypre=ypre)
+            return y, *_forward_result(lay, final, states, entering, save_checkpoints, ypre)
         if MMA_STATE_WALK:
             states, entering = lay.state_walk_mma(p, final=keep)
         else:
@@ -1030,16 +1047,16 @@ def ssd_forward(p, *, save_checkpoints):
     return y, *_forward_result(lay, final, states, entering, save_checkpoints)
 
 
-def _forward_result(lay, final, states, entering, save_checkpoints):
+def _forward_result(lay, final, states, entering, save_checkpoints, ypre=None):
     """``(final, checkpoints)`` of :func:`ssd_forward`: the final states gathered from the
     boundary states when those were kept; checkpoints are the boundary states and, from the
     tensor-core forward, the states entering each chunk in 16 bits (the tensor-core
-    backward's operand)."""
+    backward's operand), and ``ypre`` (see :func:`ssd_forward`)."""
     if states is not None and lay.final_is_last:
         final[...] = states[:, lay.nc]
     elif states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
-    return final, ((states, entering) if save_checkpoints else None)
+    return final, ((states, entering, ypre) if save_checkpoints else None)
 
 
 def _sum_runs(xp, part, dtype=None):
@@ -1240,13 +1257,20 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
     cp = p.xp
     lay = _Layout(p)
-    states, entering = checkpoints
+    states, entering, ypre = checkpoints
     batch, L, H, N = p.batch, p.L, p.H, p.N
     cd = p.compute_dtype
     dte = lay.dte
     ends = lay.starts[1:] - 1
     if uses_mma_bwd(p):
-        g = _backward_mma(p, lay, states, entering, dy, dfinal)
+        if ypre is None:
+            g = _backward_mma(p, lay, states, entering, dy, dfinal)
+        else:  # the forward kept the output before the gate: the gate's backward first, in
+            # one pass, then the rest as without z, from dY = dLoss/d(output before the gate)
+            dz, dY16 = _bwd_gate(p, lay, dy, ypre, kept=True)
+            g = _backward_mma(dataclasses.replace(p, z=None), lay, states, entering, dY16,
+                              dfinal)
+            g["dz"] = dz
         dx, dz, dD, dB, dC = g["dx"], g["dz"], g["dD"], g["dB"], g["dC"]
         xGB, dcum, dinit = g["xGB"], g["dcum"], g["dinit"]
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step. H_{c+1} = d_c H_c + S_c,
@@ -1322,18 +1346,22 @@ def _bwd_rows(p, lay, GB, dY, ycore):
     return out
 
 
-def _bwd_gate(p, lay, dy, ycore):
-    """dz (the input dtype) and dY = dLoss/d(output before the gate) (the compute dtype),
-    both (batch, L, H, P), in one pass over dy, z, x and ycore (``ssd_bwd_gate``)."""
+def _bwd_gate(p, lay, dy, ycore, *, kept=False):
+    """dz (the input dtype) and dY = dLoss/d(output before the gate), both (batch, L, H, P),
+    in one pass (``ssd_bwd_gate``): from dy, z, x and ycore (the recomputed output without
+    D and gate, in the compute dtype), dY in the compute dtype; or, with ``kept``, from dy,
+    z and the forward's output before the gate (``ycore``, the input dtype), dY in the
+    input dtype (the tensor-core products' operand)."""
     cp = p.xp
     dz = cp.empty(p.x.shape, dtype=p.io_dtype)
-    dY = cp.empty(p.x.shape, dtype=p.compute_dtype)
+    dY = cp.empty(p.x.shape, dtype=p.io_dtype if kept else p.compute_dtype)
     rows, hp = p.batch * p.L, p.H * p.P
     # blocks of THREADS columns, enough for several waves of the GPU; each block walks its
     # rows gridDim.x apart (and its columns gridDim.y * THREADS apart)
     grid = (min(rows, 8192), min(-(-hp // THREADS), 65535))
-    _launch(f"ssd_bwd_gate<{_CTYPE[lay.io]}, {_CTYPE[lay.ct]}>", grid,
-            (dy, p.z, p.x, ycore, _ptr(p.D), dz, dY, np.int64(rows), np.int64(hp)))
+    _launch(gate_name(lay.io, kept), grid,
+            (dy, p.z, p.x, ycore, _NULL if kept else _ptr(p.D), dz, dY, np.int64(rows),
+             np.int64(hp)))
     return dz, dY
 
 

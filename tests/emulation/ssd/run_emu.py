@@ -199,9 +199,20 @@ def walk_matches_two_kernels(p, final):
         gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = walk is not False, nw or 64
         gssd.MMA_FUSED_FWD = walk == "fused"
         try:
-            y, fin, (states, entering) = gssd.ssd_forward(p, save_checkpoints=True)
+            y, fin, (states, entering, ypre) = gssd.ssd_forward(p, save_checkpoints=True)
         finally:
             gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD = saved
+        # with z the one kernel also keeps the output before the gate, for the backward:
+        # gated, it is y up to one more 16-bit rounding
+        assert (ypre is not None) == (walk == "fused" and p.z is not None), (walk, ypre is None)
+        if ypre is not None:
+            zf = p.z.astype(np.float64)
+            gated = ypre.astype(np.float64) * zf / (1 + np.exp(-zf))
+            yf = y.astype(np.float64)
+            eg = np.abs(gated - yf).max() / max(np.abs(yf).max(), 1e-30)
+            print(f"  output before the gate, gated, against y: {eg:.2e}")
+            if not eg <= FUSED_GAP:
+                return False
         got[walk, nw] = (states, entering.astype(np.float32))
         ys[walk, nw] = y.astype(np.float32)
         # the final states ssd_forward gathered from its checkpoints, against those it kept

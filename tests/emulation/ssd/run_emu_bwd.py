@@ -166,12 +166,19 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     dfinal = rng.standard_normal(final.shape).astype(np.float32)
     g = gssd.ssd_backward(p, ckpt, dy, dfinal)
     el = time.time() - t
-    no_ycore = mma and gssd._dc_dcum(p, gssd._shared_blocks(p, fused))
+    # with z, the one-kernel forward keeps the output before the gate for the tensor-core
+    # backward, which then takes the gate's backward first and the rest as without z
+    kept = ckpt[2] is not None
+    assert kept == (mma and zv is not None and gssd.uses_mma_fwd(p, y)), (kept, mma)
+    assert sum(n.startswith("ssd_bwd_gate") for n in calls) == (
+        1 if kept or (zv is not None and not mma) else 0), calls
+    pk = dataclasses.replace(p, z=None) if kept else p
+    no_ycore = mma and gssd._dc_dcum(pk, gssd._shared_blocks(pk, fused))
     assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (
         (3 if no_ycore else 4) if mma else 0), calls
     assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
     assert sum(n.startswith("ssd_mma_bwd_rows") for n in calls) == (
-        0 if not mma or fused else 1 + (zv is not None)), calls
+        0 if not mma or fused else 1 + (pk.z is not None)), calls
     if h0 is not None:
         for slot, row in passthrough:
             g["initial_state"][row] += dfinal[slot]

@@ -76,7 +76,7 @@ def kernels():
             out["hb"] = (gssd.hblocks_name(io), T, HB_PTRS, HB_SCALARS)
         out[f"cb_{io}"] = (f"ssd_chunk_cb<{T}, {T}>", T, CB_PTRS, CB_SCALARS)
         out[f"rows_{io}"] = (f"ssd_bwd_rows<{T}, {T}>", T, ROWS_PTRS, ROWS_SCALARS)
-        out[f"gate_{io}"] = (f"ssd_bwd_gate<{T}, {T}>", T, GATE_PTRS, GATE_SCALARS)
+        out[f"gate_{io}"] = (f"ssd_bwd_gate<{T}, {T}, {T}, {T}>", T, GATE_PTRS, GATE_SCALARS)
         for adj in ("false", "true"):
             out[f"state_{io}_{adj}"] = (f"ssd_chunk_state<{T}, {T}, {T}, {adj}>", T, STATE_PTRS,
                                         STATE_SCALARS)
