@@ -46,7 +46,8 @@ Backward (from the boundary states the forward kept, nothing per step)
     blocks once for both, ``ssd_chunk_hsum_tc`` multiplies them by C or B once per class
     of heads); ``ssd_bwd_rows`` does the
     per-step work after them (dx, x . (G B), the chunk sums' cotangent, dD's partial
-    sums) in one pass; ddt through the decays
+    sums) in one pass, and with z ``ssd_bwd_gate`` the gate's (dz, and dY from the
+    recomputed output) in one pass before them; ddt through the decays
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
     boundary term ``<dHx, H>``), times A.
 
@@ -75,6 +76,10 @@ Backward (from the boundary states the forward kept, nothing per step)
     and ``x_s . (G B)_s`` comes from GB's epilogue instead; without z as well
     (``MMA_DC_DCUM``), dC also gives the first half of the chunk sums' cotangent, from
     the recomputed output's own rounded block entries, and that product is not run.
+    With z, where the VJP's forward ran as one kernel, it kept the output before the
+    gate in the input dtype (``ssd_mma_fwd<T, NW, true>``): the backward then runs the
+    gate's backward from it first (``ssd_bwd_gate``, dY rounded to the input dtype) and
+    the rest as without z.
 
 Arithmetic is float32 (float64 for float64 inputs) on CUDA cores, except the
 tensor-core products (16-bit operands, or float32 operands as two TF32 parts; float32
