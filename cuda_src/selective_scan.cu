@@ -147,17 +147,99 @@ __device__ __forceinline__ void ssm_stage_bc_with(CT* __restrict__ Xs, int N, in
     }
 }
 
+// ssm_stage_bc's tile in pieces of 4 rows n x 4 steps: one vector load of 4 consecutive
+// steps per row (16 bytes for float), then one 16-byte store of 4 states per step. For
+// 4- and 8-byte BC whose rows are 16-byte aligned at the tile's first step. Where NQ is a
+// multiple of 8, a warp takes 8 state quads x 4 step quads: each of its loads reads 8 rows
+// of 64 contiguous bytes, each store writes 4 steps of 128 contiguous bytes; otherwise
+// consecutive threads take consecutive state quads.
+template <typename BC, typename CT>
+__device__ __forceinline__ void ssm_stage_bc_quads(CT* __restrict__ Xs, const BC* __restrict__ Xg,
+                                                   ssm_i64 L, int N, int NQ, int BS, int tl,
+                                                   int tlp, int tid, int nthr) {
+    static_assert(sizeof(BC) >= 4, "4 steps of a 16-bit row are 8 bytes: ssm_stage_bc_with");
+    const int nqt = (tlp + 3) >> 2;  // step quads
+    const bool patches = NQ % 8 == 0;
+    const int pieces = patches ? NQ * ((nqt + 3) & ~3) : NQ * nqt;
+    for (int i = tid; i < pieces; i += nthr) {
+        int q, tq;
+        if (patches) {
+            const int w = i >> 5, wt = w / (NQ / 8);
+            q = 8 * (w - wt * (NQ / 8)) + (i & 7);
+            tq = 4 * wt + ((i & 31) >> 3);
+            if (tq >= nqt) continue;
+        } else {
+            tq = i / NQ;
+            q = i - tq * NQ;
+        }
+        const int t = 4 * tq;
+        CT x[4][4];  // x[e][j]: state 4 q + e, step t + j
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            BC v[4] = {BC(0), BC(0), BC(0), BC(0)};
+            if (4 * q + e < N && t < tl) ssm_ld4(v, Xg + (ssm_i64)(4 * q + e) * L + t);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[e][j] = t + j < tl ? (CT)ssm_load(v[j]) : CT(0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const CT col[4] = {x[0][j], x[1][j], x[2][j], x[3][j]};
+            if (t + j < tlp) ssm_st4(Xs + (t + j) * BS + 4 * q, col);
+        }
+    }
+}
+
 // Copy one tile of a per-step B or C, (N, L) rows starting at step t0 (Xg
 // already points at [b, g, 0, t0]), into Xs[t][n] (time-major, row stride BS),
 // converting to CT. Rows n >= N and steps t >= tl are zero-filled up to NPAD
 // and tlp. Each thread moves 4 states of one step: the global loads coalesce
-// along t, the shared store is one 16-byte access.
-template <int G = 1, typename BC, typename CT>
+// along t, the shared store is one 16-byte access. With QUADS (the backward),
+// where the rows are 16-byte aligned at t0 (float or double, L a multiple of
+// 4), by ssm_stage_bc_quads instead: the N = 128 backward spent 18% of its
+// instructions staging element by element, 9% so. (The forward stays element
+// by element: with quads its N = 64 kernel took 4% longer, benchmarks/NOTES.md.)
+template <int G = 1, bool QUADS = false, typename BC, typename CT>
 __device__ __forceinline__ void ssm_stage_bc(CT* __restrict__ Xs, const BC* __restrict__ Xg,
                                              ssm_i64 L, int N, int NQ, int BS, int tl, int tlp,
                                              int r0, int rstep, int col0, int W) {
+    if constexpr (QUADS && sizeof(BC) >= 4) {
+        if ((L & 3) == 0 && ((unsigned long long)Xg & 15) == 0) {  // (block-uniform)
+            ssm_stage_bc_quads(Xs, Xg, L, N, NQ, BS, tl, tlp, r0 * W + col0, rstep * W);
+            return;
+        }
+    }
     ssm_stage_bc_with<CT, G>(Xs, N, NQ, BS, tl, tlp, r0, rstep, col0, W,
                           [&](int n, int t) { return ssm_load(Xg[(ssm_i64)n * L + t]); });
+}
+
+// A tile's per-step sums over the block's channels, acc[n * TLS + t] (n < N, t < tl), to
+// rows dst + n * L (the backward's dB/dC partials): 4 steps by one 16-byte store where
+// the rows are 16-byte aligned at the tile's first step (float, L a multiple of 4), else
+// one by one (rows of W lanes walk consecutive steps, as the staging).
+template <typename CT>
+__device__ __forceinline__ void ssm_write_tile_rows(CT* __restrict__ dst, const CT* __restrict__ acc,
+                                                    int TLS, ssm_i64 L, int N, int tl, int r0,
+                                                    int rstep, int col0, int W) {
+    if (sizeof(CT) == 4 && (L & 3) == 0 && ((unsigned long long)dst & 15) == 0) {
+        const int quads = (tl + 3) >> 2, nthr = rstep * W;
+        int sh = 0;  // 2^sh lanes per row: its quads rounded up to a power of two
+        while ((1 << sh) < quads) ++sh;
+        for (int i = r0 * W + col0; i < (N << sh); i += nthr) {
+            const int n = i >> sh, t = 4 * (i & ((1 << sh) - 1));
+            if (t >= tl) continue;
+            const CT* const a = acc + n * TLS + t;
+            CT* const d = dst + (ssm_i64)n * L + t;
+            if (t + 4 <= tl) {
+                const CT v[4] = {a[0], a[1], a[2], a[3]};
+                ssm_st4(d, v);
+            } else {
+                for (int j = 0; t + j < tl; ++j) d[j] = a[j];
+            }
+        }
+        return;
+    }
+    for (int n = r0; n < N; n += rstep)
+        for (int t = col0; t < tl; t += W) dst[(ssm_i64)n * L + t] = acc[n * TLS + t];
 }
 
 // ===========================================================================
@@ -1399,9 +1481,9 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 }
             }
         }
-        if constexpr (BV) ssm_stage_bc<2>(Bs, Bg + t0, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
+        if constexpr (BV) ssm_stage_bc<2, true>(Bs, Bg + t0, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
         if (full) {
-            if constexpr (CV) ssm_stage_bc<2>(Cs, Cg + t0, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
+            if constexpr (CV) ssm_stage_bc<2, true>(Cs, Cg + t0, L, N, NQ, BS, tl, tlp, r0, rstep, col0, W);
         }
     };
 
@@ -1580,18 +1662,12 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     if (has_z) ssm_store(dz_out + rb + t, dzs[i]);
                 }
             }
-            if constexpr (BV) {
-                for (int n = r0; n < N; n += rstep) {
-                    CT* const dst = dB_out + (((ssm_i64)b * ntile + tile) * N + n) * L + t0;
-                    for (int t = col0; t < tl; t += W) dst[t] = accB[n * TLS + t];
-                }
-            }
-            if constexpr (CV) {
-                for (int n = r0; n < N; n += rstep) {
-                    CT* const dst = dC_out + (((ssm_i64)b * ntile + tile) * N + n) * L + t0;
-                    for (int t = col0; t < tl; t += W) dst[t] = accC[n * TLS + t];
-                }
-            }
+            if constexpr (BV)
+                ssm_write_tile_rows(dB_out + ((ssm_i64)b * ntile + tile) * N * L + t0, accB, TLS, L, N,
+                                    tl, r0, rstep, col0, W);
+            if constexpr (CV)
+                ssm_write_tile_rows(dC_out + ((ssm_i64)b * ntile + tile) * N * L + t0, accC, TLS, L, N,
+                                    tl, r0, rstep, col0, W);
         }
     }
 

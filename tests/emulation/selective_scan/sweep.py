@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes, not for CI.
 """
@@ -70,6 +70,23 @@ elif which == "n":
         cases.append((1, 4, 23, N, "float32", None, 1, 2, full, 9))
     for N in (17, 64, 128, 256):
         cases.append((1, 2, 23, N, "float32", None, 0, 0, full, 9))
+elif which == "quads":
+    # B and C staged 4 steps x 4 states at a time and the backward's dB/dC partials written 4
+    # steps at a time (float or double rows 16-byte aligned at the tile: L a multiple of 4):
+    # tiles starting on and off 4-step boundaries (chunks of 7, 8, 10, 12), aligned tiles of
+    # 1 to 3 steps past a multiple of 4, N past a multiple of 4 and past 128 (2-step
+    # sub-tiles), N <= 16 off the ring kernels (chunks of 6: fewer than 8 state quads), every
+    # B/C form.
+    for N, L, chunk in ((17, 24, 8), (64, 40, 12), (128, 36, 10), (130, 28, 12), (64, 64, 1000),
+                        (33, 20, 20), (64, 28, 7), (160, 28, 7), (16, 24, 6), (5, 20, 6)):
+        cases.append((1, 4, L, N, "float32", None, 1, 2, full, chunk))
+    cases += [
+        (2, 4, 24, 64, "float32", None, 0, 1, full, 8),
+        (1, 4, 32, 40, "float32", None, 2, 0, none, 12),
+        (1, 4, 28, 64, "bfloat16", "float32", 1, 1, full, 12),
+        (1, 4, 28, 64, "float64", None, 1, 1, full, 8),
+        (1, 2, 16, 256, "float64", None, 1, 1, full, 8),
+    ]
 elif which == "dtypes":
     for io in ("float16", "bfloat16", "float64"):
         for bc in dict.fromkeys((io, "float64" if io == "float64" else "float32")):
