@@ -81,8 +81,10 @@ def test_ssd_in_emulation(script, cases):
 
 @needs_gxx
 # ring: the ring forward kernels' shapes; one SM: the planner's larger blocks, so backward
-# blocks of several warps
-@pytest.mark.parametrize("which,sm", [("quick", "132"), ("ring", "132"), ("ring", "1")])
+# blocks of several warps; quads: the backward's B/C staging and dB/dC partials 4 steps at a
+# time (N > 16, aligned rows)
+@pytest.mark.parametrize("which,sm", [("quick", "132"), ("ring", "132"), ("ring", "1"),
+                                      ("quads", "132")])
 def test_selective_scan_in_emulation(which, sm):
     pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)
