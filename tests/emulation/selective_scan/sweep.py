@@ -4,7 +4,8 @@ output and gradient with the float64 reference.
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
         python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | quads | dtypes | bf | big
 
-Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes, not for CI.
+Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
+quick, ring and quads lists without AddressSanitizer (tests/test_emulation.py).
 """
 import sys, os, itertools
 import numpy as np
