@@ -1711,12 +1711,14 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 //   - copies tiles with 16-byte cp.async into two stages as the forward does,
 //     in this order per chunk (chunks last to first): tiles 0 .. ntl-2 of the
 //     chunk forward ("A" tiles: u, delta, B; each lane saves the state
-//     entering each to `scratch`), then tiles ntl-1 .. 0 ("R" tiles: u, delta,
-//     z, dout, B, C). One __syncthreads per A tile, two per R tile;
+//     entering each 8-step sub-block to `scratch`), then tiles ntl-1 .. 0 ("R"
+//     tiles: u, delta, z, dout, B, C). One __syncthreads per A tile, two per R
+//     tile;
 //   - leaves the rest of an R tile to each warp for its own 32 / NSPLIT
-//     channels: {dt, dt u} and dy into the warp's rows; from the tile's entry
-//     state, the state entering each 8-step sub-block (thread-private shared
-//     slots); then sub-blocks last to first: the sub-block's states and decays
+//     channels: {dt, dt u} and dy into the warp's rows; the state entering
+//     each sub-block into thread-private shared slots (from scratch, or for
+//     the chunk's last tile walked from its entry state, as pass A left it);
+//     then sub-blocks last to first: the sub-block's states and decays
 //     recomputed into registers and the adjoint walked back through them.
 //     Per step, the lane's dB and dC products are reduce-scattered over the
 //     warp's channels (one sum per lane) into the warp's rows of the tile's
@@ -1968,8 +1970,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
     const int cmax = (int)(chunk < L ? chunk : L);
-    const int tpc = (cmax + TL - 1) / TL;  // scratch slots per block
-    float* const my_scratch = scratch + ((ssm_i64)blockIdx.x * tpc * nthr + tid) * 4;
+    // Scratch: the state entering each sub-block of a chunk's A tiles, slot T SPT + k for
+    // sub-block k of tile T (pass A writes them, the R tile reads them back), so that an R
+    // tile walks its sub-block starts itself only as the chunk's last tile.
+    const int spt = TL / SB;                      // sub-blocks per tile
+    const int spc = ((cmax + TL - 1) / TL) * spt;  // scratch slots per block
+    float* const my_scratch = scratch + ((ssm_i64)blockIdx.x * spc * nthr + tid) * 4;
 
     ssm_bring_walk cur((int)t_begin, (int)t_end, (int)chunk, TL);
     ssm_bring_copy<IO, BC>(sm, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N, NPAD, TL, cur, has_z, tid, nthr);
@@ -1984,7 +1990,6 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         nxt.next();
         const int t0 = cur.t(), tl = cur.tl(), T = cur.T;
         const bool rev = cur.rev;
-        float h0[4];  // an R tile's entry state
         if (!rev || cur.ntl == 1) {
             if (T == 0) {  // the chunk's checkpoint
                 const float* const src = ckpt + (((ssm_i64)cur.ci * batch + b) * dim + d) * N;
@@ -1992,14 +1997,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 for (int k = 0; k < 4; ++k) h[k] = s * 4 + k < N ? src[s * 4 + k] : 0.0f;
             }
         }
-        if (!rev) {
-            ssm_st4(my_scratch + (ssm_i64)T * nthr * 4, h);
-        } else if (T == cur.ntl - 1) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) h0[k] = h[k];
-        } else {
-            ssm_ld4(h0, my_scratch + (ssm_i64)T * nthr * 4);
-        }
+        const bool saved = rev && T < cur.ntl - 1;  // its sub-block starts are in scratch
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
         ssm_bring_copy<IO, BC>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N,
@@ -2050,12 +2048,28 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * 16;
         const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * 16;
         if (!rev) {
-            ssm_bring_advance<NPAD>(h, A2, drow, Bq, tl / 4);
+            // Pass A (a whole tile): the state entering each sub-block to scratch.
+#pragma unroll 1
+            for (int k = 0; k < spt; ++k) {
+                ssm_st4(my_scratch + ((ssm_i64)T * spt + k) * nthr * 4, h);
+                ssm_bring_advance<NPAD>(h, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+            }
         } else {
-            // The state entering each sub-block.
+            // The state entering each sub-block into the slots: from scratch, or (the chunk's
+            // last tile, entered with pass A's state h) walked here.
             const int nb = (tl + SB - 1) / SB;
-            {
-                float hh[4] = {h0[0], h0[1], h0[2], h0[3]};
+            if (saved) {  // (a whole tile: nb = spt, a power of two)
+                const float* const src = my_scratch + (ssm_i64)T * spt * nthr * 4;
+#pragma unroll 1
+                for (int k = 0; k < nb; k += 2) {
+                    float sv[2][4];
+                    ssm_ld4(sv[0], src + k * nthr * 4);
+                    if (k + 1 < nb) ssm_ld4(sv[1], src + (k + 1) * nthr * 4);
+                    ssm_st4(slots + k * nthr * 4, sv[0]);
+                    if (k + 1 < nb) ssm_st4(slots + (k + 1) * nthr * 4, sv[1]);
+                }
+            } else {
+                float hh[4] = {h[0], h[1], h[2], h[3]};
 #pragma unroll 1
                 for (int k = 0; k < nb; ++k) {
                     ssm_st4(slots + k * nthr * 4, hh);

@@ -721,6 +721,31 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
         }
         ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
     }
+    // As write, for G entries at once (entry i = at(i, r, v), written where r < nr and
+    // v < V), with the loads of x, D and z of all G issued before any is used, so that their
+    // latencies overlap, and the gate's sigmoid from sigmoid_fast. Entry by entry each z load
+    // was a round trip of its own (the float32 forward with z 0.4 ms slower at the peer row);
+    // only the gated kernels use it, as it costs the others registers (benchmarks/SSD.md).
+    template <int G, typename TV, typename TO, typename F>
+    __device__ __forceinline__ void write_group(F at, int XV, int V, const CT* D, const TV* Vv,
+                                                const TV* z, TO* out) const {
+        CT val[G], xd[G], zv[G];
+        int rr[G], vv[G];
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+            val[i] = at(i, rr[i], vv[i]);
+            const bool live = rr[i] < nr && vv[i] < V;
+            const ssm_i64 idx = live ? ((b * L + r0 + rr[i]) * XV + hv) * V + vv[i] : 0;
+            xd[i] = D && live ? D[(ssm_i64)h * V + vv[i]] * (CT)ssm_load(Vv[idx]) : CT(0);
+            zv[i] = z && live ? (CT)ssm_load(z[idx]) : CT(0);
+        }
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+            CT y = val[i] + xd[i];
+            if (z) y *= zv[i] * ssm_math<CT>::sigmoid_fast(zv[i]);
+            if (rr[i] < nr && vv[i] < V) ssm_store(out + ((b * L + r0 + rr[i]) * H + h) * V + vv[i], y);
+        }
+    }
 };
 
 template <typename TU, typename TW, typename TV, typename TO, typename CT, bool UPPER, bool MT,
@@ -1105,8 +1130,9 @@ __device__ __forceinline__ void ssd_tc_times_v(float (&acc)[NT][4], const float 
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
+// GATE: an instance for the forward output with z (write_group's epilogue).
 template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ,
-          int NT>
+          int NT, bool GATE = false>
 __global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
 ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
                 const float* __restrict__ Mm, const float* __restrict__ D,
@@ -1190,13 +1216,25 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     }
 
     // Epilogue: skip connection and gate (the forward output only).
+    if constexpr (GATE) {
+        static_assert(NT % 2 == 0, "n-tile pairs");
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; nt += 2)  // (two n-tiles' 8 entries at a time)
+            w.template write_group<8>([&](int i, int& r, int& v) {
+                const int e = i & 3;
+                r = wr + g + 8 * (e >> 1);
+                v = v0 + 8 * (nt + (i >> 2)) + 2 * t + (e & 1);
+                return acc[nt + (i >> 2)][e];
+            }, XV, V, D, Vv, z, out);
+    } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
-            if (r < nr && v < V) w.write(acc[nt][e], r, v, XV, V, D, Vv, z, out);
-        }
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = wr + g + 8 * (e >> 1), v = v0 + 8 * nt + 2 * t + (e & 1);
+                if (r < nr && v < V) w.write(acc[nt][e], r, v, XV, V, D, Vv, z, out);
+            }
+    }
 }
 
 // --------------------------------------------------------------------------------------

@@ -607,7 +607,8 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
         return None
     tpc = -(-cmax // tl)
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
-                smem=nbytes, tiles_per_chunk=tpc, scratch=blocks * tpc * ch * nsplit * npt,
+                smem=nbytes, tiles_per_chunk=tpc,
+                scratch=blocks * tpc * (tl // _BRING_SUB) * ch * nsplit * npt,  # a state per sub-block
                 nseg=nseg, seg_len=seg_len, ring=True,
                 sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4))
 

@@ -226,10 +226,11 @@ def tc_nt(V: int) -> int:
     return TC_NT[0] if V <= 8 * TC_NT[0] else TC_NT[1]
 
 
-def mm_tc_name(kind: str, io: str, bc: str, nt: int) -> str:
-    """The ``ssd_chunk_mm_tc`` instance of one product kind with NT n-tiles per block."""
+def mm_tc_name(kind: str, io: str, bc: str, nt: int, gate: bool = False) -> str:
+    """The ``ssd_chunk_mm_tc`` instance of one product kind with NT n-tiles per block;
+    ``gate``: the instance for the output y with z (GATE: its epilogue's loads grouped)."""
     types, flags = _mm_args(kind, io, bc)
-    return f"ssd_chunk_mm_tc<{types}, {flags}, {nt}>"
+    return f"ssd_chunk_mm_tc<{types}, {flags}, {nt}{', true' if gate else ''}>"
 
 
 # dB and dC summed over heads on tensor cores: the heads' weighted blocks summed per class of
@@ -283,6 +284,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
         names += [mm_name(kind, io, bc, vm) for vm in (vms or vm_values(ct))]
         if ct == "float32" and kind in TC_KINDS:  # the products on tensor cores
             names += [mm_tc_name(kind, io, bc, nt) for nt in TC_NT]
+            if kind == "y":
+                names += [mm_tc_name(kind, io, bc, nt, gate=True) for nt in TC_NT]
         if ct == "float32" and kind in HSUM_KINDS:  # summed over heads on tensor cores
             names += [hsum_name(kind, io, bc, nt) for nt in TC_NT]
     if ct == "float32":
@@ -717,7 +720,7 @@ class _Layout:
         V = Vv.shape[3]
         K = U.shape[3]
         tc = uses_tc(self.ct, kind)
-        name = (mm_tc_name(kind, self.io, self.bc, tc_nt(V)) if tc
+        name = (mm_tc_name(kind, self.io, self.bc, tc_nt(V), gate=kind == "y" and z is not None) if tc
                 else mm_name(kind, self.io, self.bc, column_groups(V, self.ct)))
         tiles = self.mm_tiles
         m_chunks = M.shape[1]

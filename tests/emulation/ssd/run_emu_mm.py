@@ -69,6 +69,9 @@ def kernels():
                 for nt in gssd.TC_NT:
                     out[f"mm_tc_{kind}_{nt}"] = (gssd.mm_tc_name(kind, io, io, nt), T, PTRS,
                                                  SCALARS, TAIL_P, TAIL_S)
+                    if kind == "y":  # the instance for the output with z
+                        out[f"mm_tc_{kind}_{nt}_gate"] = (gssd.mm_tc_name(kind, io, io, nt, gate=True),
+                                                          T, PTRS, SCALARS, TAIL_P, TAIL_S)
                     if kind in gssd.HSUM_KINDS:
                         out[f"hs_{kind}_{nt}"] = (gssd.hsum_name(kind, io, io, nt), T, HS_PTRS,
                                                   HS_SCALARS)
@@ -242,6 +245,10 @@ def run_case(lib, i):
                 runs += [(f"TF32 NT {nt:2d}", f"emu_mm_tc_{kind}_{nt}",
                           batch * H * nc * tiles * -(-V // (8 * nt)), gssd.TC_THREADS)
                          for nt in gssd.TC_NT]
+                if kind == "y":  # GATE: the epilogue's loads grouped (used where z is given)
+                    runs += [(f"TF32 NT {nt:2d} G", f"emu_mm_tc_{kind}_{nt}_gate",
+                              batch * H * nc * tiles * -(-V // (8 * nt)), gssd.TC_THREADS)
+                             for nt in gssd.TC_NT]
             for label, sym, grid, threads in runs:
                 out = np.full((batch, L, H, V), np.nan, dt)
                 args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
