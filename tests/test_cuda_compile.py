@@ -188,7 +188,9 @@ def test_ring_plans_meet_kernel_preconditions():
                     nseg, seg_len = bplan["nseg"], bplan["seg_len"]
                     assert bplan["blocks"] == batch * (dim // ch) * nseg
                     assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
-                    assert bplan["scratch"] == bplan["blocks"] * -(-cmax // tl) * bplan["threads"] * 4
+                    # the state entering each 8-step sub-block of a chunk, per thread
+                    assert bplan["scratch"] == (bplan["blocks"] * -(-cmax // tl) * (tl // 8)
+                                                * bplan["threads"] * 4)
     # Not for float64, nor for N > 16 or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
