@@ -797,11 +797,20 @@ template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_q
     return a > b ? (a > 4 ? a : 4) : (b > 4 ? b : 4);
 }
 
+// The ring kernels' B and C stages: per group of 4 steps, state n's 4 values at slot
+// ssm_ring_slot(n) of ssm_ring_gpitch(NPAD) slots of 16 bytes. A gap of one slot after
+// every 8 states puts the quads of a channel's 4 lanes (states 4 s .. 4 s + 3, s < 4) in
+// different banks: without it lanes s and s + 2 were 128 bytes apart, so every 16-byte
+// load of B or C in the scans took two shared-memory wavefronts per quarter warp.
+// ssmkit/_gpu/selective_scan.py mirrors it (_ring_gpitch).
+__host__ __device__ constexpr int ssm_ring_slot(int n) { return n + (n >> 3); }
+__host__ __device__ constexpr int ssm_ring_gpitch(int NPAD) { return NPAD + NPAD / 8; }
+
 // Shared memory of the ring kernels, in bytes (ssmkit/_gpu/selective_scan.py
 // mirrors it: _ring_smem_bytes). Two stages, each: CH rows of u, of delta and
 // (not SUM) of z, a row holding TL elements and 16 bytes more (so consecutive
 // rows start four banks apart); then B and (not SUM) C in float, as TL / 4
-// groups of NPAD x 4 (rows n >= N zero). Then per channel a row of TL
+// groups of ssm_ring_gpitch(NPAD) x 4 (rows n >= N zero). Then per channel a row of TL
 // {dt, dt u} pairs (pitch 2 TL + 4 floats) and (not SUM) a row of TL partial
 // outputs (pitch TL + 4 floats); last, for 16-bit B and C, their rows as
 // stored (N of B, then N of C; TL elements each), one tile at a time.
@@ -812,8 +821,8 @@ struct ssm_ring_layout {
         o_dt = CH * pio;
         o_z = 2 * CH * pio;
         o_B = (sum ? 2 : 3) * CH * pio;
-        o_C = o_B + NPAD * TL * 4;
-        stage = o_C + (sum ? 0 : NPAD * TL * 4);
+        o_C = o_B + ssm_ring_gpitch(NPAD) * TL * 4;
+        stage = o_C + (sum ? 0 : ssm_ring_gpitch(NPAD) * TL * 4);
         o_dtu = 2 * stage;
         o_ys = o_dtu + CH * (2 * TL + 4) * 4;
         o_raw = o_ys + (sum ? 0 : CH * (TL + 4) * 4);
@@ -912,7 +921,7 @@ __device__ __forceinline__ void ssm_ring_copy_bc_piece(unsigned char* st, unsign
     const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
     unsigned char* dst;
     if constexpr (sizeof(BC) == 4)
-        dst = st + (r < N ? o_B : o_C) + ((k * NPAD + (r < N ? r : r - N)) * 4) * 4;
+        dst = st + (r < N ? o_B : o_C) + ((k * ssm_ring_gpitch(NPAD) + ssm_ring_slot(r < N ? r : r - N)) * 4) * 4;
     else
         dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
     ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
@@ -925,9 +934,10 @@ __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const un
                                                      int N, int NPAD, int TL, int r, int k) {
     float f[8];
     ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
-    float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ((2 * k * NPAD + (r < N ? r : r - N)) * 4);
+    const int gp = ssm_ring_gpitch(NPAD);
+    float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ((2 * k * gp + ssm_ring_slot(r < N ? r : r - N)) * 4);
     ssm_st4(dst, f);
-    ssm_st4(dst + NPAD * 4, f + 4);
+    ssm_st4(dst + gp * 4, f + 4);
 }
 
 // Issue the cp.async copies of the tile [t, t + tl) (none when tl <= 0) and
@@ -985,7 +995,7 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
                                                float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
                                                int s, unsigned wmask) {
     typedef ssm_math<float> M;
-    constexpr int S = 4 * NG, NPAD = 4 * NSPLIT;
+    constexpr int S = 4 * NG, NPG = ssm_ring_gpitch(4 * NSPLIT);
     float acc[S];
 #pragma unroll
     for (int j = 0; j < S; ++j) acc[j] = 0.0f;
@@ -997,8 +1007,8 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             float bv[4], cv[4];
-            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
-            if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPAD + k) * 4);
+            ssm_ld4(bv, Bq + (q * NPG + k) * 4);
+            if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPG + k) * 4);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
@@ -1008,8 +1018,8 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
         if constexpr (SUM) sdt += (pr[0] + pr[2]) + (pr[4] + pr[6]);
     }
     drow += 2 * S;
-    Bq += NPAD * S;
-    Cq += NPAD * S;
+    Bq += NPG * S;
+    Cq += NPG * S;
     if constexpr (!SUM) {
         int off = 0;
         bool own = true;
@@ -1052,7 +1062,7 @@ __device__ __forceinline__ void ssm_ring_zero_pad(unsigned char* sm, int stage, 
             const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
             const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
             const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ssm_st4(reinterpret_cast<float*>(sm + st * stage + (which ? o_C : o_B)) + (g * NPAD + n) * 4, zero);
+            ssm_st4(reinterpret_cast<float*>(sm + st * stage + (which ? o_C : o_B)) + (g * ssm_ring_gpitch(NPAD) + ssm_ring_slot(n)) * 4, zero);
         }
     }
 }
@@ -1176,8 +1186,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // latency is paid once per 16 steps and overlaps the next block's exps.
         {
             const float* drow = dtu + c * (2 * TL + 4);
-            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * NPT * 4;
-            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * NPT * 4;
+            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * NPT) * 4;
+            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_slot(s * NPT) * 4;
             float* yrow = ys + c * (TL + 4);
             int g0 = 0;
 #pragma unroll 1
@@ -1743,7 +1753,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // Shared memory of ssm_scan_bwd_ring, in bytes (ssmkit/_gpu/selective_scan.py
 // mirrors it: _bwd_ring_smem_bytes). Two stages, each: CH rows of u, delta, z
 // and dout as stored (TL elements and 16 bytes more each), then B and C in
-// float as TL / 4 groups of NPAD x 4. Then per channel a row of TL {dt, dt u}
+// float as TL / 4 groups of ssm_ring_gpitch(NPAD) x 4. Then per channel a row of TL {dt, dt u}
 // pairs (pitch 2 TL + 4 floats) and a row of TL dy (pitch TL + 4); the
 // sub-block entry states, ceil(TL / 8) x nthr x 4 floats; the warps' dB / dC
 // rows, TL x P floats per warp (P = 2 NPAD + 1: dB of the NPAD states, then
@@ -1755,8 +1765,8 @@ struct ssm_bring_layout {
         pio = TL * io_size + 16;
         rows = CH * pio;  // u, delta, z, dout at 0, rows, 2 rows, 3 rows
         o_B = 4 * rows;
-        o_C = o_B + NPAD * TL * 4;
-        stage = o_C + NPAD * TL * 4;
+        o_C = o_B + ssm_ring_gpitch(NPAD) * TL * 4;
+        stage = o_C + ssm_ring_gpitch(NPAD) * TL * 4;
         o_dtu = 2 * stage;
         o_dy = o_dtu + CH * (2 * TL + 4) * 4;
         o_slot = o_dy + CH * (TL + 4) * 4;
@@ -1863,7 +1873,7 @@ __device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigne
 }
 
 // h <- the state after NG4 groups of 4 steps: {dt, dt u} pairs from drow, B
-// of this lane's states from Bq ([g][n][4], NPAD states per group).
+// of this lane's states from Bq ([g][slot][4], ssm_ring_gpitch(NPAD) slots per group).
 template <int NPAD>
 __device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A2)[4], const float* drow,
                                                   const float* Bq, int ng4) {
@@ -1876,7 +1886,7 @@ __device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             float bv[4];
-            ssm_ld4(bv, Bq + (q * NPAD + k) * 4);
+            ssm_ld4(bv, Bq + (q * ssm_ring_gpitch(NPAD) + k) * 4);
 #pragma unroll
             for (int j = 0; j < 4; ++j) h[k] = M::decay(pr[2 * j] * A2[k]) * h[k] + bv[j] * pr[2 * j + 1];
         }
@@ -1903,6 +1913,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4), "N <= 16: 4 states per thread");
     typedef ssm_math<float> M;
     constexpr int NPAD = 4 * NSPLIT;
+    constexpr int NPG = ssm_ring_gpitch(NPAD);  // B, C stage slots per group of 4 steps
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;      // channels per warp
     constexpr int VIO = 16 / sizeof(IO);  // steps per 16-byte piece of IO
@@ -2045,14 +2056,14 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
         const float* const drow = dtu + c * (2 * TL + 4);
         const float* const dyr = dys + c * (TL + 4);
-        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + s * 16;
-        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + s * 16;
+        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * 4) * 4;
+        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_slot(s * 4) * 4;
         if (!rev) {
             // Pass A (a whole tile): the state entering each sub-block to scratch.
 #pragma unroll 1
             for (int k = 0; k < spt; ++k) {
                 ssm_st4(my_scratch + ((ssm_i64)T * spt + k) * nthr * 4, h);
-                ssm_bring_advance<NPAD>(h, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+                ssm_bring_advance<NPAD>(h, A2, drow + 2 * SB * k, Bq + SB * NPG * k, SB / 4);
             }
         } else {
             // The state entering each sub-block into the slots: from scratch, or (the chunk's
@@ -2073,7 +2084,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 #pragma unroll 1
                 for (int k = 0; k < nb; ++k) {
                     ssm_st4(slots + k * nthr * 4, hh);
-                    if (k + 1 < nb) ssm_bring_advance<NPAD>(hh, A2, drow + 2 * SB * k, Bq + SB * NPAD * k, SB / 4);
+                    if (k + 1 < nb) ssm_bring_advance<NPAD>(hh, A2, drow + 2 * SB * k, Bq + SB * NPG * k, SB / 4);
                 }
             }
             IO* const urow = reinterpret_cast<IO*>(st + c * lay.pio);                 // u, then du
@@ -2088,8 +2099,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 float hs[S + 1][4], as[S][4];
                 ssm_ld4(hs[0], slots + (j0 / SB) * nthr * 4);
                 const float* const dr = drow + 2 * j0;
-                const float* const Bj = Bq + j0 * NPAD;
-                const float* const Cj = Cq + j0 * NPAD;
+                const float* const Bj = Bq + j0 * NPG;
+                const float* const Cj = Cq + j0 * NPG;
 #pragma unroll
                 for (int q = 0; q < NG; ++q) {
                     if (q > 0 && !full) break;
@@ -2099,7 +2110,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         float bv[4];
-                        ssm_ld4(bv, Bj + (q * NPAD + k) * 4);
+                        ssm_ld4(bv, Bj + (q * NPG + k) * 4);
 #pragma unroll
                         for (int j = 0; j < 4; ++j) {
                             const float a = M::decay(pr[2 * j] * A2[k]);
@@ -2129,7 +2140,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         float yp = 0.0f, gb = 0.0f, sa = 0.0f;
 #pragma unroll
                         for (int k = 0; k < 4; ++k) {
-                            const float bk = Bj[(q * NPAD + k) * 4 + jj], ck = Cj[(q * NPAD + k) * 4 + jj];
+                            const float bk = Bj[(q * NPG + k) * 4 + jj], ck = Cj[(q * NPG + k) * 4 + jj];
                             const float ht = hs[j + 1][k];
                             yp += ck * ht;
                             v[4 + k] = dy * ht;

@@ -62,9 +62,11 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
         # and end (offsets of the final writes) or once per tile (the backward's
         # staging of four rows at a time, measured 11-16% faster than one row
-        # with 12 bytes less spilled) in local memory: a few words, rarely
-        # touched. More than that means state left the registers.
-        assert r["stack"] <= 24 and r["spill_stores"] <= 24, r
+        # with 12 bytes less spilled; the ring backward's 16-bit instances, 7
+        # words since B and C were staged with bank gaps, touched once per
+        # 8-step sub-block at most, measured faster) in local memory: a few
+        # words, rarely touched. More than that means state left the registers.
+        assert r["stack"] <= 32 and r["spill_stores"] <= 32, r
 
 
 @pytest.mark.parametrize("compute", ["float32", "float64"])

@@ -303,11 +303,17 @@ def _ring_quantum(io, bc):
     return max(16 // _ITEMSIZE[io], 16 // _ITEMSIZE[bc], 4)
 
 
+def _ring_gpitch(npad):
+    """16-byte slots per group of 4 steps in the ring kernels' B and C stages: a gap after
+    every 8 states (mirrors ssm_ring_gpitch)."""
+    return npad + npad // 8
+
+
 def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
     """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout)."""
     pio = tl * _ITEMSIZE[io] + 16
     rows_bc = 1 if summary else 2
-    stage = (2 if summary else 3) * ch * pio + rows_bc * npad * tl * 4
+    stage = (2 if summary else 3) * ch * pio + rows_bc * _ring_gpitch(npad) * tl * 4
     raw = rows_bc * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
     return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4) + raw
 
@@ -316,7 +322,7 @@ def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
     """Dynamic shared memory of ssm_scan_bwd_ring (mirrors ssm_bring_layout)."""
     nthr = ch * (npad // 4)
     pio = tl * _ITEMSIZE[io] + 16
-    stage = 4 * ch * pio + 2 * npad * tl * 4
+    stage = 4 * ch * pio + 2 * _ring_gpitch(npad) * tl * 4
     rows = ch * (2 * tl + 4) * 4 + ch * (tl + 4) * 4
     slots = -(-tl // _BRING_SUB) * nthr * 16
     acc = _round_up((nthr // 32) * tl * (2 * npad + 1) * 4, 16)
