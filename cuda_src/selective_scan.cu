@@ -84,7 +84,25 @@ __host__ __device__ constexpr int ssm_bwd_substeps() {
 //   TLS = TL | 1: row stride of the per-(channel, step) arrays; odd, so the
 //         lanes of a warp (different channels, same step) hit different banks.
 //   BS  = NPAD + 4: row stride of the per-step B/C tiles, kept a multiple of 4
-//         for 16-byte vector access.
+//         for 16-byte vector access. Quad q of a row (states 4q .. 4q + 3) lies
+//         at quad ssm_bc_quad(q): within each 8 quads (128 bytes), swizzled by
+//         the next bits of q, so that the 8 lanes of a quarter warp reading 8 or
+//         16 states each hit different banks (in order, lanes s and s + 4 were
+//         128 bytes apart and every vector load of B or C took two wavefronts).
+//         The backward's per-channel dB/dC rows (redB, redC) are swizzled alike.
+__host__ __device__ constexpr int ssm_bc_quad(int q) { return q ^ ((q >> 3) & 7); }
+
+// A lane's NPT states 4 at a time from a swizzled row (quads s NPT / 4 ..), and back.
+template <int NPT, typename T>
+__device__ __forceinline__ void ssm_ld_row_swz(T (&r)[NPT], const T* row, int s) {
+#pragma unroll
+    for (int i = 0; i < NPT / 4; ++i) ssm_ld4(&r[4 * i], row + 4 * ssm_bc_quad(s * (NPT / 4) + i));
+}
+template <int NPT, typename T>
+__device__ __forceinline__ void ssm_st_row_swz(T* row, int s, const T (&r)[NPT]) {
+#pragma unroll
+    for (int i = 0; i < NPT / 4; ++i) ssm_st4(row + 4 * ssm_bc_quad(s * (NPT / 4) + i), &r[4 * i]);
+}
 struct ssm_fwd_layout {
     int TLS, BS, o_dtu, o_y, o_B, o_C, total;
     __device__ ssm_fwd_layout(int CH, int TL, int NPAD, bool bv, bool cv) {
@@ -121,7 +139,7 @@ struct ssm_bwd_layout {
     }
 };
 
-// Xs[t][n] (row stride BS) = load(n, t) for t < tl and n < N, zeros up to tlp and 4 NQ: rows
+// Xs[t][n] (row stride BS, quads swizzled: ssm_bc_quad) = load(n, t) for t < tl and n < N, zeros up to tlp and 4 NQ: rows
 // of W lanes walk consecutive steps, four states per store. G row groups at a time, every
 // load issued before the first store (the backward takes 2: 2-8% faster there; the forward's
 // N = 128 kernel was 31% slower with 2).
@@ -142,7 +160,7 @@ __device__ __forceinline__ void ssm_stage_bc_with(CT* __restrict__ Xs, int N, in
             }
 #pragma unroll
             for (int j = 0; j < G; ++j)
-                if (q + j * rstep < NQ) ssm_st4(Xs + t * BS + 4 * (q + j * rstep), x[j]);
+                if (q + j * rstep < NQ) ssm_st4(Xs + t * BS + 4 * ssm_bc_quad(q + j * rstep), x[j]);
         }
     }
 }
@@ -184,7 +202,7 @@ __device__ __forceinline__ void ssm_stage_bc_quads(CT* __restrict__ Xs, const BC
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const CT col[4] = {x[0][j], x[1][j], x[2][j], x[3][j]};
-            if (t + j < tlp) ssm_st4(Xs + (t + j) * BS + 4 * q, col);
+            if (t + j < tlp) ssm_st4(Xs + (t + j) * BS + 4 * ssm_bc_quad(q), col);
         }
     }
 }
@@ -636,7 +654,7 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 for (int t = 0; t < tlp; ++t) {
                     const ssm_pair<CT> p = drow[t];
                     CT bv[NPT];
-                    if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
+                    if constexpr (BV) ssm_ld_row_swz<NPT>(bv, Bs + t * BS, s);
 #pragma unroll
                     for (int k = 0; k < NPT; ++k) {
                         const CT bk = BV ? bv[k] : Bc[k];
@@ -655,8 +673,8 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                         const int t = g0 + j;
                         const ssm_pair<CT> p = drow[t];
                         CT bv[NPT], cv[NPT];
-                        if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
-                        if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
+                        if constexpr (BV) ssm_ld_row_swz<NPT>(bv, Bs + t * BS, s);
+                        if constexpr (CV) ssm_ld_row_swz<NPT>(cv, Cs + t * BS, s);
                         CT acc = 0;
 #pragma unroll
                         for (int k = 0; k < NPT; ++k) {
@@ -1504,7 +1522,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         for (int t = t_begin; t < t_end; ++t) {
             const ssm_pair<CT> p = drow[t];
             CT bv[NPT];
-            if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
+            if constexpr (BV) ssm_ld_row_swz<NPT>(bv, Bs + t * BS, s);
 #pragma unroll
             for (int k = 0; k < NPT; ++k) {
                 const CT bk = BV ? bv[k] : Bc[k];
@@ -1567,7 +1585,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                 for (int j = 0; j < TS; ++j) {
                     const ssm_pair<CT> p = drow[j0 + j];
                     CT bv[NPT];
-                    if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + (j0 + j) * BS + s * NPT);
+                    if constexpr (BV) ssm_ld_row_swz<NPT>(bv, Bs + (j0 + j) * BS, s);
 #pragma unroll
                     for (int k = 0; k < NPT; ++k) {
                         const CT bk = BV ? bv[k] : Bc[k];
@@ -1585,8 +1603,8 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                     const ssm_pair<CT> p = drow[t];
                     const CT dy = dys[c * TLS + t];
                     CT bv[NPT], cv[NPT], dBv[NPT], dCv[NPT];
-                    if constexpr (BV) ssm_ld_row<NPT>(bv, Bs + t * BS + s * NPT);
-                    if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
+                    if constexpr (BV) ssm_ld_row_swz<NPT>(bv, Bs + t * BS, s);
+                    if constexpr (CV) ssm_ld_row_swz<NPT>(cv, Cs + t * BS, s);
                     CT yp = 0, gb = 0, sa = 0;
 #pragma unroll
                     for (int k = 0; k < NPT; ++k) {
@@ -1603,8 +1621,8 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                         dA[k] += q * p.dt;
                         g[k] *= as[j][k];
                     }
-                    if constexpr (BV) ssm_st_row<NPT>(redB + (j * CH + c) * NPAD + s * NPT, dBv);
-                    if constexpr (CV) ssm_st_row<NPT>(redC + (j * CH + c) * NPAD + s * NPT, dCv);
+                    if constexpr (BV) ssm_st_row_swz<NPT>(redB + (j * CH + c) * NPAD, s, dBv);
+                    if constexpr (CV) ssm_st_row_swz<NPT>(redC + (j * CH + c) * NPAD, s, dCv);
                     vals[3 * j] = yp;
                     vals[3 * j + 1] = gb;
                     vals[3 * j + 2] = sa;
@@ -1651,7 +1669,7 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
                         CT sum[4] = {0, 0, 0, 0};
                         for (int cc = 0; cc < CH; ++cc) {
                             CT x[4];
-                            ssm_ld4(x, red + (j * CH + cc) * NPAD + 4 * q);
+                            ssm_ld4(x, red + (j * CH + cc) * NPAD + 4 * ssm_bc_quad(q));
 #pragma unroll
                             for (int e = 0; e < 4; ++e) sum[e] += x[e];
                         }
@@ -2348,7 +2366,7 @@ ssm_scan_bwd_sum(const IO* __restrict__ delta, const IO* __restrict__ z, const I
         for (int t = tl - 1; t >= 0; --t) {
             const ssm_pair<CT> p = drow[t];
             CT cv[NPT];
-            if constexpr (CV) ssm_ld_row<NPT>(cv, Cs + t * BS + s * NPT);
+            if constexpr (CV) ssm_ld_row_swz<NPT>(cv, Cs + t * BS, s);
 #pragma unroll
             for (int k = 0; k < NPT; ++k) {
                 const CT ck = CV ? cv[k] : Cc[k];
