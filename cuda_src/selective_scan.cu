@@ -1172,12 +1172,14 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                                    NPAD, TL, tn, tln, has_z, tid, nthr);
         const unsigned char* const st = sm + stage * lay.stage;
 
-        // dt and dt u of the warp's channels, VIO steps per lane at a time.
+        // dt and dt u of the warp's channels, VIO steps per lane at a time; consecutive
+        // lanes on consecutive channels, so that a quarter warp's stores (and loads) fall on
+        // rows four banks apart, not on pieces of one row 32 or 64 bytes apart.
         {
             const int ppr = tl / VIO;
 #pragma unroll 1
             for (int i = lane; i < cwn * ppr; i += wl) {
-                const int r = i / ppr, t = (i - r * ppr) * VIO;
+                const int t = (i / cwn) * VIO, r = i - (t / VIO) * cwn;
                 const int cc = cw0 + r;
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
@@ -2037,8 +2039,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         const int lgw = 31 - __clz(TL / VIO);  // pieces of VIO steps per row of TL, log2
         {
 #pragma unroll 1
-            for (int i = lane; i < CPW << lgw; i += 32) {
-                const int r = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
+            for (int i = lane; i < CPW << lgw; i += 32) {  // (lanes on channels, as the forward's)
+                const int r = i & (CPW - 1), t = (i / CPW) * VIO;
                 if (t >= tl) continue;
                 const int cc = cw0 + r;
                 float uu[VIO], dd[VIO];  // (as the forward's staging; a shared helper changed its code)
