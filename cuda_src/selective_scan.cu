@@ -139,8 +139,8 @@ struct ssm_bwd_layout {
     }
 };
 
-// Xs[t][n] (row stride BS, quads swizzled: ssm_bc_quad) = load(n, t) for t < tl and n < N, zeros up to tlp and 4 NQ: rows
-// of W lanes walk consecutive steps, four states per store. G row groups at a time, every
+// Xs[t][n] (row stride BS, quads swizzled: ssm_bc_quad) = load(n, t) for t < tl and n < N,
+// zeros up to tlp and 4 NQ: rows of W lanes walk consecutive steps, four states per store. G row groups at a time, every
 // load issued before the first store (the backward takes 2: 2-8% faster there; the forward's
 // N = 128 kernel was 31% slower with 2).
 template <typename CT, int G = 1, typename F>
@@ -1006,7 +1006,7 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
 // lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
 // scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
 // added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
-// the first group ([g][n][4], NSPLIT * 4 states per group); all four pointers
+// the first group ([g][slot][4], ssm_ring_gpitch(4 NSPLIT) slots per group); all four pointers
 // are moved past the block.
 template <int NG, int NSPLIT, bool SUM>
 __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
