@@ -140,9 +140,9 @@ struct ssm_bwd_layout {
 };
 
 // Xs[t][n] (row stride BS, quads swizzled: ssm_bc_quad) = load(n, t) for t < tl and n < N,
-// zeros up to tlp and 4 NQ: rows of W lanes walk consecutive steps, four states per store. G row groups at a time, every
-// load issued before the first store (the backward takes 2: 2-8% faster there; the forward's
-// N = 128 kernel was 31% slower with 2).
+// zeros up to tlp and 4 NQ: rows of W lanes walk consecutive steps, four states per store.
+// G row groups at a time, every load issued before the first store (the backward takes 2:
+// 2-8% faster there; the forward's N = 128 kernel was 31% slower with 2).
 template <typename CT, int G = 1, typename F>
 __device__ __forceinline__ void ssm_stage_bc_with(CT* __restrict__ Xs, int N, int NQ, int BS, int tl,
                                                   int tlp, int r0, int rstep, int col0, int W,
