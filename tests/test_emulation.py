@@ -14,8 +14,9 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   count, float and double);
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
-  small N, every option) and on its ring list (the shapes the ring forward kernels take),
-  also as planned for a one-SM device (blocks of several warps).
+  small N, every option), its ring list (the shapes the ring forward kernels take, also as
+  planned for a one-SM device: blocks of several warps), its quads and n lists (N > 16) and
+  its bwd_ring list (the ring backward over several tiles per chunk).
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def test_ssd_in_emulation(script, cases):
 @needs_gxx
 # ring: the ring forward kernels' shapes; one SM: the planner's larger blocks, so backward
 # blocks of several warps; quads: the backward's B/C staging and dB/dC partials 4 steps at a
-# time (N > 16, aligned rows)
+# time (N > 16, aligned rows); n: N from 17 to 512 (the swizzled B/C tiles at 4, 8 and 16
+# states per lane); bwd_ring: the ring backward with several tiles per chunk (pass A's
+# sub-block states in scratch)
 @pytest.mark.parametrize("which,sm", [("quick", "132"), ("ring", "132"), ("ring", "1"),
-                                      ("quads", "132")])
+                                      ("quads", "132"), ("n", "132"), ("bwd_ring", "1")])
 def test_selective_scan_in_emulation(which, sm):
     pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)

@@ -5,7 +5,7 @@ output and gradient with the float64 reference.
         python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
-quick, ring and quads lists without AddressSanitizer (tests/test_emulation.py).
+quick, ring, quads, n and bwd_ring lists without AddressSanitizer (tests/test_emulation.py).
 """
 import sys, os, itertools
 import numpy as np
