@@ -12,6 +12,7 @@ Usage::
     python benchmarks/tune_selective_scan.py '{}' '{"bwd_min_tl": 16}' --rows 0 2 5
     python benchmarks/tune_selective_scan.py '{"fwd_async": false}' '{"fwd_async": true}' \\
         --rows 0 1 2 5 --rounds 2 --check --summary
+    python benchmarks/tune_selective_scan.py '{}' --shape float32,8,1536,2048,256 --rows 7
 
 ``--rounds R`` times the variants R times per row, in reverse order on every other round,
 and keeps each variant's fastest round (so a slow spell on the machine does not land on one
@@ -58,14 +59,20 @@ def main():
     parser.add_argument("--check", action="store_true",
                         help="compare every variant's y and gradients with the first variant's")
     parser.add_argument("--summary", action="store_true", help="end with a per-row comparison table")
+    parser.add_argument("--shape", action="append", default=[], metavar="DTYPE,BATCH,DIM,L,N",
+                        help="an extra row (not in the table): row index len(TABLE), then on")
     args = parser.parse_args()
+    table = list(TABLE)
+    for spec in args.shape:
+        dt, *sizes = spec.split(",")
+        table.append((dt, *map(int, sizes), None, None))
     default = dict(gpu_scan.TUNING)
     print("| row | dtype | batch | L | N | variant | round | fwd ms | fwd+bwd ms | max rel diff |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
     best = {}   # (row, variant index) -> [fwd, fwd+bwd]
     diffs = {}  # (row, variant index) -> relative difference to variant 0
     for i in args.rows:
-        dtype, batch, dim, L, N, _, _ = TABLE[i]
+        dtype, batch, dim, L, N, _, _ = table[i]
         x = make_inputs(cupy, dtype, batch, dim, L, N)
         dy = cupy.ones_like(x["u"])
 
@@ -113,7 +120,7 @@ def main():
         print(head)
         print("|" + "---|" * (head.count("|") - 1))
         for i in args.rows:
-            dtype, batch, dim, L, N, _, _ = TABLE[i]
+            dtype, batch, dim, L, N, _, _ = table[i]
             f0, b0 = best[(i, 0)]
             line = f"| {i} | {dtype} {batch}x{dim}x{L} N{N} |"
             for v in range(len(args.variants)):
