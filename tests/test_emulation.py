@@ -69,8 +69,11 @@ def test_warp_convolution_kernels_in_emulation():
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights);
     # without z (dcum's first half from dC)
     ("run_emu_bwd.py", ["14", "18", "21", "23"]),
-    # ssd_chunk_mm, the CUDA-core products (float and double); the per-chunk passes
-    ("run_emu_mm.py", []),
+    # ssd_chunk_mm and ssd_chunk_mm_tc (float and double) and the per-chunk passes, on the
+    # product cases that run in seconds and two longer ones: a length-1 row, chunks of 8 with
+    # sequence ends, float64 with head groups and a sequence end, float64 V = 250, 4 tiles per
+    # chunk, runs of heads (cases 1, 2, 3 took 150 s more here: run the script for all)
+    ("run_emu_mm.py", ["--cases", "0,4,5,6,7,8,9"]),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")
