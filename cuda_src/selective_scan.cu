@@ -1179,7 +1179,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             const int ppr = tl / VIO;
 #pragma unroll 1
             for (int i = lane; i < cwn * ppr; i += wl) {
-                const int t = (i / cwn) * VIO, r = i - (t / VIO) * cwn;
+                const int p = i / cwn, r = i - p * cwn, t = p * VIO;
                 const int cc = cw0 + r;
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));

@@ -713,13 +713,20 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
     template <typename TV, typename TO>
     __device__ __forceinline__ void write(CT val, int r, int v, int XV, int V, const CT* D,
                                           const TV* Vv, const TV* z, TO* out) const {
-        const ssm_i64 idx = ((b * L + r0 + r) * XV + hv) * V + v;
+        const ssm_i64 idx = in_index(r, v, XV, V);
         if (D) val += D[(ssm_i64)h * V + v] * (CT)ssm_load(Vv[idx]);
         if (z) {
             const CT zv = (CT)ssm_load(z[idx]);
             val *= zv * ssm_math<CT>::sigmoid(zv);
         }
-        ssm_store(out + ((b * L + r0 + r) * H + h) * V + v, val);
+        ssm_store(out + out_index(r, v, V), val);
+    }
+    // Where output entry (r, v) reads x and z (head group hv, XV groups), and where it goes.
+    __device__ __forceinline__ ssm_i64 in_index(int r, int v, int XV, int V) const {
+        return ((b * L + r0 + r) * XV + hv) * V + v;
+    }
+    __device__ __forceinline__ ssm_i64 out_index(int r, int v, int V) const {
+        return ((b * L + r0 + r) * H + h) * V + v;
     }
     // As write, for G entries at once (entry i = at(i, r, v), written where r < nr and
     // v < V), with the loads of x, D and z of all G issued before any is used, so that their
@@ -735,7 +742,7 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
         for (int i = 0; i < G; ++i) {
             val[i] = at(i, rr[i], vv[i]);
             const bool live = rr[i] < nr && vv[i] < V;
-            const ssm_i64 idx = live ? ((b * L + r0 + rr[i]) * XV + hv) * V + vv[i] : 0;
+            const ssm_i64 idx = live ? in_index(rr[i], vv[i], XV, V) : 0;
             xd[i] = D && live ? D[(ssm_i64)h * V + vv[i]] * (CT)ssm_load(Vv[idx]) : CT(0);
             zv[i] = z && live ? (CT)ssm_load(z[idx]) : CT(0);
         }
@@ -743,7 +750,7 @@ template <typename CT, bool UPPER, bool DTQ, int R> struct ssd_mm_block {
         for (int i = 0; i < G; ++i) {
             CT y = val[i] + xd[i];
             if (z) y *= zv[i] * ssm_math<CT>::sigmoid_fast(zv[i]);
-            if (rr[i] < nr && vv[i] < V) ssm_store(out + ((b * L + r0 + rr[i]) * H + h) * V + vv[i], y);
+            if (rr[i] < nr && vv[i] < V) ssm_store(out + out_index(rr[i], vv[i], V), y);
         }
     }
 };
