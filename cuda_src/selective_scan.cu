@@ -824,27 +824,37 @@ template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_q
 __host__ __device__ constexpr int ssm_ring_slot(int n) { return n + (n >> 3); }
 __host__ __device__ constexpr int ssm_ring_gpitch(int NPAD) { return NPAD + NPAD / 8; }
 
+// What a ring kernel computes (its KIND): the forward (y, states), the forward's
+// summary pass (each segment's end state from zero), or the backward's summary pass
+// (each segment's outgoing adjoint from zero, walking time backwards). The rows
+// each one stages per tile: SSM_RING_FWD u, delta, z and B, C; SSM_RING_SUM u,
+// delta and B; SSM_RING_BSUM dout (in u's place), delta, z and C (in B's place).
+enum { SSM_RING_FWD = 0, SSM_RING_SUM = 1, SSM_RING_BSUM = 2 };
+__host__ __device__ constexpr int ssm_ring_nio(int kind) { return kind == SSM_RING_SUM ? 2 : 3; }
+__host__ __device__ constexpr int ssm_ring_nbc(int kind) { return kind == SSM_RING_FWD ? 2 : 1; }
+
 // Shared memory of the ring kernels, in bytes (ssmkit/_gpu/selective_scan.py
 // mirrors it: _ring_smem_bytes). Two stages, each: CH rows of u, of delta and
-// (not SUM) of z, a row holding TL elements and 16 bytes more (so consecutive
-// rows start four banks apart); then B and (not SUM) C in float, as TL / 4
+// (not SSM_RING_SUM) of z, a row holding TL elements and 16 bytes more (so consecutive
+// rows start four banks apart); then B and (SSM_RING_FWD) C in float, as TL / 4
 // groups of ssm_ring_gpitch(NPAD) x 4 (rows n >= N zero). Then per channel a row of TL
-// {dt, dt u} pairs (pitch 2 TL + 4 floats) and (not SUM) a row of TL partial
+// {dt, dt u} pairs (pitch 2 TL + 4 floats) and (SSM_RING_FWD) a row of TL partial
 // outputs (pitch TL + 4 floats); last, for 16-bit B and C, their rows as
 // stored (N of B, then N of C; TL elements each), one tile at a time.
 struct ssm_ring_layout {
     int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, o_raw, total;
-    __host__ __device__ ssm_ring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, bool sum) {
+    __host__ __device__ ssm_ring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, int kind) {
+        const int bcs = ssm_ring_gpitch(NPAD) * TL * 4;  // bytes of one of B, C in a stage
         pio = TL * io_size + 16;
         o_dt = CH * pio;
         o_z = 2 * CH * pio;
-        o_B = (sum ? 2 : 3) * CH * pio;
-        o_C = o_B + ssm_ring_gpitch(NPAD) * TL * 4;
-        stage = o_C + (sum ? 0 : ssm_ring_gpitch(NPAD) * TL * 4);
+        o_B = ssm_ring_nio(kind) * CH * pio;
+        o_C = o_B + bcs;
+        stage = o_B + ssm_ring_nbc(kind) * bcs;
         o_dtu = 2 * stage;
         o_ys = o_dtu + CH * (2 * TL + 4) * 4;
-        o_raw = o_ys + (sum ? 0 : CH * (TL + 4) * 4);
-        total = o_raw + (bc_size == 2 ? (sum ? 1 : 2) * N * TL * 2 : 0);
+        o_raw = o_ys + (kind == SSM_RING_FWD ? CH * (TL + 4) * 4 : 0);
+        total = o_raw + (bc_size == 2 ? ssm_ring_nbc(kind) * N * TL * 2 : 0);
     }
 };
 
@@ -891,7 +901,7 @@ __device__ __forceinline__ void ssm_narrow16(T* p, const float (&v)[8]) {
 // The tiles of a segment [t, end), in order: up to TL steps each, never across
 // a multiple of `bound` steps from the segment's start (a chunk's end, or with
 // SSM_CKPT_INSIDE only the segment's). Tracked without 64-bit divisions (calls in
-// SASS, around which ptxas spilled).
+// SASS, around which ptxas spilled). ssm_ring_rtiles: last to first.
 struct ssm_ring_tiles {
     ssm_i64 t, end, bound, bound_end;
     int TL, tl;  // tl: steps of the tile at t (0 past the end)
@@ -907,6 +917,20 @@ struct ssm_ring_tiles {
         t += tl;
         if (t == bound_end) bound_end = (t + bound) < end ? (t + bound) : end;
         tl = len();
+    }
+};
+
+// The tiles of a segment [begin, end) last to first: [end - TL, end), [end - 2 TL,
+// end - TL), ..., the first one shorter if TL does not divide the segment (so every
+// tile starts on the granule when begin, end and TL are on it). tl = 0 past the start.
+struct ssm_ring_rtiles {
+    ssm_i64 t, begin;
+    int TL, tl;
+    __device__ __forceinline__ ssm_ring_rtiles(ssm_i64 t_begin, ssm_i64 t_end, int TL_)
+        : t(t_end), begin(t_begin), TL(TL_) { next(); }
+    __device__ __forceinline__ void next() {
+        tl = (t - begin) < TL ? (int)(t - begin) : TL;
+        t -= tl;
     }
 };
 
@@ -959,12 +983,12 @@ __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const un
 }
 
 // Issue the cp.async copies of the tile [t, t + tl) (none when tl <= 0) and
-// commit them as one group: into stage st, the rows of u, delta and (not SUM,
-// has_z) z (row r of each at row0 + r L in global memory); B and (not SUM) C
-// in float straight into their [step / 4][n][4] places, or, 16-bit, as stored
-// into the rows of `raw` (pitch TL * sizeof(BC); B's N rows, then C's), for
-// ssm_ring_widen to place. 16-byte pieces throughout.
-template <typename IO, typename BC, bool SUM>
+// commit them as one group: into stage st, the rows of u, delta and (KIND not
+// SSM_RING_SUM, has_z) z (row r of each at row0 + r L in global memory); B and
+// (SSM_RING_FWD) C in float straight into their [step / 4][n][4] places, or,
+// 16-bit, as stored into the rows of `raw` (pitch TL * sizeof(BC); B's N rows,
+// then C's), for ssm_ring_widen to place. 16-byte pieces throughout.
+template <typename IO, typename BC, int KIND>
 __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* raw, const ssm_ring_layout& lay,
                                               const IO* u, const IO* delta, const IO* z, const BC* Bg,
                                               const BC* Cg, ssm_i64 row0, ssm_i64 L, int CH, int N, int NPAD,
@@ -972,7 +996,7 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
     if (tl > 0) {
         const int pio = tl * (int)sizeof(IO) / 16;
 #pragma unroll
-        for (int a = 0; a < (SUM ? 2 : 3); ++a) {
+        for (int a = 0; a < ssm_ring_nio(KIND); ++a) {
             if (a == 2 && !has_z) break;
             const unsigned char* const g = reinterpret_cast<const unsigned char*>((a == 0 ? u : a == 1 ? delta : z) + row0 + t);
             unsigned char* const sa = st + a * lay.o_dt;
@@ -982,7 +1006,7 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
         }
         const int pbc = tl * (int)sizeof(BC) / 16;
 #pragma unroll 1
-        for (ssm_pieces w(pbc, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next())
+        for (ssm_pieces w(pbc, tid, nthr); w.r < ssm_ring_nbc(KIND) * N; w.next())
             ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, w.r, w.k);
     }
     ssm_cp_commit();
@@ -990,14 +1014,14 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
 
 // 16-bit B and C: widen the pieces this thread copied into `raw` (after its
 // ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st.
-template <typename BC, bool SUM>
+template <typename BC, int KIND>
 __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw,
                                                const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
                                                int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
         if (tl > 0)
 #pragma unroll 1
-            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < (SUM ? 1 : 2) * N; w.next())
+            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < ssm_ring_nbc(KIND) * N; w.next())
                 ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, w.r, w.k);
     }
 }
@@ -1056,6 +1080,31 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
     }
 }
 
+// One block of the backward summary's scan (SSM_RING_BSUM), time reversed: the NG
+// groups of 4 steps at drow ({dt, dy} pairs) and Cq (this lane's states of C, laid out
+// as Bq above), last step first: g <- (g + C dy) exp(dt A) for this lane's 4 states
+// (the order and arithmetic of ssm_scan_bwd_sum); dt added to sdt.
+template <int NG, int NSPLIT>
+__device__ __forceinline__ void ssm_ring_block_rev(const float* drow, const float* Cq, float (&g)[4],
+                                                   const float (&A2)[4], float& sdt) {
+    typedef ssm_math<float> M;
+    constexpr int NPG = ssm_ring_gpitch(4 * NSPLIT);
+#pragma unroll
+    for (int q = NG - 1; q >= 0; --q) {
+        float pr[8];
+        ssm_ld4(pr, drow + 8 * q);
+        ssm_ld4(pr + 4, drow + 8 * q + 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float cv[4];
+            ssm_ld4(cv, Cq + (q * NPG + k) * 4);
+#pragma unroll
+            for (int j = 3; j >= 0; --j) g[k] = (g[k] + cv[j] * pr[2 * j + 1]) * M::decay(pr[2 * j] * A2[k]);
+        }
+        sdt += (pr[6] + pr[4]) + (pr[2] + pr[0]);
+    }
+}
+
 // At step t of the scan, if t starts the next chunk (ck_next), this lane's NPT = 4 states
 // of the state entering it go to dst (then moved to the next chunk's).
 __device__ __forceinline__ void ssm_ring_ckpt(float*& dst, ssm_i64 dst_step, const float (&h)[4], int t,
@@ -1085,8 +1134,18 @@ __device__ __forceinline__ void ssm_ring_zero_pad(unsigned char* sm, int stage, 
     }
 }
 
-template <typename IO, typename BC, int NSPLIT, bool SUM, typename CT = float>
+// Tiles of [t_begin, t_end) in the order a ring kernel walks them (REV: last to first,
+// ignoring chunks, which only the forward's checkpoints follow).
+template <bool REV>
+__device__ __forceinline__ auto ssm_ring_walk(ssm_i64 t_begin, ssm_i64 t_end, ssm_i64 bound, int TL) {
+    if constexpr (REV) return ssm_ring_rtiles(t_begin, t_end, TL);
+    else return ssm_ring_tiles(t_begin, t_end, bound, TL);
+}
+
+template <typename IO, typename BC, int NSPLIT, int KIND, typename CT = float>
 __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
+    constexpr bool SUM = KIND != SSM_RING_FWD;  // a summary pass: no y, C only as BSUM's B
+    constexpr bool REV = KIND == SSM_RING_BSUM;
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
@@ -1111,7 +1170,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
     const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
 
-    const ssm_ring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), SUM);
+    const ssm_ring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), KIND);
     // (Steps in 32 bits below: a 64-bit division or remainder is a call in SASS.)
     if (lay.total > (int)ssm_dynamic_smem_bytes() || (int)blockDim.x != nthr || TL % Q != 0 ||
         L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 || N > NPAD ||
@@ -1141,38 +1200,40 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     float* ck_dst = ck ? ckpt + ((ci0 * batch + b) * dim + d) * N + s * NPT : nullptr;
     const int ck_n = N - s * NPT;  // states of this lane (< NPT in the last lane of a small N)
 
-    ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, SUM ? 1 : 2, TL, N, NPAD, tid, nthr);
+    ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, ssm_ring_nbc(KIND), TL, N, NPAD, tid, nthr);
 
     float A2[NPT], h[NPT];
     ssm_fwd_start<float, NPT, SUM>(A2, h, A, seg_h, h0, flags & SSM_HAS_H0, batch, dim, N, nseg, seg, b, d, s);
     float sdt = 0.0f;  // SUM: sum of dt over the segment (every lane of a channel)
 
     const ssm_i64 row0 = ((ssm_i64)b * dim + d0) * L;  // u, delta, z, y: row of channel d0
-    const BC* const Bg = B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     const BC* const Cg = C + ((ssm_i64)b * GC + d0 / (dim / GC)) * N * L;
+    // (BSUM stages C where the others stage B, and reads no B)
+    const BC* const Bg = REV ? Cg : B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     unsigned char* const raw = sm + lay.o_raw;  // 16-bit B and C on their way
-    ssm_ring_tiles cur(t_begin, t_end, inside ? seg_len : chunk, TL);
-    ssm_ring_copy<IO, BC, SUM>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
-                               tid, nthr);
+    auto cur = ssm_ring_walk<REV>(t_begin, t_end, inside ? seg_len : chunk, TL);
+    ssm_ring_copy<IO, BC, KIND>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
+                                tid, nthr);
     ssm_cp_wait_all();
-    ssm_ring_widen<BC, SUM>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
+    ssm_ring_widen<BC, KIND>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
 
     int stage = 0;
 #pragma unroll 1
     while (cur.tl > 0) {
         const ssm_i64 t0 = cur.t;
         const int tl = cur.tl;
-        ssm_ring_tiles nxt = cur;
+        auto nxt = cur;
         nxt.next();
         const ssm_i64 tn = nxt.t;
         const int tln = nxt.tl;
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
-        ssm_ring_copy<IO, BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N,
-                                   NPAD, TL, tn, tln, has_z, tid, nthr);
+        ssm_ring_copy<IO, BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N,
+                                    NPAD, TL, tn, tln, has_z, tid, nthr);
         const unsigned char* const st = sm + stage * lay.stage;
 
-        // dt and dt u of the warp's channels, VIO steps per lane at a time; consecutive
+        // dt and dt u (BSUM: dt and dy = dout silu(z)) of the warp's channels, VIO steps
+        // per lane at a time; consecutive
         // lanes on consecutive channels, so that a quarter warp's stores (and loads) fall on
         // rows four banks apart, not on pieces of one row 32 or 64 bytes apart.
         {
@@ -1185,13 +1246,19 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.o_dt + cc * lay.pio + t * sizeof(IO)));
                 const float bias = has_bias ? dbias[d0 + cc] : 0.0f;
+                if (REV && has_z) {
+                    float zz[VIO];
+                    ssm_widen16(zz, (const IO*)nullptr, ssm_ld16(st + lay.o_z + cc * lay.pio + t * sizeof(IO)));
+#pragma unroll
+                    for (int j = 0; j < VIO; ++j) uu[j] *= zz[j] * M::sigmoid_fast(zz[j]);
+                }
                 float pr[2 * VIO];
 #pragma unroll
                 for (int j = 0; j < VIO; ++j) {
                     float dt = dd[j] + bias;
                     if (softplus) dt = M::softplus_fast(dt);
                     pr[2 * j] = dt;
-                    pr[2 * j + 1] = dt * uu[j];
+                    pr[2 * j + 1] = REV ? uu[j] : dt * uu[j];
                 }
                 float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
 #pragma unroll
@@ -1204,7 +1271,23 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // at [g][n][4]): 16 steps at a time, then groups of 4 to the tile's end.
         // The block's output sums are reduce-scattered once, so the shuffles'
         // latency is paid once per 16 steps and overlaps the next block's exps.
-        {
+        if constexpr (REV) {
+            // Last step first: the groups past the tile's last whole block, then its blocks.
+            const float* const drow = dtu + c * (2 * TL + 4);
+            const float* const Cq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * NPT) * 4;
+            constexpr int NPG = ssm_ring_gpitch(NPAD);
+            int g0 = tl;
+#pragma unroll 1
+            while (g0 % 16 != 0) {
+                g0 -= 4;
+                ssm_ring_block_rev<1, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
+            }
+#pragma unroll 1
+            while (g0 > 0) {
+                g0 -= 16;
+                ssm_ring_block_rev<4, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
+            }
+        } else {
             const float* drow = dtu + c * (2 * TL + 4);
             const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * NPT) * 4;
             const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_slot(s * NPT) * 4;
@@ -1250,7 +1333,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // readers, the previous tile's scan, passed this tile's barrier).
         if constexpr (sizeof(BC) == 2) {
             ssm_cp_wait_all();
-            ssm_ring_widen<BC, SUM>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
+            ssm_ring_widen<BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
         }
         cur = nxt;
         stage ^= 1;
@@ -1262,7 +1345,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, false>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split forward through the ring (see "Time segments"):
@@ -1270,7 +1353,19 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, true>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_SUM>(SSM_FWD_ARGS);
+}
+
+// Summary pass of a split backward through the ring (ssm_scan_bwd_sum's work, staged as
+// the ring forward stages): per segment, its steps last to first from a zero adjoint,
+// g <- (g + C_t dy_t) exp(dt_t A) with dy = dout silu(z) (dout alone without z); the
+// adjoint leaving the segment's start to seg_h[seg, b, d] and its sum of dt to
+// seg_dt[seg, b, d]. Parameters as ssm_scan_fwd_ring's, but u holds dout; B, D, h0, y,
+// hfinal and ckpt are unused.
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:

@@ -56,7 +56,8 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # The Mamba-1 configuration (N = 16, per-step B and C): no local memory.
     npt, nsplit = ss.state_split(16)
     keys = [ss.KernelKey(kind, io, bc, npt, nsplit, True, True)
-            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring", "bwd_ring")
+            for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring", "bwd_ring",
+                         "bwd_sum_ring")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
@@ -193,6 +194,15 @@ def test_ring_plans_meet_kernel_preconditions():
                     # the state entering each 8-step sub-block of a chunk, per thread
                     assert bplan["scratch"] == (bplan["blocks"] * -(-cmax // tl) * (tl // 8)
                                                 * bplan["threads"] * 4)
+                    # its summary pass, with time split: the ring forward's staging, any tiles
+                    sr = bplan["sum_ring"]
+                    assert (sr is not None) == (nseg > 1), shape
+                    if sr is not None:
+                        sch, stl = sr["ch"], sr["tl"]
+                        assert sr["threads"] == sch * nsplit <= ss.FWD_MAX_THREADS
+                        assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
+                        assert stl % q == 0 and sr["smem"] <= limits["smem_optin"]
+                        assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * nsplit, io, bc, kind="bsum")
     # Not for float64, nor for N > 16 or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None

@@ -427,8 +427,9 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
 def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
     """The ring backward kernel (the ring forward's shapes with a warp of channels per B/C
     group: 32 / NSPLIT): N from 1 to 16, several tiles per chunk, chunks ending in half
-    sub-blocks (float32), blocks of one and several warps, with and without time segments,
-    equals the reference and ran; with too few channels per group the other kernel runs."""
+    sub-blocks (float32), blocks of one and several warps, with and without time segments
+    (then its summary pass through the ring, also turned off), equals the reference and ran;
+    with too few channels per group the other kernel runs."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
     if dtype == "bfloat16":
@@ -447,10 +448,19 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
         (dict(batch=1, dim=256, L=264, N=16, b_form="group", c_form="group", groups=2,
               with_D=False, with_bias=False), 80),
     ]
+    summaries = set()
     for seed, (case, chunk) in enumerate(cases):
         kinds.clear()
         _check_vjp("gpu", dtype, case, chunk, 800 + seed)
-        assert "bwd_ring" in kinds and "bwd" not in kinds, kinds
+        assert "bwd_ring" in kinds and "bwd" not in kinds and "bwd_sum" not in kinds, kinds
+        summaries.update(k for k in kinds if k == "bwd_sum_ring")
+    assert summaries == ({"bwd_sum_ring"} if segments > 1 else set())
+    if segments > 1:  # the summary pass of before (ssm_scan_bwd_sum) on the ring backward
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_sum_ring", False)
+        kinds.clear()
+        _check_vjp("gpu", dtype, *cases[0], 800)
+        assert "bwd_sum" in kinds and "bwd_sum_ring" not in kinds, kinds
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_sum_ring", True)
     # 3 channels per group: fewer than a warp's 8 at N = 16.
     kinds.clear()
     _check_vjp("gpu", dtype, dict(batch=1, dim=6, L=64, N=16, b_form="group", c_form="step",

@@ -130,6 +130,9 @@ TUNING = {
     # benchmarks/NOTES.md); False: always ssm_scan_bwd. SSMKIT_BWD_RING=0 in the environment
     # (read at import) sets False.
     "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
+    # True: a split ring backward's summary pass through the ring forward's staging
+    # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
+    "bwd_sum_ring": True,
     "bwd_ring_threads": 128,
     "bwd_ring_tl": 64,
     # Time segments (see _split_time): split when the grid fills less than
@@ -156,7 +159,8 @@ global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
 ``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only),
 "bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
-same case), or
+same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
+``TUNING["bwd_sum_ring"]``), or
 "carry" (the segment carry) or "tile_sum" (the backward's sum of per-step
 dB/dC partials), both templated on the compute type only (io = bc = the
 compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
@@ -165,7 +169,7 @@ per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
-_RING_KINDS = ("fwd_ring", "fwd_sum_ring", "bwd_ring")
+_RING_KINDS = ("fwd_ring", "fwd_sum_ring", "bwd_ring", "bwd_sum_ring")
 _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
@@ -309,13 +313,19 @@ def _ring_gpitch(npad):
     return npad + npad // 8
 
 
-def _ring_smem_bytes(ch, tl, n, npad, io, bc, summary=False):
-    """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout)."""
+def _ring_smem_bytes(ch, tl, n, npad, io, bc, kind="fwd"):
+    """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout).
+
+    ``kind``: "fwd" (ssm_scan_fwd_ring: rows of u, delta, z; B and C; the output sums),
+    "sum" (ssm_scan_fwd_sum_ring: u, delta; B) or "bsum" (ssm_scan_bwd_sum_ring: dout,
+    delta, z; C).
+    """
     pio = tl * _ITEMSIZE[io] + 16
-    rows_bc = 1 if summary else 2
-    stage = (2 if summary else 3) * ch * pio + rows_bc * _ring_gpitch(npad) * tl * 4
+    rows_io = 2 if kind == "sum" else 3
+    rows_bc = 2 if kind == "fwd" else 1
+    stage = rows_io * ch * pio + rows_bc * _ring_gpitch(npad) * tl * 4
     raw = rows_bc * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
-    return 2 * stage + ch * (2 * tl + 4) * 4 + (0 if summary else ch * (tl + 4) * 4) + raw
+    return 2 * stage + ch * (2 * tl + 4) * 4 + (ch * (tl + 4) * 4 if kind == "fwd" else 0) + raw
 
 
 def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
@@ -578,7 +588,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         return None
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
                 nseg=nseg, seg_len=seg_len, async_=True, ring=True, inside=inside,
-                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, summary=True))
+                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum"))
 
 
 def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
@@ -586,7 +596,10 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
 
     It applies where :func:`plan_forward_ring` does and the channels of a B/C group fill a
     warp (``32 / NSPLIT`` of them: blocks are whole warps). Returns the keys of
-    :func:`plan_backward` (``ts`` is the sub-block, 8 steps) and ``ring`` True.
+    :func:`plan_backward` (``ts`` is the sub-block, 8 steps), ``ring`` True and ``sum_ring``:
+    ``ch``, ``tl``, ``threads`` and ``smem`` of the summary pass ``ssm_scan_bwd_sum_ring``
+    with time split (tiles picked as the ring forward's, not ending at chunk ends), else
+    None.
     """
     case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
     if case is None:
@@ -612,11 +625,24 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     except NotImplementedError:
         return None
     tpc = -(-cmax // tl)
+    sum_ring = None
+    if nseg > 1:  # the summary's own tiles, as the ring forward picks them, for its nseg - 1 segments
+        try:
+            sch, stl, sbytes, _, _ = _choose_tiles(
+                batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len, nsplit=nsplit, step=q,
+                tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
+                max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),
+                warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
+                size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind="bsum"), lim=lim,
+                what=f"the backward's summary with N={N}", nseg=nseg - 1)
+            sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes)
+        except NotImplementedError:
+            pass
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
                 smem=nbytes, tiles_per_chunk=tpc,
                 scratch=blocks * tpc * (tl // _BRING_SUB) * ch * nsplit * npt,  # a state per sub-block
                 nseg=nseg, seg_len=seg_len, ring=True,
-                sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4))
+                sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4), sum_ring=sum_ring)
 
 
 def plan_backward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, smem_optin, **device):
@@ -941,10 +967,19 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         # then the carry from the last segment (seeded by dfinal) to the first.
         local = cp.empty((nseg, batch, dim, N), dtype=cdt)
         sumdt = cp.empty((nseg, batch, dim), dtype=cdt)
-        key = KernelKey("bwd_sum", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
-        args = (p.delta, _ptr(p.z), dout, p.A, p.C, _ptr(p.delta_bias), local, sumdt,
-                ) + _shape_args(p, plan) + (np.int32(flags),) + _seg_args(plan, seg0=1)
-        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
+        sr = plan.get("sum_ring") if TUNING["bwd_sum_ring"] else None
+        if sr is not None:  # (the ring backward's alignment checks cover its arrays)
+            splan = dict(plan, **sr, blocks=batch * (dim // sr["ch"]) * (nseg - 1))
+            key = KernelKey("bwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], True, True)
+            args = (dout, p.delta, _ptr(p.z), p.A, _NULL, p.C, _NULL, _ptr(p.delta_bias), _NULL, _NULL, _NULL,
+                    _NULL, local, sumdt) + _shape_args(p, splan) + (
+                    np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=1)
+            _launch(key, splan, args)
+        else:
+            key = KernelKey("bwd_sum", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
+            args = (p.delta, _ptr(p.z), dout, p.A, p.C, _ptr(p.delta_bias), local, sumdt,
+                    ) + _shape_args(p, plan) + (np.int32(flags),) + _seg_args(plan, seg0=1)
+            _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
         seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
 
     key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)

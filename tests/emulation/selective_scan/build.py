@@ -39,6 +39,7 @@ SIGS = {
     "fwd_sum_direct": FWD_T + SHAPE + SEG,
     "fwd_ring": FWD_T + SHAPE + SEG,
     "fwd_sum_ring": FWD_T + SHAPE + SEG,
+    "bwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
     "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG,
     "bwd_sum": BSUM_T + SHAPE + SEG,
