@@ -824,6 +824,12 @@ template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_q
 __host__ __device__ constexpr int ssm_ring_slot(int n) { return n + (n >> 3); }
 __host__ __device__ constexpr int ssm_ring_gpitch(int NPAD) { return NPAD + NPAD / 8; }
 
+// Bytes from one 16-bit B or C row of a tile to the next in the ring kernels' `raw`
+// buffers: 16 more than the row, so that the 8 rows a quarter warp copies and widens at
+// a time (ssm_for_bc_pieces) start in different banks. ssmkit/_gpu/selective_scan.py mirrors
+// it (_RAW_PAD).
+__host__ __device__ constexpr int ssm_ring_raw_pitch(int TL) { return TL * 2 + 16; }
+
 // What a ring kernel computes (its KIND): the forward (y, states), the forward's
 // summary pass (each segment's end state from zero), or the backward's summary pass
 // (each segment's outgoing adjoint from zero, walking time backwards). The rows
@@ -840,7 +846,7 @@ __host__ __device__ constexpr int ssm_ring_nbc(int kind) { return kind == SSM_RI
 // groups of ssm_ring_gpitch(NPAD) x 4 (rows n >= N zero). Then per channel a row of TL
 // {dt, dt u} pairs (pitch 2 TL + 4 floats) and (SSM_RING_FWD) a row of TL partial
 // outputs (pitch TL + 4 floats); last, for 16-bit B and C, their rows as
-// stored (N of B, then N of C; TL elements each), one tile at a time.
+// stored (N of B, then N of C; pitch ssm_ring_raw_pitch(TL)), one tile at a time.
 struct ssm_ring_layout {
     int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, o_raw, total;
     __host__ __device__ ssm_ring_layout(int CH, int TL, int N, int NPAD, int io_size, int bc_size, int kind) {
@@ -854,7 +860,7 @@ struct ssm_ring_layout {
         o_dtu = 2 * stage;
         o_ys = o_dtu + CH * (2 * TL + 4) * 4;
         o_raw = o_ys + (kind == SSM_RING_FWD ? CH * (TL + 4) * 4 : 0);
-        total = o_raw + (bc_size == 2 ? ssm_ring_nbc(kind) * N * TL * 2 : 0);
+        total = o_raw + (bc_size == 2 ? ssm_ring_nbc(kind) * N * ssm_ring_raw_pitch(TL) : 0);
     }
 };
 
@@ -952,10 +958,35 @@ struct ssm_pieces {
     }
 };
 
+// f(r, k) for this thread's pieces of a tile's B and C rows (nrows rows of ppr 16-byte
+// pieces, of which the first pbc exist), in the order the copy and the widening share.
+// 16-bit B and C in octets of rows: piece e = ((o ppr) + k) 8 + i is piece k of row
+// 8 o + i, so the 8 lanes of a quarter warp move the same piece of 8 consecutive rows:
+// their widened 16-byte stores fill 8 consecutive slots of the [step / 4][n][4] stage
+// (consecutive pieces of one row go 2 groups, 288 bytes at N = 16, apart: 4-way
+// conflicts), their rows of `raw` start in different banks, and a warp still reads 64
+// contiguous bytes of each of its 8 global rows. Float B and C (copied straight into
+// the stage, with few conflicts) row by row, consecutive lanes on consecutive pieces:
+// octets measured slower there (NOTES.md, version 15).
+template <typename BC, typename F>
+__device__ __forceinline__ void ssm_for_bc_pieces(int nrows, int ppr, int pbc, int tid, int nthr, F&& f) {
+    if constexpr (sizeof(BC) == 2) {
+#pragma unroll 1
+        for (int e = tid; e < ((nrows + 7) >> 3) * ppr * 8; e += nthr) {
+            const int q = e >> 3, o = q / ppr, k = q - o * ppr, r = o * 8 + (e & 7);
+            if (r < nrows && k < pbc) f(r, k);
+        }
+    } else {
+#pragma unroll 1
+        for (ssm_pieces w(ppr, tid, nthr); w.r < nrows; w.next())
+            if (w.k < pbc) f(w.r, w.k);
+    }
+}
+
 // The ring kernels' copy of 16-byte piece k of row r of a tile's B (r < N) or C
 // (r - N), from step t of its global row: float, straight into its [step / 4][n][4]
 // place in stage st (B at byte o_B, C at o_C); 16-bit, as stored into row r of `raw`
-// (pitch TL * sizeof(BC)) for the widening below.
+// (pitch ssm_ring_raw_pitch(TL)) for the widening below.
 template <typename BC>
 __device__ __forceinline__ void ssm_ring_copy_bc_piece(unsigned char* st, unsigned char* raw, int o_B, int o_C,
                                                        const BC* Bg, const BC* Cg, ssm_i64 L, ssm_i64 t, int N,
@@ -965,7 +996,7 @@ __device__ __forceinline__ void ssm_ring_copy_bc_piece(unsigned char* st, unsign
     if constexpr (sizeof(BC) == 4)
         dst = st + (r < N ? o_B : o_C) + ((k * ssm_ring_gpitch(NPAD) + ssm_ring_slot(r < N ? r : r - N)) * 4) * 4;
     else
-        dst = raw + r * TL * (int)sizeof(BC) + 16 * k;
+        dst = raw + r * ssm_ring_raw_pitch(TL) + 16 * k;
     ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
 }
 
@@ -975,7 +1006,7 @@ template <typename BC>
 __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const unsigned char* raw, int o_B, int o_C,
                                                      int N, int NPAD, int TL, int r, int k) {
     float f[8];
-    ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * TL * 2 + 16 * k));
+    ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * ssm_ring_raw_pitch(TL) + 16 * k));
     const int gp = ssm_ring_gpitch(NPAD);
     float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ((2 * k * gp + ssm_ring_slot(r < N ? r : r - N)) * 4);
     ssm_st4(dst, f);
@@ -986,7 +1017,7 @@ __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const un
 // commit them as one group: into stage st, the rows of u, delta and (KIND not
 // SSM_RING_SUM, has_z) z (row r of each at row0 + r L in global memory); B and
 // (SSM_RING_FWD) C in float straight into their [step / 4][n][4] places, or,
-// 16-bit, as stored into the rows of `raw` (pitch TL * sizeof(BC); B's N rows,
+// 16-bit, as stored into the rows of `raw` (pitch ssm_ring_raw_pitch(TL); B's N rows,
 // then C's), for ssm_ring_widen to place. 16-byte pieces throughout.
 template <typename IO, typename BC, int KIND>
 __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* raw, const ssm_ring_layout& lay,
@@ -1005,9 +1036,9 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
                 ssm_cp_async<16>(sa + w.r * lay.pio + 16 * w.k, g + (ssm_i64)w.r * L * (ssm_i64)sizeof(IO) + 16 * w.k);
         }
         const int pbc = tl * (int)sizeof(BC) / 16;
-#pragma unroll 1
-        for (ssm_pieces w(pbc, tid, nthr); w.r < ssm_ring_nbc(KIND) * N; w.next())
-            ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, w.r, w.k);
+        ssm_for_bc_pieces<BC>(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
+            ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
+        });
     }
     ssm_cp_commit();
 }
@@ -1019,10 +1050,10 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
                                                const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
                                                int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
-        if (tl > 0)
-#pragma unroll 1
-            for (ssm_pieces w(tl * 2 / 16, tid, nthr); w.r < ssm_ring_nbc(KIND) * N; w.next())
-                ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, w.r, w.k);
+        const int pbc = tl * 2 / 16;  // (ssm_ring_copy's pieces)
+        ssm_for_bc_pieces<BC>(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
+            ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
+        });
     }
 }
 
@@ -1888,7 +1919,7 @@ struct ssm_bring_layout {
         P = 2 * NPAD + 1;
         o_acc = o_slot + ((TL + SSM_BRING_SUB - 1) / SSM_BRING_SUB) * nthr * 16;
         o_raw = o_acc + ssm_round_up((nthr / 32) * TL * P * 4, 16);
-        total = o_raw + (bc_size == 2 ? 2 * N * TL * 2 : 0);
+        total = o_raw + (bc_size == 2 ? 2 * N * ssm_ring_raw_pitch(TL) : 0);
     }
 };
 
@@ -1934,10 +1965,10 @@ struct ssm_bring_walk {
 // commit them as one group: rows of u, delta and, for an R tile, z (has_z) and
 // dout; B and, for an R tile, C in float straight into their [step / 4][n][4]
 // places, or, 16-bit, as stored into `raw` (B's N rows, then C's; pitch
-// TL * sizeof(BC)) for ssm_bring_widen.
-// TL is a power of two: pieces are walked over the full tile's rows (lg: log2 of the
-// pieces a row of TL steps has), shifts and masks instead of divisions; a short tile skips
-// the pieces past its end.
+// ssm_ring_raw_pitch(TL)) for ssm_bring_widen.
+// TL is a power of two: u, delta, z and dout pieces are walked over the full tile's rows
+// (lg: log2 of the pieces a row of TL steps has), shifts and masks instead of divisions;
+// B and C pieces in ssm_for_bc_pieces's order; a short tile skips the pieces past its end.
 template <typename IO, typename BC>
 __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char* raw, const ssm_bring_layout& lay,
                                                const IO* u, const IO* delta, const IO* z, const IO* dout,
@@ -1961,12 +1992,10 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
                     ssm_cp_async<16>(sa + r * lay.pio + 16 * k, g + (ssm_i64)r * (L * (ssm_i64)sizeof(IO)) + 16 * k);
             }
         }
-        const int lgb = 31 - __clz(TL * (int)sizeof(BC) / 16), pbc = tl * (int)sizeof(BC) / 16;
-#pragma unroll 1
-        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
-            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
-            if (k < pbc) ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
-        }
+        ssm_for_bc_pieces<BC>((w.rev ? 2 : 1) * N, TL * (int)sizeof(BC) / 16, tl * (int)sizeof(BC) / 16, tid, nthr,
+                              [&](int r, int k) {
+                                  ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
+                              });
     }
     ssm_cp_commit();
 }
@@ -1978,12 +2007,8 @@ __device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigne
                                                 const ssm_bring_layout& lay, int N, int NPAD, int TL,
                                                 const ssm_bring_walk& w, int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
-        const int lgb = 31 - __clz(TL * 2 / 16), pbc = w.tl() * 2 / 16;
-#pragma unroll 1
-        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
-            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
-            if (k < pbc) ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
-        }
+        ssm_for_bc_pieces<BC>((w.rev ? 2 : 1) * N, TL * 2 / 16, w.tl() * 2 / 16, tid, nthr,  // (ssm_bring_copy's)
+                              [&](int r, int k) { ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k); });
     }
 }
 

@@ -313,6 +313,11 @@ def _ring_gpitch(npad):
     return npad + npad // 8
 
 
+# Bytes after each 16-bit B/C row of a tile in the ring kernels' copy buffer (mirrors
+# ssm_ring_raw_pitch: rows start in different banks).
+_RAW_PAD = 16
+
+
 def _ring_smem_bytes(ch, tl, n, npad, io, bc, kind="fwd"):
     """Dynamic shared memory of the ring kernels (mirrors ssm_ring_layout).
 
@@ -324,7 +329,7 @@ def _ring_smem_bytes(ch, tl, n, npad, io, bc, kind="fwd"):
     rows_io = 2 if kind == "sum" else 3
     rows_bc = 2 if kind == "fwd" else 1
     stage = rows_io * ch * pio + rows_bc * _ring_gpitch(npad) * tl * 4
-    raw = rows_bc * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
+    raw = rows_bc * n * (tl * 2 + _RAW_PAD) if _ITEMSIZE[bc] == 2 else 0
     return 2 * stage + ch * (2 * tl + 4) * 4 + (ch * (tl + 4) * 4 if kind == "fwd" else 0) + raw
 
 
@@ -336,7 +341,7 @@ def _bwd_ring_smem_bytes(ch, tl, n, npad, io, bc):
     rows = ch * (2 * tl + 4) * 4 + ch * (tl + 4) * 4
     slots = -(-tl // _BRING_SUB) * nthr * 16
     acc = _round_up((nthr // 32) * tl * (2 * npad + 1) * 4, 16)
-    raw = 2 * n * tl * 2 if _ITEMSIZE[bc] == 2 else 0
+    raw = 2 * n * (tl * 2 + _RAW_PAD) if _ITEMSIZE[bc] == 2 else 0
     return 2 * stage + rows + slots + acc + raw
 
 
