@@ -826,7 +826,7 @@ __host__ __device__ constexpr int ssm_ring_gpitch(int NPAD) { return NPAD + NPAD
 
 // Bytes from one 16-bit B or C row of a tile to the next in the ring kernels' `raw`
 // buffers: 16 more than the row, so that the 8 rows a quarter warp copies and widens at
-// a time (ssm_for_bc_pieces) start in different banks. ssmkit/_gpu/selective_scan.py mirrors
+// a time (ssm_for_bc_octets) start in different banks. ssmkit/_gpu/selective_scan.py mirrors
 // it (_RAW_PAD).
 __host__ __device__ constexpr int ssm_ring_raw_pitch(int TL) { return TL * 2 + 16; }
 
@@ -958,28 +958,21 @@ struct ssm_pieces {
     }
 };
 
-// f(r, k) for this thread's pieces of a tile's B and C rows (nrows rows of ppr 16-byte
-// pieces, of which the first pbc exist), in the order the copy and the widening share.
-// 16-bit B and C in octets of rows: piece e = ((o ppr) + k) 8 + i is piece k of row
-// 8 o + i, so the 8 lanes of a quarter warp move the same piece of 8 consecutive rows:
-// their widened 16-byte stores fill 8 consecutive slots of the [step / 4][n][4] stage
-// (consecutive pieces of one row go 2 groups, 288 bytes at N = 16, apart: 4-way
-// conflicts), their rows of `raw` start in different banks, and a warp still reads 64
-// contiguous bytes of each of its 8 global rows. Float B and C (copied straight into
-// the stage, with few conflicts) row by row, consecutive lanes on consecutive pieces:
-// octets measured slower there (NOTES.md, version 15).
-template <typename BC, typename F>
-__device__ __forceinline__ void ssm_for_bc_pieces(int nrows, int ppr, int pbc, int tid, int nthr, F&& f) {
-    if constexpr (sizeof(BC) == 2) {
+// f(r, k) for this thread's pieces of a tile's 16-bit B and C rows in the ring forward
+// kernels (nrows rows of ppr 16-byte pieces, of which the first pbc exist), in the order
+// their copy (ssm_ring_copy) and widening (ssm_ring_widen) share: octets of rows, piece e = ((o ppr) + k) 8 + i is piece k of row 8 o + i. The 8
+// lanes of a quarter warp move the same piece of 8 consecutive rows, so their widened
+// 16-byte stores fill 8 consecutive slots of the [step / 4][n][4] stage (consecutive
+// pieces of one row are 2 groups, 288 bytes at N = 16, apart: 4-way conflicts), their
+// rows of `raw` start in different banks, and a warp still reads 64 contiguous bytes of
+// each of its 8 global rows. (Float B and C, copied straight into the stage with few
+// conflicts, stay row by row: octets measured slower there, NOTES.md version 15.)
+template <typename F>
+__device__ __forceinline__ void ssm_for_bc_octets(int nrows, int ppr, int pbc, int tid, int nthr, F&& f) {
 #pragma unroll 1
-        for (int e = tid; e < ((nrows + 7) >> 3) * ppr * 8; e += nthr) {
-            const int q = e >> 3, o = q / ppr, k = q - o * ppr, r = o * 8 + (e & 7);
-            if (r < nrows && k < pbc) f(r, k);
-        }
-    } else {
-#pragma unroll 1
-        for (ssm_pieces w(ppr, tid, nthr); w.r < nrows; w.next())
-            if (w.k < pbc) f(w.r, w.k);
+    for (int e = tid; e < ((nrows + 7) >> 3) * ppr * 8; e += nthr) {
+        const int q = e >> 3, o = q / ppr, k = q - o * ppr, r = o * 8 + (e & 7);
+        if (r < nrows && k < pbc) f(r, k);
     }
 }
 
@@ -1035,10 +1028,16 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
             for (ssm_pieces w(pio, tid, nthr); w.r < CH; w.next())
                 ssm_cp_async<16>(sa + w.r * lay.pio + 16 * w.k, g + (ssm_i64)w.r * L * (ssm_i64)sizeof(IO) + 16 * w.k);
         }
-        const int pbc = tl * (int)sizeof(BC) / 16;
-        ssm_for_bc_pieces<BC>(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
-            ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
-        });
+        const int pbc = tl * (int)sizeof(BC) / 16, nrows = ssm_ring_nbc(KIND) * N;
+        if constexpr (sizeof(BC) == 2) {
+            ssm_for_bc_octets(nrows, pbc, pbc, tid, nthr, [&](int r, int k) {
+                ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
+            });
+        } else {
+#pragma unroll 1
+            for (ssm_pieces w(pbc, tid, nthr); w.r < nrows; w.next())
+                ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, w.r, w.k);
+        }
     }
     ssm_cp_commit();
 }
@@ -1051,7 +1050,7 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
                                                int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
         const int pbc = tl * 2 / 16;  // (ssm_ring_copy's pieces)
-        ssm_for_bc_pieces<BC>(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
+        ssm_for_bc_octets(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
             ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
         });
     }
@@ -1968,7 +1967,8 @@ struct ssm_bring_walk {
 // ssm_ring_raw_pitch(TL)) for ssm_bring_widen.
 // TL is a power of two: u, delta, z and dout pieces are walked over the full tile's rows
 // (lg: log2 of the pieces a row of TL steps has), shifts and masks instead of divisions;
-// B and C pieces in ssm_for_bc_pieces's order; a short tile skips the pieces past its end.
+// B and C pieces likewise (row by row; ssm_for_bc_octets's order measured no faster here:
+// NOTES.md, version 15); a short tile skips the pieces past its end.
 template <typename IO, typename BC>
 __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char* raw, const ssm_bring_layout& lay,
                                                const IO* u, const IO* delta, const IO* z, const IO* dout,
@@ -1992,10 +1992,12 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
                     ssm_cp_async<16>(sa + r * lay.pio + 16 * k, g + (ssm_i64)r * (L * (ssm_i64)sizeof(IO)) + 16 * k);
             }
         }
-        ssm_for_bc_pieces<BC>((w.rev ? 2 : 1) * N, TL * (int)sizeof(BC) / 16, tl * (int)sizeof(BC) / 16, tid, nthr,
-                              [&](int r, int k) {
-                                  ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
-                              });
+        const int lgb = 31 - __clz(TL * (int)sizeof(BC) / 16), pbc = tl * (int)sizeof(BC) / 16;
+#pragma unroll 1
+        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
+            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
+            if (k < pbc) ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
+        }
     }
     ssm_cp_commit();
 }
@@ -2007,8 +2009,12 @@ __device__ __forceinline__ void ssm_bring_widen(unsigned char* st, const unsigne
                                                 const ssm_bring_layout& lay, int N, int NPAD, int TL,
                                                 const ssm_bring_walk& w, int tid, int nthr) {
     if constexpr (sizeof(BC) == 2) {
-        ssm_for_bc_pieces<BC>((w.rev ? 2 : 1) * N, TL * 2 / 16, w.tl() * 2 / 16, tid, nthr,  // (ssm_bring_copy's)
-                              [&](int r, int k) { ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k); });
+        const int lgb = 31 - __clz(TL * 2 / 16), pbc = w.tl() * 2 / 16;
+#pragma unroll 1
+        for (int e = tid; e < ((w.rev ? 2 : 1) * N) << lgb; e += nthr) {
+            const int r = e >> lgb, k = e & ((1 << lgb) - 1);
+            if (k < pbc) ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
+        }
     }
 }
 
