@@ -1985,11 +1985,9 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
             const IO* const src = a == 0 ? u : a == 1 ? delta : a == 2 ? z : dout;
             const unsigned char* const g = reinterpret_cast<const unsigned char*>(src + row0 + t);
             unsigned char* const sa = st + a * lay.rows;
-            // (octets of rows, as ssm_for_bc_octets: rows of 16-32 steps are 4 pieces, and
-            // a quarter warp on two rows 80 bytes apart conflicted; CH is a multiple of 8)
 #pragma unroll 1
             for (int e = tid; e < CH << lg; e += nthr) {
-                const int q = e >> 3, r = ((q >> lg) << 3) + (e & 7), k = q & ((1 << lg) - 1);
+                const int r = e >> lg, k = e & ((1 << lg) - 1);
                 if (k < pio)
                     ssm_cp_async<16>(sa + r * lay.pio + 16 * k, g + (ssm_i64)r * (L * (ssm_i64)sizeof(IO)) + 16 * k);
             }
@@ -2344,13 +2342,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
             __syncwarp(wmask);
 
-            // The warp's rows of du, ddelta and dz out, 16 bytes a lane, in octets of rows
-            // (as the copy in: conflict-free reads of the stage; CPW is a multiple of 8).
+            // The warp's rows of du, ddelta and dz out, 16 bytes a lane.
             {
                 const int sets = has_z ? 3 : 2;
 #pragma unroll 1
                 for (int i = lane; i < (sets * CPW) << lgw; i += 32) {
-                    const int q = i >> 3, ra = ((q >> lgw) << 3) + (i & 7), t = (q & ((1 << lgw) - 1)) * VIO;
+                    const int ra = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
                     if (t >= tl) continue;
                     const int a = ra / CPW, cc = cw0 + ra % CPW;
                     IO* const dst = (a == 0 ? du_out : a == 1 ? ddelta_out : dz_out) + row0 + (ssm_i64)cc * L + t0 + t;
