@@ -960,13 +960,15 @@ struct ssm_pieces {
 
 // f(r, k) for this thread's pieces of a tile's 16-bit B and C rows in the ring forward
 // kernels (nrows rows of ppr 16-byte pieces, of which the first pbc exist), in the order
-// their copy (ssm_ring_copy) and widening (ssm_ring_widen) share: octets of rows, piece e = ((o ppr) + k) 8 + i is piece k of row 8 o + i. The 8
-// lanes of a quarter warp move the same piece of 8 consecutive rows, so their widened
-// 16-byte stores fill 8 consecutive slots of the [step / 4][n][4] stage (consecutive
-// pieces of one row are 2 groups, 288 bytes at N = 16, apart: 4-way conflicts), their
-// rows of `raw` start in different banks, and a warp still reads 64 contiguous bytes of
-// each of its 8 global rows. (Float B and C, copied straight into the stage with few
-// conflicts, stay row by row: octets measured slower there, NOTES.md version 15.)
+// their copy (ssm_ring_copy) and widening (ssm_ring_widen) share: octets of rows, piece
+// e = ((o ppr) + k) 8 + i is piece k of row 8 o + i. The 8 lanes of a quarter warp move
+// the same piece of 8 consecutive rows, so their widened 16-byte stores fill 8
+// consecutive slots of the [step / 4][n][4] stage (consecutive pieces of one row are 2
+// groups, 288 bytes at N = 16, apart: 4-way conflicts), their rows of `raw` start in
+// different banks, and a warp still reads 64 contiguous bytes of each of its 8 global
+// rows. (Float B and C, copied straight into the stage with few conflicts, stay row by
+// row, and so do the ring backward's pieces: octets measured slower there, NOTES.md
+// version 15.)
 template <typename F>
 __device__ __forceinline__ void ssm_for_bc_octets(int nrows, int ppr, int pbc, int tid, int nthr, F&& f) {
 #pragma unroll 1
