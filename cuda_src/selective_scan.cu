@@ -823,6 +823,10 @@ template <typename IO, typename BC> __host__ __device__ constexpr int ssm_ring_q
 // ssmkit/_gpu/selective_scan.py mirrors it (_ring_gpitch).
 __host__ __device__ constexpr int ssm_ring_slot(int n) { return n + (n >> 3); }
 __host__ __device__ constexpr int ssm_ring_gpitch(int NPAD) { return NPAD + NPAD / 8; }
+// Float index of state n's 4 values of group g (steps 4 g .. 4 g + 3) in a B or C stage.
+__host__ __device__ constexpr int ssm_ring_bc_at(int NPAD, int g, int n) {
+    return (g * ssm_ring_gpitch(NPAD) + ssm_ring_slot(n)) * 4;
+}
 
 // Bytes from one 16-bit B or C row of a tile to the next in the ring kernels' `raw`
 // buffers: 16 more than the row, so that the 8 rows a quarter warp copies and widens at
@@ -989,7 +993,7 @@ __device__ __forceinline__ void ssm_ring_copy_bc_piece(unsigned char* st, unsign
     const BC* const row = (r < N ? Bg + (ssm_i64)r * L : Cg + (ssm_i64)(r - N) * L) + t;
     unsigned char* dst;
     if constexpr (sizeof(BC) == 4)
-        dst = st + (r < N ? o_B : o_C) + ((k * ssm_ring_gpitch(NPAD) + ssm_ring_slot(r < N ? r : r - N)) * 4) * 4;
+        dst = st + (r < N ? o_B : o_C) + ssm_ring_bc_at(NPAD, k, r < N ? r : r - N) * 4;
     else
         dst = raw + r * ssm_ring_raw_pitch(TL) + 16 * k;
     ssm_cp_async<16>(dst, reinterpret_cast<const unsigned char*>(row) + 16 * k);
@@ -1002,10 +1006,9 @@ __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const un
                                                      int N, int NPAD, int TL, int r, int k) {
     float f[8];
     ssm_widen16(f, (const BC*)nullptr, ssm_ld16(raw + r * ssm_ring_raw_pitch(TL) + 16 * k));
-    const int gp = ssm_ring_gpitch(NPAD);
-    float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ((2 * k * gp + ssm_ring_slot(r < N ? r : r - N)) * 4);
+    float* const dst = reinterpret_cast<float*>(st + (r < N ? o_B : o_C)) + ssm_ring_bc_at(NPAD, 2 * k, r < N ? r : r - N);
     ssm_st4(dst, f);
-    ssm_st4(dst + gp * 4, f + 4);
+    ssm_st4(dst + ssm_ring_gpitch(NPAD) * 4, f + 4);  // the next group
 }
 
 // Issue the cp.async copies of the tile [t, t + tl) (none when tl <= 0) and
@@ -1161,7 +1164,7 @@ __device__ __forceinline__ void ssm_ring_zero_pad(unsigned char* sm, int stage, 
             const int which = r / ((TL / 4) * (NPAD - N)), r2 = r - which * ((TL / 4) * (NPAD - N));
             const int g = r2 / (NPAD - N), n = N + r2 % (NPAD - N);
             const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            ssm_st4(reinterpret_cast<float*>(sm + st * stage + (which ? o_C : o_B)) + (g * ssm_ring_gpitch(NPAD) + ssm_ring_slot(n)) * 4, zero);
+            ssm_st4(reinterpret_cast<float*>(sm + st * stage + (which ? o_C : o_B)) + ssm_ring_bc_at(NPAD, g, n), zero);
         }
     }
 }
@@ -1265,9 +1268,9 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         const unsigned char* const st = sm + stage * lay.stage;
 
         // dt and dt u (BSUM: dt and dy = dout silu(z)) of the warp's channels, VIO steps
-        // per lane at a time; consecutive
-        // lanes on consecutive channels, so that a quarter warp's stores (and loads) fall on
-        // rows four banks apart, not on pieces of one row 32 or 64 bytes apart.
+        // per lane at a time; consecutive lanes on consecutive channels, so that a quarter
+        // warp's stores (and loads) fall on rows four banks apart, not on pieces of one row
+        // 32 or 64 bytes apart.
         {
             const int ppr = tl / VIO;
 #pragma unroll 1
@@ -1306,7 +1309,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         if constexpr (REV) {
             // Last step first: the groups past the tile's last whole block, then its blocks.
             const float* const drow = dtu + c * (2 * TL + 4);
-            const float* const Cq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * NPT) * 4;
+            const float* const Cq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_bc_at(NPAD, 0, s * NPT);
             constexpr int NPG = ssm_ring_gpitch(NPAD);
             int g0 = tl;
 #pragma unroll 1
@@ -1321,8 +1324,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             }
         } else {
             const float* drow = dtu + c * (2 * TL + 4);
-            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * NPT) * 4;
-            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_slot(s * NPT) * 4;
+            const float* Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_bc_at(NPAD, 0, s * NPT);
+            const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_bc_at(NPAD, 0, s * NPT);
             float* yrow = ys + c * (TL + 4);
             int g0 = 0;
 #pragma unroll 1
@@ -2204,8 +2207,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
 
         const float* const drow = dtu + c * (2 * TL + 4);
         const float* const dyr = dys + c * (TL + 4);
-        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_slot(s * 4) * 4;
-        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_slot(s * 4) * 4;
+        const float* const Bq = reinterpret_cast<const float*>(st + lay.o_B) + ssm_ring_bc_at(NPAD, 0, s * 4);
+        const float* const Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_bc_at(NPAD, 0, s * 4);
         if (!rev) {
             // Pass A (a whole tile): the state entering each sub-block to scratch.
 #pragma unroll 1

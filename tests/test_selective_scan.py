@@ -448,13 +448,13 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
         (dict(batch=1, dim=256, L=264, N=16, b_form="group", c_form="group", groups=2,
               with_D=False, with_bias=False), 80),
     ]
-    summaries = set()
+    ring_summary = False
     for seed, (case, chunk) in enumerate(cases):
         kinds.clear()
         _check_vjp("gpu", dtype, case, chunk, 800 + seed)
         assert "bwd_ring" in kinds and "bwd" not in kinds and "bwd_sum" not in kinds, kinds
-        summaries.update(k for k in kinds if k == "bwd_sum_ring")
-    assert summaries == ({"bwd_sum_ring"} if segments > 1 else set())
+        ring_summary |= "bwd_sum_ring" in kinds
+    assert ring_summary == (segments > 1)
     if segments > 1:  # the summary pass of before (ssm_scan_bwd_sum) on the ring backward
         monkeypatch.setitem(gpu_scan.TUNING, "bwd_sum_ring", False)
         kinds.clear()

@@ -555,6 +555,16 @@ def _ring_case(*, L, N, gb, gc, chunk_size, io, bc):
     return (*state_split(N, "float32"), q, cmax)
 
 
+def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
+    """:func:`_choose_tiles` for a kernel of the ring forward's body (``kind`` as in
+    :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
+    registers; ``shape``: the remaining arguments of :func:`_choose_tiles`."""
+    return _choose_tiles(
+        tl_min=TUNING["fwd_min_tl"], max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
+        warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
+        size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what, **shape)
+
+
 def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
@@ -578,13 +588,9 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         q, cmax, tl_max = _RING_BLOCK, L, _round_up(tl_max, _RING_BLOCK)
 
     def choose(nseg):
-        return _choose_tiles(
-            batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q,
-            tl_max=tl_max, tl_min=TUNING["fwd_min_tl"],
-            max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
-            warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
-            size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc), lim=lim,
-            what=f"the forward with N={N}", nseg=nseg)
+        return _choose_ring_tiles(
+            "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}",
+            batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q, tl_max=tl_max, nseg=nseg)
 
     try:
         ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
@@ -633,13 +639,10 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     sum_ring = None
     if nseg > 1:  # the summary's own tiles, as the ring forward picks them, for its nseg - 1 segments
         try:
-            sch, stl, sbytes, _, _ = _choose_tiles(
+            sch, stl, sbytes, _, _ = _choose_ring_tiles(
+                "bsum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the backward's summary with N={N}",
                 batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len, nsplit=nsplit, step=q,
-                tl_max=_round_up(max(TUNING["fwd_tl"], q), q), tl_min=TUNING["fwd_min_tl"],
-                max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),
-                warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
-                size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind="bsum"), lim=lim,
-                what=f"the backward's summary with N={N}", nseg=nseg - 1)
+                tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=nseg - 1)
             sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes)
         except NotImplementedError:
             pass
