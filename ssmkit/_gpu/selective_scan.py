@@ -130,9 +130,6 @@ TUNING = {
     # benchmarks/NOTES.md); False: always ssm_scan_bwd. SSMKIT_BWD_RING=0 in the environment
     # (read at import) sets False.
     "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
-    # States per thread of the ring forward kernels (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring):
-    # 4, 2 or 1, the channel's lanes doubling as it halves (see ring_split).
-    "ring_npt": 4,
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
@@ -207,17 +204,6 @@ def state_split(N: int, compute: str = "float32") -> tuple[int, int]:
     return npt, nsplit
 
 
-def ring_split(N: int, npt: int) -> tuple[int, int]:
-    """``(NPT, NSPLIT)`` of the ring forward kernels for ``N <= 16`` states at ``npt`` (4, 2 or 1)
-    states per thread: ``NSPLIT`` the smallest power of two with ``NPT * NSPLIT >= N``."""
-    if npt not in (1, 2, 4):
-        raise ValueError(f"ssmkit GPU selective_scan: ring_npt must be 4, 2 or 1, got {npt!r}")
-    nsplit = 1
-    while npt * nsplit < N:
-        nsplit *= 2
-    return npt, nsplit
-
-
 def _bwd_substeps(compute: str, npt: int) -> int:
     """TS of the backward kernel (mirrors ``ssm_bwd_substeps`` in selective_scan.cu)."""
     budget = 8 if compute == "float64" else (32 if npt >= 8 else 16)
@@ -254,14 +240,11 @@ def kernel_keys(full: bool = True) -> list:
                 for bv in (True, False):
                     for cv in (True, False):
                         keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
-    ring_fwd = ("fwd_ring", "fwd_sum_ring")
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             for npt, nsplit in splits[_COMPUTE[io]]:
                 if _COMPUTE[io] == "float32" and npt == 4:
-                    # the forward's also with 2 or 1 states per thread (TUNING["ring_npt"])
-                    for fewer in ((4, 2, 1) if kind in ring_fwd else (4,)):
-                        keys.append(KernelKey(kind, io, bc, *ring_split(npt * nsplit, fewer), True, True))
+                    keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split); the
@@ -577,7 +560,7 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
     :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
     registers; ``shape``: the remaining arguments of :func:`_choose_tiles`."""
     return _choose_tiles(
-        tl_min=TUNING["fwd_min_tl"], max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),
+        tl_min=TUNING["fwd_min_tl"], max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
         warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what, **shape)
 
@@ -597,7 +580,6 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     if case is None:
         return None
     npt, nsplit, q, cmax = case
-    npt, nsplit = ring_split(npt * nsplit, TUNING["ring_npt"])
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npad = npt * nsplit
     tl_max = _round_up(max(TUNING["fwd_tl"], q), q)
