@@ -962,23 +962,44 @@ struct ssm_pieces {
     }
 };
 
-// f(r, k) for this thread's pieces of a tile's 16-bit B and C rows in the ring forward
-// kernels (nrows rows of ppr 16-byte pieces, of which the first pbc exist), in the order
-// their copy (ssm_ring_copy) and widening (ssm_ring_widen) share: octets of rows, piece
-// e = ((o ppr) + k) 8 + i is piece k of row 8 o + i. The 8 lanes of a quarter warp move
-// the same piece of 8 consecutive rows, so their widened 16-byte stores fill 8
-// consecutive slots of the [step / 4][n][4] stage (consecutive pieces of one row are 2
-// groups, 288 bytes at N = 16, apart: 4-way conflicts), their rows of `raw` start in
-// different banks, and a warp still reads 64 contiguous bytes of each of its 8 global
-// rows. (Float B and C, copied straight into the stage with few conflicts, stay row by
-// row, and so do the ring backward's pieces: octets measured slower there, NOTES.md
-// version 15.)
-template <typename F>
-__device__ __forceinline__ void ssm_for_bc_octets(int nrows, int ppr, int pbc, int tid, int nthr, F&& f) {
+// The ring forward kernels' walks over a tile's 16-byte pieces, one per kind of row: a
+// thread's pieces of the CH rows of u, delta (and z), and of the N rows of B (and C: the
+// same pieces of its rows). They depend on the full tile (TL) only, so they are built once
+// per kernel and every tile copies them (the divisions happen once); a shorter tile skips
+// the pieces past its end.
+//   io: rows of TL sizeof(IO) / 16 pieces, piece tid + j nthr, row-major.
+//   bc: float B and C as io; 16-bit, octets of rows: walk row o, piece e of rows of 8 ppr
+//       pieces is piece e / 8 of row 8 o + e % 8. The 8 lanes of a quarter warp move the
+//       same piece of 8 consecutive rows, so their widened 16-byte stores fill 8
+//       consecutive slots of the [step / 4][n][4] stage (consecutive pieces of one row are 2
+//       groups, 288 bytes at N = 16, apart: 4-way conflicts), their rows of `raw` start in
+//       different banks, and a warp still reads 64 contiguous bytes of each of its 8 global
+//       rows. (Float B and C, copied straight into the stage with few conflicts, stay row by
+//       row, and so do the ring backward's pieces: octets measured slower there, NOTES.md
+//       version 15.)
+struct ssm_ring_walks {
+    ssm_pieces io, bc;
+    template <typename IO, typename BC>
+    __device__ __forceinline__ static ssm_ring_walks make(int TL, int tid, int nthr) {
+        const int oct = sizeof(BC) == 2 ? 8 : 1;
+        return {ssm_pieces(TL * (int)sizeof(IO) / 16, tid, nthr), ssm_pieces(oct * TL * (int)sizeof(BC) / 16, tid, nthr)};
+    }
+};
+
+// f(n, k) for this thread's pieces (walk w, as ssm_ring_walks::bc) of a tile's N rows of B or
+// C, pbc pieces a row.
+template <typename BC, typename F>
+__device__ __forceinline__ void ssm_ring_for_bc(ssm_pieces w, int N, int pbc, F&& f) {
+    if constexpr (sizeof(BC) == 2) {
 #pragma unroll 1
-    for (int e = tid; e < ((nrows + 7) >> 3) * ppr * 8; e += nthr) {
-        const int q = e >> 3, o = q / ppr, k = q - o * ppr, r = o * 8 + (e & 7);
-        if (r < nrows && k < pbc) f(r, k);
+        for (; 8 * w.r < N; w.next()) {
+            const int n = 8 * w.r + (w.k & 7), k = w.k >> 3;
+            if (n < N && k < pbc) f(n, k);
+        }
+    } else {
+#pragma unroll 1
+        for (; w.r < N; w.next())
+            if (w.k < pbc) f(w.r, w.k);
     }
 }
 
@@ -1019,30 +1040,54 @@ __device__ __forceinline__ void ssm_ring_widen_piece(unsigned char* st, const un
 // then C's), for ssm_ring_widen to place. 16-byte pieces throughout.
 template <typename IO, typename BC, int KIND>
 __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* raw, const ssm_ring_layout& lay,
-                                              const IO* u, const IO* delta, const IO* z, const BC* Bg,
-                                              const BC* Cg, ssm_i64 row0, ssm_i64 L, int CH, int N, int NPAD,
-                                              int TL, ssm_i64 t, int tl, bool has_z, int tid, int nthr) {
+                                              const ssm_ring_walks& walks, const IO* u, const IO* delta,
+                                              const IO* z, const BC* Bg, const BC* Cg, ssm_i64 row0, ssm_i64 L,
+                                              int CH, int N, int NPAD, int TL, ssm_i64 t, int tl, bool has_z) {
     if (tl > 0) {
+        // u, delta and z: one walk, the three rows' pieces at the same offsets, which
+        // advance by additions (go: bytes into the rows, so: into the stage)
         const int pio = tl * (int)sizeof(IO) / 16;
-#pragma unroll
-        for (int a = 0; a < ssm_ring_nio(KIND); ++a) {
-            if (a == 2 && !has_z) break;
-            const unsigned char* const g = reinterpret_cast<const unsigned char*>((a == 0 ? u : a == 1 ? delta : z) + row0 + t);
-            unsigned char* const sa = st + a * lay.o_dt;
+        const unsigned char* const gu = reinterpret_cast<const unsigned char*>(u + row0 + t);
+        const unsigned char* const gd = reinterpret_cast<const unsigned char*>(delta + row0 + t);
+        const unsigned char* const gz = reinterpret_cast<const unsigned char*>(z + row0 + t);
+        const bool with_z = ssm_ring_nio(KIND) > 2 && has_z;
+        ssm_pieces w = walks.io;
+        const ssm_i64 Lb = L * (ssm_i64)sizeof(IO);
+        const ssm_i64 gstep = w.rstep * Lb + 16 * w.kstep, gwrap = Lb - 16 * w.ppr;
+        const int sstep = w.rstep * lay.pio + 16 * w.kstep, swrap = lay.pio - 16 * w.ppr;
+        ssm_i64 go = w.r * Lb + 16 * w.k;
+        int so = w.r * lay.pio + 16 * w.k;
 #pragma unroll 1
-            for (ssm_pieces w(pio, tid, nthr); w.r < CH; w.next())
-                ssm_cp_async<16>(sa + w.r * lay.pio + 16 * w.k, g + (ssm_i64)w.r * L * (ssm_i64)sizeof(IO) + 16 * w.k);
+        while (w.r < CH) {
+            if (w.k < pio) {
+                ssm_cp_async<16>(st + so, gu + go);
+                ssm_cp_async<16>(st + lay.o_dt + so, gd + go);
+                if (with_z) ssm_cp_async<16>(st + lay.o_z + so, gz + go);
+            }
+            w.r += w.rstep;  // (ssm_pieces::next, the offsets along)
+            w.k += w.kstep;
+            go += gstep;
+            so += sstep;
+            if (w.k >= w.ppr) {
+                w.k -= w.ppr;
+                ++w.r;
+                go += gwrap;
+                so += swrap;
+            }
         }
-        const int pbc = tl * (int)sizeof(BC) / 16, nrows = ssm_ring_nbc(KIND) * N;
-        if constexpr (sizeof(BC) == 2) {
-            ssm_for_bc_octets(nrows, pbc, pbc, tid, nthr, [&](int r, int k) {
-                ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, r, k);
-            });
-        } else {
-#pragma unroll 1
-            for (ssm_pieces w(pbc, tid, nthr); w.r < nrows; w.next())
-                ssm_ring_copy_bc_piece<BC>(st, raw, lay.o_B, lay.o_C, Bg, Cg, L, t, N, NPAD, TL, w.r, w.k);
-        }
+        // B and C: piece k of row n of each
+        const BC* const gB = Bg + t;
+        const BC* const gC = Cg + t;
+        ssm_ring_for_bc<BC>(walks.bc, N, tl * (int)sizeof(BC) / 16, [&](int n, int k) {
+            const ssm_i64 e = (ssm_i64)n * L + k * (16 / (int)sizeof(BC));
+            unsigned char* dst = sizeof(BC) == 4 ? st + lay.o_B + ssm_ring_bc_at(NPAD, k, n) * 4
+                                                 : raw + n * ssm_ring_raw_pitch(TL) + 16 * k;
+            ssm_cp_async<16>(dst, gB + e);
+            if (ssm_ring_nbc(KIND) > 1) {
+                dst += sizeof(BC) == 4 ? lay.o_C - lay.o_B : N * ssm_ring_raw_pitch(TL);
+                ssm_cp_async<16>(dst, gC + e);
+            }
+        });
     }
     ssm_cp_commit();
 }
@@ -1051,12 +1096,12 @@ __device__ __forceinline__ void ssm_ring_copy(unsigned char* st, unsigned char* 
 // ssm_cp_wait_all) to float, into their [step / 4][n][4] places in stage st.
 template <typename BC, int KIND>
 __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned char* raw,
-                                               const ssm_ring_layout& lay, int N, int NPAD, int TL, int tl,
-                                               int tid, int nthr) {
+                                               const ssm_ring_layout& lay, const ssm_ring_walks& walks, int N,
+                                               int NPAD, int TL, int tl) {
     if constexpr (sizeof(BC) == 2) {
-        const int pbc = tl * 2 / 16;  // (ssm_ring_copy's pieces)
-        ssm_for_bc_octets(ssm_ring_nbc(KIND) * N, pbc, pbc, tid, nthr, [&](int r, int k) {
-            ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, r, k);
+        ssm_ring_for_bc<BC>(walks.bc, N, tl * 2 / 16, [&](int n, int k) {
+            ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, n, k);
+            if (ssm_ring_nbc(KIND) > 1) ssm_ring_widen_piece<BC>(st, raw, lay.o_B, lay.o_C, N, NPAD, TL, N + n, k);
         });
     }
 }
@@ -1247,10 +1292,15 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const BC* const Bg = REV ? Cg : B + ((ssm_i64)b * GB + d0 / (dim / GB)) * N * L;
     unsigned char* const raw = sm + lay.o_raw;  // 16-bit B and C on their way
     auto cur = ssm_ring_walk<REV>(t_begin, t_end, inside ? seg_len : chunk, TL);
-    ssm_ring_copy<IO, BC, KIND>(sm, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl, has_z,
-                                tid, nthr);
+    const ssm_ring_walks walks = ssm_ring_walks::make<IO, BC>(TL, tid, nthr);
+    // The warp's pieces of VIO steps, lane by lane: staging, consecutive lanes on
+    // consecutive channels (walk rows: pieces of a row; its pieces: the channels);
+    // output, consecutive lanes along a channel's row (rows: channels). Full tiles' walks.
+    const ssm_pieces stage_walk(cwn, lane, wl), out_walk(TL / VIO, lane, wl);
+    ssm_ring_copy<IO, BC, KIND>(sm, raw, lay, walks, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl,
+                                has_z);
     ssm_cp_wait_all();
-    ssm_ring_widen<BC, KIND>(sm, raw, lay, N, NPAD, TL, cur.tl, tid, nthr);
+    ssm_ring_widen<BC, KIND>(sm, raw, lay, walks, N, NPAD, TL, cur.tl);
 
     int stage = 0;
 #pragma unroll 1
@@ -1263,8 +1313,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         const int tln = nxt.tl;
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
-        ssm_ring_copy<IO, BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, Bg, Cg, row0, L, CH, N,
-                                    NPAD, TL, tn, tln, has_z, tid, nthr);
+        ssm_ring_copy<IO, BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, walks, u, delta, z, Bg, Cg, row0, L,
+                                    CH, N, NPAD, TL, tn, tln, has_z);
         const unsigned char* const st = sm + stage * lay.stage;
 
         // dt and dt u (BSUM: dt and dy = dout silu(z)) of the warp's channels, VIO steps
@@ -1274,9 +1324,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         {
             const int ppr = tl / VIO;
 #pragma unroll 1
-            for (int i = lane; i < cwn * ppr; i += wl) {
-                const int p = i / cwn, r = i - p * cwn, t = p * VIO;
-                const int cc = cw0 + r;
+            for (ssm_pieces w = stage_walk; w.r < ppr; w.next()) {
+                const int t = w.r * VIO, cc = cw0 + w.k;
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.o_dt + cc * lay.pio + t * sizeof(IO)));
@@ -1345,9 +1394,9 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             // y = (sum + D u) silu(z), VIO steps per lane at a time.
             const int ppr = tl / VIO;
 #pragma unroll 1
-            for (int i = lane; i < cwn * ppr; i += wl) {
-                const int r = i / ppr, t = (i - r * ppr) * VIO;
-                const int cc = cw0 + r;
+            for (ssm_pieces w = out_walk; w.r < cwn; w.next()) {
+                if (w.k >= ppr) continue;
+                const int t = w.k * VIO, cc = cw0 + w.r;
                 float yv[VIO], uu[VIO];
 #pragma unroll
                 for (int j = 0; j < VIO; j += 4) ssm_ld4(yv + j, ys + cc * (TL + 4) + t + j);
@@ -1368,7 +1417,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         // readers, the previous tile's scan, passed this tile's barrier).
         if constexpr (sizeof(BC) == 2) {
             ssm_cp_wait_all();
-            ssm_ring_widen<BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, N, NPAD, TL, tln, tid, nthr);
+            ssm_ring_widen<BC, KIND>(sm + (stage ^ 1) * lay.stage, raw, lay, walks, N, NPAD, TL, tln);
         }
         cur = nxt;
         stage ^= 1;
