@@ -1248,7 +1248,9 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     const int d = d0 + c;
     const unsigned wmask = ssm_warp_mask(nthr);
     const ssm_i64 t_begin = (ssm_i64)seg * seg_len;
-    const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : L;
+    // (a summary's segment may start past L: the backward's, in sub-segments of a short last
+    // segment; it is empty, its summary the identity)
+    const ssm_i64 t_end = (t_begin + seg_len) < L ? (t_begin + seg_len) : (L > t_begin ? L : t_begin);
 
     const ssm_ring_layout lay(CH, TL, N, NPAD, sizeof(IO), sizeof(BC), KIND);
     // (Steps in 32 bits below: a 64-bit division or remainder is a call in SASS.)
@@ -1256,7 +1258,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
         L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 || N > NPAD ||
         GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 ||
-        t_begin >= L || (nseg > 1 && seg_h == nullptr) || (SUM && seg_dt == nullptr))
+        (!SUM && t_begin >= L) || (nseg > 1 && seg_h == nullptr) || (SUM && seg_dt == nullptr))
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
@@ -2033,17 +2035,22 @@ __device__ __forceinline__ void ssm_bring_copy(unsigned char* st, unsigned char*
     if (tl > 0) {
         const ssm_i64 t = w.t();
         const int lg = 31 - __clz(TL * (int)sizeof(IO) / 16), pio = tl * (int)sizeof(IO) / 16;
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            if (a >= 2 && (!w.rev || (a == 2 && !has_z))) continue;
-            const IO* const src = a == 0 ? u : a == 1 ? delta : a == 2 ? z : dout;
-            const unsigned char* const g = reinterpret_cast<const unsigned char*>(src + row0 + t);
-            unsigned char* const sa = st + a * lay.rows;
+        // one walk: a piece's offsets serve the rows of u, delta and (R tile) z and dout
+        const IO* const gu = u + row0 + t;
+        const IO* const gd = delta + row0 + t;
+        const IO* const gz = z + row0 + t;
+        const IO* const go = dout + row0 + t;
+        const bool with_z = w.rev && has_z;
 #pragma unroll 1
-            for (int e = tid; e < CH << lg; e += nthr) {
-                const int r = e >> lg, k = e & ((1 << lg) - 1);
-                if (k < pio)
-                    ssm_cp_async<16>(sa + r * lay.pio + 16 * k, g + (ssm_i64)r * (L * (ssm_i64)sizeof(IO)) + 16 * k);
+        for (int e = tid; e < CH << lg; e += nthr) {
+            const int r = e >> lg, k = e & ((1 << lg) - 1);
+            if (k < pio) {
+                const ssm_i64 off = (ssm_i64)r * L + k * (16 / (int)sizeof(IO));  // elements
+                unsigned char* const dst = st + r * lay.pio + 16 * k;
+                ssm_cp_async<16>(dst, gu + off);
+                ssm_cp_async<16>(dst + lay.rows, gd + off);
+                if (with_z) ssm_cp_async<16>(dst + 2 * lay.rows, gz + off);
+                if (w.rev) ssm_cp_async<16>(dst + 3 * lay.rows, go + off);
             }
         }
         const int lgb = 31 - __clz(TL * (int)sizeof(BC) / 16), pbc = tl * (int)sizeof(BC) / 16;
@@ -2396,16 +2403,19 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
             __syncwarp(wmask);
 
-            // The warp's rows of du, ddelta and dz out, 16 bytes a lane.
+            // The warp's rows of du, ddelta and dz out, 16 bytes a lane (one walk: a
+            // piece's offsets serve the three rows).
             {
-                const int sets = has_z ? 3 : 2;
 #pragma unroll 1
-                for (int i = lane; i < (sets * CPW) << lgw; i += 32) {
-                    const int ra = i >> lgw, t = (i & ((1 << lgw) - 1)) * VIO;
+                for (int i = lane; i < CPW << lgw; i += 32) {
+                    const int t = (i & ((1 << lgw) - 1)) * VIO;
                     if (t >= tl) continue;
-                    const int a = ra / CPW, cc = cw0 + ra % CPW;
-                    IO* const dst = (a == 0 ? du_out : a == 1 ? ddelta_out : dz_out) + row0 + (ssm_i64)cc * L + t0 + t;
-                    ssm_st16(dst, ssm_ld16(st + a * lay.rows + cc * lay.pio + t * sizeof(IO)));
+                    const int cc = cw0 + (i >> lgw);
+                    const ssm_i64 off = row0 + (ssm_i64)cc * L + t0 + t;
+                    const unsigned char* const src = st + cc * lay.pio + t * sizeof(IO);
+                    ssm_st16(du_out + off, ssm_ld16(src));
+                    ssm_st16(ddelta_out + off, ssm_ld16(src + lay.rows));
+                    if (has_z) ssm_st16(dz_out + off, ssm_ld16(src + 2 * lay.rows));
                 }
             }
             __syncthreads();  // every warp's dB, dC rows of the tile are in

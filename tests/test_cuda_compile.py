@@ -173,6 +173,17 @@ def test_ring_plans_meet_kernel_preconditions():
                     nseg, seg_len = plan["nseg"], plan["seg_len"]
                     assert plan["blocks"] == batch * (dim // ch) * nseg
                     assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
+                    # its summary pass, with time split: sub-segments of whole quanta, any tiles
+                    fr = plan["sum_ring"]
+                    assert (fr is not None) == (nseg > 1), shape
+                    if fr is not None:
+                        sch, stl = fr["ch"], fr["tl"]
+                        assert fr["seg_len"] * fr["split"] == seg_len and fr["seg_len"] % q == 0
+                        assert fr["threads"] == sch * plan["nsplit"] <= ss.FWD_MAX_THREADS
+                        assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
+                        assert stl % q == 0 and fr["smem"] <= limits["smem_optin"]
+                        assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * plan["nsplit"], io, bc,
+                                                                 kind="sum")
                     # The ring backward: the same case, and whole warps of channels.
                     bplan = ss.plan_backward_ring(**shape)
                     nsplit = plan["nsplit"]
@@ -203,6 +214,7 @@ def test_ring_plans_meet_kernel_preconditions():
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and sr["smem"] <= limits["smem_optin"]
                         assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * nsplit, io, bc, kind="bsum")
+                        assert sr["seg_len"] * sr["split"] == seg_len and sr["seg_len"] % q == 0
     # Not for float64, nor for N > 16 or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None

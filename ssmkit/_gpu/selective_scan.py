@@ -133,6 +133,15 @@ TUNING = {
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
+    # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
+    # segment into this many sub-segments (each a summary of its own, all joined by the
+    # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
+    # pass; sub-segments are whole multiples of the ring quantum (else no split).
+    # fwd_sum_tiles: the forward's summary picks its own tiles for its grid (as the
+    # backward's does), not the main pass's. Measured together (benchmarks/NOTES.md, version
+    # 17): 2x1536x32768 N 16 forward 1.556 -> 1.478 ms in bfloat16, 1.649 -> 1.614 in float32.
+    "sum_split": 4,
+    "fwd_sum_tiles": True,
     "bwd_ring_threads": 128,
     "bwd_ring_tl": 64,
     # Time segments (see _split_time): split when the grid fills less than
@@ -572,9 +581,12 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     per step (``gb``, ``gc`` > 0), N <= 16, L < 2**31, and L and the chunk (``min(chunk_size,
     L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
-    plus ``sum_smem`` (bytes of the summary kernel), ``ring`` True and ``inside``: chunks
-    shorter than the longest tile and a multiple of 16 steps do not shorten the tiles (then
-    multiples of 16 steps), the kernel writes their states between its 16-step blocks.
+    plus ``sum_smem`` (bytes of the summary kernel at the main pass's tiles), ``ring`` True,
+    ``inside``: chunks shorter than the longest tile and a multiple of 16 steps do not shorten
+    the tiles (then multiples of 16 steps), the kernel writes their states between its 16-step
+    blocks; and ``sum_ring``, with time split, the summary pass's ``ch``, ``tl``, ``threads``,
+    ``smem``, ``split`` (sub-segments per segment) and ``seg_len`` (steps of a sub-segment),
+    else None.
     """
     case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
     if case is None:
@@ -597,9 +609,31 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
                                                              sm_count=lim["sm_count"])
     except NotImplementedError:
         return None
+    sum_ring = None
+    if nseg > 1:  # the summary of segments 0 .. nseg - 2, in sub-segments
+        split = _sum_split(seg_len, _ring_quantum(io, bc))
+        sub = seg_len // split
+        if TUNING["fwd_sum_tiles"]:
+            try:
+                sch, stl, sbytes, _, _ = _choose_ring_tiles(
+                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}",
+                    batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=_ring_quantum(io, bc),
+                    tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
+            except NotImplementedError:
+                sch, stl, sbytes = ch, tl, _ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum")
+        else:
+            sch, stl, sbytes = ch, tl, _ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum")
+        sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes, split=split, seg_len=sub)
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
                 nseg=nseg, seg_len=seg_len, async_=True, ring=True, inside=inside,
-                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum"))
+                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum"), sum_ring=sum_ring)
+
+
+def _sum_split(seg_len, q):
+    """Sub-segments per time segment of the ring summary passes (``TUNING["sum_split"]``), or 1
+    where ``seg_len`` steps do not split into that many multiples of the ring quantum ``q``."""
+    split = max(1, int(TUNING["sum_split"]))
+    return split if seg_len % (split * q) == 0 else 1
 
 
 def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
@@ -638,12 +672,14 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     tpc = -(-cmax // tl)
     sum_ring = None
     if nseg > 1:  # the summary's own tiles, as the ring forward picks them, for its nseg - 1 segments
+        split = _sum_split(seg_len, q)  # in sub-segments
         try:
             sch, stl, sbytes, _, _ = _choose_ring_tiles(
                 "bsum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the backward's summary with N={N}",
-                batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len, nsplit=nsplit, step=q,
-                tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=nseg - 1)
-            sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes)
+                batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len // split, nsplit=nsplit, step=q,
+                tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
+            sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes, split=split,
+                            seg_len=seg_len // split)
         except NotImplementedError:
             pass
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
@@ -735,13 +771,15 @@ def _check_dtypes(p):
     return io, bc, ct
 
 
-def _shape_args(p, plan):
+def _shape_args(p, plan, chunk=None):
     # Kernel parameters after the arrays: int batch, dim, N; long long L; int GB,
     # GC; long long chunk; int TL, CH (then int flags). A chunk longer than L is
-    # the same as one of length L (and then fits in 64 bits).
+    # the same as one of length L (and then fits in 64 bits). `chunk`: another chunk (the
+    # summary passes of sub-segments: their length; no checkpoints there).
+    chunk = min(p.chunk_size, max(1, p.L)) if chunk is None else chunk
     return (np.int32(p.batch), np.int32(p.dim), np.int32(p.N), np.int64(p.L),
             np.int32(max(1, p.groups(p.B))), np.int32(max(1, p.groups(p.C))),
-            np.int64(min(p.chunk_size, max(1, p.L))), np.int32(plan["tl"]), np.int32(plan["ch"]))
+            np.int64(chunk), np.int32(plan["tl"]), np.int32(plan["ch"]))
 
 
 def _seg_args(plan, seg0=0):
@@ -857,7 +895,25 @@ def selective_scan_forward(p, *, save_checkpoints):
              | (_CKPT_INSIDE if plan.get("inside") else 0))
     seeds = None
     nseg = plan["nseg"]
-    if nseg > 1:
+    sr = plan.get("sum_ring") if ring else None
+    if nseg > 1 and sr is not None:
+        # Summary of segments 0 .. nseg-2 (the last one's end state is not needed) in
+        # sub-segments of sr["seg_len"] steps, split of them a segment; the carry gives the
+        # state entering every sub-segment, of which every split-th enters a segment.
+        split = sr["split"]
+        nsub = (nseg - 1) * split
+        splan = dict(plan, **sr, nseg=nsub + 1, blocks=batch * (dim // sr["ch"]) * nsub)
+        local = cp.empty((nsub + 1, batch, dim, N), dtype=p.compute_dtype)
+        sumdt = cp.empty((nsub + 1, batch, dim), dtype=p.compute_dtype)
+        key = KernelKey("fwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+        args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
+                _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
+                np.int32(flags & ~(_SAVE_CKPT | _CKPT_INSIDE)),) + _seg_args(splan)
+        _launch(key, splan, args)
+        seeds = _carry(p, splan, p.initial_state, local, sumdt, reverse=False)
+        if split > 1:
+            seeds = cp.ascontiguousarray(seeds[::split])
+    elif nseg > 1:
         # Summary of segments 0 .. nseg-2 (the last one's end state is not
         # needed), then the carry: the state entering every segment.
         local = cp.empty((nseg, batch, dim, N), dtype=p.compute_dtype)
@@ -977,18 +1033,30 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         sumdt = cp.empty((nseg, batch, dim), dtype=cdt)
         sr = plan.get("sum_ring") if TUNING["bwd_sum_ring"] else None
         if sr is not None:  # (the ring backward's alignment checks cover its arrays)
-            splan = dict(plan, **sr, blocks=batch * (dim // sr["ch"]) * (nseg - 1))
+            # in sub-segments, split of them a segment: those of segments 1 .. nseg-1 (sub-segments
+            # split .. nseg split - 1); the carry from the last one gives the adjoint leaving
+            # every sub-segment from split - 1 on, of which every split-th leaves a segment
+            split = sr["split"]
+            splan = dict(plan, **sr, nseg=nseg * split, blocks=batch * (dim // sr["ch"]) * (nseg - 1) * split)
+            if split > 1:
+                local = cp.empty((nseg * split, batch, dim, N), dtype=cdt)
+                sumdt = cp.empty((nseg * split, batch, dim), dtype=cdt)
             key = KernelKey("bwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], True, True)
             args = (dout, p.delta, _ptr(p.z), p.A, _NULL, p.C, _NULL, _ptr(p.delta_bias), _NULL, _NULL, _NULL,
-                    _NULL, local, sumdt) + _shape_args(p, splan) + (
-                    np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=1)
+                    _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
+                    np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=split)
             _launch(key, splan, args)
+            if split > 1:  # (the reverse carry never reads its first segment's summary)
+                cplan = dict(splan, nseg=nseg * split - split + 1)
+                seeds = _carry(p, cplan, dfinal_state, local[split - 1:], sumdt[split - 1:], reverse=True)
+                seeds = cp.ascontiguousarray(seeds[::split])
         else:
             key = KernelKey("bwd_sum", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
             args = (p.delta, _ptr(p.z), dout, p.A, p.C, _ptr(p.delta_bias), local, sumdt,
                     ) + _shape_args(p, plan) + (np.int32(flags),) + _seg_args(plan, seg0=1)
             _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
-        seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
+        if seeds is None:
+            seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
 
     key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
     args = (p.u, p.delta, _ptr(p.z), dout, p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),

@@ -7,7 +7,8 @@ Run one case:  python3 tests/emulation/selective_scan/run.py
 LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
 FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
-the default);
+the default); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
+forward's summary its own tiles;
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -22,6 +23,8 @@ if os.environ.get("SEGS"): ss.TUNING["force_segments"] = int(os.environ["SEGS"])
 if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"] == "1"
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
+if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
+if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
 
