@@ -2426,9 +2426,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 const ssm_i64 part = ((ssm_i64)b * ntile + tile) * N * L + t0;
 #pragma unroll 1
                 for (int e = tid; e < (2 * N) << lgt; e += nthr) {
+                    // rows in the order B_0, C_0, B_1, C_1, ...: at TL 16 a warp's halves take
+                    // B_n and C_n, NPAD floats apart in acc, so their reads fall on disjoint
+                    // banks (B_n with B_n+1 overlapped: P floats a step, one bank apart)
                     const int r = e >> lgt, t = e & (TL - 1);
                     if (t >= tl) continue;
-                    const int which = r >= N ? 1 : 0, n = r - which * N;
+                    const int which = r & 1, n = r >> 1;
                     const float* src = acc + t * P + which * NPAD + n;
                     float sum = 0.0f;
 #pragma unroll
