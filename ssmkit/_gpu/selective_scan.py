@@ -139,8 +139,11 @@ TUNING = {
     # pass; sub-segments are whole multiples of the ring quantum (else no split).
     # fwd_sum_tiles: the forward's summary picks its own tiles for its grid (as the
     # backward's does), not the main pass's. Measured together (benchmarks/NOTES.md, version
-    # 17): 2x1536x32768 N 16 forward 1.556 -> 1.478 ms in bfloat16, 1.649 -> 1.614 in float32.
-    "sum_split": 4,
+    # 17): 2x1536x32768 N 16 forward 1.556 -> 1.478 ms in bfloat16, 1.649 -> 1.614 in float32
+    # (split 4); with fewer, longer segments (fwd_ring_seg_waves, bwd_min_seg_steps below)
+    # 8 beat 4: forward 1.341 -> 1.291 and 1.535 -> 1.483, forward+backward 5.400 -> 5.377
+    # and 5.772 -> 5.664.
+    "sum_split": 8,
     "fwd_sum_tiles": True,
     "bwd_ring_threads": 128,
     "bwd_ring_tl": 64,
@@ -150,10 +153,16 @@ TUNING = {
     # summary pass and a carry).
     "seg_min_fill": 0.75,
     "seg_waves": 2.0,
+    # the ring forward's (its main pass and summary): fewer, longer segments measured faster
+    # (2x1536x32768 N 16 forward at 1.0 against 2.0: 1.476 -> 1.340 ms in bfloat16, 1.613 ->
+    # 1.535 in float32; benchmarks/NOTES.md, version 17)
+    "fwd_ring_seg_waves": 1.0,
     "min_seg_steps": 1024,  # 256 measured slower at L = 2048 (4 segments: 0.82 ms vs 0.64)
     # The backward's: 4096 measured faster than 1024 at L = 32768, N = 16 (forward+backward
-    # 14.8 -> 13.7 ms in bfloat16, 14.5 -> 13.5 in float32), the same at L = 2048 and 256.
-    "bwd_min_seg_steps": 4096,
+    # 14.8 -> 13.7 ms in bfloat16, 14.5 -> 13.5 in float32), the same at L = 2048 and 256;
+    # with the ring backward and its summary in sub-segments, 8192 faster than 4096 (6.004 ->
+    # 5.405 ms in bfloat16, 5.837 -> 5.789 in float32; benchmarks/NOTES.md, version 17).
+    "bwd_min_seg_steps": 8192,
     "max_segments": 1024,
     "force_segments": None,  # tests: an int forces this many segments (clamped as above)
 }
@@ -444,14 +453,14 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     return ch, tl, nbytes, blocks, occ_max
 
 
-def _split_time(choose, *, L, chunk_size, sm_count, min_seg_steps=None):
+def _split_time(choose, *, L, chunk_size, sm_count, min_seg_steps=None, waves=None):
     """Tiles and time segments: ``(CH, TL, smem, blocks, nseg, seg_len)``.
 
     ``choose(nseg)`` is :func:`_choose_tiles` for ``nseg`` segments. Time is
     split only when the unsplit grid fills less than ``seg_min_fill`` of one
     wave of resident blocks (a nearly full grid gains little, and the summary
     pass repeats the recurrence's exponentials); then into about
-    ``seg_waves`` waves' worth of
+    ``waves`` (default ``seg_waves``) waves' worth of
     blocks, in segments of whole chunks (checkpoints stay per global chunk) of
     at least ``min_seg_steps`` steps. Two rounds, since the tiles picked for
     the split grid change the occupancy.
@@ -468,7 +477,7 @@ def _split_time(choose, *, L, chunk_size, sm_count, min_seg_steps=None):
         elif blocks >= (TUNING["seg_min_fill"] if nseg == 1 else 1.0) * occ * sm_count:
             break
         else:
-            want = -(-int(TUNING["seg_waves"] * occ * sm_count) // base)
+            want = -(-int((TUNING["seg_waves"] if waves is None else waves) * occ * sm_count) // base)
         want = max(1, min(want, int(TUNING["max_segments"]), n_chunks))
         least = TUNING["min_seg_steps"] if min_seg_steps is None else min_seg_steps
         per = max(-(-n_chunks // want), -(-int(least) // chunk))
@@ -606,7 +615,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
 
     try:
         ch, tl, nbytes, blocks, nseg, seg_len = _split_time(choose, L=L, chunk_size=chunk_size,
-                                                             sm_count=lim["sm_count"])
+                                                             sm_count=lim["sm_count"],
+                                                             waves=TUNING["fwd_ring_seg_waves"])
     except NotImplementedError:
         return None
     sum_ring = None
