@@ -89,15 +89,16 @@ def test_ssd_in_emulation(script, cases):
 # time (N > 16, aligned rows); n: N from 17 to 512 (the swizzled B/C tiles at 4, 8 and 16
 # states per lane); bwd_ring: the ring backward with several tiles per chunk (pass A's
 # sub-block states in scratch), also with time split into up to 3 segments (the ring
-# summaries: the backward's walks its tiles last to first)
+# summaries, in 2 sub-segments each where they divide: the backward's walks its tiles last to
+# first)
 @pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
                                            ("bwd_ring", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):
     pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)
-    if segs:
-        env.update(SEGS=segs, MINSEG="1")
+    if segs:  # (and the summaries in sub-segments: the default 8 seldom divides these short segments)
+        env.update(SEGS=segs, MINSEG="1", SUM_SPLIT="2")
     script = os.path.join(HERE, "emulation", "selective_scan", "sweep.py")
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
