@@ -1434,10 +1434,23 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD
     ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
+// Resident blocks of SSM_FWD_MAX_THREADS asked of ptxas for the ring summary kernels (0: none
+// asked). Left to itself ptxas gave them 79-94 registers, spilling in the 16-bit backward's;
+// asked for 2 (up to 128, the planner's estimate, and their shared memory allows 2 blocks
+// of 256 threads anyway) they ran 2% faster at 2x1536x32768 N 16 (NOTES.md, version 17).
+#ifndef SSM_RING_SUM_MIN_BLOCKS
+#define SSM_RING_SUM_MIN_BLOCKS 2
+#endif
+#if SSM_RING_SUM_MIN_BLOCKS > 0
+#define SSM_RING_SUM_BOUNDS __launch_bounds__(SSM_FWD_MAX_THREADS, SSM_RING_SUM_MIN_BLOCKS)
+#else
+#define SSM_RING_SUM_BOUNDS __launch_bounds__(SSM_FWD_MAX_THREADS)
+#endif
+
 // Summary pass of a split forward through the ring (see "Time segments"):
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
+__global__ void SSM_RING_SUM_BOUNDS ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_SUM>(SSM_FWD_ARGS);
 }
@@ -1449,7 +1462,7 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_ring(SSM
 // seg_dt[seg, b, d]. Parameters as ssm_scan_fwd_ring's, but u holds dout; B, D, h0, y,
 // hfinal and ckpt are unused.
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
+__global__ void SSM_RING_SUM_BOUNDS ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
     static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
 }
