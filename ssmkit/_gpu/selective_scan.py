@@ -619,24 +619,25 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
                                                              waves=TUNING["fwd_ring_seg_waves"])
     except NotImplementedError:
         return None
+    sum_smem = _ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum")
     sum_ring = None
     if nseg > 1:  # the summary of segments 0 .. nseg - 2, in sub-segments
-        split = _sum_split(seg_len, _ring_quantum(io, bc))
+        quantum = _ring_quantum(io, bc)
+        split = _sum_split(seg_len, quantum)
         sub = seg_len // split
+        sch, stl, sbytes = ch, tl, sum_smem  # the main pass's tiles, unless its own fit
         if TUNING["fwd_sum_tiles"]:
             try:
                 sch, stl, sbytes, _, _ = _choose_ring_tiles(
                     "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}",
-                    batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=_ring_quantum(io, bc),
+                    batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=quantum,
                     tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
             except NotImplementedError:
-                sch, stl, sbytes = ch, tl, _ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum")
-        else:
-            sch, stl, sbytes = ch, tl, _ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum")
+                pass
         sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes, split=split, seg_len=sub)
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
                 nseg=nseg, seg_len=seg_len, async_=True, ring=True, inside=inside,
-                sum_smem=_ring_smem_bytes(ch, tl, N, npad, io, bc, kind="sum"), sum_ring=sum_ring)
+                sum_smem=sum_smem, sum_ring=sum_ring)
 
 
 def _sum_split(seg_len, q):
@@ -905,11 +906,11 @@ def selective_scan_forward(p, *, save_checkpoints):
              | (_CKPT_INSIDE if plan.get("inside") else 0))
     seeds = None
     nseg = plan["nseg"]
-    sr = plan.get("sum_ring") if ring else None
-    if nseg > 1 and sr is not None:
+    if nseg > 1 and ring:
         # Summary of segments 0 .. nseg-2 (the last one's end state is not needed) in
         # sub-segments of sr["seg_len"] steps, split of them a segment; the carry gives the
         # state entering every sub-segment, of which every split-th enters a segment.
+        sr = plan["sum_ring"]
         split = sr["split"]
         nsub = (nseg - 1) * split
         splan = dict(plan, **sr, nseg=nsub + 1, blocks=batch * (dim // sr["ch"]) * nsub)
@@ -920,21 +921,18 @@ def selective_scan_forward(p, *, save_checkpoints):
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
                 np.int32(flags & ~(_SAVE_CKPT | _CKPT_INSIDE)),) + _seg_args(splan)
         _launch(key, splan, args)
-        seeds = _carry(p, splan, p.initial_state, local, sumdt, reverse=False)
-        if split > 1:
-            seeds = cp.ascontiguousarray(seeds[::split])
+        seeds = cp.ascontiguousarray(_carry(p, splan, p.initial_state, local, sumdt, reverse=False)[::split])
     elif nseg > 1:
         # Summary of segments 0 .. nseg-2 (the last one's end state is not
         # needed), then the carry: the state entering every segment.
         local = cp.empty((nseg, batch, dim, N), dtype=p.compute_dtype)
         sumdt = cp.empty((nseg, batch, dim), dtype=p.compute_dtype)
-        key = KernelKey("fwd_sum_ring" if ring else "fwd_sum" if plan["async_"] else "fwd_sum_direct",
-                        io, bc, plan["npt"], plan["nsplit"], bv, cv)
+        key = KernelKey("fwd_sum" if plan["async_"] else "fwd_sum_direct", io, bc, plan["npt"], plan["nsplit"],
+                        bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, plan) + (
                 np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
-        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1),
-                          smem=plan["sum_smem"] if ring else plan["smem"]), args)
+        _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
     key = KernelKey("fwd_ring" if ring else "fwd" if plan["async_"] else "fwd_direct", io, bc, plan["npt"],
                     plan["nsplit"], bv, cv)
@@ -1039,33 +1037,29 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         # Summary of segments 1 .. nseg-1 in reverse time from a zero adjoint
         # (segment 0's outgoing adjoint is dh0, which the main kernel gives),
         # then the carry from the last segment (seeded by dfinal) to the first.
-        local = cp.empty((nseg, batch, dim, N), dtype=cdt)
-        sumdt = cp.empty((nseg, batch, dim), dtype=cdt)
         sr = plan.get("sum_ring") if TUNING["bwd_sum_ring"] else None
+        split = sr["split"] if sr is not None else 1
+        local = cp.empty((nseg * split, batch, dim, N), dtype=cdt)
+        sumdt = cp.empty((nseg * split, batch, dim), dtype=cdt)
         if sr is not None:  # (the ring backward's alignment checks cover its arrays)
             # in sub-segments, split of them a segment: those of segments 1 .. nseg-1 (sub-segments
             # split .. nseg split - 1); the carry from the last one gives the adjoint leaving
-            # every sub-segment from split - 1 on, of which every split-th leaves a segment
-            split = sr["split"]
+            # every sub-segment from split - 1 on (it never reads its first one's summary), of
+            # which every split-th leaves a segment
             splan = dict(plan, **sr, nseg=nseg * split, blocks=batch * (dim // sr["ch"]) * (nseg - 1) * split)
-            if split > 1:
-                local = cp.empty((nseg * split, batch, dim, N), dtype=cdt)
-                sumdt = cp.empty((nseg * split, batch, dim), dtype=cdt)
             key = KernelKey("bwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], True, True)
             args = (dout, p.delta, _ptr(p.z), p.A, _NULL, p.C, _NULL, _ptr(p.delta_bias), _NULL, _NULL, _NULL,
                     _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
                     np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=split)
             _launch(key, splan, args)
-            if split > 1:  # (the reverse carry never reads its first segment's summary)
-                cplan = dict(splan, nseg=nseg * split - split + 1)
-                seeds = _carry(p, cplan, dfinal_state, local[split - 1:], sumdt[split - 1:], reverse=True)
-                seeds = cp.ascontiguousarray(seeds[::split])
+            cplan = dict(splan, nseg=nseg * split - split + 1)
+            seeds = _carry(p, cplan, dfinal_state, local[split - 1:], sumdt[split - 1:], reverse=True)
+            seeds = cp.ascontiguousarray(seeds[::split])
         else:
             key = KernelKey("bwd_sum", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
             args = (p.delta, _ptr(p.z), dout, p.A, p.C, _ptr(p.delta_bias), local, sumdt,
                     ) + _shape_args(p, plan) + (np.int32(flags),) + _seg_args(plan, seg0=1)
             _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
-        if seeds is None:
             seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
 
     key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
