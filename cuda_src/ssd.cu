@@ -37,6 +37,7 @@
 // null; states (batch, n_chunks + 1, H, P, N); adjoints (batch, n_chunks, H, P, N).
 // Offsets are 64-bit.
 #include "ssm_common.cuh"
+#include "ssm_tf32.cuh"
 
 #define SSD_THREADS 256
 #define SSD_MAXD 256  // largest head dimension P and state size N
@@ -879,7 +880,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // same sums, in another order.
 //
 // 3 x TF32: every operand value x is split once, when it is staged, into two TF32 values
-// (ssd_tf32_split: hi rounded, lo = x - hi cut), and a b is summed as a_lo b_hi + a_hi b_lo +
+// (ssm_tf32_split: hi rounded, lo = x - hi cut), and a b is summed as a_lo b_hi + a_hi b_lo +
 // a_hi b_hi by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's
 // rounding), so the products keep float32's accuracy.
 //
@@ -888,7 +889,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // rows. A warp holds its rows' outputs and, per q-tile, its rows of the weighted block in
 // accumulator registers, which it multiplies by Vv from there: lane (g, t) holds columns 2t
 // and 2t + 1 of each 8, and those serve as k slots t and t + 4 of the next product when its
-// B fragments take k = 2t, 2t + 1 too (ssd_tc_frag_acc, ssd_tc_frag_b). Every product here
+// B fragments take k = 2t, 2t + 1 too (ssm_tc_frag_acc, ssd_tc_frag_b). Every product here
 // uses that k order.
 // Shared stages hold SSD_TC_KS = 16 values of k (or q) per row, split: a row is 8 units of 16
 // bytes (hi and lo of the pair k = 2p, 2p + 1: hi_2p, hi_2p+1, lo_2p, lo_2p+1, so that a B
@@ -902,47 +903,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 #define SSD_TC_KS 16
 #endif
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define SSD_TC_ARCH 1
-#else
-#define SSD_TC_ARCH 0  // compiled for older devices only so that the module builds
-#endif
-
-// hi = tf32(x) rounded to nearest; lo = x - hi (exact) cut to TF32, an error of at most
-// 2^-21 |x| (rounding it too would cost three more instructions).
-__device__ __forceinline__ void ssd_tf32_split(float x, unsigned& hi, unsigned& lo) {
-#if SSD_TC_ARCH
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-#else
-    hi = __float_as_uint(x);
-    lo = 0;
-#endif
-}
-
-// d += a b, one m16n8k8 TF32 product.
-__device__ __forceinline__ void ssd_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                             unsigned b1) {
-#if SSD_TC_ARCH
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-}
-
-// A 3 x TF32 operand fragment: hi and lo parts.
-struct ssd_tc_a { unsigned hi[4], lo[4]; };
-struct ssd_tc_b { unsigned hi0, hi1, lo0, lo1; };
-
-// d += a b in 3 x TF32, the small terms first.
-__device__ __forceinline__ void ssd_mma3(float (&d)[4], const ssd_tc_a& a, const ssd_tc_b& b) {
-    ssd_mma_tf32(d, a.lo, b.hi0, b.hi1);
-    ssd_mma_tf32(d, a.hi, b.lo0, b.lo1);
-    ssd_mma_tf32(d, a.hi, b.hi0, b.hi1);
-}
+// (the 3 x TF32 primitives ssm_tf32_split, ssm_mma_tf32 and ssm_mma3: ssm_tf32.cuh)
 
 // Where unit p of row r of a stage lies: p ^ rot(r % 8), rot = 0 4 1 5 2 6 3 7.
 __device__ __forceinline__ int ssd_tc_unit(int r, int p) {
@@ -952,27 +913,16 @@ __device__ __forceinline__ int ssd_tc_unit(int r, int p) {
 // The fragments of k8 block j (k = 8 j .. 8 j + 7 of the stage) for lane (g, t): A from rows
 // row0 + g and row0 + g + 8, B (the n-tile of rows n0 ..) from row n0 + g; k slot t is
 // k = 8 j + 2t and slot t + 4 is k = 8 j + 2t + 1.
-__device__ __forceinline__ ssd_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_KS / 2], int row0, int j) {
+__device__ __forceinline__ ssm_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_KS / 2], int row0, int j) {
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[row0 + g][ssd_tc_unit(row0 + g, p)];
     const uint4 y = st[row0 + g + 8][ssd_tc_unit(row0 + g + 8, p)];
     return {{x.x, y.x, x.y, y.y}, {x.z, y.z, x.w, y.w}};
 }
-__device__ __forceinline__ ssd_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_KS / 2], int n0, int j) {
+__device__ __forceinline__ ssm_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_KS / 2], int n0, int j) {
     const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
     const uint4 x = st[n0 + g][ssd_tc_unit(n0 + g, p)];
     return {x.x, x.y, x.z, x.w};
-}
-
-// The A fragment of k8 block j from an accumulator tile d (16 rows x 8 columns as mma leaves
-// it): columns 2t, 2t + 1 become k slots t, t + 4, split into hi and lo.
-__device__ __forceinline__ ssd_tc_a ssd_tc_frag_acc(const float (&d)[4]) {
-    ssd_tc_a a;
-    ssd_tf32_split(d[0], a.hi[0], a.lo[0]);
-    ssd_tf32_split(d[2], a.hi[1], a.lo[1]);
-    ssd_tf32_split(d[1], a.hi[2], a.lo[2]);
-    ssd_tf32_split(d[3], a.hi[3], a.lo[3]);
-    return a;
 }
 
 // acc[nt] += the stage's product of rows arow0 .. arow0 + 15 of `as` and the NT n-tiles of
@@ -982,9 +932,9 @@ __device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint
                                                  int arow0, const uint4 (*bs)[SSD_TC_KS / 2]) {
 #pragma unroll
     for (int j = 0; j < SSD_TC_KS / 8; ++j) {
-        const ssd_tc_a a = ssd_tc_frag_a(as, arow0, j);
+        const ssm_tc_a a = ssd_tc_frag_a(as, arow0, j);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+        for (int nt = 0; nt < NT; ++nt) ssm_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
     }
 }
 
@@ -1042,8 +992,8 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             where(j, o, p);
             const float f = w_row ? w_row[o] : 1.f;
             uint4 u;
-            ssd_tf32_split(w ? w[2 * p] * v[j][0] : f * v[j][0], u.x, u.z);
-            ssd_tf32_split(w ? w[2 * p + 1] * v[j][1] : f * v[j][1], u.y, u.w);
+            ssm_tf32_split(w ? w[2 * p] * v[j][0] : f * v[j][0], u.x, u.z);
+            ssm_tf32_split(w ? w[2 * p + 1] * v[j][1] : f * v[j][1], u.y, u.w);
             st[o][ssd_tc_unit(o, p)] = u;
         }
     }
@@ -1088,7 +1038,7 @@ __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_
 // The warp's rows of an R x R block of ssd_chunk_cb's layout (entry (r, q) at r R + q; UPPER:
 // the transposed block's, entry (r, q) at q R + r), as mma accumulators of 16 rows from wr.
 template <bool UPPER, int R>
-__device__ __forceinline__ void ssd_tc_block_frags(float (&sacc)[R / 8][4], const float* blkp,
+__device__ __forceinline__ void ssm_tc_block_frags(float (&sacc)[R / 8][4], const float* blkp,
                                                    int wr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -1127,9 +1077,9 @@ __device__ __forceinline__ void ssd_tc_times_v(float (&acc)[NT][4], const float 
         if ((s + 1) * KS < nq) vl.load(Vq, v_stride, nv, nq, (s + 1) * KS);
 #pragma unroll
         for (int j = 0; j < KS / 8; ++j) {
-            const ssd_tc_a a = ssd_tc_frag_acc(sacc[s * (KS / 8) + j]);
+            const ssm_tc_a a = ssm_tc_frag_acc(sacc[s * (KS / 8) + j]);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) ssd_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
+            for (int nt = 0; nt < NT; ++nt) ssm_mma3(acc[nt], a, ssd_tc_frag_b(bs, 8 * nt, j));
         }
     }
 }
@@ -1199,7 +1149,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
-            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
+            ssm_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
             __syncthreads();  // cum_q, dt_q, seq_q
         } else {
             ssm_mma_zero(sacc);
@@ -1424,7 +1374,7 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
         for (ssm_i64 q0 = w.q_begin(); q0 < w.q_end(); q0 += R) {
             const int nq = (int)(w.q_end() - q0 < R ? w.q_end() - q0 : R);
             float sacc[R / 8][4];
-            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(gs, q0, nc, classes, tiles_per_chunk), wr);
+            ssm_tc_block_frags<UPPER, R>(sacc, w.cb_block(gs, q0, nc, classes, tiles_per_chunk), wr);
             ssd_tc_times_v<NT, R>(acc, sacc, bs, Vv + ((b * L + q0) * XV + w.hv) * (ssm_i64)V + v0,
                                   (ssm_i64)XV * V, nv, nq);
         }

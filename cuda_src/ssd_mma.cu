@@ -33,6 +33,7 @@
 // fragment pair of 16 x 8 tiles is, once rounded to 16 bits, exactly an A fragment of
 // the next product (the masked block goes from one mma to the next in registers).
 #include "ssm_common.cuh"
+#include "ssm_tf32.cuh"
 
 #define SSD_MMA_THREADS 128  // 4 warps
 #define SSD_MMA_ROWS 64      // rows (steps) of a tile, 16 per warp; also steps per stage
@@ -1165,6 +1166,314 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
             }
         }
         if (cur.last(64)) keep(cur.c + 1);
+    }
+    ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
+}
+
+// --------------------------------------------------------------------------------------
+// ssd_tf32_fwd: the whole forward in one kernel, as ssd_mma_fwd, for float32 x, B and C
+// (every product 3 x TF32, ssm_tf32.cuh: float32's accuracy). One walk per (row, head, 64
+// columns p), the state in registers, in tiles of SSD_TF32_ROWS = 32 steps that never cross
+// a chunk's end. Per tile, with cum_b the chunk sum before it (0 at a chunk's start) and e
+// its last step:
+//   y_t = exp(cum_t - cum_b) C_t S^T + sum_{s <= t in the tile} exp(cum_t - cum_s) dt'_s
+//         (C_t . B_s) x_s, then + D x_t and * silu(z_t);
+//   S   = exp(cum_e - cum_b) S + sum_s exp(cum_e - cum_s) dt'_s x_s B_s^T.
+// C_t . B_s is read from ssd.cu's ssd_chunk_cb (float, once per class of heads; cb of
+// batch, nc, classes, pairs, 64 x 64): the 32 x 32 halves of its diagonal blocks.
+// Warp w owns rows p = 16 w .. 16 w + 15 of S (all NW columns n) and of y^T (p x t). The
+// operands are staged by cp.async as float32, as they lie in memory, and split into TF32 hi
+// and lo where a fragment is read. k slots pair as in ssm_tf32.cuh (slot t <-> 2t, t + 4
+// <-> 2t + 1), so S's accumulators are the A fragments of y^T = S C^T, and x's fragments
+// (x[s][p], x[s][p + 8], x[s + 1][p], x[s + 1][p + 8] for s = 8 ks + 2t) serve the diagonal
+// term, the epilogue's D x (y^T's accumulator layout) and, weighted, the state's update.
+// Shared row strides put a fragment's 32 reads in 32 banks (8-byte pairs: two phases).
+// Needs no restarts (seq_idx), N <= NW, P and N multiples of 4 and 16-byte aligned rows.
+// Grid: batch * H * ceil(P / 64) blocks of SSD_MMA_THREADS, ssd_tf32_fwd_layout<NW>::BYTES
+// of dynamic shared memory (3 blocks per SM on the H200).
+// --------------------------------------------------------------------------------------
+#define SSD_TF32_ROWS 32  // steps per tile
+#ifndef SSD_TF32_FWD_BLOCKS
+#define SSD_TF32_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
+#endif
+
+template <int NW>
+struct ssd_tf32_fwd_layout {  // float offsets into the dynamic shared memory
+    static constexpr int TS = SSD_TF32_ROWS;
+    static constexpr int LDB = NW + 4;   // B[s][n]: rows s, s + 2 fall 8 banks apart
+    static constexpr int LDC = NW + 8;   // C[t][n]: rows t, t + 1 fall 8 banks apart
+    static constexpr int LDX = 64 + 4;   // x[s][p], as B
+    static constexpr int LDW = TS + 8;   // W[t][s], as C
+    static constexpr int LDQ = TS + 4;   // C B^T's block [t][s]: 16-byte reads, rows t 4 apart
+    static constexpr int VN = 2 * TS + 8;  // values: cum_s [0, TS), cum_b [TS], dt'_s [TS + 4, ..)
+    static constexpr int BF = TS * LDB, QF = TS * LDQ;
+    static constexpr int B0 = 0, Q0 = B0 + 2 * BF, V0 = Q0 + 2 * QF;  // two stages each
+    static constexpr int C0 = V0 + 2 * VN, X0 = C0 + TS * LDC, W0 = X0 + TS * LDX;
+    static constexpr int F0 = W0 + TS * LDW;  // row factors [TS], column weights [TS], decay
+    static constexpr int BYTES = (F0 + 2 * TS + 4) * 4;
+    static_assert(BF % 4 == 0 && QF % 4 == 0 && V0 % 4 == 0 && C0 % 4 == 0 && X0 % 4 == 0 &&
+                  W0 % 4 == 0 && F0 % 4 == 0, "16-byte aligned rows and stages");
+};
+
+template <int NW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_TF32_FWD_BLOCKS)
+ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
+             const float* __restrict__ Cm, const float* __restrict__ cb,
+             const float* __restrict__ D, const float* __restrict__ z,
+             const float* __restrict__ dte, const float* __restrict__ cum,
+             const ssm_i64* __restrict__ starts, const float* __restrict__ h0,
+             float* __restrict__ states, const int* __restrict__ bslot,
+             float* __restrict__ final, float* __restrict__ out, ssm_i64 L, int H, int P,
+             int GB, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes) {
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    using LY = ssd_tf32_fwd_layout<NW>;
+    constexpr int THREADS = SSD_MMA_THREADS, TS = LY::TS, NS = NW / 8, KT = TS / 8;
+    constexpr int LDB = LY::LDB, LDC = LY::LDC, LDX = LY::LDX, LDW = LY::LDW, LDQ = LY::LDQ;
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    float* const sm = reinterpret_cast<float*>(ssd_mma_dyn);
+    float* const cs = sm + LY::C0;
+    float* const xs = sm + LY::X0;
+    float* const ws = sm + LY::W0;
+    float* const row_f = sm + LY::F0;     // exp(cum_t - cum_b), 0 past the tile
+    float* const col_w = row_f + TS;      // exp(cum_e - cum_s) dt'_s, 0 past the tile
+    float* const tile_d = row_f + 2 * TS;  // exp(cum_e - cum_b)
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wp = 16 * warp;  // the warp's rows p
+    const unsigned p_tiles = (P + 63) / 64;
+    const unsigned bh = blockIdx.x / p_tiles;  // 32-bit quotients
+    const int p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
+    const ssm_i64 b = bh / (unsigned)H;
+    const int h = (int)(bh - (unsigned)b * (unsigned)H);
+    const int gB = ssd_mma_group(h, H, GB), gC = ssd_mma_group(h, H, GC);
+    const int cls = h / (H / classes), pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
+    const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
+    const int pa = p0 + wp + g, na = 2 * t4;  // this thread's state entries
+
+    float S[NS][4];
+    ssd_mma_state_init(S, h0 ? h0 + bh * PN : nullptr, pa, na, P, N);
+    auto keep = [&](ssm_i64 jb) {  // the state at boundary jb (N even)
+        ssd_mma_state_keep(S, states, bslot, final, b, jb, nc, H, h, pa, na, P, N, true);
+    };
+
+    // Copies of 16-byte pieces: a row of NW floats is PR pieces, RP rows per pass.
+    constexpr int PR = NW / 4, RP = THREADS / PR;
+    const int nr = tid / PR, nc4 = 4 * (tid % PR);  // this thread's first row, its columns n
+    const bool n_live = nc4 < N;
+    auto copy_rows = [&](float* dst, int ld, const float* src, ssm_i64 stride, int ns) {
+#pragma unroll
+        for (int i = 0; i < TS / RP; ++i) {
+            const int r = nr + RP * i;
+            const bool l = r < ns && n_live;  // (a copy that is not live reads nothing)
+            ssm_cp_async16_zfill(ssm_smem_addr(dst + r * ld + nc4), l ? src + RP * i * stride : src, l);
+        }
+    };
+    auto copy_b = [&](const ssd_mma_walker& u, int k) {  // B, C B^T's block, values: stage k
+        const int ns = u.rows(TS);
+        copy_rows(sm + LY::B0 + k * LY::BF, LDB, Bm + ((row + u.s0 + nr) * GB + gB) * N + nc4,
+                  GBN, ns);
+        // the tile's 32 x 32 block on the diagonal of chunk u.c's 64 x 64 block pair (RT, RT)
+        const int off = (int)(u.s0 - starts[u.c]), rt = off >> 6, so = off & 63;
+        const float* q = cb + ((((b * nc + u.c) * classes + cls) * pairs + rt * (rt + 1) / 2 + rt)
+                               << 12) + so * 65;
+        float* qd = sm + LY::Q0 + k * LY::QF;
+#pragma unroll
+        for (int i = 0; i < TS * TS / 4 / THREADS; ++i) {
+            const int e = tid + THREADS * i, r = e >> 3, c = 4 * (e & 7);
+            const bool l = r < ns;
+            ssm_cp_async16_zfill(ssm_smem_addr(qd + r * LDQ + c), l ? q + r * 64 + c : cb, l);
+        }
+        float* v = sm + LY::V0 + k * LY::VN;
+        if (tid < TS) {
+            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
+            ssm_cp_async<4>(v + tid, cum + i);
+            ssm_cp_async<4>(v + TS + 4 + tid, dte + i);
+        } else if (tid == TS && !u.first) {
+            ssm_cp_async<4>(v + TS, cum + (row + u.s0 - 1) * H + h);
+        }
+    };
+    auto copy_xc = [&](ssm_i64 s0, int ns) {  // x and C of a tile
+        constexpr int XR = THREADS / 16;  // x: 16 pieces a row
+        const int xr = tid >> 4, xc = 4 * (tid & 15);
+        const bool x_live = xc < P - p0;
+        const float* xsrc = X + ((row + s0 + xr) * H + h) * P + p0 + xc;
+#pragma unroll
+        for (int i = 0; i < TS / XR; ++i) {
+            const int r = xr + XR * i;
+            const bool l = r < ns && x_live;
+            ssm_cp_async16_zfill(ssm_smem_addr(xs + r * LDX + xc), l ? xsrc + XR * i * HP : X, l);
+        }
+        copy_rows(cs, LDC, Cm + ((row + s0 + nr) * GC + gC) * N + nc4, GCN, ns);
+    };
+    auto prefetch_z = [&](ssm_i64 s0, int ns) {  // a tile's rows of z, into L2
+        ssm_prefetch_rows(z + ((row + s0) * H + h) * P + p0, HP, ns, P - p0 < 64 ? P - p0 : 64, tid,
+                          THREADS);
+    };
+
+    ssd_mma_walker next(starts, nc);  // the next tile whose B is copied
+    copy_b(next, 0);
+    copy_xc(next.s0, next.rows(TS));
+    if (z) prefetch_z(next.s0, next.rows(TS));
+    next.advance(TS, starts, nc);
+    ssm_cp_commit();
+    keep(0);
+
+    int k = 0;  // the stage of the tile being computed
+    for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(TS, starts, nc), k ^= 1) {
+        const int ns = cur.rows(TS);
+        ssm_cp_wait<0>();
+        __syncthreads();  // B1: stage k, x and C are the block's; the last tile is done with all
+        const bool more = next.c < nc;
+        const ssm_i64 s_next = next.s0;  // (x and C follow after B2)
+        const int ns_next = more ? next.rows(TS) : 0;
+        if (more) {
+            copy_b(next, k ^ 1);
+            if (z) prefetch_z(s_next, ns_next);  // (read by the next tile's epilogue)
+            next.advance(TS, starts, nc);
+        }
+        ssm_cp_commit();
+        const float* bs = sm + LY::B0 + k * LY::BF;
+        const float* qs = sm + LY::Q0 + k * LY::QF;
+        const float* cv = sm + LY::V0 + k * LY::VN;
+        const float* dv = cv + TS + 4;
+        const float cum_b = cur.first ? 0.0f : cv[TS];
+
+        // W[t][s] = [s <= t < ns] exp(cum_t - cum_s) dt'_s (C_t . B_s): thread tid makes the
+        // 8 entries s = 8 (tid % 4) .. of row t = tid / 4
+        {
+            const int t = tid >> 2, s0 = 8 * (tid & 3);
+            const float ct = cv[t];
+#pragma unroll
+            for (int j = 0; j < 8; j += 4) {
+                const ssm_f4 q = *reinterpret_cast<const ssm_f4*>(qs + t * LDQ + s0 + j);
+                ssm_f4 w;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int s = s0 + j + i;
+                    w.v[i] = s <= t && t < ns
+                                 ? ssm_math<float>::decay((ct - cv[s]) * L2E) * dv[s] * q.v[i]
+                                 : 0.0f;
+                }
+                *reinterpret_cast<ssm_f4*>(ws + t * LDW + s0 + j) = w;
+            }
+        }
+        if (tid < TS) {
+            const float ce = cv[ns - 1];
+            row_f[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
+            col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
+            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
+        }
+
+        // y^T = S C^T (K = n): S's accumulators, split, are the A fragments; C's rows t the B
+        float acc[KT][4];  // y^T's tiles of 8 steps t
+        ssm_mma_zero(acc);
+#pragma unroll  // (fully: S is indexed by j)
+        for (int j = 0; j < NS; ++j) {
+            const ssm_tc_a a = ssm_tc_frag_acc(S[j]);
+#pragma unroll
+            for (int jt = 0; jt < KT; ++jt) {
+                const ssd_mma_f2 c2 =
+                    *reinterpret_cast<const ssd_mma_f2*>(cs + (8 * jt + g) * LDC + 8 * j + 2 * t4);
+                ssm_tc_b bf;
+                ssm_tf32_split(c2.v[0], bf.hi0, bf.lo0);
+                ssm_tf32_split(c2.v[1], bf.hi1, bf.lo1);
+                ssm_mma3(acc[jt], a, bf);
+            }
+        }
+        // x's fragments, K = s, before xs is free
+        float xr[KT][4];
+#pragma unroll
+        for (int ks = 0; ks < KT; ++ks) {
+            const float* xp = xs + (8 * ks + 2 * t4) * LDX + wp + g;
+            xr[ks][0] = xp[0];
+            xr[ks][1] = xp[8];
+            xr[ks][2] = xp[LDX];
+            xr[ks][3] = xp[LDX + 8];
+        }
+        __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; xs and cs are free
+        if (more) copy_xc(s_next, ns_next);
+        ssm_cp_commit();
+#pragma unroll
+        for (int jt = 0; jt < KT; ++jt) {
+            const float f0 = row_f[8 * jt + 2 * t4], f1 = row_f[8 * jt + 2 * t4 + 1];
+            acc[jt][0] *= f0;
+            acc[jt][1] *= f1;
+            acc[jt][2] *= f0;
+            acc[jt][3] *= f1;
+        }
+        // the diagonal term: y^T's tiles jt >= ks (s <= t)
+#pragma unroll
+        for (int ks = 0; ks < KT; ++ks) {
+            ssm_tc_a a;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ssm_tf32_split(xr[ks][i], a.hi[i], a.lo[i]);
+#pragma unroll
+            for (int jt = ks; jt < KT; ++jt) {
+                const ssd_mma_f2 w2 =
+                    *reinterpret_cast<const ssd_mma_f2*>(ws + (8 * jt + g) * LDW + 8 * ks + 2 * t4);
+                ssm_tc_b bf;
+                ssm_tf32_split(w2.v[0], bf.hi0, bf.lo0);
+                ssm_tf32_split(w2.v[1], bf.hi1, bf.lo1);
+                ssm_mma3(acc[jt], a, bf);
+            }
+        }
+
+        // The epilogue: y^T's entry e of tile jt is (p = pa + 8 (e / 2), t = 8 jt + 2 t4 +
+        // e % 2), whose x is xr[jt][2 (e % 2) + e / 2]. Each store of a warp covers 8
+        // consecutive p of 4 steps: whole 32-byte sectors.
+        {
+            const ssm_i64 o0 = ((row + cur.s0) * H + h) * P;
+            const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
+            const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+#pragma unroll
+            for (int jt = 0; jt < KT; ++jt) {
+                float zv[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (loaded together, ahead of use)
+                if (z) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int t = 8 * jt + 2 * t4 + (e & 1), p = pa + 8 * (e >> 1);
+                        if (t < ns && p < P) zv[e] = z[o0 + (ssm_i64)t * HP + p];
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int t = 8 * jt + 2 * t4 + (e & 1), p = pa + 8 * (e >> 1);
+                    float v = acc[jt][e] + (e >> 1 ? d_b : d_a) * xr[jt][2 * (e & 1) + (e >> 1)];
+                    if (z) v *= zv[e] * ssm_math<float>::sigmoid_fast(zv[e]);
+                    if (t < ns && p < P) out[o0 + (ssm_i64)t * HP + p] = v;
+                }
+            }
+        }
+
+        // S = d S + (w x)^T B
+        {
+            const float d = tile_d[0];
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) S[j][i] *= d;
+        }
+#pragma unroll
+        for (int ks = 0; ks < KT; ++ks) {
+            const float w0 = col_w[8 * ks + 2 * t4], w1 = col_w[8 * ks + 2 * t4 + 1];
+            ssm_tc_a a;
+            ssm_tf32_split(xr[ks][0] * w0, a.hi[0], a.lo[0]);
+            ssm_tf32_split(xr[ks][1] * w0, a.hi[1], a.lo[1]);
+            ssm_tf32_split(xr[ks][2] * w1, a.hi[2], a.lo[2]);
+            ssm_tf32_split(xr[ks][3] * w1, a.hi[3], a.lo[3]);
+            const float* bp = bs + (8 * ks + 2 * t4) * LDB + g;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                ssm_tc_b bf;
+                ssm_tf32_split(bp[8 * j], bf.hi0, bf.lo0);
+                ssm_tf32_split(bp[8 * j + LDB], bf.hi1, bf.lo1);
+                ssm_mma3(S[j], a, bf);
+            }
+        }
+        if (cur.last(TS)) keep(cur.c + 1);
     }
     ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
 }

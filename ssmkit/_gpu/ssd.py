@@ -343,6 +343,22 @@ def mma_fwd_smem(N: int) -> int:
     return 3 * b_bytes + 2 * 132 * 4 + 2 * rows + 132 * 4
 
 
+def tf32_fwd_name(N: int) -> str:
+    """The ``ssd_tf32_fwd`` instance (the float32 forward in one walk, 3 x TF32) for state
+    size N <= 128: NW = 64 for N <= 64, else 128."""
+    return f"ssd_tf32_fwd<{mma_state_width(N)}>"
+
+
+def tf32_fwd_smem(N: int) -> int:
+    """Dynamic shared memory of ``ssd_tf32_fwd`` (``ssd_tf32_fwd_layout<NW>::BYTES``), for
+    tiles of 32 steps: B (32 x (NW + 4) floats), C B^T's block (32 x 36) and 72 values in two
+    stages; C (32 x (NW + 8)), x (32 x 68), the weighted block (32 x 40) and 68 floats in one."""
+    nw, ts = mma_state_width(N), 32
+    floats = 2 * ts * (nw + 4) + 2 * ts * (ts + 4) + 2 * (2 * ts + 8)
+    floats += ts * (nw + 8) + ts * 68 + ts * (ts + 8) + 2 * ts + 4
+    return 4 * floats
+
+
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
@@ -406,6 +422,34 @@ def uses_mma_fwd(p, out) -> bool:
     lim = compiler.device_limits()
     smem = mma_fwd_smem(p.N) + 1024  # (1 KiB reserved per block)
     per_sm = min(MMA_FWD_BLOCKS, lim["smem_per_sm"] // smem)
+    return fused_faster(_fwd_blocks(p), per_sm, lim["sm_count"])
+
+
+# The float32 forward in one kernel (ssd_tf32_fwd): "auto" where it applies and is the faster
+# (tf32_fused_faster), True wherever it applies, False never (the chunked kernels).
+TF32_FUSED_FWD = "auto"
+TF32_FWD_BLOCKS = 3  # SSD_TF32_FWD_BLOCKS: ssd_tf32_fwd's register bound, in blocks per SM
+
+
+def uses_tf32_fwd(p, out) -> bool:
+    """Whether the float32 forward of problem ``p`` runs as one kernel, ``ssd_tf32_fwd``:
+    float32 x, B and C on tensor cores (``uses_tc``), no restarts (no ``seq_idx`` or
+    ``cu_seqlens``), N <= 128, P and N multiples of 4, x, B, C and ``out`` 16-byte aligned,
+    and heads that share their B and C groups (C B^T from ``ssd_chunk_cb``); with
+    ``TF32_FUSED_FWD = "auto"`` on a GPU, also where it is the faster (:func:`fused_faster`;
+    on the host emulation wherever it applies)."""
+    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
+    if (not TF32_FUSED_FWD or io != "float32" or bc != "float32" or p.seq_idx is not None
+            or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 4
+            or head_classes(p.H, p.B.shape[2], p.C.shape[2]) == p.H
+            or not uses_tc("float32", "y")):
+        return False
+    if not all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, out)):
+        return False
+    if TF32_FUSED_FWD != "auto" or p.xp is np:
+        return True
+    lim = compiler.device_limits()
+    per_sm = min(TF32_FWD_BLOCKS, lim["smem_per_sm"] // (tf32_fwd_smem(p.N) + 1024))
     return fused_faster(_fwd_blocks(p), per_sm, lim["sm_count"])
 
 
@@ -852,6 +896,23 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N))
         return states, entering
 
+    def fwd_tf32(self, p, out, *, final=None):
+        """The float32 forward in one kernel (``ssd_tf32_fwd``): the outputs into ``out``
+        (batch, L, H, P); returns the boundary states (batch, nc + 1, H, P, N), or with
+        ``final`` None, only the final states kept, there."""
+        cb = self.cb_cuda(p)  # (not None: uses_tf32_fwd)
+        states = None
+        if final is None:
+            states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
+        _launch(tf32_fwd_name(p.N), (_fwd_blocks(p),),
+                (p.x, p.B, p.C, cb, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
+                 _ptr(p.initial_state), _ptr(states), self.bslot, _ptr(final), out,
+                 np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
+                 np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc),
+                 np.int32(self.mm_tiles), np.int32(cb.shape[2])),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_fwd_smem(p.N))
+        return states
+
     def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
@@ -1049,6 +1110,8 @@ def ssd_forward(p, *, save_checkpoints):
         else:
             states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True, final=keep)
         lay.out_mma(p, entering, y)
+    elif uses_tf32_fwd(p, y):
+        states = lay.fwd_tf32(p, y, final=None if save_checkpoints else final)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))

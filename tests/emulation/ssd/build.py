@@ -4,7 +4,7 @@ REPL swaps the inline-PTX lines (ldmatrix and cp.async among them) and vector ca
 emu_common.h / prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_fwd / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_fwd / ssd_tf32_fwd / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
 
@@ -22,7 +22,18 @@ from ssmkit._gpu import compiler
 sys.path.insert(0, os.path.dirname(HERE))
 from emu_build import COMMON_REPL, LDSM_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 
-REPL = COMMON_REPL + LDSM_REPL + [
+# ssm_tf32.cuh's 3 x TF32 products (ssd.cu's and ssd_mma.cu's float32 kernels): cvt.rna and
+# mma.sync emulated by prelude_mma.h
+TF32_REPL = [
+    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));', 'hi = emu_cvt_tf32(x);'),
+    ('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "\n'
+     '        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"\n'
+     '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
+     '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));',
+     'emu_mma_tf32(d, a, b0, b1);'),
+]
+
+REPL = COMMON_REPL + LDSM_REPL + TF32_REPL + [
     ('return *reinterpret_cast<const unsigned*>(p);', 'return *emu_al<const unsigned>(p);'),
     ('*reinterpret_cast<const ssd_mma_u4*>(p)', '*emu_al<const ssd_mma_u4>(p)'),
     ('*reinterpret_cast<ssd_mma_u4*>(dst) = w;', '*emu_al<ssd_mma_u4>(dst) = w;'),
@@ -138,6 +149,13 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
         KERNELS[f"walk_{tag}_{nw}"] = (f"ssd_mma_state_walk<{T}, {nw}>", T, WALK_T, WALK_S)
         for keep in ("false", "true"):
             KERNELS[f"fwd_{tag}_{nw}_{keep}"] = (f"ssd_mma_fwd<{T}, {nw}, {keep}>", T, FWD_T, FWD_S)
+
+# ssd_tf32_fwd (float32): cb, tiles_per_chunk and classes among its arguments
+TF32_FWD_T = ("const T*,const T*,const T*,const float*,const float*,const T*,const float*,"
+              "const float*,const ssm_i64*,const float*,float*,const int*,float*,T*").split(",")
+TF32_FWD_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int"]
+for nw in (64, 128):
+    KERNELS[f"tf32_fwd_{nw}"] = (f"ssd_tf32_fwd<{nw}>", "float", TF32_FWD_T, TF32_FWD_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",

@@ -46,15 +46,6 @@ STATE_SCALARS = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 IO = {"float32": ("float", np.float32), "float64": ("double", np.float64)}
 
 
-# ssd_chunk_mm_tc's 3 x TF32 products: cvt.rna and mma.sync emulated by prelude_mma.h
-TF32_REPL = [
-    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));', 'hi = emu_cvt_tf32(x);'),
-    ('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "\n'
-     '        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"\n'
-     '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
-     '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));',
-     'emu_mma_tf32(d, a, b0, b1);'),
-]
 
 
 def kernels():
@@ -141,7 +132,7 @@ def build_so():
         old, new = mut.split("=>")
         assert src.count(old) >= 1, old
         src = src.replace(old, new, 1)
-    src = replace_mma(replace_all(src, COMMON_REPL + TF32_REPL), emulate=False)
+    src = replace_mma(replace_all(src, COMMON_REPL + build.TF32_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
         build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
         + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS)
