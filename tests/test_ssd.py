@@ -712,6 +712,86 @@ def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
                             dict(chunk_size=chunk, dt_softplus=True), np.random.default_rng(case))
 
 
+# The float32 forward in one kernel (ssd_tf32_fwd, tiles of 32 steps): MMA_CASES where it
+# applies (no restarts, N <= 128, P and N multiples of 4, heads sharing B and C), and chunks
+# of 1, 5 and 48 steps, two column tiles p (P 100, one partial; P 128), N of 4 and 68.
+TF32_FUSED_CASES = [c for c in MMA_CASES
+                    if "seq_cuts" not in c[7] and c[5] <= 128 and c[3] % 4 == 0 == c[5] % 4] + [
+    (2, 333, 3, 64, 1, 64, 100, dict(with_init=True, D_form="channel")),
+    (1, 40, 2, 16, 1, 32, 1, dict(with_z=False, D_form=None)),
+    (2, 77, 2, 8, 1, 4, 5, dict(with_init=True)),
+    (1, 130, 4, 100, 2, 68, 256, dict(D_form="channel")),
+    (2, 97, 4, 128, 2, 128, 48, dict(with_z=False, with_init=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("case", range(len(TF32_FUSED_CASES)))
+def test_float32_forward_in_one_kernel(monkeypatch, case):
+    """ssd_tf32_fwd against the chunked float32 kernels (both 3 x TF32): each within the
+    reference's tolerance, outputs and final states within 2e-6 of each other's largest
+    entries, with checkpoints (ssd_vjp) and without (ssd); the gradients from its
+    checkpoints within the tolerances of the reference."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    batch, L, H, P, G, N, chunk, kw = TF32_FUSED_CASES[case]
+    inputs = make_inputs(np.random.default_rng(900 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    arrays, exact = cast(inputs, "float32", xp_for("gpu"))
+    opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    calls = _count_calls(monkeypatch, "fwd_tf32")
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", fused)
+        y, fin = ssmkit.ssd(**arrays, **opts)
+        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
+        got[fused] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+    assert len(calls) == 2, "ssd_tf32_fwd ran once per call with the switch on"
+    y_ref, f_ref = ref.ssd(**exact, **opts)
+    for arrs in got.values():
+        for a, want in zip(arrs, (y_ref, f_ref, y_ref, f_ref)):
+            assert rel_err(a, want) < FORWARD_RTOL["float32"]
+    for a, b in zip(got[True], got[False]):
+        assert np.abs(a - b).max() <= 2e-6 * np.abs(b).max()
+    monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", True)
+    check_against_reference("gpu", "float32", inputs, dict(chunk_size=chunk, dt_softplus=True),
+                            np.random.default_rng(case))
+
+
+def test_float32_forward_in_one_kernel_applies(monkeypatch):
+    """Where ssd_tf32_fwd applies (the rule itself; the host decides it before any launch):
+    float32 x, B and C without restarts, N <= 128, P and N multiples of 4, 16-byte aligned
+    rows, and heads that share their B and C groups; nowhere with the switch off."""
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    monkeypatch.setattr(gpu_ssd, "uses_tc", lambda compute, kind: compute == "float32")
+    monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", True)
+    rng = np.random.default_rng(5)
+
+    def applies(batch=1, L=50, H=4, P=64, G=1, N=64, dtype=np.float32, seq=False, GC=None):
+        x = rng.standard_normal((batch, L, H, P)).astype(dtype)
+        B = rng.standard_normal((batch, L, G, N)).astype(dtype)
+        C = rng.standard_normal((batch, L, GC or G, N)).astype(dtype)
+        dt = rng.uniform(0.1, 0.5, (batch, L, H)).astype(np.float32 if dtype != np.float64 else dtype)
+        A = -np.ones(H, dt.dtype)
+        seq_idx = np.repeat((np.arange(L) >= L // 2).astype(np.int32)[None], batch, 0) if seq else None
+        p, _, _ = _ssd._prepare("ssd", x, dt, A, B, C, 64, None, None, None, False,
+                                (0.0, math.inf), None, seq_idx, None)
+        return gpu_ssd.uses_tf32_fwd(p, x)
+
+    assert applies()
+    assert applies(P=4, N=4) and applies(N=128, G=2) and applies(G=2, GC=1)
+    assert not applies(dtype=np.float64)
+    assert not applies(seq=True)
+    assert not applies(N=132) and not applies(P=66) and not applies(N=6)
+    assert not applies(H=2, G=2)  # every head its own B and C group: no shared C B^T
+    monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", False)
+    assert not applies()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])

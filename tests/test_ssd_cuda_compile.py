@@ -117,6 +117,22 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
             name, entry)
 
 
+def test_tf32_forward_compiles_for_sm90(nvrtc_path):
+    """ssd_tf32_fwd (the float32 forward in one kernel) at both state widths. At NW = 128
+    ptxas (168 registers, 3 blocks per SM) keeps a few of the walk's invariants in local
+    memory: stored before the walk, reloaded where a tile's copies are issued (seen in its
+    SASS), at most 40 bytes; the products' accumulators stay in registers."""
+    names = [ssd.tf32_fwd_name(n) for n in (64, 128)]
+    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
+                                          nvrtc_path=nvrtc_path)
+    for name in names:
+        entry = report[name]
+        assert entry["lowered"].startswith("_Z"), name
+        allowed = 40 if "<128>" in name else 0
+        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
+            name, entry)
+
+
 def mma_bwd_names():
     """Every backward instantiation: each 16-bit dtype, each product kind (ycore and GB also
     with the per-step work fused), each width VW."""

@@ -1470,6 +1470,8 @@ def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
     names = [(SOURCE_FILE, n) for io, bc in pairs for n in kernel_names(io, bc)]
     names += [(MMA_SOURCE_FILE, n) for io, bc in pairs if io == bc and io in ("float16", "bfloat16")
               for n in mma_kernel_names(io) + mma_bwd_kernel_names(io)]
+    names += [(MMA_SOURCE_FILE, tf32_fwd_name(n)) for io, bc in pairs
+              if io == bc == "float32" for n in (64, 128)]
     names = list(dict.fromkeys(names))
     processes = processes or os.cpu_count() or 1
     batches = [names[i::processes] for i in range(processes)]
