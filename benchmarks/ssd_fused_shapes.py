@@ -1,10 +1,12 @@
-"""The 16-bit SSD forward as one kernel (ssd_mma_fwd) against the state walk and the output
-kernel, over shapes: how the one kernel's blocks (one per (batch row, head, 64 columns p),
-each walking the whole row) fill the GPU decides which is faster. Alternating settings in
-one process, CUDA-event medians of back-to-back calls (``timing.cuda_median_ms``). Prints
-one ``SHAPE {json}`` line per shape and a table last.
+"""The SSD forward as one kernel against the chunked kernels, over shapes: for bfloat16
+ssd_mma_fwd against the state walk and the output kernel (MMA_FUSED_FWD), for float32
+ssd_tf32_fwd against the chunk states, their passing and the output product
+(TF32_FUSED_FWD). How the one kernel's blocks (one per (batch row, head, 64 columns p), each
+walking the whole row) fill the GPU decides which is faster. Alternating settings in one
+process, CUDA-event medians of back-to-back calls (``timing.cuda_median_ms``). Prints one
+``SHAPE {json}`` line per shape and a table last.
 
-    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz]
+    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz] [DTYPE]
 """
 import json
 import os
@@ -27,26 +29,28 @@ SHAPES = [(1, 4096, 80, 64, 128, False), (2, 4096, 80, 64, 128, False),
           (8, 2048, 24, 64, 128, False), (4, 4096, 80, 64, 64, False),
           (4, 4096, 80, 64, 128, True), (2, 4096, 80, 64, 128, True),
           (8, 4096, 80, 64, 128, True), (16, 1024, 80, 64, 128, True),
-          (8, 2048, 24, 64, 128, True)]
+          (8, 2048, 24, 64, 128, True), (1, 4096, 8, 64, 64, False),
+          (1, 4096, 24, 64, 128, False), (1, 16384, 24, 64, 128, False)]
 
 
-def main(rounds=2, which="all"):
+def main(rounds=2, which="all", dtype="bfloat16"):
+    switch = "TF32_FUSED_FWD" if dtype == "float32" else "MMA_FUSED_FWD"
     rows = []
     for batch, L, H, P, N, with_z in SHAPES:
         if which != "all" and with_z != (which == "z"):
             continue
-        x = make_inputs(cupy, "bfloat16", batch, L, H, P, 1, N)
+        x = make_inputs(cupy, dtype, batch, L, H, P, 1, N)
         if with_z:
             x["z"] = x["x"][:, ::-1].copy()
         kw = dict(chunk_size=256, dt_softplus=True)
-        best, before = {}, gpu_ssd.MMA_FUSED_FWD
+        best, before = {}, getattr(gpu_ssd, switch)
         for _ in range(int(rounds)):
             for fused in (True, False):
-                gpu_ssd.MMA_FUSED_FWD = fused
+                setattr(gpu_ssd, switch, fused)
                 ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5)
                 best[fused] = min(best.get(fused, ms), ms)
-        gpu_ssd.MMA_FUSED_FWD = before
-        row = {"batch": batch, "L": L, "H": H, "P": P, "N": N, "z": with_z,
+        setattr(gpu_ssd, switch, before)
+        row = {"dtype": dtype, "batch": batch, "L": L, "H": H, "P": P, "N": N, "z": with_z,
                "blocks": batch * H * -(-P // 64), "fused ms": best[True],
                "two kernels ms": best[False]}
         rows.append(row)
