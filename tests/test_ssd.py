@@ -510,6 +510,17 @@ def test_fused_forward_where_it_is_faster():
     assert {k: gpu_ssd.fused_faster(*k, 132) for k in faster} == faster
 
 
+def test_float32_forward_in_one_kernel_where_it_is_faster():
+    """ssd_tf32_fwd's rule (TF32_FUSED_FWD = "auto") against the H200 (132 multiprocessors)
+    measurements of benchmarks/SSD.md: the blocks of each shape timed, and whether the one
+    kernel was the faster there."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    faster = {8: False, 24: False, 80: False, 160: True, 192: True, 320: True, 400: True,
+              640: True, 1280: True}
+    assert {b: gpu_ssd.tf32_fused_faster(b, 132) for b in faster} == faster
+
+
 def test_float32_kernel_chunk():
     """float32 x runs chunks of at most F32_MAX_CHUNK (128) steps on the GPU; the 16-bit
     paths, float64 and shorter chunks keep the caller's."""

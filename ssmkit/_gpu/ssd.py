@@ -428,7 +428,6 @@ def uses_mma_fwd(p, out) -> bool:
 # The float32 forward in one kernel (ssd_tf32_fwd): "auto" where it applies and is the faster
 # (tf32_fused_faster), True wherever it applies, False never (the chunked kernels).
 TF32_FUSED_FWD = "auto"
-TF32_FWD_BLOCKS = 3  # SSD_TF32_FWD_BLOCKS: ssd_tf32_fwd's register bound, in blocks per SM
 
 
 def uses_tf32_fwd(p, out) -> bool:
@@ -436,8 +435,8 @@ def uses_tf32_fwd(p, out) -> bool:
     float32 x, B and C on tensor cores (``uses_tc``), no restarts (no ``seq_idx`` or
     ``cu_seqlens``), N <= 128, P and N multiples of 4, x, B, C and ``out`` 16-byte aligned,
     and heads that share their B and C groups (C B^T from ``ssd_chunk_cb``); with
-    ``TF32_FUSED_FWD = "auto"`` on a GPU, also where it is the faster (:func:`fused_faster`;
-    on the host emulation wherever it applies)."""
+    ``TF32_FUSED_FWD = "auto"`` on a GPU, also where it is the faster
+    (:func:`tf32_fused_faster`; on the host emulation wherever it applies)."""
     io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
     if (not TF32_FUSED_FWD or io != "float32" or bc != "float32" or p.seq_idx is not None
             or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 4
@@ -448,9 +447,18 @@ def uses_tf32_fwd(p, out) -> bool:
         return False
     if TF32_FUSED_FWD != "auto" or p.xp is np:
         return True
-    lim = compiler.device_limits()
-    per_sm = min(TF32_FWD_BLOCKS, lim["smem_per_sm"] // (tf32_fwd_smem(p.N) + 1024))
-    return fused_faster(_fwd_blocks(p), per_sm, lim["sm_count"])
+    return tf32_fused_faster(_fwd_blocks(p), compiler.device_limits()["sm_count"])
+
+
+def tf32_fused_faster(blocks: int, sms: int) -> bool:
+    """Whether ``blocks`` blocks of ``ssd_tf32_fwd`` make it the faster float32 forward on
+    ``sms`` multiprocessors: at least one block per multiprocessor. A block walks its whole
+    row, about 0.85 ms per 4096 steps alone on a multiprocessor of the H200 (0.65 per block
+    with 3 sharing one), while the chunked kernels take about 1.06 ms per 4096 steps and
+    ``blocks / sms`` (0.28 ms at least). Fitted to the 13 shapes timed on the H200 in
+    benchmarks/SSD.md (``ssd_fused_shapes.py ... float32``): right in all 13 (80 blocks:
+    chunked 0.69 ms against 0.89; 160 blocks: one kernel 1.11 against 1.32)."""
+    return blocks >= sms
 
 
 def _fwd_blocks(p) -> int:
