@@ -1321,6 +1321,12 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
     ssm_cp_commit();
     keep(0);
 
+    // this lane's fragment reads, as offsets from fixed bases (the loops' constant parts
+    // then fold into the loads' immediate offsets)
+    const float* const c_frag = cs + g * LDC + 2 * t4;      // C[8 jt + g][8 j + 2 t4 ..]
+    const float* const w_frag = ws + g * LDW + 2 * t4;      // W[8 jt + g][8 ks + 2 t4 ..]
+    const float* const x_frag = xs + 2 * t4 * LDX + wp + g;  // x[8 ks + 2 t4 ..][p]
+    const int b_frag = 2 * t4 * LDB + g;                     // B[8 ks + 2 t4 ..][8 j + g]
     int k = 0;  // the stage of the tile being computed
     for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(TS, starts, nc), k ^= 1) {
         const int ns = cur.rows(TS);
@@ -1376,7 +1382,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
 #pragma unroll
             for (int jt = 0; jt < KT; ++jt) {
                 const ssd_mma_f2 c2 =
-                    *reinterpret_cast<const ssd_mma_f2*>(cs + (8 * jt + g) * LDC + 8 * j + 2 * t4);
+                    *reinterpret_cast<const ssd_mma_f2*>(c_frag + 8 * jt * LDC + 8 * j);
                 ssm_tc_b bf;
                 ssm_tf32_split(c2.v[0], bf.hi0, bf.lo0);
                 ssm_tf32_split(c2.v[1], bf.hi1, bf.lo1);
@@ -1387,7 +1393,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
         float xr[KT][4];
 #pragma unroll
         for (int ks = 0; ks < KT; ++ks) {
-            const float* xp = xs + (8 * ks + 2 * t4) * LDX + wp + g;
+            const float* xp = x_frag + 8 * ks * LDX;
             xr[ks][0] = xp[0];
             xr[ks][1] = xp[8];
             xr[ks][2] = xp[LDX];
@@ -1413,7 +1419,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
 #pragma unroll
             for (int jt = ks; jt < KT; ++jt) {
                 const ssd_mma_f2 w2 =
-                    *reinterpret_cast<const ssd_mma_f2*>(ws + (8 * jt + g) * LDW + 8 * ks + 2 * t4);
+                    *reinterpret_cast<const ssd_mma_f2*>(w_frag + 8 * jt * LDW + 8 * ks);
                 ssm_tc_b bf;
                 ssm_tf32_split(w2.v[0], bf.hi0, bf.lo0);
                 ssm_tf32_split(w2.v[1], bf.hi1, bf.lo1);
@@ -1423,27 +1429,33 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
 
         // The epilogue: y^T's entry e of tile jt is (p = pa + 8 (e / 2), t = 8 jt + 2 t4 +
         // e % 2), whose x is xr[jt][2 (e % 2) + e / 2]. Each store of a warp covers 8
-        // consecutive p of 4 steps: whole 32-byte sectors.
+        // consecutive p of 4 steps: whole 32-byte sectors. Rows t walk from this lane's
+        // first entry (t = 2 t4, p = pa), 8 HP apart per tile jt.
         {
-            const ssm_i64 o0 = ((row + cur.s0) * H + h) * P;
+            const ssm_i64 o0 = ((row + cur.s0 + 2 * t4) * H + h) * P + pa;
+            float* o_t = out + o0;
+            const float* z_t = z + o0;  // (not read without z)
             const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
             const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+            const bool live_a = pa < P, live_b = pa + 8 < P;
+            const int t_left = ns - 2 * t4;  // entries t < ns: 8 jt + e % 2 < t_left
 #pragma unroll
-            for (int jt = 0; jt < KT; ++jt) {
+            for (int jt = 0; jt < KT; ++jt, o_t += 8 * HP, z_t += 8 * HP) {
                 float zv[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (loaded together, ahead of use)
+                bool live[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    live[e] = 8 * jt + (e & 1) < t_left && (e >> 1 ? live_b : live_a);
                 if (z) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int t = 8 * jt + 2 * t4 + (e & 1), p = pa + 8 * (e >> 1);
-                        if (t < ns && p < P) zv[e] = z[o0 + (ssm_i64)t * HP + p];
-                    }
+                    for (int e = 0; e < 4; ++e)
+                        if (live[e]) zv[e] = z_t[(e & 1) * HP + 8 * (e >> 1)];
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int t = 8 * jt + 2 * t4 + (e & 1), p = pa + 8 * (e >> 1);
                     float v = acc[jt][e] + (e >> 1 ? d_b : d_a) * xr[jt][2 * (e & 1) + (e >> 1)];
                     if (z) v *= zv[e] * ssm_math<float>::sigmoid_fast(zv[e]);
-                    if (t < ns && p < P) out[o0 + (ssm_i64)t * HP + p] = v;
+                    if (live[e]) o_t[(e & 1) * HP + 8 * (e >> 1)] = v;
                 }
             }
         }
@@ -1464,7 +1476,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
             ssm_tf32_split(xr[ks][1] * w0, a.hi[1], a.lo[1]);
             ssm_tf32_split(xr[ks][2] * w1, a.hi[2], a.lo[2]);
             ssm_tf32_split(xr[ks][3] * w1, a.hi[3], a.lo[3]);
-            const float* bp = bs + (8 * ks + 2 * t4) * LDB + g;
+            const float* bp = bs + b_frag + 8 * ks * LDB;
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
                 ssm_tc_b bf;

@@ -22,10 +22,9 @@ from ssmkit._gpu import compiler
 sys.path.insert(0, os.path.dirname(HERE))
 from emu_build import COMMON_REPL, LDSM_REPL, compile_so, replace_all, replace_mma  # noqa: E402
 
-# ssm_tf32.cuh's 3 x TF32 products (ssd.cu's and ssd_mma.cu's float32 kernels): cvt.rna and
-# mma.sync emulated by prelude_mma.h
+# ssm_tf32.cuh's 3 x TF32 products (ssd.cu's and ssd_mma.cu's float32 kernels): mma.sync
+# emulated by prelude_mma.h
 TF32_REPL = [
-    ('asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));', 'hi = emu_cvt_tf32(x);'),
     ('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "\n'
      '        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"\n'
      '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'

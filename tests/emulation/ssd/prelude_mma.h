@@ -70,19 +70,10 @@ struct alignas(8) float2 { float x, y; };
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 
-// cvt.rna.tf32.f32: to TF32 (10 mantissa bits), to nearest with ties away from zero; the low
-// 13 bits of the result are zero.
-inline unsigned emu_cvt_tf32(float x) {
-    unsigned u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf, NaN as they are
-    return (u + 0x1000u) & 0xffffe000u;
-}
-
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: D = A B + D with the PTX ISA fragments
 // (g = lane >> 2, t = lane & 3): a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4],
 // a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g]; d as for m16n8k16. Operands must be
-// TF32 values (low 13 bits zero), as cvt.rna makes them.
+// TF32 values (low 13 bits zero), as ssm_tf32_split makes them.
 inline void emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     const EmuMmaX& X = emu_mma_gather(a, b0, b1);
     float A[16][8], B[8][8];
