@@ -1,5 +1,6 @@
 // ssd_mma.cu: the matrix-heavy kernels of Mamba-2's SSD scan on tensor cores, for 16-bit
-// x, B, C (float16 or bfloat16; products accumulate in float32). Launched by ssmkit._gpu.ssd
+// x, B, C (float16 or bfloat16; products accumulate in float32), and the float32 forward in
+// one kernel (ssd_tf32_fwd, 3 x TF32). Launched by ssmkit._gpu.ssd
 // in place of ssd_chunk_state, ssd_state_passing and the forward ssd_chunk_mm of ssd.cu,
 // and (unless SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products
 // (ssd_mma_chunk_mm), its adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its
@@ -13,6 +14,8 @@
 //                        w_s = [seq_s == seq_E] exp(cum_E - cum_s) dt'_s;
 //   ssd_mma_state_walk   the same sums and their passing between chunks (ssd.cu's
 //                        ssd_state_passing) in one walk, the state in registers;
+//   ssd_mma_fwd          the whole forward (chunk states, passing, outputs) in one walk;
+//   ssd_tf32_fwd         the same for float32 x, B, C, every product 3 x TF32;
 //   ssd_mma_chunk_out    y_t = [seq_t == seq_prev] exp(cum_t) states[c] C_t
 //                            + sum_{s<=t, seq_s == seq_t} exp(cum_t - cum_s) dt'_s (C_t.B_s) x_s
 //                        then + D x_t and * silu(z_t).
@@ -1188,6 +1191,8 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
 // (x[s][p], x[s][p + 8], x[s + 1][p], x[s + 1][p + 8] for s = 8 ks + 2t) serve the diagonal
 // term, the epilogue's D x (y^T's accumulator layout) and, weighted, the state's update.
 // Shared row strides put a fragment's 32 reads in 32 banks (8-byte pairs: two phases).
+// KEEP_Y: also the outputs before D and the gate (y_t's two sums, float32) into ycore, for
+// the backward (which would otherwise recompute them).
 // Needs no restarts (seq_idx), N <= NW, P and N multiples of 4 and 16-byte aligned rows.
 // Grid: batch * H * ceil(P / 64) blocks of SSD_MMA_THREADS, ssd_tf32_fwd_layout<NW>::BYTES
 // of dynamic shared memory (3 blocks per SM on the H200).
@@ -1215,7 +1220,7 @@ struct ssd_tf32_fwd_layout {  // float offsets into the dynamic shared memory
                   W0 % 4 == 0 && F0 % 4 == 0, "16-byte aligned rows and stages");
 };
 
-template <int NW>
+template <int NW, bool KEEP_Y>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_TF32_FWD_BLOCKS)
 ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
              const float* __restrict__ Cm, const float* __restrict__ cb,
@@ -1223,7 +1228,8 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
              const float* __restrict__ dte, const float* __restrict__ cum,
              const ssm_i64* __restrict__ starts, const float* __restrict__ h0,
              float* __restrict__ states, const int* __restrict__ bslot,
-             float* __restrict__ final, float* __restrict__ out, ssm_i64 L, int H, int P,
+             float* __restrict__ final, float* __restrict__ out, float* __restrict__ ycore,
+             ssm_i64 L, int H, int P,
              int GB, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     using LY = ssd_tf32_fwd_layout<NW>;
@@ -1434,13 +1440,14 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
         {
             const ssm_i64 o0 = ((row + cur.s0 + 2 * t4) * H + h) * P + pa;
             float* o_t = out + o0;
+            float* y_t = ycore + o0;    // (not written without KEEP_Y)
             const float* z_t = z + o0;  // (not read without z)
             const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
             const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
             const bool live_a = pa < P, live_b = pa + 8 < P;
             const int t_left = ns - 2 * t4;  // entries t < ns: 8 jt + e % 2 < t_left
 #pragma unroll
-            for (int jt = 0; jt < KT; ++jt, o_t += 8 * HP, z_t += 8 * HP) {
+            for (int jt = 0; jt < KT; ++jt, o_t += 8 * HP, y_t += 8 * HP, z_t += 8 * HP) {
                 float zv[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (loaded together, ahead of use)
                 bool live[4];
 #pragma unroll
@@ -1453,6 +1460,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+                    if (KEEP_Y && live[e]) y_t[(e & 1) * HP + 8 * (e >> 1)] = acc[jt][e];
                     float v = acc[jt][e] + (e >> 1 ? d_b : d_a) * xr[jt][2 * (e & 1) + (e >> 1)];
                     if (z) v *= zv[e] * ssm_math<float>::sigmoid_fast(zv[e]);
                     if (live[e]) o_t[(e & 1) * HP + 8 * (e >> 1)] = v;

@@ -742,8 +742,9 @@ TF32_FUSED_CASES = [c for c in MMA_CASES
 def test_float32_forward_in_one_kernel(monkeypatch, case):
     """ssd_tf32_fwd against the chunked float32 kernels (both 3 x TF32): each within the
     reference's tolerance, outputs and final states within 2e-6 of each other's largest
-    entries, with checkpoints (ssd_vjp) and without (ssd); the gradients from its
-    checkpoints within the tolerances of the reference."""
+    entries, with checkpoints (ssd_vjp) and without (ssd); the outputs before D and the gate
+    it keeps for the backward against the reference's; the gradients from its checkpoints
+    within the tolerances of the reference."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     batch, L, H, P, G, N, chunk, kw = TF32_FUSED_CASES[case]
@@ -766,7 +767,12 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
             assert rel_err(a, want) < FORWARD_RTOL["float32"]
     for a, b in zip(got[True], got[False]):
         assert np.abs(a - b).max() <= 2e-6 * np.abs(b).max()
+    # ssd_vjp's one kernel keeps the outputs before D and the gate for the backward
     monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", True)
+    _, pullback = ssmkit.ssd_vjp(**arrays, chunk_size=chunk, dt_softplus=True)
+    kept = pullback.residuals["checkpoints"][2]
+    core_ref = ref.ssd(**dict(exact, D=None, z=None), chunk_size=chunk, dt_softplus=True)
+    assert rel_err(to_numpy(kept).astype(np.float64), core_ref) < FORWARD_RTOL["float32"]
     check_against_reference("gpu", "float32", inputs, dict(chunk_size=chunk, dt_softplus=True),
                             np.random.default_rng(case))
 

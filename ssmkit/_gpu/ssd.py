@@ -18,7 +18,11 @@ Forward
     CUDA cores (float, double, and 16-bit inputs with the tensor cores off); in float32
     arithmetic on sm_80 and later they run on tensor cores instead (``ssd_chunk_mm_tc``,
     ``ssd_chunk_state_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0`` keeps
-    them on the CUDA cores).
+    them on the CUDA cores). For float32 x, B and C without restarts (N <= 128, heads
+    sharing their B and C groups), steps 2 to 4 are one kernel instead where it is the
+    faster (``TF32_FUSED_FWD``, :func:`tf32_fused_faster`): ``ssd_tf32_fwd`` in
+    ``cuda_src/ssd_mma.cu``, one walk per (row, head, 64 columns p) in tiles of 32 steps,
+    the state in registers, every product 3 x TF32, C B^T read from ``ssd_chunk_cb``.
     The chunks are cut every ``kernel_chunk(chunk_size)`` steps (at most
     ``F32_MAX_CHUNK`` for float32 x, else ``chunk_size``) and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
@@ -343,10 +347,11 @@ def mma_fwd_smem(N: int) -> int:
     return 3 * b_bytes + 2 * 132 * 4 + 2 * rows + 132 * 4
 
 
-def tf32_fwd_name(N: int) -> str:
+def tf32_fwd_name(N: int, keep: bool = False) -> str:
     """The ``ssd_tf32_fwd`` instance (the float32 forward in one walk, 3 x TF32) for state
-    size N <= 128: NW = 64 for N <= 64, else 128."""
-    return f"ssd_tf32_fwd<{mma_state_width(N)}>"
+    size N <= 128: NW = 64 for N <= 64, else 128; with ``keep``, the one that also writes
+    the outputs before D and the gate (KEEP_Y, for the backward)."""
+    return f"ssd_tf32_fwd<{mma_state_width(N)}, {'true' if keep else 'false'}>"
 
 
 def tf32_fwd_smem(N: int) -> int:
@@ -904,17 +909,18 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N))
         return states, entering
 
-    def fwd_tf32(self, p, out, *, final=None):
+    def fwd_tf32(self, p, out, *, final=None, ycore=None):
         """The float32 forward in one kernel (``ssd_tf32_fwd``): the outputs into ``out``
         (batch, L, H, P); returns the boundary states (batch, nc + 1, H, P, N), or with
-        ``final`` None, only the final states kept, there."""
+        ``final`` given None, only the final states kept, there. ``ycore`` (batch, L, H, P),
+        if given, receives the outputs before D and the gate (the backward's ycore)."""
         cb = self.cb_cuda(p)  # (not None: uses_tf32_fwd)
         states = None
         if final is None:
             states = p.xp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
-        _launch(tf32_fwd_name(p.N), (_fwd_blocks(p),),
+        _launch(tf32_fwd_name(p.N, ycore is not None), (_fwd_blocks(p),),
                 (p.x, p.B, p.C, cb, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
-                 _ptr(p.initial_state), _ptr(states), self.bslot, _ptr(final), out,
+                 _ptr(p.initial_state), _ptr(states), self.bslot, _ptr(final), out, _ptr(ycore),
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc),
                  np.int32(self.mm_tiles), np.int32(cb.shape[2])),
@@ -1095,7 +1101,9 @@ def ssd_forward(p, *, save_checkpoints):
     (batch, n_chunks + 1, H, P, N) boundary states, the states entering each chunk in the
     16-bit input dtype (tensor-core forward) or None, and, with z where the one-kernel
     forward ran and the backward runs on tensor cores, the outputs before the gate (batch,
-    L, H, P) in the input dtype, else None (the backward then recomputes them).
+    L, H, P) in the input dtype; where the float32 forward ran as one kernel, the outputs
+    before D and the gate in float32 (the CUDA-core backward's ycore); else None (the
+    backward then recomputes them).
     """
     cp = p.xp
     lay = _Layout(p, factor=False)
@@ -1119,7 +1127,10 @@ def ssd_forward(p, *, save_checkpoints):
             states, entering = lay.passing(p, lay.chunk_state_mma(p), entering=True, final=keep)
         lay.out_mma(p, entering, y)
     elif uses_tf32_fwd(p, y):
-        states = lay.fwd_tf32(p, y, final=None if save_checkpoints else final)
+        # with checkpoints, the outputs before D and the gate too: the backward's ycore
+        ycore = cp.empty(p.x.shape, dtype=p.compute_dtype) if save_checkpoints else None
+        states = lay.fwd_tf32(p, y, final=None if save_checkpoints else final, ycore=ycore)
+        return y, *_forward_result(lay, final, states, None, save_checkpoints, ycore)
     else:
         states = lay.passing(p, lay.chunk_state(p, p.x, p.B, adjoint=False))
         lay.mm(p, "y", p.C, p.B, p.x, states, y, D=p.D, z=p.z, cb=lay.cb_cuda(p))
@@ -1365,7 +1376,12 @@ def ssd_backward(p, checkpoints, dy, dfinal):
                              + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
     else:
         cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
-        ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd), cb=cbc)
+        # kept by the float32 forward in one kernel (no 16-bit entering states: not the
+        # 16-bit one-kernel forward's ypre, which holds D and is in the input dtype)
+        ycore = ypre if entering is None else None
+        if ycore is None:
+            ycore = lay.mm(p, "ycore", p.C, p.B, p.x, states, cp.empty(p.x.shape, dtype=cd),
+                           cb=cbc)
         if p.z is not None:
             dz, dY = _bwd_gate(p, lay, dy, ycore)
         else:
@@ -1478,8 +1494,8 @@ def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
     names = [(SOURCE_FILE, n) for io, bc in pairs for n in kernel_names(io, bc)]
     names += [(MMA_SOURCE_FILE, n) for io, bc in pairs if io == bc and io in ("float16", "bfloat16")
               for n in mma_kernel_names(io) + mma_bwd_kernel_names(io)]
-    names += [(MMA_SOURCE_FILE, tf32_fwd_name(n)) for io, bc in pairs
-              if io == bc == "float32" for n in (64, 128)]
+    names += [(MMA_SOURCE_FILE, tf32_fwd_name(n, keep)) for io, bc in pairs
+              if io == bc == "float32" for n in (64, 128) for keep in (False, True)]
     names = list(dict.fromkeys(names))
     processes = processes or os.cpu_count() or 1
     batches = [names[i::processes] for i in range(processes)]

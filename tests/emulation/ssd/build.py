@@ -151,10 +151,12 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
 
 # ssd_tf32_fwd (float32): cb, tiles_per_chunk and classes among its arguments
 TF32_FWD_T = ("const T*,const T*,const T*,const float*,const float*,const T*,const float*,"
-              "const float*,const ssm_i64*,const float*,float*,const int*,float*,T*").split(",")
+              "const float*,const ssm_i64*,const float*,float*,const int*,float*,T*,float*").split(",")
 TF32_FWD_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64", "int", "int"]
 for nw in (64, 128):
-    KERNELS[f"tf32_fwd_{nw}"] = (f"ssd_tf32_fwd<{nw}>", "float", TF32_FWD_T, TF32_FWD_S)
+    for keep in ("false", "true"):
+        KERNELS[f"tf32_fwd_{nw}_{keep}"] = (f"ssd_tf32_fwd<{nw}, {keep}>", "float", TF32_FWD_T,
+                                            TF32_FWD_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",

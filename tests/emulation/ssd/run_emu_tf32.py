@@ -2,7 +2,8 @@
 kernel (ssd_mma.cu's ssd_tf32_fwd, 3 x TF32) emulated on the host (build.py), and compare
 it with the float64 reference and with the chunked float32 kernels of ssd.cu (ssd_chunk_cb,
 ssd_chunk_state_tc, ssd_chunk_mm_tc; emulated by run_emu_mm.py's build), with and without
-checkpoints. ssd_chunk_dt and ssd_state_passing run as run_emu.py's NumPy mirrors.
+checkpoints; with them, also its outputs before D and the gate (KEEP_Y) against the
+reference's. ssd_chunk_dt and ssd_state_passing run as run_emu.py's NumPy mirrors.
 
     python3 tests/emulation/ssd/run_emu_tf32.py [case numbers]
 
@@ -61,7 +62,9 @@ def forward(p, fused, save):
         gssd.TF32_FUSED_FWD = saved
     ran = any(n.startswith("ssd_tf32_fwd") for n in RAN)
     assert ran == bool(fused), (fused, RAN)
-    return y, final, (ck[0] if ck else None)
+    if ck is not None:  # the outputs before D and the gate: kept by the one kernel only
+        assert (ck[2] is not None) == bool(fused), fused
+    return y, final, (ck[0] if ck else None), (ck[2] if ck else None)
 
 
 GAP = 2e-6  # the one kernel against the chunked kernels, relative to the largest entry
@@ -90,7 +93,7 @@ def case(batch, L, H, P, G, N, chunk, *, D="head", z=True, init=False, softplus=
                                     (0.0, math.inf), h0, None, None)
     assert gssd.uses_tf32_fwd(p, x), "the case must take the one kernel"
     t = time.time()
-    y, final, _ = forward(p, True, False)
+    y, final, _, _ = forward(p, True, False)
     el = time.time() - t
     yr, fr = ref.ssd(x.astype(np.float64), dt, A, B.astype(np.float64), C.astype(np.float64),
                      D=Dv, z=None if zv is None else zv.astype(np.float64), dt_bias=dt_bias,
@@ -98,8 +101,14 @@ def case(batch, L, H, P, G, N, chunk, *, D="head", z=True, init=False, softplus=
     ey, ef = rel_err(y.astype(np.float64), yr), rel_err(final, fr)
     ok = ey <= FORWARD_RTOL["float32"] and ef <= FORWARD_RTOL["float32"]
     # with checkpoints, and the chunked kernels
-    y1, f1, s1 = forward(p, True, True)
-    y0, f0, s0 = forward(p, False, True)
+    y1, f1, s1, ycore = forward(p, True, True)
+    y0, f0, s0, _ = forward(p, False, True)
+    yc_ref = ref.ssd(x.astype(np.float64), dt, A, B.astype(np.float64), C.astype(np.float64),
+                     dt_bias=dt_bias, dt_softplus=softplus, initial_state=h0)
+    ec = rel_err(ycore.astype(np.float64), yc_ref)
+    if not ec <= FORWARD_RTOL["float32"]:
+        print(f"  kept outputs before D and the gate: rel err {ec:.2e}")
+        ok = False
     big = lambda a: max(np.abs(a).max(), 1e-30)
     gaps = {"y": np.abs(y1 - y0).max() / big(y0), "states": np.abs(s1 - s0).max() / big(s0),
             "final": np.abs(f1 - f0).max() / big(f0),
