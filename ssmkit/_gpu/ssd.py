@@ -457,13 +457,13 @@ def uses_tf32_fwd(p, out) -> bool:
 
 def tf32_fused_faster(blocks: int, sms: int) -> bool:
     """Whether ``blocks`` blocks of ``ssd_tf32_fwd`` make it the faster float32 forward on
-    ``sms`` multiprocessors: at least one block per multiprocessor. A block walks its whole
-    row, about 0.85 ms per 4096 steps alone on a multiprocessor of the H200 (0.65 per block
-    with 3 sharing one), while the chunked kernels take about 1.06 ms per 4096 steps and
-    ``blocks / sms`` (0.28 ms at least). Fitted to the 13 shapes timed on the H200 in
-    benchmarks/SSD.md (``ssd_fused_shapes.py ... float32``): right in all 13 (80 blocks:
-    chunked 0.69 ms against 0.89; 160 blocks: one kernel 1.11 against 1.32)."""
-    return blocks >= sms
+    ``sms`` multiprocessors: from 0.6 blocks per multiprocessor up. A block walks its whole
+    row, about 0.6 ms per 4096 steps on the H200 (N 128), while the chunked kernels take
+    about 1.05 ms per 4096 steps and ``blocks / sms`` (0.26 ms at least). Fitted to the 13
+    shapes timed on the H200 in benchmarks/SSD.md (``ssd_fused_shapes.py ... float32``):
+    right in all 13 (24 blocks: chunked 0.26 ms against 0.59; 80 blocks: one kernel 0.63
+    against 0.68)."""
+    return 5 * blocks >= 3 * sms
 
 
 def _fwd_blocks(p) -> int:
