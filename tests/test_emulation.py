@@ -11,7 +11,8 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts),
   and the kernel text of ssd.cu's CUDA-core chunk products and of its per-chunk passes (chunk
   sums, layout, the backward's ddt pass) (``run_emu_mm.py``, every kind and column-group
-  count, float and double);
+  count, float and double); and the float32 forward in one kernel of ssd_mma.cu (``run_emu_tf32.py``)
+  against the reference and the chunked float32 kernels;
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
   small N, every option), its ring list (the shapes the ring forward kernels take, also as
@@ -74,6 +75,9 @@ def test_warp_convolution_kernels_in_emulation():
     # sequence ends, float64 with head groups and a sequence end, float64 V = 250, 4 tiles per
     # chunk, runs of heads (cases 1, 2, 3 took 150 s more here: run the script for all)
     ("run_emu_mm.py", ["--cases", "0,4,5,6,7,8,9"]),
+    # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
+    # float32 kernels: a partial column tile with N 68, chunks of 5 steps, a slow decay
+    ("run_emu_tf32.py", ["3", "5", "7"]),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")
