@@ -841,6 +841,40 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // backward with z starts from it; a separate instance, so that the others carry no code for
 // it), else it is null; 64-bit offsets.
 // --------------------------------------------------------------------------------------
+// Where a block of the one-kernel forwards (ssd_mma_fwd, ssd_tf32_fwd) works: batch row b,
+// head h (bh = b H + h), columns p0 .. p0 + 63, and its B and C groups; a block per (row,
+// head, 64 columns p), the grid's index decoded by 32-bit divisions.
+struct ssd_mma_walk_block {
+    ssm_i64 b;
+    unsigned bh;
+    int h, p0, gB, gC;
+    __device__ __forceinline__ ssd_mma_walk_block(int P, int H, int GB, int GC) {
+        const unsigned p_tiles = (P + 63) / 64;
+        bh = blockIdx.x / p_tiles;
+        p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
+        b = bh / (unsigned)H;
+        h = (int)(bh - (unsigned)b * (unsigned)H);
+        gB = ssd_mma_group(h, H, GB);
+        gC = ssd_mma_group(h, H, GC);
+    }
+};
+
+// A tile's decays for the one-kernel forwards (threads tid < TS of the block): row_f[t] =
+// exp(cum_t - cum_b), col_w[s] = exp(cum_e - cum_s) dt'_s (both 0 past the tile's ns steps)
+// and tile_d[0] = exp(cum_e - cum_b), e the tile's last step; cv holds cum_s, dv dt'_s.
+template <int TS>
+__device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, float* tile_d,
+                                                    const float* cv, const float* dv, int ns,
+                                                    float cum_b, int tid) {
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    if (tid < TS) {
+        const float ce = cv[ns - 1];
+        row_f[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
+        col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
+        if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
+    }
+}
+
 #ifndef SSD_MMA_FWD_BLOCKS
 #define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
 #endif
@@ -892,12 +926,10 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int wp = 16 * warp;  // the warp's rows p
-    const unsigned p_tiles = (P + 63) / 64;
-    const unsigned bh = blockIdx.x / p_tiles;  // 32-bit quotients
-    const int p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
-    const ssm_i64 b = bh / (unsigned)H;
-    const int h = (int)(bh - (unsigned)b * (unsigned)H);
-    const int gB = ssd_mma_group(h, H, GB), gC = ssd_mma_group(h, H, GC);
+    const ssd_mma_walk_block blk(P, H, GB, GC);
+    const unsigned bh = blk.bh;
+    const ssm_i64 b = blk.b;
+    const int p0 = blk.p0, h = blk.h, gB = blk.gB, gC = blk.gC;
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
     const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
     const int pa = p0 + wp + g, na = 2 * t4;  // this thread's state entries
@@ -1036,12 +1068,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                 }
             }
         }
-        if (tid < 64) {
-            const float ce = cv[ns - 1];
-            row_f[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
-            col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
-            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
-        }
+        ssd_mma_tile_decays<64>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
         // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
         // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
         float acc[8][4];
@@ -1248,12 +1275,10 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int wp = 16 * warp;  // the warp's rows p
-    const unsigned p_tiles = (P + 63) / 64;
-    const unsigned bh = blockIdx.x / p_tiles;  // 32-bit quotients
-    const int p0 = (int)(blockIdx.x - bh * p_tiles) * 64;
-    const ssm_i64 b = bh / (unsigned)H;
-    const int h = (int)(bh - (unsigned)b * (unsigned)H);
-    const int gB = ssd_mma_group(h, H, GB), gC = ssd_mma_group(h, H, GC);
+    const ssd_mma_walk_block blk(P, H, GB, GC);
+    const unsigned bh = blk.bh;
+    const ssm_i64 b = blk.b;
+    const int p0 = blk.p0, h = blk.h, gB = blk.gB, gC = blk.gC;
     const int cls = h / (H / classes), pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
     const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
     const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
@@ -1372,12 +1397,7 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
                 *reinterpret_cast<ssm_f4*>(ws + t * LDW + s0 + j) = w;
             }
         }
-        if (tid < TS) {
-            const float ce = cv[ns - 1];
-            row_f[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
-            col_w[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
-            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
-        }
+        ssd_mma_tile_decays<TS>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
 
         // y^T = S C^T (K = n): S's accumulators, split, are the A fragments; C's rows t the B
         float acc[KT][4];  // y^T's tiles of 8 steps t

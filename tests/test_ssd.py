@@ -673,6 +673,29 @@ def test_state_walk_matches_chunk_states_then_passing(monkeypatch, dtype_name, c
             assert rel_err(grads[True, w][f], g0) < bound, (w, f)
 
 
+def _one_kernel_against_chunked(monkeypatch, switch, method, dtype_name, arrays, exact, opts,
+                                gap):
+    """ssd and ssd_vjp with a one-kernel forward (``switch`` of ssmkit._gpu.ssd) on and off:
+    each within the reference's tolerance, the two within ``gap`` of each other's largest
+    entries, and the kernel (``_Layout.<method>``) run once per call with the switch on."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    calls = _count_calls(monkeypatch, method)
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(gpu_ssd, switch, fused)
+        y, fin = ssmkit.ssd(**arrays, **opts)
+        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
+        got[fused] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
+    assert len(calls) == 2, f"{method} ran once per call with the switch on"
+    y_ref, f_ref = ref.ssd(**exact, **opts)
+    for arrs in got.values():
+        for a, want in zip(arrs, (y_ref, f_ref, y_ref, f_ref)):
+            assert rel_err(a, want) < FORWARD_RTOL[dtype_name]
+    for a, b in zip(got[True], got[False]):
+        assert np.abs(a - b).max() <= gap * np.abs(b).max()
+
+
 # The forward in one kernel: MMA_CASES without restarts, and chunks that are not multiples
 # of its 64-step tiles, N <= 64 (4 warps) and N of 72 (8 warps, columns past N), z and not.
 FUSED_CASES = [c for c in MMA_CASES
@@ -700,24 +723,11 @@ def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
     batch, L, H, P, G, N, chunk, kw = FUSED_CASES[case]
     rng = np.random.default_rng(700 + case)
     inputs = make_inputs(rng, batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
-    xp = xp_for("gpu")
-    arrays, exact = cast(inputs, dtype_name, xp)
+    arrays, exact = cast(inputs, dtype_name, xp_for("gpu"))
     opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
     monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
-    fused_calls = _count_calls(monkeypatch, "fwd_mma")
-    got = {}
-    for fused in (True, False):
-        monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", fused)
-        y, fin = ssmkit.ssd(**arrays, **opts)
-        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
-        got[fused] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
-    assert len(fused_calls) == 2, "ssd_mma_fwd ran once per call with the switch on"
-    y_ref, f_ref = ref.ssd(**exact, **opts)
-    for arrs in got.values():
-        for a, want in zip(arrs, (y_ref, f_ref, y_ref, f_ref)):
-            assert rel_err(a, want) < FORWARD_RTOL[dtype_name]
-    for a, b in zip(got[True], got[False]):
-        assert np.abs(a - b).max() <= 2.0 ** -6 * np.abs(b).max()
+    _one_kernel_against_chunked(monkeypatch, "MMA_FUSED_FWD", "fwd_mma", dtype_name, arrays,
+                                exact, opts, 2.0 ** -6)
     monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)
     check_against_reference("gpu", dtype_name, inputs,
                             dict(chunk_size=chunk, dt_softplus=True), np.random.default_rng(case))
@@ -753,20 +763,8 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
     arrays, exact = cast(inputs, "float32", xp_for("gpu"))
     opts = dict(chunk_size=chunk, dt_softplus=True, return_final_state=True)
     monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
-    calls = _count_calls(monkeypatch, "fwd_tf32")
-    got = {}
-    for fused in (True, False):
-        monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", fused)
-        y, fin = ssmkit.ssd(**arrays, **opts)
-        (yv, finv), _ = ssmkit.ssd_vjp(**arrays, **opts)
-        got[fused] = [to_numpy(a).astype(np.float64) for a in (y, fin, yv, finv)]
-    assert len(calls) == 2, "ssd_tf32_fwd ran once per call with the switch on"
-    y_ref, f_ref = ref.ssd(**exact, **opts)
-    for arrs in got.values():
-        for a, want in zip(arrs, (y_ref, f_ref, y_ref, f_ref)):
-            assert rel_err(a, want) < FORWARD_RTOL["float32"]
-    for a, b in zip(got[True], got[False]):
-        assert np.abs(a - b).max() <= 2e-6 * np.abs(b).max()
+    _one_kernel_against_chunked(monkeypatch, "TF32_FUSED_FWD", "fwd_tf32", "float32", arrays,
+                                exact, opts, 2e-6)
     # ssd_vjp's one kernel keeps the outputs before D and the gate for the backward
     monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", True)
     _, pullback = ssmkit.ssd_vjp(**arrays, chunk_size=chunk, dt_softplus=True)
