@@ -1038,7 +1038,7 @@ __device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_
 // The warp's rows of an R x R block of ssd_chunk_cb's layout (entry (r, q) at r R + q; UPPER:
 // the transposed block's, entry (r, q) at q R + r), as mma accumulators of 16 rows from wr.
 template <bool UPPER, int R>
-__device__ __forceinline__ void ssm_tc_block_frags(float (&sacc)[R / 8][4], const float* blkp,
+__device__ __forceinline__ void ssd_tc_block_frags(float (&sacc)[R / 8][4], const float* blkp,
                                                    int wr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -1149,7 +1149,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
         // The block's entries U_r . W_q for the warp's rows, as mma accumulators.
         float sacc[R / 8][4];
         if (!MT && cb) {  // C B^T made by ssd_chunk_cb (see ssd_chunk_mm)
-            ssm_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
+            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(cb, q0, nc, classes, tiles_per_chunk), wr);
             __syncthreads();  // cum_q, dt_q, seq_q
         } else {
             ssm_mma_zero(sacc);
@@ -1374,7 +1374,7 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
         for (ssm_i64 q0 = w.q_begin(); q0 < w.q_end(); q0 += R) {
             const int nq = (int)(w.q_end() - q0 < R ? w.q_end() - q0 : R);
             float sacc[R / 8][4];
-            ssm_tc_block_frags<UPPER, R>(sacc, w.cb_block(gs, q0, nc, classes, tiles_per_chunk), wr);
+            ssd_tc_block_frags<UPPER, R>(sacc, w.cb_block(gs, q0, nc, classes, tiles_per_chunk), wr);
             ssd_tc_times_v<NT, R>(acc, sacc, bs, Vv + ((b * L + q0) * XV + w.hv) * (ssm_i64)V + v0,
                                   (ssm_i64)XV * V, nv, nq);
         }
