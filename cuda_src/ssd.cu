@@ -882,7 +882,7 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // 3 x TF32: every operand value x is split once, when it is staged, into two TF32 values
 // (ssm_tf32_split: hi rounded, lo = x - hi cut), and a b is summed as a_lo b_hi + a_hi b_lo +
 // a_hi b_hi by mma.sync.m16n8k8 into float32 (the dropped a_lo b_lo is below float32's
-// rounding), so the products keep float32's accuracy.
+// rounding), so the products keep nearly float32's accuracy (operands to about 22 bits).
 //
 // A block owns R = 64 rows, as ssd_chunk_mm (so ssd_chunk_cb's blocks fit), and 8 NT of the V
 // columns (64 or 128; blocks ceil(V / 8 NT) apart in the grid take the others), 4 warps of 16

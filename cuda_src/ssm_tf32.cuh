@@ -1,7 +1,8 @@
-// ssm_tf32.cuh: float products at float32 accuracy on TF32 tensor cores (sm_80 and later),
+// ssm_tf32.cuh: float products at nearly float32 accuracy on TF32 tensor cores (sm_80 and later),
 // for the float32 kernels of ssd.cu and ssd_mma.cu ("3 x TF32").
 // A float operand x is split into hi = tf32(x) and lo = x - hi cut to TF32, and a b is summed as
-// a_lo b_hi + a_hi b_lo + a_hi b_hi (the dropped a_lo b_lo is below float32's rounding).
+// a_lo b_hi + a_hi b_lo + a_hi b_hi (the dropped a_lo b_lo is below float32's rounding). hi + lo
+// keeps about 22 of x's 24 significant bits (lo's last bits are cut).
 // Fragments of mma.m16n8k8 .tf32 (PTX ISA; g = lane / 4, t = lane % 4):
 //   A (16 x 8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4];
 //   B (8 x 8):  b0 = B[t][g], b1 = B[t+4][g];

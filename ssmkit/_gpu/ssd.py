@@ -17,11 +17,11 @@ Forward
     ``ssd_chunk_state`` and ``ssd_chunk_mm`` are register-tiled matrix products on the
     CUDA cores (float, double, and 16-bit inputs with the tensor cores off); in float32
     arithmetic on sm_80 and later they run on tensor cores instead (``ssd_chunk_mm_tc``,
-    ``ssd_chunk_state_tc``: 3 x TF32, float32's accuracy; ``SSMKIT_SSD_TF32=0`` keeps
-    them on the CUDA cores). For float32 x, B and C without restarts (N <= 128, heads
-    sharing their B and C groups), steps 2 to 4 are one kernel instead where it is the
-    faster (``TF32_FUSED_FWD``, :func:`tf32_fused_faster`): ``ssd_tf32_fwd`` in
-    ``cuda_src/ssd_mma.cu``, one walk per (row, head, 64 columns p) in tiles of 32 steps,
+    ``ssd_chunk_state_tc``: 3 x TF32, operands kept to about 22 of float32's 24 bits;
+    ``SSMKIT_SSD_TF32=0`` keeps them on the CUDA cores). For float32 x, B and C without
+    restarts (N <= 128, heads sharing their B and C groups), steps 2 to 4 are one kernel
+    instead where it is the faster (``TF32_FUSED_FWD``, :func:`tf32_fused_faster`):
+    ``ssd_tf32_fwd`` in ``cuda_src/ssd_mma.cu``, one walk per (row, head, 64 columns p) in tiles of 32 steps,
     the state in registers, every product 3 x TF32, C B^T read from ``ssd_chunk_cb``.
     The chunks are cut every ``kernel_chunk(chunk_size)`` steps (at most
     ``F32_MAX_CHUNK`` for float32 x, else ``chunk_size``) and at every end of a packed
