@@ -21,8 +21,9 @@ Forward
     ``SSMKIT_SSD_TF32=0`` keeps them on the CUDA cores). For float32 x, B and C without
     restarts (N <= 128, heads sharing their B and C groups), steps 2 to 4 are one kernel
     instead where it is the faster (``TF32_FUSED_FWD``, :func:`tf32_fused_faster`):
-    ``ssd_tf32_fwd`` in ``cuda_src/ssd_mma.cu``, one walk per (row, head, 64 columns p) in tiles of 32 steps,
-    the state in registers, every product 3 x TF32, C B^T read from ``ssd_chunk_cb``.
+    ``ssd_tf32_fwd`` in ``cuda_src/ssd_mma.cu``, one walk per (row, head, 64 columns p) in
+    tiles of 32 steps, the state in registers, every product 3 x TF32, C B^T read from
+    ``ssd_chunk_cb``.
     The chunks are cut every ``kernel_chunk(chunk_size)`` steps (at most
     ``F32_MAX_CHUNK`` for float32 x, else ``chunk_size``) and at every end of a packed
     sequence, so each final state is a boundary state from step 3.
