@@ -1084,12 +1084,84 @@ __device__ __forceinline__ void ssd_tc_times_v(float (&acc)[NT][4], const float 
     }
 }
 
+// ssd_chunk_mm_tc's ROWS epilogue (see there): acc holds GB of the warp's rows wr + g,
+// wr + g + 8 at columns 8 nt + 2t, + 1 (the block's V columns from 0). The row sums over the
+// 4 lanes of a row by shuffles; dY x over the block's rows by shuffles over g, then the warps
+// in order through `sh` (4 x 8 NT floats, free after the products: the caller's stage).
+template <int NT, class BLOCK>
+__device__ __forceinline__ void ssd_tc_rows_epilogue(const float (&acc)[NT][4], const BLOCK& w,
+                                                     int wr, int V, int XV, const float* D,
+                                                     const float* dY, const float* X,
+                                                     const float* yc, float* dx, float* xgb,
+                                                     float* dcum, float* dD_part, float* sh) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    float dd[NT][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // rows r = wr + g + 8 i
+        const int r = wr + g + 8 * i;
+        const bool live = r < w.nr;
+        const ssm_i64 row = (w.b * w.L + w.r0 + r) * w.H + w.h;
+        const float e = live ? w.dte[row] : 0.0f;
+        float sx = 0.0f, sy = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int v = 8 * nt + 2 * t + c;
+                float dyv = 0.0f, xv = 0.0f;
+                if (live && v < V) {
+                    const ssm_i64 at = w.in_index(r, v, XV, V);
+                    const float gv = acc[nt][2 * i + c];
+                    dyv = dY[at];
+                    xv = X[at];
+                    sx += xv * gv;
+                    sy += dyv * yc[at];
+                    dx[w.out_index(r, v, V)] = e * gv + (D ? D[(ssm_i64)w.h * V + v] * dyv : 0.0f);
+                }
+                dd[nt][c] = i == 0 ? dyv * xv : dd[nt][c] + dyv * xv;
+            }
+#pragma unroll
+        for (int m = 1; m <= 2; m <<= 1) {
+            sx += __shfl_xor_sync(0xffffffffu, sx, m);
+            sy += __shfl_xor_sync(0xffffffffu, sy, m);
+        }
+        if (live && t == 0) {
+            xgb[row] = sx;
+            dcum[row] = sy - e * sx;
+        }
+    }
+    // dY x over the warp's 16 rows (lanes g), then over the warps in order
+    if (!dD_part) return;  // (uniform: no D)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int m = 4; m <= 16; m <<= 1) dd[nt][c] += __shfl_xor_sync(0xffffffffu, dd[nt][c], m);
+            if (g == 0) sh[warp * 8 * NT + 8 * nt + 2 * t + c] = dd[nt][c];
+        }
+    __syncthreads();
+    for (int v = threadIdx.x; v < V; v += SSD_TC_THREADS) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SSD_TC_THREADS / 32; ++k) sum += sh[k * 8 * NT + v];
+        dD_part[v] = sum;
+    }
+}
+
 #ifndef SSD_TC_MIN_BLOCKS  // blocks per SM the registers must allow
 #define SSD_TC_MIN_BLOCKS 3
 #endif
 // GATE: an instance for the forward output with z (write_group's epilogue).
+// ROWS (GB of float32 x only, V <= 8 NT: a block holds whole rows): the epilogue is the
+// backward's per-step pass (ssd_bwd_rows) on the block's rows, GB never written:
+//   out = dx = dt'_r GB + D dY (D: H x V, or null),
+//   xgb[row] = x_r . GB_r, dcum[row] = dY_r . ycore_r - dt'_r xgb[row] (rows (batch L) x H),
+//   dD_part[tile, v] = sum over the block's rows of dY x (tile = blockIdx.x, zeroed by the
+//   caller: blocks past their chunk's end write nothing; null: not wanted), with dY = Vv,
+//   x = Xr, ycore = yc in Vv's layout.
 template <typename TU, typename TW, typename TV, typename TO, bool UPPER, bool MT, bool DTQ,
-          int NT, bool GATE = false>
+          int NT, bool GATE = false, bool ROWS = false>
 __global__ void __launch_bounds__(SSD_TC_THREADS, NT > 8 ? 2 : SSD_TC_MIN_BLOCKS)
 ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __restrict__ Vv,
                 const float* __restrict__ Mm, const float* __restrict__ D,
@@ -1097,7 +1169,9 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
                 const float* __restrict__ cum, const int* __restrict__ seq,
                 const ssm_i64* __restrict__ starts, TO* __restrict__ out, ssm_i64 L, int H,
                 int XU, int XW, int XV, int K, int V, ssm_i64 nc, ssm_i64 m_chunks,
-                int tiles_per_chunk, const float* __restrict__ cb, int classes) {
+                int tiles_per_chunk, const float* __restrict__ cb, const float* __restrict__ Xr,
+                const float* __restrict__ yc, float* __restrict__ xgb, float* __restrict__ dcum,
+                float* __restrict__ dD_part, int classes) {
     constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS;
     constexpr int VR = 8 * NT;           // the block's columns of V: NT n-tiles of 8
     constexpr int BR = VR > R ? VR : R;  // rows of the second stage: M, W or Vv^T
@@ -1173,7 +1247,14 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     }
 
     // Epilogue: skip connection and gate (the forward output only).
-    if constexpr (GATE) {
+    if constexpr (ROWS) {
+        static_assert(!GATE && UPPER && ssm_same<TV, float>::value && ssm_same<TO, float>::value,
+                      "the per-step pass follows GB of float32 x");
+        if (v_blocks != 1) __trap();  // (the host takes the plain GB past 8 NT columns)
+        ssd_tc_rows_epilogue<NT>(acc, w, wr, V, XV, D, Vv, Xr, yc, out, xgb, dcum,
+                                 dD_part ? dD_part + (ssm_i64)blockIdx.x * V : nullptr,
+                                 reinterpret_cast<float*>(us));
+    } else if constexpr (GATE) {
         static_assert(NT % 2 == 0, "n-tile pairs");
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2)  // (two n-tiles' 8 entries at a time)

@@ -814,6 +814,55 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
                             np.random.default_rng(case))
 
 
+# (batch, L, H, P, G, N, chunk, make_inputs options): GB's epilogue on 8 and 16 n-tiles
+# (P <= 64, P 100), a partial last chunk, restarts, one step per chunk; P 136 takes GB, then
+# ssd_bwd_rows
+GB_ROWS_CASES = [
+    (2, 300, 3, 64, 1, 64, 128, dict(D_form="channel")),
+    (1, 77, 4, 100, 2, 16, 40, dict(with_init=True, seq_cuts=[30, 31])),
+    (1, 33, 2, 8, 1, 8, 1, dict(D_form=None)),
+    (1, 50, 2, 136, 1, 8, 16, dict(with_z=False)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("case", range(len(GB_ROWS_CASES)))
+def test_float32_backward_rows_in_gb(monkeypatch, case):
+    """The float32 backward with its per-step pass in GB's epilogue (GB_ROWS) and without:
+    each within the reference's tolerances, and every gradient within 2e-5 of the other's
+    (the same float32 sums in another order), the fused kernel run where P <= 128."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    batch, L, H, P, G, N, chunk, kw = GB_ROWS_CASES[case]
+    inputs = make_inputs(np.random.default_rng(950 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    arrays, _ = cast(inputs, "float32", xp_for("gpu"))
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    names = []
+    real = gpu_ssd._launch
+    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
+                                                                   real(name, *a, **k))[1])
+    y, pullback = ssmkit.ssd_vjp(**arrays, **opts)
+    dy = xp_for("gpu").asarray(np.random.default_rng(case).standard_normal(y.shape),
+                               dtype=np.float32)
+    grads = {}
+    for rows in (True, False):
+        monkeypatch.setattr(gpu_ssd, "GB_ROWS", rows)
+        names.clear()
+        g = pullback(dy)
+        fused = any(n.startswith("ssd_chunk_mm_tc") and n.endswith(", false, true>")
+                    for n in names)
+        assert fused == (rows and P <= 128), names
+        grads[rows] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                       if getattr(g, f) is not None}
+        check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(case))
+    for f, g0 in grads[False].items():
+        scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
+        assert np.linalg.norm(grads[True][f] - g0) <= 2e-5 * scale, f
+
+
 def test_float32_forward_in_one_kernel_applies(monkeypatch):
     """Where ssd_tf32_fwd applies (the rule itself; the host decides it before any launch):
     float32 x, B and C without restarts, N <= 128, P and N multiples of 4, 16-byte aligned

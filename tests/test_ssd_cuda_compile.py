@@ -34,6 +34,8 @@ def representative_names():
     names += [ssd.mm_tc_name(kind, "float32", "float32", nt) for kind in ssd.TC_KINDS
               if kind in ssd.MM_KINDS for nt in ssd.TC_NT]
     names += [ssd.mm_tc_name("y", io, bc, 8) for io, bc in ssd.DTYPE_PAIRS if io != "float64"]
+    # GB of float32 x with the per-step pass as its epilogue (ROWS)
+    names += [ssd.mm_tc_name("GB", "float32", "float32", nt, rows=True) for nt in ssd.TC_NT]
     names += [ssd.state_name(io, bc, adj, nt=nt) for io, bc in ssd.DTYPE_PAIRS
               if io != "float64" for adj in (False, True) for nt in ssd.TC_NT]
     # dB and dC summed over heads: both kinds at both widths, and every 16-bit input pair

@@ -231,11 +231,27 @@ def tc_nt(V: int) -> int:
     return TC_NT[0] if V <= 8 * TC_NT[0] else TC_NT[1]
 
 
-def mm_tc_name(kind: str, io: str, bc: str, nt: int, gate: bool = False) -> str:
+def mm_tc_name(kind: str, io: str, bc: str, nt: int, gate: bool = False,
+               rows: bool = False) -> str:
     """The ``ssd_chunk_mm_tc`` instance of one product kind with NT n-tiles per block;
-    ``gate``: the instance for the output y with z (GATE: its epilogue's loads grouped)."""
+    ``gate``: the instance for the output y with z (GATE: its epilogue's loads grouped);
+    ``rows``: GB with the backward's per-step pass as its epilogue (ROWS, float32 x)."""
     types, flags = _mm_args(kind, io, bc)
-    return f"ssd_chunk_mm_tc<{types}, {flags}, {nt}{', true' if gate else ''}>"
+    extra = ", false, true" if rows else (", true" if gate else "")
+    return f"ssd_chunk_mm_tc<{types}, {flags}, {nt}{extra}>"
+
+
+# The float32 backward's per-step pass (dx, x . (G B), dcum, dD's partial sums) as the
+# epilogue of GB's product (ssd_chunk_mm_tc's ROWS) where a block holds whole rows; False:
+# GB written, then ssd_bwd_rows (to compare).
+GB_ROWS = True
+
+
+def uses_gb_rows(p, lay) -> bool:
+    """Whether the float32 backward of ``p`` runs its per-step pass in GB's epilogue:
+    float32 x on tensor cores and P within one block's columns (8 NT: P <= 128)."""
+    return (GB_ROWS and lay.io == "float32" and uses_tc(lay.ct, "GB")
+            and p.P <= 8 * TC_NT[-1])
 
 
 # dB and dC summed over heads on tensor cores: the heads' weighted blocks summed per class of
@@ -291,6 +307,8 @@ def kernel_names(io: str, bc: str, *, mm_kinds=tuple(MM_KINDS), vms=None) -> lis
             names += [mm_tc_name(kind, io, bc, nt) for nt in TC_NT]
             if kind == "y":
                 names += [mm_tc_name(kind, io, bc, nt, gate=True) for nt in TC_NT]
+            if kind == "GB" and io == "float32":
+                names += [mm_tc_name(kind, io, bc, nt, rows=True) for nt in TC_NT]
         if ct == "float32" and kind in HSUM_KINDS:  # summed over heads on tensor cores
             names += [hsum_name(kind, io, bc, nt) for nt in TC_NT]
     if ct == "float32":
@@ -771,24 +789,31 @@ class _Layout:
                 threads=TC_THREADS if nt else THREADS)
         return out
 
-    def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None):
+    def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None, rows=None):
         """One chunk product (see ssd_chunk_mm); writes ``out`` (batch, L, H, V). ``cb``:
         the chunks' C B^T blocks from :meth:`cb_cuda`, read in place of U W^T (kinds y,
-        ycore: U = C, W = B; GB: U = B, W = C)."""
+        ycore: U = C, W = B; GB: U = B, W = C). ``rows`` (GB where :func:`uses_gb_rows`):
+        the per-step pass in the epilogue instead, ``out`` then dx, ``D`` the skip (H, V) or
+        None, and ``rows`` a dict of x and ycore (batch, L, H, V) read, xGB and dcum
+        (batch, L, H) written, and dD_part ((batch H nc tiles, V), zeroed) or None."""
         V = Vv.shape[3]
         K = U.shape[3]
         tc = uses_tc(self.ct, kind)
-        name = (mm_tc_name(kind, self.io, self.bc, tc_nt(V), gate=kind == "y" and z is not None) if tc
+        name = (mm_tc_name(kind, self.io, self.bc, tc_nt(V), gate=kind == "y" and z is not None,
+                           rows=rows is not None) if tc
                 else mm_name(kind, self.io, self.bc, column_groups(V, self.ct)))
         tiles = self.mm_tiles
         m_chunks = M.shape[1]
         classes = 1 if cb is None else cb.shape[2]
         v_blocks = -(-V // (8 * tc_nt(V))) if tc else 1
+        r = rows or {}
+        tail = ((_ptr(r.get("x")), _ptr(r.get("ycore")), _ptr(r.get("xGB")), _ptr(r.get("dcum")),
+                 _ptr(r.get("dD_part"))) if tc else ())
         _launch(name, (p.batch * p.H * self.nc * tiles * v_blocks,),
                 (U, W, Vv, M, _ptr(D), _ptr(z), self.dte, self.cum, _ptr(p.seq_idx), self.starts,
                  out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),
                  np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
-                 np.int64(m_chunks), np.int32(tiles), _ptr(cb), np.int32(classes)),
+                 np.int64(m_chunks), np.int32(tiles), _ptr(cb)) + tail + (np.int32(classes),),
                 threads=TC_THREADS if tc else THREADS)
         return out
 
@@ -1391,7 +1416,18 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal, dot_with=states,
             dot_shift=1)
         GBg, GCg = p.B.shape[2], p.C.shape[2]
-        GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
+        if uses_gb_rows(p, lay):  # GB's epilogue is the per-step pass: GB is never written
+            rows = dict(x=p.x, ycore=ycore, xGB=cp.empty((batch, L, H), dtype=cd),
+                        dcum=cp.empty((batch, L, H), dtype=cd),
+                        dD_part=None if p.D is None else cp.zeros(
+                            (batch, H, lay.nc * lay.mm_tiles, p.P), dtype=cd))
+            rows["dx"] = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=p.io_dtype),
+                                D=p.D, cb=cbc, rows=rows)
+            if p.D is not None:  # (batch, H, P): summed over the tiles in order
+                rows["dD_part"] = rows["dD_part"].sum(axis=2)
+        else:
+            GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
+            rows = _bwd_rows(p, lay, GB, dY, ycore)
         if uses_tc(lay.ct, "hsum"):
             gs = lay.hsum_blocks(p, dY)
             dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
@@ -1404,7 +1440,6 @@ def ssd_backward(p, checkpoints, dy, dfinal):
                            dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
             dC = cp.matmul(cp.ones(H // GCg, dtype=cd),
                            dCh.reshape(batch, L, GCg, H // GCg, N))
-        rows = _bwd_rows(p, lay, GB, dY, ycore)
         dx, xGB, dcum = rows["dx"], rows["xGB"], rows["dcum"]
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
         dcum[:, ends, :] += end_dot

@@ -28,6 +28,8 @@ PTRS = ("const T*,const T*,const T*,const T*,const T*,const T*,const T*,const T*
         "const ssm_i64*,T*").split(",")
 SCALARS = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int"]
 TAIL_P, TAIL_S = ["const T*"], ["int"]  # cb, classes
+# ssd_chunk_mm_tc: cb, then ROWS's x, ycore, xGB, dcum, dD_part, then classes
+TC_TAIL_P = ["const T*", "const T*", "const T*", "T*", "T*", "T*"]
 CB_PTRS = "const T*,const T*,const ssm_i64*,T*".split(",")
 CB_SCALARS = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
 ROWS_PTRS = "const T*,const T*,const T*,const T*,const T*,const T*,T*,T*,T*,T*".split(",")
@@ -60,10 +62,13 @@ def kernels():
             if io == "float32":
                 for nt in gssd.TC_NT:
                     out[f"mm_tc_{kind}_{nt}"] = (gssd.mm_tc_name(kind, io, io, nt), T, PTRS,
-                                                 SCALARS, TAIL_P, TAIL_S)
+                                                 SCALARS, TC_TAIL_P, TAIL_S)
                     if kind == "y":  # the instance for the output with z
                         out[f"mm_tc_{kind}_{nt}_gate"] = (gssd.mm_tc_name(kind, io, io, nt, gate=True),
-                                                          T, PTRS, SCALARS, TAIL_P, TAIL_S)
+                                                          T, PTRS, SCALARS, TC_TAIL_P, TAIL_S)
+                    if kind == "GB":  # the per-step pass in the epilogue
+                        out[f"mm_tc_{kind}_{nt}_rows"] = (gssd.mm_tc_name(kind, io, io, nt, rows=True),
+                                                          T, PTRS, SCALARS, TC_TAIL_P, TAIL_S)
                     if kind in gssd.HSUM_KINDS:
                         out[f"hs_{kind}_{nt}"] = (gssd.hsum_name(kind, io, io, nt), T, HS_PTRS,
                                                   HS_SCALARS)
@@ -244,6 +249,8 @@ def run_case(lib, i):
             for label, sym, grid, threads in runs:
                 out = np.full((batch, L, H, V), np.nan, dt)
                 args = [U, W, Vv, Mm, D, z, dte, cum, seq, starts, out, cb]
+                if "_tc_" in sym:
+                    args += [None] * 5
                 launch(lib, sym, grid, args, scal, threads=threads)
                 err = float(np.nanmax(np.abs(out - ref)) / max(np.abs(ref).max(), 1e-30))
                 if np.isnan(out).any():
@@ -254,10 +261,55 @@ def run_case(lib, i):
                       f"rel err {err:.2e} {'ok' if err < tol else 'FAIL'}")
                 if not err < tol:
                     return False
+        if io == "float32" and kind == "GB" and not run_gb_rows(
+                lib, i, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
+            return False
         if io == "float32" and kind in gssd.HSUM_KINDS and not run_hsum(
                 lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
             return False
     return True
+
+
+def run_gb_rows(lib, i, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
+    """GB with the per-step pass as its epilogue (ssd_chunk_mm_tc's ROWS), with and without
+    D, against ssd_bwd_rows's arithmetic on the float64 GB ``ref`` (dY = Vv, per head: the
+    case's groups repeated). Where V exceeds a block's columns the host takes the plain GB:
+    nothing to check."""
+    batch, L, H, V = ref.shape
+    if V > 8 * gssd.TC_NT[-1]:
+        return True
+    rng = np.random.default_rng(200 + i)
+    dY = np.ascontiguousarray(np.repeat(Vv, H // Vv.shape[2], axis=2))
+    x = rng.standard_normal((batch, L, H, V)).astype(np.float32)
+    yc = rng.standard_normal((batch, L, H, V)).astype(np.float32)
+    nc = len(starts) - 1
+    K, XU, XW = U.shape[3], U.shape[2], W.shape[2]
+    e = dte.astype(np.float64)[..., None]
+    x64, dY64 = x.astype(np.float64), dY.astype(np.float64)
+    xgb_ref = (x64 * ref).sum(axis=-1)
+    dcum_ref = (dY64 * yc).sum(axis=-1) - e[..., 0] * xgb_ref
+    ok = True
+    for nt in gssd.TC_NT:
+        if V > 8 * nt:
+            continue
+        for D in (None, rng.standard_normal((H, V)).astype(np.float32)):
+            dx = np.full((batch, L, H, V), np.nan, np.float32)
+            xgb = np.full((batch, L, H), np.nan, np.float32)
+            dcum = np.full((batch, L, H), np.nan, np.float32)
+            part = None if D is None else np.zeros((batch, H, nc * tiles, V), np.float32)
+            launch(lib, f"emu_mm_tc_GB_{nt}_rows", batch * H * nc * tiles,
+                   [U, W, dY, Mm, D, None, dte, cum, seq, starts, dx, None, x, yc, xgb, dcum,
+                    part], [L, H, XU, XW, H, K, V, nc, m_chunks, tiles, 1],
+                   threads=gssd.TC_THREADS)
+            skip = 0.0 if D is None else D.astype(np.float64)[None, None] * dY64
+            tag = f"case {i} float32 GB rows NT {nt:2d} {'D' if D is not None else '-'}"
+            ok = check(f"{tag} dx", dx, e * ref + skip, 2e-6) and ok
+            ok = check(f"{tag} x.GB", xgb, xgb_ref, 2e-6) and ok
+            ok = check(f"{tag} dcum", dcum, dcum_ref, 2e-6) and ok
+            if D is not None:
+                ok = check(f"{tag} dD", part.astype(np.float64).sum(axis=(0, 2)),
+                           (dY64 * x64).sum(axis=(0, 1)), 2e-6) and ok
+    return ok
 
 
 def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, tiles):
