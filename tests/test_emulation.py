@@ -65,17 +65,17 @@ def test_warp_convolution_kernels_in_emulation():
 @needs_gxx
 @pytest.mark.parametrize("script, cases", [
     # bfloat16; packed sequences (cu_seqlens) with initial states, and with a sequence
-    # without steps and no initial state; whole tiles (chunk 128)
-    ("run_emu.py", ["0", "8", "4", "16"]),
+    # without steps and no initial state (case 16, whole tiles, left out: CI's 15 minutes)
+    ("run_emu.py", ["0", "8", "4"]),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights);
-    # without z (dcum's first half from dC)
-    ("run_emu_bwd.py", ["14", "18", "21", "23"]),
+    # without z (dcum's first half from dC); case 21 (whole tiles) left out for CI's time
+    ("run_emu_bwd.py", ["14", "18", "23"]),
     # ssd_chunk_mm and ssd_chunk_mm_tc (float and double) and the per-chunk passes, on the
     # product cases that run in seconds and a longer one: a length-1 row, chunks of 8 with
     # sequence ends, float64 with head groups and a sequence end, float64 V = 250, 4 tiles per
-    # chunk (cases 1, 2, 3 took 150 s more here, and case 9, runs of heads, 110 s: run the
-    # script for all)
-    ("run_emu_mm.py", ["--cases", "0,4,5,6,7,8"]),
+    # chunk (cases 1, 2, 3 took 150 s more here, case 9, runs of heads, 110 s, and 6 and 8
+    # were left out for CI's time: run the script for all)
+    ("run_emu_mm.py", ["--cases", "0,4,5,7"]),
     # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
     # float32 kernels: a partial column tile with N 68, chunks of 5 steps, a slow decay
     ("run_emu_tf32.py", ["3", "5", "7"]),
