@@ -243,9 +243,9 @@ def mm_tc_name(kind: str, io: str, bc: str, nt: int, gate: bool = False,
 
 # The float32 backward's per-step pass (dx, x . (G B), dcum, dD's partial sums) as the
 # epilogue of GB's product (ssd_chunk_mm_tc's ROWS) where a block holds whole rows; False:
-# GB written, then ssd_bwd_rows. Off until timed on the GPU (checked on the host only:
-# run_emu_mm.py, run_emu_tf32_bwd.py; test_float32_backward_rows_in_gb runs both).
-GB_ROWS = False
+# GB written, then ssd_bwd_rows. On: 2.8% off the float32 peer row's forward+backward on
+# the H200 (6.47 -> 6.29 ms, benchmarks/results/ssd_gb_rows).
+GB_ROWS = True
 
 
 def uses_gb_rows(p, lay) -> bool:
