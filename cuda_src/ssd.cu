@@ -379,7 +379,7 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
 // Grid: (batch * H, ceil(P*N / 256)). bslot: (batch, nc + 1) int32 or null.
 // --------------------------------------------------------------------------------------
 template <typename CT>
-__global__ void __launch_bounds__(SSD_THREADS)
+__global__ void __launch_bounds__(SSD_THREADS, 4)  // (62 registers, not 106)
 ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum,
                     const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                     const int* __restrict__ bslot, const CT* __restrict__ dfinal,
@@ -387,44 +387,74 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                     ssm_i64 L, int H, ssm_i64 PN, ssm_i64 nc, void* __restrict__ dHx16,
                     int dhx_bf16, const CT* __restrict__ dot_with, int dot_shift,
                     CT* __restrict__ dot_part) {
+    // The walk is a chain of loads: each chunk's decay and slot (uniform over the block) are
+    // staged in shared memory SSD_THREADS chunks at a time, and the per-entry loads of K and
+    // dot_with are issued AHEAD chunks at once, so that enough bytes are in flight.
+    constexpr int AHEAD = 4;
+    __shared__ CT decay[SSD_THREADS];
+    __shared__ int slot[SSD_THREADS];  // bslot at the boundary a chunk leaves by (-1: none)
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
-    if (o >= PN && !dot_with) return;  // (with dot_with every thread joins its warp's sums)
-    const bool live = o < PN;
+    const bool live = o < PN;  // (every thread stages and joins its warp's sums)
+    const bool finals = bslot && dfinal;
     const ssm_i64 bh = blockIdx.x;
     const ssm_i64 b = bh / H;
     const int h = (int)(bh - b * H);
+    const ssm_i64 stride = (ssm_i64)H * PN;  // from one chunk to the next
+    const ssm_i64 at = (b * nc * H + h) * PN + o;  // chunk 0's entry of K, dHx (dHx16)
+    const ssm_i64 dot_at = ((b * (nc + 1) + dot_shift) * H + h) * PN + o;
+    const int parts = gridDim.y * (SSD_THREADS / 32);  // warps per (b, c, h) in dot_part
+    const ssm_i64 part_at = (b * nc * H + h) * parts + blockIdx.y * (SSD_THREADS / 32) +
+                            (threadIdx.x >> 5);
     CT g = 0;
-    for (ssm_i64 c = nc - 1; c >= 0; --c) {
-        if (bslot && dfinal && live) {
-            const int k = bslot[b * (nc + 1) + c + 1];
-            if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
+    for (ssm_i64 top = nc - 1; top >= 0; top -= SSD_THREADS) {
+        const int run = (int)(top + 1 < SSD_THREADS ? top + 1 : SSD_THREADS);  // chunks top, top-1, ..
+        __syncthreads();  // the previous run's reads of decay and slot are done
+        if (threadIdx.x < run) {
+            const ssm_i64 c = top - threadIdx.x;
+            const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+            const bool same =
+                ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+            decay[threadIdx.x] = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+            slot[threadIdx.x] = finals ? bslot[b * (nc + 1) + c + 1] : -1;
         }
-        const ssm_i64 i = ((b * nc + c) * H + h) * PN + o;
-        if (live) {
-            if (dHx) dHx[i] = g;  // (null: only the 16-bit copy is wanted)
-            if (dHx16) {
-                if (dhx_bf16)
-                    ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
-                else
-                    ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
+        __syncthreads();
+        for (int j0 = 0; j0 < run; j0 += AHEAD) {
+            CT kv[AHEAD], sv[AHEAD];
+#pragma unroll
+            for (int a = 0; a < AHEAD; ++a) {
+                const ssm_i64 c = top - j0 - a;
+                const bool ok = live && j0 + a < run;
+                kv[a] = ok ? chunk_adj[at + c * stride] : CT(0);
+                sv[a] = ok && dot_with ? dot_with[dot_at + c * stride] : CT(0);
+            }
+#pragma unroll
+            for (int a = 0; a < AHEAD; ++a) {
+                if (j0 + a >= run) continue;  // (uniform over the block)
+                const ssm_i64 c = top - j0 - a;
+                const int k = slot[j0 + a];
+                if (live && k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
+                const ssm_i64 i = at + c * stride;
+                if (live) {
+                    if (dHx) dHx[i] = g;  // (null: only the 16-bit copy is wanted)
+                    if (dHx16) {
+                        if (dhx_bf16)
+                            ssm_store(static_cast<ssm_bf16*>(dHx16) + i, (float)g);
+                        else
+                            ssm_store(static_cast<ssm_half*>(dHx16) + i, (float)g);
+                    }
+                }
+                if (dot_with) {  // uniform: this warp's part of <dHx[c], states[c + dot_shift]>
+                    CT v = g * sv[a];  // (0 where not live)
+#pragma unroll
+                    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+                    if ((threadIdx.x & 31) == 0) dot_part[part_at + c * H * parts] = v;
+                }
+                g = decay[j0 + a] * g + kv[a];
             }
         }
-        if (dot_with) {  // uniform: this warp's part of <dHx[c], states[c + dot_shift]>
-            CT v = live ? g * dot_with[((b * (nc + 1) + c + dot_shift) * H + h) * PN + o] : CT(0);
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-            if ((threadIdx.x & 31) == 0)
-                dot_part[((b * nc + c) * H + h) * (gridDim.y * (SSD_THREADS / 32)) +
-                         blockIdx.y * (SSD_THREADS / 32) + (threadIdx.x >> 5)] = v;
-        }
-        if (!live) continue;
-        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
-        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
-        g = d * g + chunk_adj[((b * nc + c) * H + h) * PN + o];
     }
     if (!live) return;
-    if (bslot && dfinal) {
+    if (finals) {
         const int k = bslot[b * (nc + 1)];
         if (k >= 0) g += dfinal[((ssm_i64)k * H + h) * PN + o];
     }

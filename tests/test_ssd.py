@@ -318,6 +318,21 @@ def test_cu_seqlens_matches_reference(backend, dtype_name, cu):
 
 
 @pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype_name", ["float64", "float32", "bfloat16"])
+def test_many_chunks_matches_reference(backend, dtype_name):
+    """More chunks (301) than the GPU's adjoint walk stages at once (256), the last run not a
+    multiple of the chunks whose loads it issues together (4); sequences ending inside a
+    chunk, at a chunk edge and at the end, an initial state."""
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(301)
+    inputs = make_inputs(rng, batch=1, L=601, H=2, P=4, G=1, N=8, D_form="head",
+                         with_z=True, with_init=True)
+    opts = dict(chunk_size=2, dt_softplus=True, cu_seqlens=np.array([0, 77, 300, 601]))
+    check_against_reference(backend, dtype_name, inputs, opts, rng)
+
+
+@pytest.mark.parametrize("backend", backends())
 def test_cu_seqlens_equals_separate_runs(backend):
     xp = xp_for(backend)
     rng = np.random.default_rng(5)
