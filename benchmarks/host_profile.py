@@ -45,7 +45,21 @@ def cases():
     sB, sC = arr(2, 1, 32, dtype=bf16), arr(2, 1, 32, dtype=bf16)
     u, delta = arr(2, 64, 256), arr(2, 64, 256)
     A, Bs, Cs = -np.abs(arr(64, 16)), arr(2, 16, 256), arr(2, 16, 256)
+    # Mamba-2 SSD at the peer row's head shape (P 64, N 128), 4 heads and 256 steps
+    sd = dict(x=arr(1, 256, 4, 64, dtype=bf16), dt=arr(1, 256, 4), A=-cupy.abs(arr(4)),
+              B=arr(1, 256, 1, 128, dtype=bf16), C=arr(1, 256, 1, 128, dtype=bf16),
+              D=arr(4), dt_bias=arr(4))
+    sd32 = {k: v.astype(np.float32) for k, v in sd.items()}
+    sdy, sdy32 = arr(1, 256, 4, 64, dtype=bf16), arr(1, 256, 4, 64)
+    _, ssd_pullback = ssmkit.ssd_vjp(**sd, dt_softplus=True)
+    _, ssd_pullback32 = ssmkit.ssd_vjp(**sd32, dt_softplus=True)
     return {
+        "ssd bfloat16": lambda: ssmkit.ssd(**sd, dt_softplus=True),
+        "ssd_vjp bfloat16": lambda: ssmkit.ssd_vjp(**sd, dt_softplus=True),
+        "ssd pullback bfloat16": lambda: ssd_pullback(sdy),
+        "ssd float32": lambda: ssmkit.ssd(**sd32, dt_softplus=True),
+        "ssd_vjp float32": lambda: ssmkit.ssd_vjp(**sd32, dt_softplus=True),
+        "ssd pullback float32": lambda: ssd_pullback32(sdy32),
         "causal_conv1d": lambda: ssmkit.causal_conv1d(x, w, b, activation="silu"),
         "causal_conv1d_vjp": lambda: ssmkit.causal_conv1d_vjp(x, w, b, activation="silu"),
         "causal_conv1d pullback": lambda: pullback(dy),

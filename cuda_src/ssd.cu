@@ -148,26 +148,54 @@ ssd_chunk_cumsum(const CT* __restrict__ a, CT* __restrict__ out, const ssm_i64* 
 
 // --------------------------------------------------------------------------------------
 // The backward's last pass over (batch, L, H), in one kernel: sdcum = the suffix sums of
-// dcum inside each chunk (ssd_chunk_cumsum's runs, reverse), then per step
+// dcum inside each chunk (ssd_chunk_cumsum's runs, reverse) plus the chunk's boundary term
+// e (below), which belongs to its last step; then per step
 //   ddt = (xGB + A[h] sdcum) * factor   (factor = d dt' / d dt),
 // and per (b, chunk, h) the partial sums over the chunk's steps of dte * sdcum (dA) and of
-// ddt (d dt_bias), for the host to add up in a fixed order: part_*[(b * nc + c) * H + h],
-// each the sum of the runs' sums in run order.
+// ddt (d dt_bias), for the host to add up in a fixed order (ssd_sum_parts):
+// part[b * nc + c][0 (dA) or 1 (d dt_bias)][h], each the sum of the runs' sums in run order.
+// The boundary term of chunk c (head h), from the adjoint walk and the products:
+//   e = w * sum_k end_part[((b * nc + c) * H + h) * end_parts + k]  (end_part null: 0)
+//       + sum of bnd[b, s, h] over the chunk's steps s                (bnd null: 0),
+// w = [seq at the chunk's last step == seq before its first] exp(cum at its last step)
+// where cum is given, else 1. (Summed here, not by the host: no (batch, nc, H) temporaries
+// and no scattered add into dcum, a dozen small CuPy launches fewer per backward.)
 // --------------------------------------------------------------------------------------
 template <typename CT>
 __global__ void __launch_bounds__(SSD_CHUNK_THREADS)
 ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __restrict__ A,
            const CT* __restrict__ dte, const CT* __restrict__ factor,
-           const ssm_i64* __restrict__ starts, CT* __restrict__ ddt, CT* __restrict__ part_dA,
-           CT* __restrict__ part_dbias, ssm_i64 L, int H, ssm_i64 nc) {
+           const ssm_i64* __restrict__ starts, CT* __restrict__ ddt, CT* __restrict__ part,
+           const CT* __restrict__ cum, const int* __restrict__ seq,
+           const CT* __restrict__ end_part, const CT* __restrict__ bnd, ssm_i64 L, int H,
+           ssm_i64 nc, int end_parts) {
     __shared__ CT run_sum[SSD_RUNS][32], run_dA[SSD_RUNS][32], run_ddt[SSD_RUNS][32];
+    __shared__ CT run_bnd[SSD_RUNS][32], run_end[SSD_RUNS][32];
     const ssd_chunk_run r = ssd_chunk_run_here(L, H, nc, starts);
     const CT a = r.live ? A[r.h] : CT(0);
-    CT s = 0;
+    CT s = 0, sb = 0, se = 0;
     ssd_walk_run(dcum + r.off, H, r, true, [&](ssm_i64, CT v) { s += v; });
+    if (bnd) ssd_walk_run(bnd + r.off, H, r, true, [&](ssm_i64, CT v) { sb += v; });
+    if (end_part && r.live) {  // warp w: parts w, w + SSD_RUNS, ..
+        const CT* e = end_part + ((r.b * nc + r.c) * H + r.h) * end_parts;
+        for (int k = r.warp; k < end_parts; k += SSD_RUNS) se += e[k];
+    }
     run_sum[r.warp][r.lane] = s;
+    run_bnd[r.warp][r.lane] = sb;
+    run_end[r.warp][r.lane] = se;
     __syncthreads();
-    s = ssd_runs_before(run_sum, r.warp, r.lane, true);
+    CT eb = 0, ee = 0;  // the boundary term's two parts, in run order
+    for (int w = 0; w < SSD_RUNS; ++w) {
+        eb += run_bnd[w][r.lane];
+        ee += run_end[w][r.lane];
+    }
+    if (cum && r.live) {
+        const ssm_i64 t0 = starts[r.c], E = starts[r.c + 1] - 1;
+        const bool same = ssd_seq(seq, r.b * L + E) ==
+                          ssd_seq(seq, r.b * L + (t0 > 0 ? t0 - 1 : 0));
+        ee *= same ? ssd_exp<CT>(cum[(r.b * L + E) * H + r.h]) : CT(0);
+    }
+    s = ssd_runs_before(run_sum, r.warp, r.lane, true) + (ee + eb);
     CT sum_dA = 0, sum_ddt = 0;
     const ssm_i64 n = r.hi - r.lo;
     for (ssm_i64 k0 = 0; k0 < n; k0 += SSD_BWD_DT_ILP) {  // backwards, 4 loads per step
@@ -201,9 +229,9 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
             ta += run_dA[w][r.lane];
             tb += run_ddt[w][r.lane];
         }
-        const ssm_i64 i = (r.b * nc + r.c) * H + r.h;
-        part_dA[i] = ta;
-        part_dbias[i] = tb;
+        const ssm_i64 i = (r.b * nc + r.c) * 2 * H + r.h;
+        part[i] = ta;
+        part[i + H] = tb;
     }
 }
 

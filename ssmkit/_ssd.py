@@ -83,10 +83,11 @@ class SSDProblem(ChunkedScan):
     seq_idx : array, (batch, L) int32 or None
         The state restarts from zero at each ``t`` with ``seq_idx[b, t] !=
         seq_idx[b, t - 1]`` (derived from ``cu_seqlens`` when that is given).
-    slot : numpy.ndarray, (batch, L) int32
+    slot : numpy.ndarray, (batch, L) int32, or None
         ``slot[b, t] >= 0``: the state after step ``t`` is final state
-        ``slot[b, t]``. On the host for every backend (the GPU backend reads
-        ``slot_steps``; a copy to the device would wait for its queue).
+        ``slot[b, t]``. On the host, for NumPy problems only (the CPU backend's;
+        None for CuPy arrays: the GPU backend reads ``slot_steps``, and a
+        (batch, L) host array costs host time per call, 0.4 ms at L = 32768).
     slot_steps : numpy.ndarray, (k, 3) int64
         The same on the host: one row ``(b, t, slot)`` per such step.
     n_slots : int
@@ -280,18 +281,22 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
                 raise ValueError(f"{fn}: seq_idx must change exactly where the sequences of "
                                  f"cu_seqlens begin")
         seq = xp.asarray(seq_from_cu.astype(np.int32))
-        slot_host = np.full((1, L), -1, dtype=np.int32)
         nonempty = np.nonzero(cu_host[1:] > cu_host[:-1])[0]
-        slot_host[0, cu_host[1:][nonempty] - 1] = nonempty
+        # (row, last step, slot) of every sequence with steps
+        ends = np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1, nonempty
         passthrough = [(int(i), 0) for i in range(cu_host.size - 1)
                        if cu_host[i] == cu_host[i + 1] == 0]
         n_slots = cu_host.size - 1
     else:
-        slot_host = np.full((batch, L), -1, dtype=np.int32)
-        if L > 0:
-            slot_host[:, L - 1] = np.arange(batch)
+        rows = np.arange(batch if L > 0 else 0, dtype=np.int64)
+        ends = rows, np.full(rows.size, L - 1, np.int64), rows
         passthrough = [(b, b) for b in range(batch)] if L == 0 else []
         n_slots = batch
+    slot_steps = np.stack(ends, axis=1).astype(np.int64)
+    slot_host = None
+    if xp is np:
+        slot_host = np.full((batch, L), -1, dtype=np.int32)
+        slot_host[slot_steps[:, 0], slot_steps[:, 1]] = slot_steps[:, 2]
 
     # Canonical dtypes: the CPU computes 16-bit inputs in float32 and casts the result back.
     io = x.dtype
@@ -312,9 +317,7 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
         dt_bias=canon(arr["dt_bias"], cd), dt_softplus=bool(dt_softplus), dt_lo=lo, dt_hi=hi,
         dt_clip=(lo, hi) != (0.0, math.inf), initial_state=canon(arr["initial_state"], cd),
         seq_idx=None if seq is None else _relabel(xp, seq),
-        slot=slot_host,
-        slot_steps=np.stack(list(np.nonzero(slot_host >= 0)) + [slot_host[slot_host >= 0]],
-                            axis=1).astype(np.int64),
+        slot=slot_host, slot_steps=slot_steps,
         n_slots=int(n_slots), chunk_size=int(chunk_size), xp=xp)
     return problem, arr, passthrough
 

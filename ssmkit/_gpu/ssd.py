@@ -1209,8 +1209,9 @@ def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shi
     """The adjoint leaving every chunk, dHx (batch, nc, H, P, N), and the initial state's;
     with ``rounded``, dHx rounded to the 16-bit input dtype (the tensor-core products'
     operand) in its place, the float32 dHx not written (None); with ``dot_with`` (the
-    boundary states, (batch, nc + 1, H, P, N)), also <dHx[c], dot_with[c + dot_shift]>
-    (batch, nc, H). Returns ``(dHx or None, dinit[, dHx16][, dot])``."""
+    boundary states, (batch, nc + 1, H, P, N)), also <dHx[c], dot_with[c + dot_shift]> as
+    per-warp partial sums (batch, nc, H, parts), which ``_bwd_dt`` adds up. Returns
+    ``(dHx or None, dinit[, dHx16][, dot parts])``."""
     cp = p.xp
     batch, H, P, N = p.batch, p.H, p.P, p.N
     shape = (batch, lay.nc, H, P, N)
@@ -1227,7 +1228,7 @@ def _adjoint_passing(p, lay, K, dfinal, *, rounded=False, dot_with=None, dot_shi
              np.int32(1 if lay.io == "bfloat16" else 0), _ptr(dot_with), np.int32(dot_shift),
              _ptr(part)))
     out = (dHx, dinit) + ((dHx16,) if rounded else ())
-    return out + ((part.sum(axis=-1),) if dot_with is not None else ())
+    return out + ((part,) if dot_with is not None else ())
 
 
 ROW_STEPS = 64  # steps per block of ssd_mma_bwd_rows and ssd_bwd_rows
@@ -1278,7 +1279,8 @@ def _fused_rows(p, lay, dy, cb):
 def _backward_mma(p, lay, states, entering, dy, dfinal):
     """The backward's products on tensor cores (see the module docstring): returns dx, dz,
     dD, dB, dC, xGB (x_s . (G B)_s), dcum (without its boundary term), bnd (each step's
-    boundary term dotted with x), dinit and end_dot (<dHx_c, H_c> per chunk).
+    boundary term dotted with x), dinit and end_dot (<dHx_c, H_c> per chunk, as per-warp
+    partial sums (batch, nc, H, parts)).
     ``entering``: the states entering the chunks in the 16-bit input dtype (batch, nc, H, P,
     N), or None to round ``states`` here."""
     cp = p.xp
@@ -1365,7 +1367,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         dB = lay.mm_mma(p, "dB", p.x, dY16, p.C, dHx16, groups=p.B.shape[2], dt_out=True,
                         Xr=p.B, rowdot=xGB)
     post = rows if rows is not None else _rows(p, lay, dy, True, cb, ycore_off, dtGB_off)
-    dD = None if p.D is None else post["dD_part"].sum(axis=0)
+    dD = None if p.D is None else _sum_runs(cp, post["dD_part"])  # (in block order)
     return dict(dx=post["dx"], dz=dz, dD=dD, dB=dB, dC=dC, xGB=xGB, dcum=post["dcum"],
                 bnd=bnd, dinit=dinit, end_dot=end_dot)
 
@@ -1378,7 +1380,6 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     batch, L, H, N = p.batch, p.L, p.H, p.N
     cd = p.compute_dtype
     dte = lay.dte
-    ends = lay.starts[1:] - 1
     if uses_mma_bwd(p):
         if ypre is None:
             g = _backward_mma(p, lay, states, entering, dy, dfinal)
@@ -1393,14 +1394,8 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step. H_{c+1} = d_c H_c + S_c,
         # and <dHx_c, S_c> is the sum over the chunk of bnd_s, the boundary part of
         # dt'_s x_s . (G B)_s that dcum_s holds: taken from the same values, the two cancel
-        # in the suffix sums below up to float32 sums.
-        t0 = lay.starts[:-1]
-        same = cp.ones((batch, lay.nc), dtype=bool)
-        if p.seq_idx is not None:
-            same = p.seq_idx[:, ends] == p.seq_idx[:, cp.maximum(t0 - 1, 0)]
-        decay = cp.where(same[..., None], cp.exp(lay.cum[:, ends, :]), 0)
-        dcum[:, ends, :] += (decay * g["end_dot"]  # <dHx_c, H_c>
-                             + lay.chunk_sums(p, g["bnd"], reverse=True)[:, t0, :])
+        # in the suffix sums of _bwd_dt up to float32 sums.
+        ddt, dA, ddt_sum = _bwd_dt(p, lay, dcum, xGB, g["end_dot"], decayed=True, bnd=g["bnd"])
     else:
         cbc = lay.cb_cuda(p)  # C B^T once per chunk and class of heads: ycore and GB
         # kept by the float32 forward in one kernel (no 16-bit entering states: not the
@@ -1441,11 +1436,10 @@ def ssd_backward(p, checkpoints, dy, dfinal):
                            dBh.reshape(batch, L, GBg, H // GBg, N)).reshape(batch, L, GBg, N)
             dC = cp.matmul(cp.ones(H // GCg, dtype=cd),
                            dCh.reshape(batch, L, GCg, H // GCg, N))
-        dx, xGB, dcum = rows["dx"], rows["xGB"], rows["dcum"]
+        dx = rows["dx"]
+        dD = None if p.D is None else _sum_runs(cp, rows["dD_part"])  # (in block order)
         # boundary term <dHx_c, H_{c+1}> at each chunk's last step
-        dcum[:, ends, :] += end_dot
-        dD = None if p.D is None else rows["dD_part"].sum(axis=0)
-    ddt, dA, ddt_sum = _bwd_dt(p, lay, dcum, xGB)
+        ddt, dA, ddt_sum = _bwd_dt(p, lay, rows["dcum"], rows["xGB"], end_dot)
     return dict(
         x=dx,
         dt=ddt,
@@ -1497,18 +1491,23 @@ def _bwd_gate(p, lay, dy, ycore, *, kept=False):
     return dz, dY
 
 
-def _bwd_dt(p, lay, dcum, xGB):
-    """ddt = (xGB + A sdcum) d dt' / d dt, with sdcum the chunk suffix sums of dcum, and the
-    sums over (batch, L) of dte sdcum (dA) and of ddt (d dt_bias): one kernel
-    (ssd_chunk_dt's partial sums per chunk) and two small sums in a fixed order."""
+def _bwd_dt(p, lay, dcum, xGB, end_part, *, decayed=False, bnd=None):
+    """ddt = (xGB + A sdcum) d dt' / d dt, with sdcum the chunk suffix sums of dcum plus
+    each chunk's boundary term (at its last step), and the sums over (batch, L) of dte
+    sdcum (dA) and of ddt (d dt_bias): one kernel (``ssd_bwd_dt``: partial sums per chunk)
+    and their sums in a fixed order (``ssd_sum_parts``). The boundary term of a chunk: the sum of its
+    ``end_part`` (batch, nc, H, parts), times the chunk's decay with ``decayed``, plus the
+    chunk's sum of ``bnd`` (batch, L, H) where given."""
     cp = p.xp
     ddt = cp.empty_like(lay.dte)
-    part = cp.empty((2, p.batch * lay.nc, p.H), dtype=p.compute_dtype)
+    part = cp.empty((p.batch * lay.nc, 2, p.H), dtype=p.compute_dtype)
     _launch(f"ssd_bwd_dt<{_CTYPE[lay.ct]}>", lay.chunk_grid,
             (cp.ascontiguousarray(dcum), cp.ascontiguousarray(xGB), p.A, lay.dte, lay.factor,
-             lay.starts, ddt, part[0], part[1], np.int64(p.L), np.int32(p.H), np.int64(lay.nc)),
+             lay.starts, ddt, part, lay.cum if decayed else _NULL,
+             _ptr(p.seq_idx) if decayed else _NULL, end_part, _ptr(bnd), np.int64(p.L),
+             np.int32(p.H), np.int64(lay.nc), np.int32(end_part.shape[-1])),
             threads=CHUNK_THREADS)
-    sums = part.sum(axis=1)
+    sums = _sum_runs(cp, part)  # (2, H): over (batch, chunk) in order
     return ddt, sums[0], sums[1]
 
 

@@ -76,16 +76,29 @@ def np_passing(args):
         keep(c + 1)
 
 def np_bwd_dt(args):
-    """ssd.cu's ssd_bwd_dt: chunk suffix sums of dcum, ddt, per-chunk partial sums."""
-    dcum, xGB, A, dte, factor, starts, ddt, part_dA, part_db, L, H, nc = args
+    """ssd.cu's ssd_bwd_dt: chunk suffix sums of dcum plus each chunk's boundary term (at its
+    last step), ddt, per-chunk partial sums."""
+    dcum, xGB, A, dte, factor, starts, ddt, part, cum, seq, end_part, bnd, L, H, nc, _ = args
     batch = dcum.shape[0]
+    null = lambda a: a is gssd._NULL or a is None
+    dcum = dcum.copy()
+    for c in range(int(nc)):
+        t0, E = int(starts[c]), int(starts[c + 1]) - 1
+        e = end_part[:, c].sum(axis=-1) if not null(end_part) else np.zeros((batch, H), dcum.dtype)
+        if not null(cum):
+            for b in range(batch):
+                same = null(seq) or seq[b, E] == seq[b, max(t0 - 1, 0)]
+                e[b] = e[b] * np.exp(cum[b, E]) if same else 0
+        if not null(bnd):
+            e = e + bnd[:, t0:E + 1].sum(axis=1)
+        dcum[:, E] += e
     sd = np.empty_like(dcum)
     np_cumsum((dcum, sd, starts, L, H, nc, 1))
     ddt[...] = (xGB + A[None, None, :] * sd) * factor
     for c in range(int(nc)):
         t0, t1 = int(starts[c]), int(starts[c + 1])
-        part_dA.reshape(batch, int(nc), H)[:, c] = (dte[:, t0:t1] * sd[:, t0:t1]).sum(axis=1)
-        part_db.reshape(batch, int(nc), H)[:, c] = ddt[:, t0:t1].sum(axis=1)
+        part.reshape(batch, int(nc), 2, H)[:, c, 0] = (dte[:, t0:t1] * sd[:, t0:t1]).sum(axis=1)
+        part.reshape(batch, int(nc), 2, H)[:, c, 1] = ddt[:, t0:t1].sum(axis=1)
 
 def np_sum_parts(args):
     part, out, n, parts = args

@@ -89,8 +89,10 @@ def kernels():
 
 # The per-chunk passes over (batch, L, H) arrays, float and double.
 RUN_PTRS = {"cumsum": "const T*,T*,const ssm_i64*".split(","),
-            "bwd_dt": "const T*,const T*,const T*,const T*,const T*,const ssm_i64*,T*,T*,T*".split(",")}
-RUN_SCALARS = {"cumsum": ["ssm_i64", "int", "ssm_i64", "int"], "bwd_dt": ["ssm_i64", "int", "ssm_i64"]}
+            "bwd_dt": ("const T*,const T*,const T*,const T*,const T*,const ssm_i64*,T*,T*,"
+                       "const T*,const int*,const T*,const T*").split(",")}
+RUN_SCALARS = {"cumsum": ["ssm_i64", "int", "ssm_i64", "int"],
+               "bwd_dt": ["ssm_i64", "int", "ssm_i64", "int"]}
 
 
 def run_kernels():
@@ -545,15 +547,36 @@ def run_runs(lib, i):
         launch(lib, f"emu_cumsum_{io}", grid[0], [a, out, st], [L, H, nc, rev], grid_y=grid[1],
                threads=gssd.CHUNK_THREADS)
         outs[f"cumsum rev {rev}"], refs[f"cumsum rev {rev}"] = out, sums(a, rev)
-    dcum, xGB, dte, fac = (rng.standard_normal((batch, L, H)).astype(dt_type) for _ in range(4))
+    dcum, xGB, dte, fac, bnd = (rng.standard_normal((batch, L, H)).astype(dt_type)
+                                for _ in range(5))
     A = -rng.uniform(0.5, 2, H).astype(dt_type)
     ddt = np.full_like(dcum, np.nan)
-    pa, pb = (np.full((batch, nc, H), np.nan, dt_type) for _ in range(2))
-    launch(lib, f"emu_bwd_dt_{io}", grid[0], [dcum, xGB, A, dte, fac, st, ddt, pa, pb],
-           [L, H, nc], grid_y=grid[1], threads=gssd.CHUNK_THREADS)
-    sd = sums(dcum, 1)
+    part = np.full((batch, nc, 2, H), np.nan, dt_type)
+    # each chunk's boundary term at its last step: the sum of its end_part (fewer and more
+    # parts than the block's 32 runs), decayed where cum is given (even cases, with bnd and
+    # seq_idx labels from the sequence ends)
+    parts = (5, 70)[i % 2]
+    end_part = rng.standard_normal((batch, nc, H, parts)).astype(dt_type)
+    decayed = i % 2 == 0
+    cum = -rng.uniform(0, 3, (batch, L, H)).astype(dt_type) if decayed else None
+    seq = (np.searchsorted(np.asarray(ends), np.arange(L), side="right")[None].repeat(batch, 0)
+           .astype(np.int32) if decayed and ends else None)
+    launch(lib, f"emu_bwd_dt_{io}", grid[0],
+           [dcum, xGB, A, dte, fac, st, ddt, part, cum, seq, end_part,
+            bnd if decayed else None], [L, H, nc, parts], grid_y=grid[1],
+           threads=gssd.CHUNK_THREADS)
+    dcum_e = f(dcum)
+    for c in range(nc):
+        t0, E = st[c], st[c + 1] - 1
+        e = f(end_part[:, c]).sum(-1)
+        if decayed:
+            same = (np.ones(batch, bool) if seq is None
+                    else seq[:, E] == seq[:, max(t0 - 1, 0)])
+            e = e * np.exp(f(cum[:, E])) * same[:, None] + f(bnd[:, t0:E + 1]).sum(1)
+        dcum_e[:, E] += e
+    sd = sums(dcum_e, 1)
     ddt_ref = (f(xGB) + f(A) * sd) * f(fac)
-    outs.update(ddt=ddt, part_dA=pa, part_dbias=pb)
+    outs.update(ddt=ddt, part_dA=part[:, :, 0], part_dbias=part[:, :, 1])
     refs.update(ddt=ddt_ref,
                 part_dA=np.stack([(f(dte) * sd)[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1),
                 part_dbias=np.stack([ddt_ref[:, st[c]:st[c + 1]].sum(1) for c in range(nc)], 1))
