@@ -6,8 +6,9 @@ every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts 
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
 multiples of the stage or of the column group) and head groups of U, W and Vv; and the
 backward's per-step pass ssd_bwd_rows and its gate pass ssd_bwd_gate, the chunk states ssd_chunk_state (both forms) and
-the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt, and
-ssd_diag_cb against NumPy (all cases, with no arguments).
+the per-chunk passes ssd_chunk_dt (the layout), ssd_chunk_cumsum and ssd_bwd_dt,
+ssd_diag_cb and the adjoint walk ssd_adjoint_passing against NumPy (all cases, with no
+arguments).
 
     python3 tests/emulation/ssd/run_emu_mm.py [case ...]      # all cases by default
     python3 tests/emulation/ssd/run_emu_mm.py --cases 0,2,4    # these, and every other check
@@ -132,6 +133,22 @@ extern "C" void emu_chunk_dt_{T}(EmuBuf* a, long long* s, double* f, unsigned gx
 ''' for T in ("float", "double") for threads in [gssd.CHUNK_THREADS])
 
 
+# ssd_adjoint_passing interleaves pointers and scalars, its 16-bit copy a void*: a wrapper of
+# its own (float).
+ADJOINT_WRAPPER = """
+extern "C" void emu_adjoint_passing(EmuBuf* a, long long* s, unsigned gx, unsigned gy) {
+    std::vector<void*> r = emu_copy_in(a, 11);
+    auto call = [&r, s] {
+        ssd_adjoint_passing<float>((const float*)r[0], (const float*)r[1], (const int*)r[2],
+            (const ssm_i64*)r[3], (const int*)r[4], (const float*)r[5], (float*)r[6],
+            (float*)r[7], (ssm_i64)s[0], (int)s[1], (ssm_i64)s[2], (ssm_i64)s[3], r[8],
+            (int)s[4], (const float*)r[9], (int)s[5], (float*)r[10]);
+    };
+    emu_launch(call, gx, gy, 1, 256);
+    emu_copy_out(a, r, 11);
+}
+"""
+
 def build_so():
     src = compiler.kernel_source(gssd.SOURCE_FILE)
     mut = os.environ.get("SSD_EMU_MUTATE")
@@ -142,7 +159,7 @@ def build_so():
     src = replace_mma(replace_all(src, COMMON_REPL + build.TF32_REPL), emulate=False)
     text = ('#include "prelude_mma.h"\nstruct alignas(16) uint4 { unsigned x, y, z, w; };\n' + src + build.LAUNCH + "".join(
         build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
-        + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS)
+        + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS + ADJOINT_WRAPPER)
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
                       include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
 
@@ -584,6 +601,67 @@ def run_runs(lib, i):
                 for name, out in outs.items()])
 
 
+# ssd_adjoint_passing: (batch, L, H, P*N, chunk, sequence starts or None, final states at
+# every sequence end, dot_shift, the 16-bit copy (bfloat16) instead of the float32 dHx)
+ADJOINT_CASES = [(2, 37, 3, 40, 4, None, False, 1, False),
+                 (1, 601, 2, 300, 2, [77, 300], True, 0, True),  # 301 chunks, 2 blocks
+                 (1, 20, 1, 256, 3, [6, 9], True, 1, False),
+                 (3, 9, 2, 7, 1, None, True, 0, False)]
+
+
+def run_adjoint(lib, i):
+    """ssd_adjoint_passing (the adjoint walk: decays staged 256 chunks at a time, loads 4
+    chunks ahead) against float64 NumPy: dHx (or its bfloat16 copy), dinit, the dot partials
+    summed."""
+    import ml_dtypes
+    batch, L, H, PN, Q, ends, finals, shift, rounded = ADJOINT_CASES[i]
+    rng = np.random.default_rng(700 + i)
+    starts, seq, cum, _ = chunked_problem(rng, np.float32, batch, L, Q, ends, H)
+    nc = len(starts) - 1
+    K = rng.standard_normal((batch, nc, H, PN)).astype(np.float32)
+    states = rng.standard_normal((batch, nc + 1, H, PN)).astype(np.float32)
+    bslot, dfinal = None, None
+    if finals:  # a final state at every boundary where a sequence ends, and at L
+        bslot = np.full((batch, nc + 1), -1, np.int32)
+        k = 0
+        for b in range(batch):
+            for j in range(1, nc + 1):
+                if starts[j] == L or (ends and starts[j] in ends):
+                    bslot[b, j], k = k, k + 1
+        dfinal = rng.standard_normal((k, H, PN)).astype(np.float32)
+    blocks = -(-PN // 256)
+    dHx = None if rounded else np.full((batch, nc, H, PN), np.nan, np.float32)
+    dHx16 = np.zeros((batch, nc, H, PN), ml_dtypes.bfloat16) if rounded else None
+    dinit = np.full((batch, H, PN), np.nan, np.float32)
+    part = np.full((batch, nc, H, blocks * 8), np.nan, np.float32)
+    bufs = [K, cum, seq, starts, bslot, dfinal, dHx, dinit, dHx16, states, part]
+    eb = (EmuBuf * 11)(*[EmuBuf(None, 0) if v is None else EmuBuf(v.ctypes.data, v.nbytes)
+                         for v in bufs])
+    sc = (ctypes.c_longlong * 6)(L, H, PN, nc, 1, shift)
+    lib.emu_adjoint_passing(eb, sc, batch * H, blocks)
+    # float64 reference
+    f = lambda v: v.astype(np.float64)
+    g = np.zeros((batch, H, PN))
+    ref_dHx, ref_dot = np.zeros((batch, nc, H, PN)), np.zeros((batch, nc, H))
+    for c in range(nc - 1, -1, -1):
+        for b in range(batch):
+            if finals and bslot[b, c + 1] >= 0:
+                g[b] += f(dfinal[bslot[b, c + 1]])
+        ref_dHx[:, c] = g
+        ref_dot[:, c] = (g * f(states[:, c + shift])).sum(-1)
+        t0, E = starts[c], starts[c + 1] - 1
+        for b in range(batch):
+            same = seq is None or seq[b, E] == seq[b, max(t0 - 1, 0)]
+            g[b] = (np.exp(f(cum[b, E]))[:, None] if same else 0) * g[b] + f(K[b, c])
+    for b in range(batch):
+        if finals and bslot[b, 0] >= 0:
+            g[b] += f(dfinal[bslot[b, 0]])
+    out_dHx = f(dHx16) if rounded else dHx
+    return all([check(f"adjoint {i} dHx{'16' if rounded else ''}", out_dHx, ref_dHx,
+                      8e-3 if rounded else 2e-6),
+                check(f"adjoint {i} dinit", dinit, g, 2e-6),
+                check(f"adjoint {i} dot", part.sum(-1, dtype=np.float64), ref_dot, 2e-6)])
+
 # ssd_diag_cb: (io, rows, H, GB, GC, N)
 DIAG_CASES = [("bfloat16", 5, 4, 1, 1, 128), ("float32", 37, 6, 2, 3, 40),
               ("float32", 3, 8, 2, 1, 7), ("bfloat16", 70, 80, 1, 1, 128),
@@ -625,6 +703,7 @@ def main(argv):
         ok = all([run_chunk_dt(lib, i) for i in range(len(CHUNK_DT_CASES))]) and ok
         ok = all([run_runs(lib, i) for i in range(len(RUN_CASES))]) and ok
         ok = all([run_diag_cb(lib, i) for i in range(len(DIAG_CASES))]) and ok
+        ok = all([run_adjoint(lib, i) for i in range(len(ADJOINT_CASES))]) and ok
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1
 
