@@ -829,6 +829,47 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
                             np.random.default_rng(case))
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("kw", [dict(D_form="head", with_init=True, seq_cuts=[300, 513]),
+                                dict(with_z=False)])
+def test_float32_backward_streams(monkeypatch, kw):
+    """The float32 backward with its adjoint chain on a second stream beside the summed
+    blocks and dC (TC_STREAMS) runs the same kernels on the same inputs as on one stream:
+    every gradient bit for bit equal, over several alternations (a missing wait would show as
+    a difference), and dC launched before GB's product (the last ssd_chunk_mm_tc) only with
+    the switch on."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    cp = xp_for("gpu")
+    inputs = make_inputs(np.random.default_rng(960), batch=2, L=1000, H=8, P=64, G=1, N=128,
+                         **kw)
+    arrays, _ = cast(inputs, "float32", cp)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    names = []
+    real = gpu_ssd._launch
+    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
+                                                                   real(name, *a, **k))[1])
+    (y, fin), pullback = ssmkit.ssd_vjp(**arrays, chunk_size=128, dt_softplus=True,
+                                        return_final_state=True)
+    rng = np.random.default_rng(961)
+    dy = cp.asarray(rng.standard_normal(y.shape), dtype=np.float32)
+    dfin = cp.asarray(rng.standard_normal(fin.shape), dtype=np.float32)
+    first = {}
+    for rnd in range(3):
+        for streams in (False, True):
+            monkeypatch.setattr(gpu_ssd, "TC_STREAMS", streams)
+            names.clear()
+            g = pullback(dy, dfin)
+            order = [n.split("<")[0] for n in names]
+            gb = max(i for i, n in enumerate(order) if n == "ssd_chunk_mm_tc")  # (GB's)
+            assert (order.index("ssd_chunk_hsum_tc") < gb) == streams, order
+            got = {f: to_numpy(getattr(g, f)) for f in FIELDS if getattr(g, f) is not None}
+            first.setdefault("ref", got)
+            for f, v in got.items():
+                assert np.array_equal(v, first["ref"][f]), (rnd, streams, f)
+
 # (batch, L, H, P, G, N, chunk, make_inputs options): GB's epilogue on 8 and 16 n-tiles
 # (P <= 64, P 100), a partial last chunk, restarts, one step per chunk; P 136 takes GB, then
 # ssd_bwd_rows

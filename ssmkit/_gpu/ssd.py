@@ -93,6 +93,7 @@ sums).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -613,6 +614,11 @@ MMA_SUM_BLOCKS = 512
 # The same for the float32 head sums (ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc): 2048
 # (forward+backward 10.29-10.30 ms against 10.34-10.35 at 1024 and 10.42-10.46 at 4096).
 TC_SUM_BLOCKS = 2048
+# The float32 backward's adjoint chain (adjoint chunk states, then their walk) on a second
+# stream, the summed blocks and dC (which need no dHx) beside it on the caller's; False: one
+# stream (GB, then dB and dC). Off until timed on the GPU (test_float32_backward_streams runs
+# both).
+TC_STREAMS = False
 
 # The backward's adjoint chunk states and passing (the passing is latency-bound) run on a
 # second stream beside ycore (without z) and dC, which do not need them. Forward+backward at
@@ -1408,9 +1414,25 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             dz, dY = _bwd_gate(p, lay, dy, ycore)
         else:
             dz, dY = None, cp.ascontiguousarray(dy, dtype=cd)
-        dHx, dinit, end_dot = _adjoint_passing(
-            p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal, dot_with=states,
-            dot_shift=1)
+        hsum_tc = uses_tc(lay.ct, "hsum")
+
+        def adjoint():  # the adjoint chunk states and their walk: dHx, dinit, end_dot
+            return _adjoint_passing(p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal,
+                                    dot_with=states, dot_shift=1)
+
+        if hsum_tc and TC_STREAMS:
+            # the adjoint chain on a second stream, dC (which needs no dHx) beside it (the
+            # host emulation, on NumPy, runs them in this order on no stream)
+            side = _fork(cp) if cp.__name__ == "cupy" else None
+            with side or contextlib.nullcontext():
+                dHx, dinit, end_dot = adjoint()
+            gs = lay.hsum_blocks(p, dY)
+            dC = lay.hsum(p, "dC", dY, p.B, states, gs)
+            if side is not None:
+                _join(cp, side)
+        else:
+            dHx, dinit, end_dot = adjoint()
+            gs = dC = None
         GBg, GCg = p.B.shape[2], p.C.shape[2]
         if uses_gb_rows(p, lay):  # GB's epilogue is the per-step pass: GB is never written
             rows = dict(x=p.x, ycore=ycore, xGB=cp.empty((batch, L, H), dtype=cd),
@@ -1424,10 +1446,12 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         else:
             GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
             rows = _bwd_rows(p, lay, GB, dY, ycore)
-        if uses_tc(lay.ct, "hsum"):
-            gs = lay.hsum_blocks(p, dY)
+        if hsum_tc:
+            if gs is None:
+                gs = lay.hsum_blocks(p, dY)
             dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
-            dC = lay.hsum(p, "dC", dY, p.B, states, gs)
+            if dC is None:
+                dC = lay.hsum(p, "dC", dY, p.B, states, gs)
         else:
             dBh = lay.mm(p, "dB", p.x, dY, p.C, dHx, cp.empty((batch, L, H, N), dtype=cd))
             dCh = lay.mm(p, "dC", dY, p.x, p.B, states, cp.empty((batch, L, H, N), dtype=cd))
