@@ -64,6 +64,11 @@ __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ?
 // The steps of a run go in groups of SSD_CUMSUM_ILP whose loads are issued before the sums.
 // --------------------------------------------------------------------------------------
 #define SSD_CUMSUM_ILP 8
+// Chunks whose loads the adjoint walk issues together (ssd_adjoint_passing; a macro for A/B
+// runs through SSMKIT_CUDA_DEFINES).
+#ifndef SSD_ADJ_AHEAD
+#define SSD_ADJ_AHEAD 4
+#endif
 #define SSD_BWD_DT_ILP 4  // ssd_bwd_dt loads 4 arrays: 8 steps at a time spilled at 1024 threads
 #ifndef SSD_CHUNK_THREADS
 #define SSD_CHUNK_THREADS 1024
@@ -418,7 +423,7 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
     // The walk is a chain of loads: each chunk's decay and slot (uniform over the block) are
     // staged in shared memory SSD_THREADS chunks at a time, and the per-entry loads of K and
     // dot_with are issued AHEAD chunks at once, so that enough bytes are in flight.
-    constexpr int AHEAD = 4;
+    constexpr int AHEAD = SSD_ADJ_AHEAD;
     __shared__ CT decay[SSD_THREADS];
     __shared__ int slot[SSD_THREADS];  // bslot at the boundary a chunk leaves by (-1: none)
     const ssm_i64 o = (ssm_i64)blockIdx.y * SSD_THREADS + threadIdx.x;
