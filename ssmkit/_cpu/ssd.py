@@ -68,7 +68,12 @@ def _forward_kernel(x, dte, A, B, C, D, z, h0, keep, slot, has_z, Q, save, y, fi
         st = h0[b, h].copy()
         for t in range(L):
             if save and t % Q == 0:
-                ckpt[b, h, t // Q] = st
+                # element by element: the array assignment took about 50 us per
+                # checkpoint here (6.8x the forward's time at chunk_size 16)
+                dst = ckpt[b, h, t // Q]
+                for p in range(P):
+                    for n in range(N):
+                        dst[p, n] = st[p, n]
             dtv = dte[b, t, h]
             decay = math.exp(dtv * A[h]) * keep[b, t]
             Bt = B[b, t, gb]
