@@ -49,6 +49,18 @@ __device__ __forceinline__ CT ssd_exp(CT x) {  // exp(x), through the hardware e
 
 __device__ __forceinline__ int ssd_seq(const int* seq, ssm_i64 i) { return seq ? seq[i] : 0; }
 
+// The state's decay across chunk c of row b, head h (state passing, its adjoint, the
+// backward's boundary term): exp(cum at the chunk's last step), or 0 where a sequence starts
+// inside the chunk (seq at its last step differs from seq before its first).
+template <typename CT>
+__device__ __forceinline__ CT ssd_chunk_decay(const CT* cum, const int* seq,
+                                              const ssm_i64* starts, ssm_i64 b, ssm_i64 c,
+                                              ssm_i64 L, int H, int h) {
+    const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
+    const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
+    return same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+}
+
 // --------------------------------------------------------------------------------------
 // The per-chunk passes over (batch, L, H) arrays (ssd_chunk_cumsum, ssd_bwd_dt, ssd_chunk_dt)
 // take a block of SSD_CHUNK_THREADS per (b, chunk, 32 heads): lane = head (a warp's loads
@@ -194,12 +206,7 @@ ssd_bwd_dt(const CT* __restrict__ dcum, const CT* __restrict__ xGB, const CT* __
         eb += run_bnd[w][r.lane];
         ee += run_end[w][r.lane];
     }
-    if (cum && r.live) {
-        const ssm_i64 t0 = starts[r.c], E = starts[r.c + 1] - 1;
-        const bool same = ssd_seq(seq, r.b * L + E) ==
-                          ssd_seq(seq, r.b * L + (t0 > 0 ? t0 - 1 : 0));
-        ee *= same ? ssd_exp<CT>(cum[(r.b * L + E) * H + r.h]) : CT(0);
-    }
+    if (cum && r.live) ee *= ssd_chunk_decay(cum, seq, starts, r.b, r.c, L, H, r.h);
     s = ssd_runs_before(run_sum, r.warp, r.lane, true) + (ee + eb);
     CT sum_dA = 0, sum_ddt = 0;
     const ssm_i64 n = r.hi - r.lo;
@@ -391,9 +398,7 @@ ssd_state_passing(const CT* __restrict__ chunk_states, const CT* __restrict__ cu
             else
                 ssm_store(static_cast<ssm_half*>(entering) + i, (float)hv);
         }
-        const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
-        const bool same = ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-        const CT d = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+        const CT d = ssd_chunk_decay(cum, seq, starts, b, c, L, H, h);
         hv = d * hv + chunk_states[((b * nc + c) * H + h) * PN + o];
         keep(c + 1, hv);
     }
@@ -440,14 +445,12 @@ ssd_adjoint_passing(const CT* __restrict__ chunk_adj, const CT* __restrict__ cum
                             (threadIdx.x >> 5);
     CT g = 0;
     for (ssm_i64 top = nc - 1; top >= 0; top -= SSD_THREADS) {
-        const int run = (int)(top + 1 < SSD_THREADS ? top + 1 : SSD_THREADS);  // chunks top, top-1, ..
+        // this run's chunks: top, top - 1, .., top - run + 1
+        const int run = (int)(top + 1 < SSD_THREADS ? top + 1 : SSD_THREADS);
         __syncthreads();  // the previous run's reads of decay and slot are done
         if (threadIdx.x < run) {
             const ssm_i64 c = top - threadIdx.x;
-            const ssm_i64 t0 = starts[c], E = starts[c + 1] - 1;
-            const bool same =
-                ssd_seq(seq, b * L + E) == ssd_seq(seq, b * L + (t0 > 0 ? t0 - 1 : 0));
-            decay[threadIdx.x] = same ? ssd_exp<CT>(cum[(b * L + E) * H + h]) : CT(0);
+            decay[threadIdx.x] = ssd_chunk_decay(cum, seq, starts, b, c, L, H, h);
             slot[threadIdx.x] = finals ? bslot[b * (nc + 1) + c + 1] : -1;
         }
         __syncthreads();

@@ -829,7 +829,6 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
                             np.random.default_rng(case))
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("kw", [dict(D_form="head", with_init=True, seq_cuts=[300, 513]),
@@ -869,6 +868,7 @@ def test_float32_backward_streams(monkeypatch, kw):
             first.setdefault("ref", got)
             for f, v in got.items():
                 assert np.array_equal(v, first["ref"][f]), (rnd, streams, f)
+
 
 # (batch, L, H, P, G, N, chunk, make_inputs options): GB's epilogue on 8 and 16 n-tiles
 # (P <= 64, P 100), a partial last chunk, restarts, one step per chunk; P 136 takes GB, then

@@ -149,6 +149,7 @@ extern "C" void emu_adjoint_passing(EmuBuf* a, long long* s, unsigned gx, unsign
 }
 """
 
+
 def build_so():
     src = compiler.kernel_source(gssd.SOURCE_FILE)
     mut = os.environ.get("SSD_EMU_MUTATE")
@@ -661,6 +662,7 @@ def run_adjoint(lib, i):
                       8e-3 if rounded else 2e-6),
                 check(f"adjoint {i} dinit", dinit, g, 2e-6),
                 check(f"adjoint {i} dot", part.sum(-1, dtype=np.float64), ref_dot, 2e-6)])
+
 
 # ssd_diag_cb: (io, rows, H, GB, GC, N)
 DIAG_CASES = [("bfloat16", 5, 4, 1, 1, 128), ("float32", 37, 6, 2, 3, 40),
