@@ -616,9 +616,10 @@ MMA_SUM_BLOCKS = 512
 TC_SUM_BLOCKS = 2048
 # The float32 backward's adjoint chain (adjoint chunk states, then their walk) on a second
 # stream, the summed blocks and dC (which need no dHx) beside it on the caller's; False: one
-# stream (GB, then dB and dC). Off until timed on the GPU (test_float32_backward_streams runs
-# both).
-TC_STREAMS = False
+# stream (GB, then dB and dC). Float32 peer row forward+backward 6.12-6.16 against
+# 6.19-6.23 ms on one stream, three alternating rounds (ab_ssd_switch.py TC_STREAMS 3
+# True,False 1; results/ssd_streams). test_float32_backward_streams runs both.
+TC_STREAMS = True
 
 # The backward's adjoint chunk states and passing (the passing is latency-bound) run on a
 # second stream beside ycore (without z) and dC, which do not need them. Forward+backward at
