@@ -1,6 +1,6 @@
 // ssd_mma.cu: the matrix-heavy kernels of Mamba-2's SSD scan on tensor cores, for 16-bit
-// x, B, C (float16 or bfloat16; products accumulate in float32), and the float32 forward in
-// one kernel (ssd_tf32_fwd, 3 x TF32). Launched by ssmkit._gpu.ssd
+// x, B, C (float16 or bfloat16; products accumulate in float32), and the float32 forward and
+// the backward's adjoint walk in one kernel each (ssd_tf32_fwd, ssd_tf32_bwd, 3 x TF32). Launched by ssmkit._gpu.ssd
 // in place of ssd_chunk_state, ssd_state_passing and the forward ssd_chunk_mm of ssd.cu,
 // and (unless SSMKIT_SSD_MMA_BWD=0) of the backward's four ssd_chunk_mm products
 // (ssd_mma_chunk_mm), its adjoint chunk state (ssd_mma_chunk_state's adjoint form) and its
@@ -16,6 +16,8 @@
 //                        ssd_state_passing) in one walk, the state in registers;
 //   ssd_mma_fwd          the whole forward (chunk states, passing, outputs) in one walk;
 //   ssd_tf32_fwd         the same for float32 x, B, C, every product 3 x TF32;
+//   ssd_tf32_bwd         its walk backwards in time: the float32 backward's adjoint states,
+//                        (G B)_s and the per-step pass in one walk;
 //   ssd_mma_chunk_out    y_t = [seq_t == seq_prev] exp(cum_t) states[c] C_t
 //                            + sum_{s<=t, seq_s == seq_t} exp(cum_t - cum_s) dt'_s (C_t.B_s) x_s
 //                        then + D x_t and * silu(z_t).
@@ -1516,6 +1518,400 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
         if (cur.last(TS)) keep(cur.c + 1);
     }
     ssm_cp_wait<0>();  // (nothing is left in flight: the last groups were empty)
+}
+
+// --------------------------------------------------------------------------------------
+// ssd_tf32_bwd: the float32 backward's adjoint walk in one kernel (3 x TF32): ssd_tf32_fwd's
+// walk run backwards in time, with B and C, x and dY trading places. One walk per (row,
+// head, 64 columns p), the adjoint state G (the gradient of the state after the tile, p x n)
+// in registers, over the forward's tiles (SSD_TF32_ROWS steps that never cross a chunk's
+// end) from the last to the first. Per tile, with cum_b the chunk sum before it and e its
+// last step:
+//   (G B)_s = exp(cum_e - cum_s) G B_s + sum_{t >= s in the tile} exp(cum_t - cum_s)
+//             (C_t . B_s) dY_t,
+//   G       = exp(cum_e - cum_b) G + sum_t exp(cum_t - cum_b) dY_t C_t^T,
+// and the per-step pass of the chunked backward's GB (ssd_chunk_mm_tc's ROWS) as the
+// epilogue, for P <= 64 (a block holds whole rows):
+//   dx = dt'_s (G B)_s + D dY_s, xgb[s] = x_s . (G B)_s, dcum[s] = dY_s . ycore_s - dt'_s xgb[s],
+//   dD_part[b, h, p] = sum over the row of dY x (null without D).
+// At each chunk's end (boundary c + 1), before its tiles: G += dfinal[bslot[b, c + 1]] (a
+// sequence's final state there; -1: none), then dHx[b, c, h] = G (batch, nc, H, P, N) and
+// end_part[b, c, h, 4 (p0 / 64) + warp] = this warp's part of <G, states[b, c + 1, h]>
+// (states: the forward's boundary states, (batch, nc + 1, H, P, N)); at the start,
+// dinit[b, h] = G (+ dfinal[bslot[b, 0]]). These replace the adjoint chunk states, their
+// walk (ssd_adjoint_passing) and GB.
+// Needs no restarts, N <= NW, P <= 64, P and N multiples of 4 and 16-byte aligned rows.
+// Grid: batch * H blocks of SSD_MMA_THREADS, ssd_tf32_bwd_layout<NW>::BYTES of dynamic
+// shared memory.
+// --------------------------------------------------------------------------------------
+template <int NW>
+struct ssd_tf32_bwd_layout : ssd_tf32_fwd_layout<NW> {
+    // the warps' row sums of a tile: x . (G B) [4][TS], then dY . ycore - dt' x . (G B) [4][TS]
+    static constexpr int R0 = ssd_tf32_fwd_layout<NW>::BYTES / 4;
+    static constexpr int BYTES = (R0 + 8 * SSD_TF32_ROWS) * 4;
+};
+
+// Where a backward walk stands: the tile of steps s0 .. of chunk c (steps t0 .. t1 - 1),
+// the chunk's tiles TS apart from t0; from the last chunk's last tile to the first's first.
+struct ssd_mma_rwalker {
+    ssm_i64 c, t0, t1, s0;
+    __device__ __forceinline__ ssd_mma_rwalker(const ssm_i64* starts, ssm_i64 nc, int TS)
+        : c(nc - 1), t0(starts[nc - 1]), t1(starts[nc]) {
+        s0 = t0 + (t1 - t0 - 1) / TS * TS;
+    }
+    __device__ __forceinline__ int rows(int TS) const { return (int)(t1 - s0 < TS ? t1 - s0 : TS); }
+    __device__ __forceinline__ bool first() const { return s0 == t0; }  // the chunk's first tile
+    __device__ __forceinline__ bool last(int TS) const { return s0 + TS >= t1; }  // its last
+    __device__ __forceinline__ void advance(int TS, const ssm_i64* starts) {
+        if (s0 > t0) {
+            s0 -= TS;
+        } else if (--c >= 0) {
+            t1 = t0;
+            t0 = starts[c];
+            s0 = t0 + (t1 - t0 - 1) / TS * TS;
+        }
+    }
+};
+
+template <int NW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_TF32_FWD_BLOCKS)
+ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
+             const float* __restrict__ Cm, const float* __restrict__ cb,
+             const float* __restrict__ X, const float* __restrict__ ycore,
+             const float* __restrict__ D, const float* __restrict__ dte,
+             const float* __restrict__ cum, const ssm_i64* __restrict__ starts,
+             const float* __restrict__ states, const int* __restrict__ bslot,
+             const float* __restrict__ dfinal, float* __restrict__ dx, float* __restrict__ xgb,
+             float* __restrict__ dcum, float* __restrict__ dD_part, float* __restrict__ dHx,
+             float* __restrict__ dinit, float* __restrict__ end_part, ssm_i64 L, int H, int P,
+             int GB, int GC, int N, ssm_i64 nc, int tiles_per_chunk, int classes) {
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    using LY = ssd_tf32_bwd_layout<NW>;
+    constexpr int THREADS = SSD_MMA_THREADS, TS = LY::TS, NS = NW / 8, KT = TS / 8;
+    constexpr int LDB = LY::LDB, LDC = LY::LDC, LDX = LY::LDX, LDW = LY::LDW, LDQ = LY::LDQ;
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    float* const sm = reinterpret_cast<float*>(ssd_mma_dyn);
+    float* const bs_ = sm + LY::C0;        // B[s][n] (the forward's C place)
+    float* const ys = sm + LY::X0;         // dY[t][p] (the forward's x place)
+    float* const ws = sm + LY::W0;         // W[s][t]
+    float* const row_f = sm + LY::F0;      // exp(cum_e - cum_s), 0 past the tile
+    float* const col_w = row_f + TS;       // exp(cum_t - cum_b), 0 past the tile
+    float* const tile_d = row_f + 2 * TS;  // exp(cum_e - cum_b)
+    float* const red = sm + LY::R0;        // the warps' row sums
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wp = 16 * warp;
+    const ssd_mma_walk_block blk(P, H, GB, GC);
+    const unsigned bh = blk.bh;
+    const ssm_i64 b = blk.b;
+    const int p0 = blk.p0, h = blk.h, gB = blk.gB, gC = blk.gC;
+    const int cls = h / (H / classes), pairs = tiles_per_chunk * (tiles_per_chunk + 1) / 2;
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
+    const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
+    const int pa = p0 + wp + g, na = 2 * t4;
+
+    float S[NS][4];  // the adjoint state G
+    ssm_mma_zero(S);
+    auto add_final = [&](ssm_i64 jb) {  // G += dfinal of the sequence ending at boundary jb
+        const int k = bslot && dfinal ? bslot[b * (nc + 1) + jb] : -1;
+        if (k < 0) return;
+        const float* src = dfinal + ((ssm_i64)k * H + h) * PN;
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            S[j][i] += src[o];
+            if (two) S[j][i + 1] += src[o + 1];
+        });
+    };
+
+    auto store = [&](float* dst) {  // G to the P x N matrix at dst (N even: 8-byte pairs)
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{S[j][i], two ? S[j][i + 1] : 0.0f}};
+        });
+    };
+    const int parts = 4 * ((P + 63) / 64);  // end_part's warps per (b, c, h)
+
+    constexpr int PR = NW / 4, RP = THREADS / PR;
+    const int nr = tid / PR, nc4 = 4 * (tid % PR);
+    const bool n_live = nc4 < N;
+    auto copy_rows = [&](float* dst, int ld, const float* src, ssm_i64 stride, int ns) {
+#pragma unroll
+        for (int i = 0; i < TS / RP; ++i) {
+            const int r = nr + RP * i;
+            const bool l = r < ns && n_live;
+            ssm_cp_async16_zfill(ssm_smem_addr(dst + r * ld + nc4), l ? src + RP * i * stride : src, l);
+        }
+    };
+    auto copy_c = [&](const ssd_mma_rwalker& u, int k) {  // C, C B^T's block, values: stage k
+        const int ns = u.rows(TS);
+        copy_rows(sm + LY::B0 + k * LY::BF, LDB, Cm + ((row + u.s0 + nr) * GC + gC) * N + nc4,
+                  GCN, ns);
+        const int off = (int)(u.s0 - starts[u.c]), rt = off >> 6, so = off & 63;
+        const float* q = cb + ((((b * nc + u.c) * classes + cls) * pairs + rt * (rt + 1) / 2 + rt)
+                               << 12) + so * 65;
+        float* qd = sm + LY::Q0 + k * LY::QF;
+#pragma unroll
+        for (int i = 0; i < TS * TS / 4 / THREADS; ++i) {
+            const int e = tid + THREADS * i, r = e >> 3, c = 4 * (e & 7);
+            const bool l = r < ns;
+            ssm_cp_async16_zfill(ssm_smem_addr(qd + r * LDQ + c), l ? q + r * 64 + c : cb, l);
+        }
+        float* v = sm + LY::V0 + k * LY::VN;
+        if (tid < TS) {
+            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
+            ssm_cp_async<4>(v + tid, cum + i);
+            ssm_cp_async<4>(v + TS + 4 + tid, dte + i);
+        } else if (tid == TS && !u.first()) {
+            ssm_cp_async<4>(v + TS, cum + (row + u.s0 - 1) * H + h);
+        }
+    };
+    auto copy_yb = [&](ssm_i64 s0, int ns) {  // dY and B of a tile
+        constexpr int XR = THREADS / 16;
+        const int xr = tid >> 4, xc = 4 * (tid & 15);
+        const bool x_live = xc < P - p0;
+        const float* ysrc = dY + ((row + s0 + xr) * H + h) * P + p0 + xc;
+#pragma unroll
+        for (int i = 0; i < TS / XR; ++i) {
+            const int r = xr + XR * i;
+            const bool l = r < ns && x_live;
+            ssm_cp_async16_zfill(ssm_smem_addr(ys + r * LDX + xc), l ? ysrc + XR * i * HP : dY, l);
+        }
+        copy_rows(bs_, LDC, Bm + ((row + s0 + nr) * GB + gB) * N + nc4, GBN, ns);
+    };
+    // the row sums of the tile at s0 (ns steps), from the warps' parts in red
+    auto finish_rows = [&](ssm_i64 s0, int ns) {
+        if (tid < ns) {
+            float sx = 0.0f, sd = 0.0f;
+#pragma unroll
+            for (int w = 0; w < THREADS / 32; ++w) {
+                sx += red[w * TS + tid];
+                sd += red[(4 + w) * TS + tid];
+            }
+            const ssm_i64 i = (row + s0 + tid) * H + h;
+            xgb[i] = sx;
+            dcum[i] = sd;
+        }
+    };
+
+    // G is the adjoint leaving chunk c (at boundary c + 1): add that boundary's dfinal, keep
+    // it as dHx[c], and this warp's part of <G, states[c + 1]>
+    auto boundary = [&](ssm_i64 c) {
+        add_final(c + 1);
+        store(dHx + ((b * nc + c) * H + h) * PN);
+        if (!end_part) return;
+        const float* st = states + ((b * (nc + 1) + c + 1) * H + h) * PN;
+        float v = 0.0f;
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            const ssd_mma_f2 sv = *reinterpret_cast<const ssd_mma_f2*>(st + o);
+            v += S[j][i] * sv.v[0] + (two ? S[j][i + 1] * sv.v[1] : 0.0f);
+        });
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+        if (lane == 0) end_part[((b * nc + c) * H + h) * parts + 4 * (p0 >> 6) + warp] = v;
+    };
+
+    ssd_mma_rwalker next(starts, nc, TS);
+    copy_c(next, 0);
+    copy_yb(next.s0, next.rows(TS));
+    next.advance(TS, starts);
+    ssm_cp_commit();
+
+    const float* const c_frag = bs_ + g * LDC + 2 * t4;     // B[8 js + g][8 j + 2 t4 ..]
+    const float* const w_frag = ws + g * LDW + 2 * t4;      // W[8 js + g][8 kt + 2 t4 ..]
+    const float* const y_frag = ys + 2 * t4 * LDX + wp + g;  // dY[8 kt + 2 t4 ..][p]
+    const int b_frag = 2 * t4 * LDB + g;                     // C[8 kt + 2 t4 ..][8 j + g]
+    const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
+    const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+    const bool live_a = pa < P, live_b = pa + 8 < P;
+    float dd[2] = {0.0f, 0.0f};  // dY x of rows pa, pa + 8 over this lane's steps
+    ssm_i64 prev_s0 = 0;
+    int prev_ns = 0;  // the last tile's rows, whose sums are finished after the next B1
+    int k = 0;
+    boundary(nc - 1);
+    for (ssd_mma_rwalker cur(starts, nc, TS); cur.c >= 0; cur.advance(TS, starts), k ^= 1) {
+        const int ns = cur.rows(TS);
+        ssm_cp_wait<0>();
+        __syncthreads();  // B1: stage k, dY and B are the block's; the last tile is done
+        if (prev_ns) finish_rows(prev_s0, prev_ns);
+        const bool more = next.c >= 0;
+        const ssm_i64 s_next = next.s0;
+        const int ns_next = more ? next.rows(TS) : 0;
+        if (more) {
+            copy_c(next, k ^ 1);
+            next.advance(TS, starts);
+        }
+        ssm_cp_commit();
+        const float* cs_ = sm + LY::B0 + k * LY::BF;
+        const float* qs = sm + LY::Q0 + k * LY::QF;
+        const float* cv = sm + LY::V0 + k * LY::VN;
+        const float* dv = cv + TS + 4;
+        const float cum_b = cur.first() ? 0.0f : cv[TS];
+
+        // W[s][t] = [s <= t < ns] exp(cum_t - cum_s) (C_t . B_s): thread tid makes the 8
+        // entries t = 8 (tid % 4) .. of row s = tid / 4
+        {
+            const int s = tid >> 2, t0 = 8 * (tid & 3);
+            const float c_s = cv[s];
+#pragma unroll
+            for (int j = 0; j < 8; j += 4) {
+                ssm_f4 w;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = t0 + j + i;
+                    w.v[i] = s <= t && t < ns
+                                 ? ssm_math<float>::decay((cv[t] - c_s) * L2E) * qs[t * LDQ + s]
+                                 : 0.0f;
+                }
+                *reinterpret_cast<ssm_f4*>(ws + s * LDW + t0 + j) = w;
+            }
+        }
+        if (tid < TS) {
+            const float ce = cv[ns - 1];
+            row_f[tid] = tid < ns ? ssm_math<float>::decay((ce - cv[tid]) * L2E) : 0.0f;
+            col_w[tid] = tid < ns ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
+            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
+        }
+
+        // (G B)^T = G B^T (K = n): G's accumulators, split, are the A fragments
+        float acc[KT][4];
+        ssm_mma_zero(acc);
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            const ssm_tc_a a = ssm_tc_frag_acc(S[j]);
+#pragma unroll
+            for (int js = 0; js < KT; ++js) {
+                const ssd_mma_f2 c2 =
+                    *reinterpret_cast<const ssd_mma_f2*>(c_frag + 8 * js * LDC + 8 * j);
+                ssm_tc_b bf;
+                ssm_tf32_split(c2.v[0], bf.hi0, bf.lo0);
+                ssm_tf32_split(c2.v[1], bf.hi1, bf.lo1);
+                ssm_mma3(acc[js], a, bf);
+            }
+        }
+        float yr[KT][4];  // dY's fragments, K = t
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            const float* yp = y_frag + 8 * kt * LDX;
+            yr[kt][0] = yp[0];
+            yr[kt][1] = yp[8];
+            yr[kt][2] = yp[LDX];
+            yr[kt][3] = yp[LDX + 8];
+        }
+        __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; ys and bs_ are free
+        if (more) copy_yb(s_next, ns_next);
+        ssm_cp_commit();
+#pragma unroll
+        for (int js = 0; js < KT; ++js) {
+            const float f0 = row_f[8 * js + 2 * t4], f1 = row_f[8 * js + 2 * t4 + 1];
+            acc[js][0] *= f0;
+            acc[js][1] *= f1;
+            acc[js][2] *= f0;
+            acc[js][3] *= f1;
+        }
+        // the diagonal term: tiles js <= kt (s <= t)
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            ssm_tc_a a;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ssm_tf32_split(yr[kt][i], a.hi[i], a.lo[i]);
+#pragma unroll
+            for (int js = 0; js <= kt; ++js) {
+                const ssd_mma_f2 w2 =
+                    *reinterpret_cast<const ssd_mma_f2*>(w_frag + 8 * js * LDW + 8 * kt);
+                ssm_tc_b bf;
+                ssm_tf32_split(w2.v[0], bf.hi0, bf.lo0);
+                ssm_tf32_split(w2.v[1], bf.hi1, bf.lo1);
+                ssm_mma3(acc[js], a, bf);
+            }
+        }
+
+        // The epilogue: entry e of tile js is (p = pa + 8 (e / 2), s = 8 js + 2 t4 + e % 2),
+        // whose dY is yr[js][2 (e % 2) + e / 2] (as ssd_tf32_fwd's x).
+        {
+            const ssm_i64 o0 = ((row + cur.s0 + 2 * t4) * H + h) * P + pa;
+            const int t_left = ns - 2 * t4;
+#pragma unroll
+            for (int js = 0; js < KT; ++js) {
+                const ssm_i64 oj = o0 + 8 * js * HP;
+                bool live[4];
+                float xv[4], yv[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    live[e] = 8 * js + (e & 1) < t_left && (e >> 1 ? live_b : live_a);
+                    const ssm_i64 at = oj + (e & 1) * HP + 8 * (e >> 1);
+                    xv[e] = live[e] ? X[at] : 0.0f;
+                    yv[e] = live[e] ? ycore[at] : 0.0f;
+                }
+                float sx[2] = {0.0f, 0.0f}, sd[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = e & 1;
+                    const float gv = acc[js][e], dyv = yr[js][2 * c + (e >> 1)];
+                    const float dt = dv[8 * js + 2 * t4 + c];
+                    if (live[e])
+                        dx[oj + c * HP + 8 * (e >> 1)] = dt * gv + (e >> 1 ? d_b : d_a) * dyv;
+                    const float xg = xv[e] * gv;
+                    sx[c] += xg;
+                    sd[c] += dyv * yv[e] - dt * xg;
+                    dd[e >> 1] += dyv * xv[e];
+                }
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+#pragma unroll
+                    for (int m = 4; m <= 16; m <<= 1) {
+                        sx[c] += __shfl_xor_sync(0xffffffffu, sx[c], m);
+                        sd[c] += __shfl_xor_sync(0xffffffffu, sd[c], m);
+                    }
+                    if (g == 0) {
+                        red[warp * TS + 8 * js + 2 * t4 + c] = sx[c];
+                        red[(4 + warp) * TS + 8 * js + 2 * t4 + c] = sd[c];
+                    }
+                }
+            }
+        }
+        prev_s0 = cur.s0;
+        prev_ns = ns;
+
+        // G = d G + (w dY)^T C
+        {
+            const float d = tile_d[0];
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) S[j][i] *= d;
+        }
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            const float w0 = col_w[8 * kt + 2 * t4], w1 = col_w[8 * kt + 2 * t4 + 1];
+            ssm_tc_a a;
+            ssm_tf32_split(yr[kt][0] * w0, a.hi[0], a.lo[0]);
+            ssm_tf32_split(yr[kt][1] * w0, a.hi[1], a.lo[1]);
+            ssm_tf32_split(yr[kt][2] * w1, a.hi[2], a.lo[2]);
+            ssm_tf32_split(yr[kt][3] * w1, a.hi[3], a.lo[3]);
+            const float* cp = cs_ + b_frag + 8 * kt * LDB;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                ssm_tc_b bf;
+                ssm_tf32_split(cp[8 * j], bf.hi0, bf.lo0);
+                ssm_tf32_split(cp[8 * j + LDB], bf.hi1, bf.lo1);
+                ssm_mma3(S[j], a, bf);
+            }
+        }
+        if (cur.first() && cur.c > 0) boundary(cur.c - 1);
+    }
+    ssm_cp_wait<0>();
+    __syncthreads();  // the last tile's row sums
+    finish_rows(prev_s0, prev_ns);
+    if (dD_part) {  // dY x over this row, for rows pa and pa + 8 (the lanes t4 share them)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int m = 1; m <= 2; m <<= 1) dd[i] += __shfl_xor_sync(0xffffffffu, dd[i], m);
+            if (t4 == 0 && (i ? live_b : live_a)) dD_part[(ssm_i64)bh * P + pa + 8 * i] = dd[i];
+        }
+    }
+    add_final(0);
+    if (dinit) store(dinit + bh * PN);
 }
 
 // --------------------------------------------------------------------------------------

@@ -385,6 +385,19 @@ def tf32_fwd_smem(N: int) -> int:
     return 4 * floats
 
 
+def tf32_bwd_name(N: int) -> str:
+    """The ``ssd_tf32_bwd`` instance (the float32 backward's adjoint walk, 3 x TF32) for
+    state size N <= 128: NW = 64 for N <= 64, else 128."""
+    return f"ssd_tf32_bwd<{mma_state_width(N)}>"
+
+
+def tf32_bwd_smem(N: int) -> int:
+    """Dynamic shared memory of ``ssd_tf32_bwd`` (``ssd_tf32_bwd_layout<NW>::BYTES``): the
+    forward's layout (C in B's place, B in C's, dY in x's) and the 4 warps' two row sums of
+    a 32-step tile."""
+    return tf32_fwd_smem(N) + 2 * 4 * 32 * 4
+
+
 def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
@@ -485,6 +498,27 @@ def tf32_fused_faster(blocks: int, sms: int) -> bool:
     right in all 13 (24 blocks: chunked 0.26 ms against 0.59; 80 blocks: one kernel 0.63
     against 0.68)."""
     return 5 * blocks >= 3 * sms
+
+
+# The float32 backward's adjoint chunk states, their walk and GB with its per-step pass as
+# one backward walk (ssd_tf32_bwd) where it applies (uses_tf32_bwd); False: the chunked
+# kernels (ssd_chunk_state_tc, ssd_adjoint_passing, ssd_chunk_mm_tc).
+TF32_BWD_WALK = True
+
+
+def uses_tf32_bwd(p, lay, arrays) -> bool:
+    """Whether the float32 backward of problem ``p`` takes its adjoint states, dx, x . (G B),
+    dcum and dD's partials from one backward walk, ``ssd_tf32_bwd``: float32 x, B and C with
+    the head-summed dB and dC on tensor cores, no restarts, N <= 128, P <= 64 (a block
+    holds whole rows), P and N multiples of 4, heads that share their B and C groups, and
+    ``arrays`` (x, B, C, dY, ycore) 16-byte aligned."""
+    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
+    if (not TF32_BWD_WALK or io != "float32" or bc != "float32" or p.seq_idx is not None
+            or p.N > MMA_WIDTHS[-1] or p.P > 64 or (p.P | p.N) % 4
+            or head_classes(p.H, p.B.shape[2], p.C.shape[2]) == p.H
+            or not (uses_tc(lay.ct, "GB") and uses_tc(lay.ct, "hsum"))):
+        return False
+    return all(_address(a) % 16 == 0 for a in arrays)
 
 
 def _fwd_blocks(p) -> int:
@@ -961,6 +995,30 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_fwd_smem(p.N))
         return states
 
+    def bwd_tf32(self, p, dY, ycore, states, dfinal, cb):
+        """The float32 backward's walk (``ssd_tf32_bwd``), from dY and the forward's ycore and
+        boundary states (batch, nc + 1, H, P, N). Returns ``(rows, dHx, dinit, end_dot)``:
+        rows a dict of dx (batch, L, H, P), xGB and dcum (batch, L, H) and dD_part (batch,
+        H, P; None without D), dHx (batch, nc, H, P, N) the adjoint leaving each chunk, dinit
+        (batch, H, P, N), end_dot (batch, nc, H, 4) the warps' parts of <dHx[c],
+        states[c + 1]>."""
+        cp, cd = p.xp, p.compute_dtype
+        batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
+        rows = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
+                    xGB=cp.empty((batch, L, H), dtype=cd), dcum=cp.empty((batch, L, H), dtype=cd),
+                    dD_part=None if p.D is None else cp.empty((batch, H, P), dtype=cd))
+        dHx = cp.empty((batch, self.nc, H, P, N), dtype=cd)
+        dinit = cp.empty((batch, H, P, N), dtype=cd)
+        end_dot = cp.empty((batch, self.nc, H, 4 * -(-P // 64)), dtype=cd)
+        _launch(tf32_bwd_name(N), (_fwd_blocks(p),),
+                (dY, p.B, p.C, cb, p.x, ycore, _ptr(p.D), self.dte, self.cum, self.starts, states,
+                 self.bslot, _ptr(dfinal), rows["dx"], rows["xGB"], rows["dcum"],
+                 _ptr(rows["dD_part"]), dHx, dinit, end_dot, np.int64(L), np.int32(H),
+                 np.int32(P), np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(N),
+                 np.int64(self.nc), np.int32(self.mm_tiles), np.int32(cb.shape[2])),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_bwd_smem(N))
+        return rows, dHx, dinit, end_dot
+
     def cb_mma(self, p, *, transposed=False):
         """C B^T of every chunk on tensor cores, once per class of heads (see head_classes):
         the lower-triangle 64 x 64 blocks, (batch, nc, classes, pairs, 4096) float32 in the
@@ -1416,6 +1474,22 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         else:
             dz, dY = None, cp.ascontiguousarray(dy, dtype=cd)
         hsum_tc = uses_tc(lay.ct, "hsum")
+        if uses_tf32_bwd(p, lay, (p.x, p.B, p.C, dY, ycore)):
+            # one backward walk gives the adjoint states, dx and the per-step sums; the blocks
+            # summed over heads and dC (which need none of it) on a second stream beside it
+            side = _fork(cp) if TC_STREAMS and cp.__name__ == "cupy" else None
+            with side or contextlib.nullcontext():
+                gs = lay.hsum_blocks(p, dY)
+                dC = lay.hsum(p, "dC", dY, p.B, states, gs)
+            rows, dHx, dinit, end_dot = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
+            if side is not None:
+                _join(cp, side)
+            dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
+            dD = None if p.D is None else _sum_runs(cp, rows["dD_part"])  # (over batch rows)
+            ddt, dA, ddt_sum = _bwd_dt(p, lay, rows["dcum"], rows["xGB"], end_dot)
+            return dict(x=rows["dx"], dt=ddt, A=dA, B=dB, C=dC, D=dD, z=dz,
+                        dt_bias=None if p.dt_bias is None else ddt_sum,
+                        initial_state=None if p.initial_state is None else dinit)
 
         def adjoint():  # the adjoint chunk states and their walk: dHx, dinit, end_dot
             return _adjoint_passing(p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal,
@@ -1557,6 +1631,8 @@ def warmup(pairs=DTYPE_PAIRS, *, processes=None) -> int:
               for n in mma_kernel_names(io) + mma_bwd_kernel_names(io)]
     names += [(MMA_SOURCE_FILE, tf32_fwd_name(n, keep)) for io, bc in pairs
               if io == bc == "float32" for n in (64, 128) for keep in (False, True)]
+    names += [(MMA_SOURCE_FILE, tf32_bwd_name(n)) for io, bc in pairs
+              if io == bc == "float32" for n in (64, 128)]
     names = list(dict.fromkeys(names))
     processes = processes or os.cpu_count() or 1
     batches = [names[i::processes] for i in range(processes)]

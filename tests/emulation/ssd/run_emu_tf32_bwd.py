@@ -3,22 +3,28 @@ on NumPy arrays with ssd.cu's tensor-core kernels emulated on the host (run_emu_
 ssd_chunk_cb, ssd_chunk_state_tc, ssd_chunk_mm_tc, ssd_chunk_hblocks_tc, ssd_chunk_hsum_tc,
 ssd_bwd_gate) and the forward as run_emu_tf32.py runs it (the one kernel where it applies);
 the adjoint passing, the per-step pass ssd_bwd_rows and the per-chunk passes as NumPy mirrors
-(run_emu_bwd.py, run_emu.py). Each case runs the backward twice: with the per-step pass in
-GB's epilogue (GB_ROWS, ssd_chunk_mm_tc's ROWS) and with GB written, then ssd_bwd_rows. Both
-are compared with the float64 reference ssd_vjp (every gradient within 4 GRAD_RTOL, as the GPU
-test asks) and with each other (the same sums in another order: ROWS_GAP of the reference's
+(run_emu_bwd.py, run_emu.py). Each case runs the backward three times (SETTINGS): with the
+backward walk (ssd_tf32_bwd, ssd_mma.cu) where it applies, with the per-step pass in GB's
+epilogue (GB_ROWS, ssd_chunk_mm_tc's ROWS), and with GB written, then ssd_bwd_rows. Each is
+compared with the float64 reference ssd_vjp (every gradient within 4 GRAD_RTOL, as the GPU
+test asks) and with the last (the same sums in another order: ROWS_GAP of the reference's
 norm).
 
     python3 tests/emulation/ssd/run_emu_tf32_bwd.py [case numbers]
 
-SSD_EMU_MUTATE='old=>new' plants a bug in ssd.cu (run_emu_mm.py's build). Prints one OK/FAIL
-line per case and "ALL OK" or "SOME FAILED" last.
+SSD_EMU_MUTATE='old=>new' plants a bug in ssd.cu (run_emu_mm.py's build), SSD_EMU_MUTATE_MMA
+one in ssd_mma.cu (the forward and the backward walk). Prints one OK/FAIL line per case and
+"ALL OK" or "SOME FAILED" last.
 """
 import math, os, sys, time
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _mut = os.environ.pop("SSD_EMU_MUTATE", None)
+_mut_mma = os.environ.pop("SSD_EMU_MUTATE_MMA", None)
+if _mut_mma is not None:  # a planted bug in ssd_mma.cu (run_emu's build, at its import)
+    os.environ["SSD_EMU_MUTATE"] = _mut_mma
 import run_emu_tf32 as T  # noqa: E402  ssd_mma.cu's emulation (the forward in one kernel)
+os.environ.pop("SSD_EMU_MUTATE", None)
 if _mut is not None:  # (run_emu_tf32 built ssd.cu's kernels without it: for ssd.cu here)
     os.environ["SSD_EMU_MUTATE"] = _mut
     import ctypes
@@ -78,25 +84,33 @@ def case(batch, L, H, P, G, N, chunk, *, D=True, z=True, init=False, softplus=Tr
     t = time.time()
     _y, _final, ck = gssd.ssd_forward(p, save_checkpoints=True)
     grads = {}
-    for rows in (True, False):
-        gssd.GB_ROWS = rows
+    walks = P <= 64 and (P | N) % 4 == 0 and gssd.head_classes(H, G, GC) < H
+    for name, walk, rows in SETTINGS:
+        gssd.TF32_BWD_WALK, gssd.GB_ROWS = walk, rows
         T.RAN.clear()
         g = gssd.ssd_backward(p, ck, dy, dfin)
+        walked = any(n.startswith("ssd_tf32_bwd<") for n in T.RAN)
         fused = any(n.startswith("ssd_chunk_mm_tc") and n.endswith(", false, true>")
                     for n in T.RAN)
-        assert fused == (rows and P <= 8 * gssd.TC_NT[-1]), (rows, T.RAN)
-        grads[rows] = {k: np.asarray(g[k], np.float64) for k in FIELDS if g[k] is not None}
-    gssd.GB_ROWS = True
+        assert walked == (walk and walks), (name, T.RAN)
+        assert fused == (rows and not walked and P <= 8 * gssd.TC_NT[-1]), (name, T.RAN)
+        grads[name] = {k: np.asarray(g[k], np.float64) for k in FIELDS if g[k] is not None}
+    gssd.TF32_BWD_WALK, gssd.GB_ROWS = True, True
     el = time.time() - t
     errs, gaps = {}, {}
-    for k, a in grads[True].items():
+    for k, a in grads["pass"].items():
         r = np.asarray(getattr(g_r, k), np.float64)
-        errs[k] = rel_err(a, r)
         n = np.linalg.norm(r)
-        gaps[k] = np.linalg.norm(a - grads[False][k]) / (n if n > 0 else 1.0)
+        errs[k] = max(rel_err(grads[s][k], r) for s in grads)
+        gaps[k] = max(np.linalg.norm(grads[s][k] - a) for s in grads) / (n if n > 0 else 1.0)
     bound = 4 * GRAD_RTOL["float32"]
     ok = max(errs.values()) <= bound and max(gaps.values()) <= ROWS_GAP
     return errs, gaps, ok, el
+
+
+# (name, TF32_BWD_WALK, GB_ROWS): the backward walk where it applies, GB with the per-step
+# pass in its epilogue, GB written and then the pass (what the others are compared with)
+SETTINGS = (("walk", True, True), ("rows", False, True), ("pass", False, False))
 
 
 CASES = [
@@ -106,6 +120,8 @@ CASES = [
     (1, 50, 2, 8, 1, 8, 1, {"D": False}),                     # one step per chunk
     (1, 40, 4, 100, 2, 16, 40, {"GC": 1, "softplus": False}),  # NT 16, groups
     (1, 20, 2, 136, 1, 8, 16, {}),                            # P past 128: GB then the pass
+    (1, 70, 2, 64, 1, 128, 32, {"init": True}),               # the walk at N 128, 3 chunks
+    (2, 45, 4, 20, 2, 36, 16, {"z": False}),                  # the walk: groups, N past 32
 ]
 
 if __name__ == "__main__":
@@ -117,7 +133,7 @@ if __name__ == "__main__":
         errs, gaps, ok, el = case(*shape, **opts, seed=i)
         allok &= ok
         es = " ".join(f"{k}={errs[k]:.1e}/{gaps[k]:.1e}" for k in errs)
-        print(f"{i} batch,L,H,P,G,N,chunk={shape} {opts}: (vs reference / rows fused vs not) "
+        print(f"{i} batch,L,H,P,G,N,chunk={shape} {opts}: (vs reference / gap to GB then the pass) "
               f"{es} {'OK' if ok else 'FAIL'} [{el:.1f}s]", flush=True)
     print("ALL OK" if allok else "SOME FAILED")
     sys.exit(0 if allok else 1)
