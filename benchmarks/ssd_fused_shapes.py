@@ -1,12 +1,13 @@
 """The SSD forward as one kernel against the chunked kernels, over shapes: for bfloat16
 ssd_mma_fwd against the state walk and the output kernel (MMA_FUSED_FWD), for float32
 ssd_tf32_fwd against the chunk states, their passing and the output product
-(TF32_FUSED_FWD). How the one kernel's blocks (one per (batch row, head, 64 columns p), each
-walking the whole row) fill the GPU decides which is faster. Alternating settings in one
-process, CUDA-event medians of back-to-back calls (``timing.cuda_median_ms``). Prints one
-``SHAPE {json}`` line per shape and a table last.
+(TF32_FUSED_FWD). With ``bwd`` (float32): forward+backward with the backward walk
+(ssd_tf32_bwd) against the chunked backward (TF32_BWD_WALK). How the one kernel's blocks (one
+per (batch row, head, 64 columns p), each walking the whole row) fill the GPU decides which
+is faster. Alternating settings in one process, CUDA-event medians of back-to-back calls
+(``timing.cuda_median_ms``). Prints one ``SHAPE {json}`` line per shape and a table last.
 
-    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz] [DTYPE]
+    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz] [DTYPE] [fwd | bwd]
 """
 import json
 import os
@@ -33,8 +34,10 @@ SHAPES = [(1, 4096, 80, 64, 128, False), (2, 4096, 80, 64, 128, False),
           (1, 4096, 24, 64, 128, False), (1, 16384, 24, 64, 128, False)]
 
 
-def main(rounds=2, which="all", dtype="bfloat16"):
+def main(rounds=2, which="all", dtype="bfloat16", what="fwd"):
     switch = "TF32_FUSED_FWD" if dtype == "float32" else "MMA_FUSED_FWD"
+    if what == "bwd":
+        switch = "TF32_BWD_WALK"
     rows = []
     for batch, L, H, P, N, with_z in SHAPES:
         if which != "all" and with_z != (which == "z"):
@@ -43,11 +46,19 @@ def main(rounds=2, which="all", dtype="bfloat16"):
         if with_z:
             x["z"] = x["x"][:, ::-1].copy()
         kw = dict(chunk_size=256, dt_softplus=True)
+        dy = cupy.ones_like(x["x"])
+
+        def call():
+            if what == "bwd":
+                ssmkit.ssd_vjp(**x, **kw)[1](dy)
+            else:
+                ssmkit.ssd(**x, **kw)
+
         best, before = {}, getattr(gpu_ssd, switch)
         for _ in range(int(rounds)):
             for fused in (True, False):
                 setattr(gpu_ssd, switch, fused)
-                ms = cuda_median_ms(lambda: ssmkit.ssd(**x, **kw), calls=5)
+                ms = cuda_median_ms(call, calls=5)
                 best[fused] = min(best.get(fused, ms), ms)
         setattr(gpu_ssd, switch, before)
         row = {"dtype": dtype, "batch": batch, "L": L, "H": H, "P": P, "N": N, "z": with_z,

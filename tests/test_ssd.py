@@ -831,14 +831,16 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("walk", [False, True])
 @pytest.mark.parametrize("kw", [dict(D_form="head", with_init=True, seq_cuts=[300, 513]),
                                 dict(with_z=False)])
-def test_float32_backward_streams(monkeypatch, kw):
-    """The float32 backward with its adjoint chain on a second stream beside the summed
-    blocks and dC (TC_STREAMS) runs the same kernels on the same inputs as on one stream:
-    every gradient bit for bit equal, over several alternations (a missing wait would show as
-    a difference), and dC launched before GB's product (the last ssd_chunk_mm_tc) only with
-    the switch on."""
+def test_float32_backward_streams(monkeypatch, kw, walk):
+    """The float32 backward with its adjoint chain (or its backward walk, ssd_tf32_bwd) on
+    one stream and the summed blocks and dC on a second (TC_STREAMS) runs the same kernels
+    on the same inputs as on one stream: every gradient bit for bit equal, over several
+    alternations (a missing wait would show as a difference); in the chunked backward dC
+    is launched before GB's product (the last ssd_chunk_mm_tc) only with the switch on, and
+    the walk runs where it applies (no restarts)."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     cp = xp_for("gpu")
@@ -846,6 +848,8 @@ def test_float32_backward_streams(monkeypatch, kw):
                          **kw)
     arrays, _ = cast(inputs, "float32", cp)
     monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", walk)
+    walks = walk and "seq_cuts" not in kw
     names = []
     real = gpu_ssd._launch
     monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
@@ -862,8 +866,10 @@ def test_float32_backward_streams(monkeypatch, kw):
             names.clear()
             g = pullback(dy, dfin)
             order = [n.split("<")[0] for n in names]
-            gb = max(i for i, n in enumerate(order) if n == "ssd_chunk_mm_tc")  # (GB's)
-            assert (order.index("ssd_chunk_hsum_tc") < gb) == streams, order
+            assert ("ssd_tf32_bwd" in order) == walks, order
+            if not walks:
+                gb = max(i for i, n in enumerate(order) if n == "ssd_chunk_mm_tc")  # (GB's)
+                assert (order.index("ssd_chunk_hsum_tc") < gb) == streams, order
             got = {f: to_numpy(getattr(g, f)) for f in FIELDS if getattr(g, f) is not None}
             first.setdefault("ref", got)
             for f, v in got.items():
@@ -885,10 +891,13 @@ GB_ROWS_CASES = [
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("case", range(len(GB_ROWS_CASES)))
 def test_float32_backward_rows_in_gb(monkeypatch, case):
-    """The float32 backward with its per-step pass in GB's epilogue (GB_ROWS) and without:
-    each within the reference's tolerances, and every gradient within 2e-5 of the other's
-    (the same float32 sums in another order), the fused kernel run where P <= 128."""
+    """The float32 backward with its per-step pass in GB's epilogue (GB_ROWS) and without
+    (the chunked backward: no backward walk): each within the reference's tolerances, and
+    every gradient within 2e-5 of the other's (the same float32 sums in another order), the
+    fused kernel run where P <= 128."""
     from ssmkit._gpu import ssd as gpu_ssd
+
+    monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", False)
 
     batch, L, H, P, G, N, chunk, kw = GB_ROWS_CASES[case]
     inputs = make_inputs(np.random.default_rng(950 + case), batch=batch, L=L, H=H, P=P, G=G,
@@ -917,6 +926,93 @@ def test_float32_backward_rows_in_gb(monkeypatch, case):
     for f, g0 in grads[False].items():
         scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
         assert np.linalg.norm(grads[True][f] - g0) <= 2e-5 * scale, f
+
+
+# (batch, L, H, P, G, N, chunk, make_inputs options) for the float32 backward walk: both
+# state widths (N 64 and 128), a partial last chunk and tile, chunks of one step, groups of
+# B and C, P not a multiple of 16, an initial state; the last has restarts (no walk)
+TF32_WALK_CASES = [
+    (2, 300, 3, 64, 1, 128, 128, dict(D_form="channel", with_init=True)),
+    (1, 77, 4, 36, 2, 64, 40, dict(with_z=False)),
+    (1, 33, 2, 8, 1, 8, 1, dict(D_form=None)),
+    (3, 1000, 4, 64, 1, 128, 128, dict(D_form="head")),
+    (1, 200, 2, 64, 1, 64, 64, dict(seq_cuts=[70])),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("case", range(len(TF32_WALK_CASES)))
+def test_float32_backward_walk(monkeypatch, case):
+    """The float32 backward with its backward walk (ssd_tf32_bwd: adjoint states, dx and
+    the per-step sums in one kernel) and with the chunked kernels: both within the
+    reference's tolerances, every gradient within 2e-5 of the other's (the same float32
+    sums in another order), the walk run where it applies."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    batch, L, H, P, G, N, chunk, kw = TF32_WALK_CASES[case]
+    inputs = make_inputs(np.random.default_rng(970 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    arrays, _ = cast(inputs, "float32", xp_for("gpu"))
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    names = []
+    real = gpu_ssd._launch
+    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
+                                                                   real(name, *a, **k))[1])
+    (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
+    rng = np.random.default_rng(case)
+    cp = xp_for("gpu")
+    dy = cp.asarray(rng.standard_normal(y.shape), dtype=np.float32)
+    dfin = cp.asarray(rng.standard_normal(fin.shape), dtype=np.float32)
+    grads = {}
+    for walk in (True, False):
+        monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", walk)
+        names.clear()
+        g = pullback(dy, dfin)
+        walked = any(n.startswith("ssd_tf32_bwd<") for n in names)
+        assert walked == (walk and "seq_cuts" not in kw), names
+        grads[walk] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                       if getattr(g, f) is not None}
+        check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(case))
+    for f, g0 in grads[False].items():
+        scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
+        assert np.linalg.norm(grads[True][f] - g0) <= 2e-5 * scale, f
+
+
+def test_float32_backward_walk_applies(monkeypatch):
+    """Where ssd_tf32_bwd applies (the rule; the host decides it before any launch): float32
+    x, B and C with the head-summed products on tensor cores, no restarts, N <= 128,
+    P <= 64, P and N multiples of 4, heads that share their B and C groups, aligned rows;
+    nowhere with the switch off."""
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    monkeypatch.setattr(gpu_ssd, "uses_tc", lambda compute, kind: compute == "float32")
+    rng = np.random.default_rng(6)
+
+    class Lay:
+        ct = "float32"
+
+    def applies(H=4, P=64, G=1, N=64, dtype=np.float32, seq=False, GC=None, offset=False):
+        L = 50
+        x = rng.standard_normal((1, L, H, P)).astype(dtype)
+        B = rng.standard_normal((1, L, G, N)).astype(dtype)
+        C = rng.standard_normal((1, L, GC or G, N)).astype(dtype)
+        dt = rng.uniform(0.1, 0.5, (1, L, H)).astype(np.float32 if dtype != np.float64 else dtype)
+        seq_idx = np.repeat((np.arange(L) >= L // 2).astype(np.int32)[None], 1, 0) if seq else None
+        p, _, _ = _ssd._prepare("ssd_vjp", x, dt, -np.ones(H, dt.dtype), B, C, 64, None, None,
+                                None, False, (0.0, math.inf), None, seq_idx, None)
+        dY = np.empty(x.size + 1, np.float32)[1:].reshape(x.shape) if offset else x
+        return gpu_ssd.uses_tf32_bwd(p, Lay, (p.x, p.B, p.C, dY, x))
+
+    assert applies() and applies(P=4, N=4) and applies(N=128, G=2) and applies(G=2, GC=1)
+    assert not applies(dtype=np.float64) and not applies(seq=True)
+    assert not applies(N=132) and not applies(P=68) and not applies(N=6) and not applies(P=6)
+    assert not applies(H=2, G=2)  # every head its own B and C group: no shared C B^T
+    assert not applies(offset=True)  # dY's rows not 16-byte aligned
+    monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", False)
+    assert not applies()
 
 
 def test_float32_forward_in_one_kernel_applies(monkeypatch):
