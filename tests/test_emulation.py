@@ -79,9 +79,10 @@ def test_warp_convolution_kernels_in_emulation():
     # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
     # float32 kernels: a partial column tile with N 68, chunks of 5 steps, a slow decay
     ("run_emu_tf32.py", ["3", "5", "7"]),
-    # the float32 backward with its per-step pass in GB's epilogue (8 and 16 n-tiles) against
-    # the reference and the unfused pass
-    ("run_emu_tf32_bwd.py", ["0", "3"]),
+    # the float32 backward with its backward walk (ssd_tf32_bwd: NW 64 and 128) and with its
+    # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
+    # unfused pass
+    ("run_emu_tf32_bwd.py", ["0", "3", "5"]),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")

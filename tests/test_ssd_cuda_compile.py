@@ -135,6 +135,23 @@ def test_tf32_forward_compiles_for_sm90(nvrtc_path):
             name, entry)
 
 
+def test_tf32_backward_walk_compiles_for_sm90(nvrtc_path):
+    """ssd_tf32_bwd (the float32 backward walk) at both state widths. At NW = 128 ptxas (168
+    registers, 3 blocks per SM) keeps some of the walk's invariants and the tile copies'
+    addresses in local memory (136 bytes of frame; in its SASS the loads and stores are in
+    the set-up, the copies and the chunk boundaries, none among the products), at most
+    192 bytes either way; NW = 64 spills nothing."""
+    names = [ssd.tf32_bwd_name(n) for n in (64, 128)]
+    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
+                                          nvrtc_path=nvrtc_path)
+    for name in names:
+        entry = report[name]
+        assert entry["lowered"].startswith("_Z"), name
+        allowed = 192 if "<128>" in name else 0
+        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
+            name, entry)
+
+
 def mma_bwd_names():
     """Every backward instantiation: each 16-bit dtype, each product kind (ycore and GB also
     with the per-step work fused), each width VW."""
