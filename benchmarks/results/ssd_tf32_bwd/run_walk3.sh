@@ -1,0 +1,15 @@
+#!/bin/bash
+# The float32 backward walk, rule "auto": GPU tests, the bench table, the walk's own time.
+pip install -q --no-index --no-deps --target /tmp/np .whl/numpy-*.whl 2>/dev/null
+export PYTHONPATH=/tmp/np:$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $OUT/nvsmi.txt 2>&1
+timeout 90 python3 -c "from ssmkit._gpu import ssd; ssd.warmup()" > $OUT/warmup.log 2>&1; echo "warmup rc $?"
+timeout 300 python3 -m pytest -q -m gpu tests/test_ssd.py tests/test_ssd_chunked.py tests/test_layers.py -p no:cacheprovider > $OUT/pytest_ssd.log 2>&1; echo "pytest rc $?"; tail -3 $OUT/pytest_ssd.log
+timeout 200 python3 benchmarks/bench_ssd.py --out $OUT > $OUT/bench_ssd.log 2>&1; echo "bench rc $?"
+grep -A12 "^| dtype" $OUT/bench_ssd.log | head -14
+timeout 60 python3 -c "
+import sys; sys.argv=['p','--dtype','float32','--reps','7']
+import ssmkit._gpu.ssd as g; g.TC_STREAMS=False
+sys.path.insert(0,'benchmarks'); import profile_ssd; profile_ssd.main()
+" > $OUT/profile_f32_one_stream.log 2>&1
+grep "kernel |\|ms (median" $OUT/profile_f32_one_stream.log | head -20
