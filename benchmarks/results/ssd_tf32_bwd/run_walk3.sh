@@ -5,6 +5,8 @@ export PYTHONPATH=/tmp/np:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $OUT/nvsmi.txt 2>&1
 timeout 90 python3 -c "from ssmkit._gpu import ssd; ssd.warmup()" > $OUT/warmup.log 2>&1; echo "warmup rc $?"
 timeout 300 python3 -m pytest -q -m gpu tests/test_ssd.py tests/test_ssd_chunked.py tests/test_layers.py -p no:cacheprovider > $OUT/pytest_ssd.log 2>&1; echo "pytest rc $?"; tail -3 $OUT/pytest_ssd.log
+timeout 100 python3 benchmarks/ab_ssd_switch.py TF32_WALK_FIRST 3 True,False 1 > $OUT/ab_walk_first.log 2>&1; echo "ab rc $?"
+grep AB $OUT/ab_walk_first.log | cut -c1-220
 timeout 200 python3 benchmarks/bench_ssd.py --out $OUT > $OUT/bench_ssd.log 2>&1; echo "bench rc $?"
 grep -A12 "^| dtype" $OUT/bench_ssd.log | head -14
 timeout 60 python3 -c "
