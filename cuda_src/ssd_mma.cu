@@ -1544,6 +1544,10 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
 // Grid: batch * H blocks of SSD_MMA_THREADS, ssd_tf32_bwd_layout<NW>::BYTES of dynamic
 // shared memory.
 // --------------------------------------------------------------------------------------
+#ifndef SSD_TF32_BWD_PREFETCH  // 1: each tile's x and ycore rows prefetched into L2 a tile ahead
+#define SSD_TF32_BWD_PREFETCH 1
+#endif
+
 template <int NW>
 struct ssd_tf32_bwd_layout : ssd_tf32_fwd_layout<NW> {
     // the warps' row sums of a tile: x . (G B) [4][TS], then dY . ycore - dt' x . (G B) [4][TS]
@@ -1678,6 +1682,12 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
         }
         copy_rows(bs_, LDC, Bm + ((row + s0 + nr) * GB + gB) * N + nc4, GBN, ns);
     };
+    auto prefetch_xy = [&](ssm_i64 s0, int ns) {  // a tile's rows of x and ycore, into L2
+        const ssm_i64 at = ((row + s0) * H + h) * P + p0;
+        const int len = P - p0 < 64 ? P - p0 : 64;
+        ssm_prefetch_rows(X + at, HP, ns, len, tid, THREADS);
+        ssm_prefetch_rows(ycore + at, HP, ns, len, tid, THREADS);
+    };
     // the row sums of the tile at s0 (ns steps), from the warps' parts in red
     auto finish_rows = [&](ssm_i64 s0, int ns) {
         if (tid < ns) {
@@ -1713,6 +1723,7 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
     ssd_mma_rwalker next(starts, nc, TS);
     copy_c(next, 0);
     copy_yb(next.s0, next.rows(TS));
+    if (SSD_TF32_BWD_PREFETCH) prefetch_xy(next.s0, next.rows(TS));
     next.advance(TS, starts);
     ssm_cp_commit();
 
@@ -1738,6 +1749,7 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
         const int ns_next = more ? next.rows(TS) : 0;
         if (more) {
             copy_c(next, k ^ 1);
+            if (SSD_TF32_BWD_PREFETCH) prefetch_xy(s_next, ns_next);  // (the next epilogue's)
             next.advance(TS, starts);
         }
         ssm_cp_commit();

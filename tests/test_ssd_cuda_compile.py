@@ -137,10 +137,10 @@ def test_tf32_forward_compiles_for_sm90(nvrtc_path):
 
 def test_tf32_backward_walk_compiles_for_sm90(nvrtc_path):
     """ssd_tf32_bwd (the float32 backward walk) at both state widths. At NW = 128 ptxas (168
-    registers, 3 blocks per SM) keeps some of the walk's invariants and the tile copies'
-    addresses in local memory (136 bytes of frame; in its SASS the loads and stores are in
-    the set-up, the copies and the chunk boundaries, none among the products), at most
-    192 bytes either way; NW = 64 spills nothing."""
+    registers, 3 blocks per SM) keeps 8 bytes in local memory; without the L2 prefetch of x
+    and ycore (SSD_TF32_BWD_PREFETCH=0) 156 / 176 bytes, in the set-up, the tile copies'
+    address arithmetic and the chunk boundaries (seen in its SASS). At most 192 bytes either
+    way, so that both forms pass; NW = 64 spills nothing."""
     names = [ssd.tf32_bwd_name(n) for n in (64, 128)]
     report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
                                           nvrtc_path=nvrtc_path)

@@ -9,9 +9,7 @@ timeout 100 python3 benchmarks/ab_ssd_switch.py TF32_WALK_FIRST 3 True,False 1 >
 grep AB $OUT/ab_walk_first.log | cut -c1-220
 timeout 200 python3 benchmarks/bench_ssd.py --out $OUT > $OUT/bench_ssd.log 2>&1; echo "bench rc $?"
 grep -A12 "^| dtype" $OUT/bench_ssd.log | head -14
-timeout 60 python3 -c "
-import sys; sys.argv=['p','--dtype','float32','--reps','7']
-import ssmkit._gpu.ssd as g; g.TC_STREAMS=False
-sys.path.insert(0,'benchmarks'); import profile_ssd; profile_ssd.main()
-" > $OUT/profile_f32_one_stream.log 2>&1
-grep "kernel |\|ms (median" $OUT/profile_f32_one_stream.log | head -20
+for r in 1 2; do for pf in 1 0; do
+  SSMKIT_CUDA_DEFINES="SSD_TF32_BWD_PREFETCH=$pf" timeout 100 python3 benchmarks/ab_ssd_switch.py TF32_BWD_WALK 1 True 1 > $OUT/ab_prefetch${pf}_$r.log 2>&1
+  echo "prefetch $pf round $r: $(grep AB $OUT/ab_prefetch${pf}_$r.log | cut -c60-220)"
+done; done
