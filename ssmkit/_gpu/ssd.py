@@ -54,7 +54,11 @@ Backward (from the boundary states the forward kept, nothing per step)
     sums) in one pass, and with z ``ssd_bwd_gate`` the gate's (dz, and dY from the
     recomputed output) in one pass before them; ddt through the decays
     is a suffix sum per chunk of ``dY_t . y_t - dt'_t x_t . (G B)_t`` (plus the
-    boundary term ``<dHx, H>``), times A.
+    boundary term ``<dHx, H>``), times A. For float32 x, B and C where the forward's one
+    kernel could run, P <= 64 and at least one block per SM (``TF32_BWD_WALK``,
+    :func:`tf32_bwd_walk_faster`), ``ssd_tf32_bwd`` replaces the adjoint chunk sums, their
+    passing, (G B)_s and the per-step pass: the forward's walk run backwards in time, the
+    adjoint in registers, beside the summed blocks and dC on a second stream.
 
     Unless ``SSMKIT_SSD_MMA_BWD=0`` is set in the environment, the backward runs on
     tensor cores for float16/bfloat16 x with B, C of the same dtype, P <= 128 and
