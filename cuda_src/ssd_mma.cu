@@ -1544,11 +1544,8 @@ ssd_tf32_fwd(const float* __restrict__ X, const float* __restrict__ Bm,
 // Grid: batch * H blocks of SSD_MMA_THREADS, ssd_tf32_bwd_layout<NW>::BYTES of dynamic
 // shared memory.
 // --------------------------------------------------------------------------------------
-#ifndef SSD_TF32_BWD_PREFETCH  // 1: each tile's x and ycore rows prefetched into L2 a tile ahead;
-#define SSD_TF32_BWD_PREFETCH 1  // 2: also the next chunk end's boundary state
-#endif
-#ifndef SSD_TF32_BWD_HOIST  // the epilogue's loads issued before the diagonal term: 0 none,
-#define SSD_TF32_BWD_HOIST 0  // 1 x's, 2 x's and ycore's (at 168 registers they spill)
+#ifndef SSD_TF32_BWD_PREFETCH  // 1: each tile's x and ycore rows prefetched into L2 a tile ahead
+#define SSD_TF32_BWD_PREFETCH 1
 #endif
 
 template <int NW>
@@ -1755,10 +1752,6 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
             if (SSD_TF32_BWD_PREFETCH) prefetch_xy(s_next, ns_next);  // (the next epilogue's)
             next.advance(TS, starts);
         }
-        if (SSD_TF32_BWD_PREFETCH >= 2 && cur.first() && cur.c > 0 && states)
-            // the boundary state that this chunk's end (after this tile) dots with G
-            ssm_prefetch_rows(states + ((b * (nc + 1) + cur.c) * H + h) * PN + (ssm_i64)p0 * N,
-                              N, P - p0 < 64 ? P - p0 : 64, N, tid, THREADS);
         ssm_cp_commit();
         const float* cs_ = sm + LY::B0 + k * LY::BF;
         const float* qs = sm + LY::Q0 + k * LY::QF;
@@ -1819,22 +1812,6 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
         __syncthreads();  // B2: ws, row_f, col_w, tile_d are the block's; ys and bs_ are free
         if (more) copy_yb(s_next, ns_next);
         ssm_cp_commit();
-        // the epilogue's x and ycore, entry e of tile js at (p = pa + 8 (e / 2), s = 8 js +
-        // 2 t4 + e % 2), as acc's; with SSD_TF32_BWD_HOIST loaded here
-        const ssm_i64 o0 = ((row + cur.s0 + 2 * t4) * H + h) * P + pa;
-        const int t_left = ns - 2 * t4;
-        auto live_at = [&](int js, int e) {
-            return 8 * js + (e & 1) < t_left && (e >> 1 ? live_b : live_a);
-        };
-        auto at = [&](int js, int e) { return o0 + (8 * js + (e & 1)) * HP + 8 * (e >> 1); };
-        float xv[KT][4], yv[KT][4];
-#pragma unroll
-        for (int js = 0; js < KT; ++js)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (SSD_TF32_BWD_HOIST >= 1) xv[js][e] = live_at(js, e) ? X[at(js, e)] : 0.0f;
-                if (SSD_TF32_BWD_HOIST >= 2) yv[js][e] = live_at(js, e) ? ycore[at(js, e)] : 0.0f;
-            }
 #pragma unroll
         for (int js = 0; js < KT; ++js) {
             const float f0 = row_f[8 * js + 2 * t4], f1 = row_f[8 * js + 2 * t4 + 1];
@@ -1863,14 +1840,19 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
         // The epilogue: entry e of tile js is (p = pa + 8 (e / 2), s = 8 js + 2 t4 + e % 2),
         // whose dY is yr[js][2 (e % 2) + e / 2] (as ssd_tf32_fwd's x).
         {
+            const ssm_i64 o0 = ((row + cur.s0 + 2 * t4) * H + h) * P + pa;
+            const int t_left = ns - 2 * t4;
 #pragma unroll
             for (int js = 0; js < KT; ++js) {
+                const ssm_i64 oj = o0 + 8 * js * HP;
                 bool live[4];
+                float xv[4], yv[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    live[e] = live_at(js, e);
-                    if (SSD_TF32_BWD_HOIST < 1) xv[js][e] = live[e] ? X[at(js, e)] : 0.0f;
-                    if (SSD_TF32_BWD_HOIST < 2) yv[js][e] = live[e] ? ycore[at(js, e)] : 0.0f;
+                    live[e] = 8 * js + (e & 1) < t_left && (e >> 1 ? live_b : live_a);
+                    const ssm_i64 at = oj + (e & 1) * HP + 8 * (e >> 1);
+                    xv[e] = live[e] ? X[at] : 0.0f;
+                    yv[e] = live[e] ? ycore[at] : 0.0f;
                 }
                 float sx[2] = {0.0f, 0.0f}, sd[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1878,11 +1860,12 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
                     const int c = e & 1;
                     const float gv = acc[js][e], dyv = yr[js][2 * c + (e >> 1)];
                     const float dt = dv[8 * js + 2 * t4 + c];
-                    if (live[e]) dx[at(js, e)] = dt * gv + (e >> 1 ? d_b : d_a) * dyv;
-                    const float xg = xv[js][e] * gv;
+                    if (live[e])
+                        dx[oj + c * HP + 8 * (e >> 1)] = dt * gv + (e >> 1 ? d_b : d_a) * dyv;
+                    const float xg = xv[e] * gv;
                     sx[c] += xg;
-                    sd[c] += dyv * yv[js][e] - dt * xg;
-                    dd[e >> 1] += dyv * xv[js][e];
+                    sd[c] += dyv * yv[e] - dt * xg;
+                    dd[e >> 1] += dyv * xv[e];
                 }
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {

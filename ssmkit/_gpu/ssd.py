@@ -511,11 +511,6 @@ def tf32_fused_faster(blocks: int, sms: int) -> bool:
 TF32_BWD_WALK = "auto"
 
 
-# The backward walk launched before the summed blocks and dC (on the second stream), so
-# that its blocks, each a whole row's walk, take their places on the SMs first; False: after.
-TF32_WALK_FIRST = False
-
-
 def uses_tf32_bwd(p, lay, arrays) -> bool:
     """Whether the float32 backward of problem ``p`` takes its adjoint states, dx, x . (G B),
     dcum and dD's partials from one backward walk, ``ssd_tf32_bwd``: float32 x, B and C with
@@ -1504,15 +1499,12 @@ def ssd_backward(p, checkpoints, dy, dfinal):
         if uses_tf32_bwd(p, lay, (p.x, p.B, p.C, dY, ycore)):
             # one backward walk gives the adjoint states, dx and the per-step sums; the blocks
             # summed over heads and dC (which need none of it) on a second stream beside it
+            # (the walk launched first measured the same: 4.86-4.89 ms either way)
             side = _fork(cp) if TC_STREAMS and cp.__name__ == "cupy" else None
-            if TF32_WALK_FIRST:
-                walk = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
             with side or contextlib.nullcontext():
                 gs = lay.hsum_blocks(p, dY)
                 dC = lay.hsum(p, "dC", dY, p.B, states, gs)
-            if not TF32_WALK_FIRST:
-                walk = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
-            rows, dHx, dinit, end_dot = walk
+            rows, dHx, dinit, end_dot = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
             if side is not None:
                 _join(cp, side)
             dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
