@@ -473,6 +473,16 @@ def uses_mma_fwd(p, out) -> bool:
 TF32_FUSED_FWD = "auto"
 
 
+def _tf32_walk_fits(p) -> bool:
+    """Whether problem ``p`` has what both float32 walks (``ssd_tf32_fwd``, ``ssd_tf32_bwd``)
+    need: float32 x, B and C, no restarts (no ``seq_idx`` or ``cu_seqlens``), N <= 128, P
+    and N multiples of 4, and heads that share their B and C groups (C B^T from
+    ``ssd_chunk_cb``)."""
+    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
+    return (io == bc == "float32" and p.seq_idx is None and p.N <= MMA_WIDTHS[-1]
+            and (p.P | p.N) % 4 == 0 and head_classes(p.H, p.B.shape[2], p.C.shape[2]) < p.H)
+
+
 def uses_tf32_fwd(p, out) -> bool:
     """Whether the float32 forward of problem ``p`` runs as one kernel, ``ssd_tf32_fwd``:
     float32 x, B and C on tensor cores (``uses_tc``), no restarts (no ``seq_idx`` or
@@ -480,11 +490,7 @@ def uses_tf32_fwd(p, out) -> bool:
     and heads that share their B and C groups (C B^T from ``ssd_chunk_cb``); with
     ``TF32_FUSED_FWD = "auto"`` on a GPU, also where it is the faster
     (:func:`tf32_fused_faster`; on the host emulation wherever it applies)."""
-    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
-    if (not TF32_FUSED_FWD or io != "float32" or bc != "float32" or p.seq_idx is not None
-            or p.N > MMA_WIDTHS[-1] or (p.P | p.N) % 4
-            or head_classes(p.H, p.B.shape[2], p.C.shape[2]) == p.H
-            or not uses_tc("float32", "y")):
+    if not (TF32_FUSED_FWD and _tf32_walk_fits(p) and uses_tc("float32", "y")):
         return False
     if not all(_address(a) % 16 == 0 for a in (p.x, p.B, p.C, out)):
         return False
@@ -519,11 +525,8 @@ def uses_tf32_bwd(p, lay, arrays) -> bool:
     ``arrays`` (x, B, C, dY, ycore) 16-byte aligned; with ``TF32_BWD_WALK = "auto"`` on a
     GPU, also where it is the faster (:func:`tf32_bwd_walk_faster`; on the host emulation
     wherever it applies)."""
-    io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
-    if (not TF32_BWD_WALK or io != "float32" or bc != "float32" or p.seq_idx is not None
-            or p.N > MMA_WIDTHS[-1] or p.P > 64 or (p.P | p.N) % 4
-            or head_classes(p.H, p.B.shape[2], p.C.shape[2]) == p.H
-            or not (uses_tc(lay.ct, "GB") and uses_tc(lay.ct, "hsum"))):
+    if not (TF32_BWD_WALK and _tf32_walk_fits(p) and p.P <= 64
+            and uses_tc(lay.ct, "GB") and uses_tc(lay.ct, "hsum")):
         return False
     if not all(_address(a) % 16 == 0 for a in arrays):
         return False
@@ -1507,43 +1510,38 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             rows, dHx, dinit, end_dot = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
             if side is not None:
                 _join(cp, side)
-            dB = lay.hsum(p, "dB", p.x, p.C, dHx, gs)
-            dD = None if p.D is None else _sum_runs(cp, rows["dD_part"])  # (over batch rows)
-            ddt, dA, ddt_sum = _bwd_dt(p, lay, rows["dcum"], rows["xGB"], end_dot)
-            return dict(x=rows["dx"], dt=ddt, A=dA, B=dB, C=dC, D=dD, z=dz,
-                        dt_bias=None if p.dt_bias is None else ddt_sum,
-                        initial_state=None if p.initial_state is None else dinit)
+        else:  # the chunked kernels
+            def adjoint():  # the adjoint chunk states and their walk: dHx, dinit, end_dot
+                K = lay.chunk_state(p, dY, p.C, adjoint=True)
+                return _adjoint_passing(p, lay, K, dfinal, dot_with=states, dot_shift=1)
 
-        def adjoint():  # the adjoint chunk states and their walk: dHx, dinit, end_dot
-            return _adjoint_passing(p, lay, lay.chunk_state(p, dY, p.C, adjoint=True), dfinal,
-                                    dot_with=states, dot_shift=1)
-
-        if hsum_tc and TC_STREAMS:
-            # the adjoint chain on a second stream, dC (which needs no dHx) beside it (the
-            # host emulation, on NumPy, runs them in this order on no stream)
-            side = _fork(cp) if cp.__name__ == "cupy" else None
-            with side or contextlib.nullcontext():
+            if hsum_tc and TC_STREAMS:
+                # the adjoint chain on a second stream, dC (which needs no dHx) beside it (the
+                # host emulation, on NumPy, runs them in this order on no stream)
+                side = _fork(cp) if cp.__name__ == "cupy" else None
+                with side or contextlib.nullcontext():
+                    dHx, dinit, end_dot = adjoint()
+                gs = lay.hsum_blocks(p, dY)
+                dC = lay.hsum(p, "dC", dY, p.B, states, gs)
+                if side is not None:
+                    _join(cp, side)
+            else:
                 dHx, dinit, end_dot = adjoint()
-            gs = lay.hsum_blocks(p, dY)
-            dC = lay.hsum(p, "dC", dY, p.B, states, gs)
-            if side is not None:
-                _join(cp, side)
-        else:
-            dHx, dinit, end_dot = adjoint()
-            gs = dC = None
+                gs = dC = None
+            if uses_gb_rows(p, lay):  # GB's epilogue is the per-step pass: GB is never written
+                rows = dict(x=p.x, ycore=ycore, xGB=cp.empty((batch, L, H), dtype=cd),
+                            dcum=cp.empty((batch, L, H), dtype=cd),
+                            dD_part=None if p.D is None else cp.zeros(
+                                (batch, H, lay.nc * lay.mm_tiles, p.P), dtype=cd))
+                rows["dx"] = lay.mm(p, "GB", p.B, p.C, dY, dHx,
+                                    cp.empty(p.x.shape, dtype=p.io_dtype), D=p.D, cb=cbc,
+                                    rows=rows)
+                if p.D is not None:  # (batch, H, P): summed over the tiles in order
+                    rows["dD_part"] = rows["dD_part"].sum(axis=2)
+            else:
+                GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
+                rows = _bwd_rows(p, lay, GB, dY, ycore)
         GBg, GCg = p.B.shape[2], p.C.shape[2]
-        if uses_gb_rows(p, lay):  # GB's epilogue is the per-step pass: GB is never written
-            rows = dict(x=p.x, ycore=ycore, xGB=cp.empty((batch, L, H), dtype=cd),
-                        dcum=cp.empty((batch, L, H), dtype=cd),
-                        dD_part=None if p.D is None else cp.zeros(
-                            (batch, H, lay.nc * lay.mm_tiles, p.P), dtype=cd))
-            rows["dx"] = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=p.io_dtype),
-                                D=p.D, cb=cbc, rows=rows)
-            if p.D is not None:  # (batch, H, P): summed over the tiles in order
-                rows["dD_part"] = rows["dD_part"].sum(axis=2)
-        else:
-            GB = lay.mm(p, "GB", p.B, p.C, dY, dHx, cp.empty(p.x.shape, dtype=cd), cb=cbc)
-            rows = _bwd_rows(p, lay, GB, dY, ycore)
         if hsum_tc:
             if gs is None:
                 gs = lay.hsum_blocks(p, dY)
@@ -1617,9 +1615,9 @@ def _bwd_dt(p, lay, dcum, xGB, end_part, *, decayed=False, bnd=None):
     """ddt = (xGB + A sdcum) d dt' / d dt, with sdcum the chunk suffix sums of dcum plus
     each chunk's boundary term (at its last step), and the sums over (batch, L) of dte
     sdcum (dA) and of ddt (d dt_bias): one kernel (``ssd_bwd_dt``: partial sums per chunk)
-    and their sums in a fixed order (``ssd_sum_parts``). The boundary term of a chunk: the sum of its
-    ``end_part`` (batch, nc, H, parts), times the chunk's decay with ``decayed``, plus the
-    chunk's sum of ``bnd`` (batch, L, H) where given."""
+    and their sums in a fixed order (``ssd_sum_parts``). The boundary term of a chunk: the
+    sum of its ``end_part`` (batch, nc, H, parts), times the chunk's decay with ``decayed``,
+    plus the chunk's sum of ``bnd`` (batch, L, H) where given."""
     cp = p.xp
     ddt = cp.empty_like(lay.dte)
     part = cp.empty((p.batch * lay.nc, 2, p.H), dtype=p.compute_dtype)
