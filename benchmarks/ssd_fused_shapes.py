@@ -7,7 +7,8 @@ per (batch row, head, 64 columns p), each walking the whole row) fill the GPU de
 is faster. Alternating settings in one process, CUDA-event medians of back-to-back calls
 (``timing.cuda_median_ms``). Prints one ``SHAPE {json}`` line per shape and a table last.
 
-    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz] [DTYPE] [fwd | bwd]
+    PYTHONPATH=$PWD python3 benchmarks/ssd_fused_shapes.py [ROUNDS] [all | z | noz] [DTYPE] \
+        [fwd | bwd]
 """
 import json
 import os

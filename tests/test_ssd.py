@@ -1001,12 +1001,28 @@ def test_float32_backward_walk_where_it_is_faster():
     assert {b: gpu_ssd.tf32_bwd_walk_faster(b, 132) for b in faster} == faster
 
 
+def rule_problem(rng, fn, *, H=4, P=64, G=1, N=64, dtype=np.float32, seq=False, GC=None):
+    """The prepared problem of a 1 x 50-step call of ``fn`` ("ssd" or "ssd_vjp") of the given
+    shape and dtype (B and C in GC and G groups; seq: a restart half way), chunks of 64, for
+    the tests of where a kernel applies."""
+    from ssmkit import _ssd
+
+    L = 50
+    x = rng.standard_normal((1, L, H, P)).astype(dtype)
+    B = rng.standard_normal((1, L, G, N)).astype(dtype)
+    C = rng.standard_normal((1, L, GC or G, N)).astype(dtype)
+    dt = rng.uniform(0.1, 0.5, (1, L, H)).astype(np.float32 if dtype != np.float64 else dtype)
+    seq_idx = (np.arange(L) >= L // 2).astype(np.int32)[None] if seq else None
+    p, _, _ = _ssd._prepare(fn, x, dt, -np.ones(H, dt.dtype), B, C, 64, None, None, None,
+                            False, (0.0, math.inf), None, seq_idx, None)
+    return p
+
+
 def test_float32_backward_walk_applies(monkeypatch):
     """Where ssd_tf32_bwd applies (the rule; the host decides it before any launch): float32
     x, B and C with the head-summed products on tensor cores, no restarts, N <= 128,
     P <= 64, P and N multiples of 4, heads that share their B and C groups, aligned rows;
     nowhere with the switch off."""
-    from ssmkit import _ssd
     from ssmkit._gpu import ssd as gpu_ssd
 
     monkeypatch.setattr(gpu_ssd, "uses_tc", lambda compute, kind: compute == "float32")
@@ -1015,17 +1031,10 @@ def test_float32_backward_walk_applies(monkeypatch):
     class Lay:
         ct = "float32"
 
-    def applies(H=4, P=64, G=1, N=64, dtype=np.float32, seq=False, GC=None, offset=False):
-        L = 50
-        x = rng.standard_normal((1, L, H, P)).astype(dtype)
-        B = rng.standard_normal((1, L, G, N)).astype(dtype)
-        C = rng.standard_normal((1, L, GC or G, N)).astype(dtype)
-        dt = rng.uniform(0.1, 0.5, (1, L, H)).astype(np.float32 if dtype != np.float64 else dtype)
-        seq_idx = np.repeat((np.arange(L) >= L // 2).astype(np.int32)[None], 1, 0) if seq else None
-        p, _, _ = _ssd._prepare("ssd_vjp", x, dt, -np.ones(H, dt.dtype), B, C, 64, None, None,
-                                None, False, (0.0, math.inf), None, seq_idx, None)
-        dY = np.empty(x.size + 1, np.float32)[1:].reshape(x.shape) if offset else x
-        return gpu_ssd.uses_tf32_bwd(p, Lay, (p.x, p.B, p.C, dY, x))
+    def applies(offset=False, **shape):
+        p = rule_problem(rng, "ssd_vjp", **shape)
+        dY = np.empty(p.x.size + 1, np.float32)[1:].reshape(p.x.shape) if offset else p.x
+        return gpu_ssd.uses_tf32_bwd(p, Lay, (p.x, p.B, p.C, dY, p.x))
 
     assert applies() and applies(P=4, N=4) and applies(N=128, G=2) and applies(G=2, GC=1)
     assert not applies(dtype=np.float64) and not applies(seq=True)
@@ -1040,23 +1049,15 @@ def test_float32_forward_in_one_kernel_applies(monkeypatch):
     """Where ssd_tf32_fwd applies (the rule itself; the host decides it before any launch):
     float32 x, B and C without restarts, N <= 128, P and N multiples of 4, 16-byte aligned
     rows, and heads that share their B and C groups; nowhere with the switch off."""
-    from ssmkit import _ssd
     from ssmkit._gpu import ssd as gpu_ssd
 
     monkeypatch.setattr(gpu_ssd, "uses_tc", lambda compute, kind: compute == "float32")
     monkeypatch.setattr(gpu_ssd, "TF32_FUSED_FWD", True)
     rng = np.random.default_rng(5)
 
-    def applies(batch=1, L=50, H=4, P=64, G=1, N=64, dtype=np.float32, seq=False, GC=None):
-        x = rng.standard_normal((batch, L, H, P)).astype(dtype)
-        B = rng.standard_normal((batch, L, G, N)).astype(dtype)
-        C = rng.standard_normal((batch, L, GC or G, N)).astype(dtype)
-        dt = rng.uniform(0.1, 0.5, (batch, L, H)).astype(np.float32 if dtype != np.float64 else dtype)
-        A = -np.ones(H, dt.dtype)
-        seq_idx = np.repeat((np.arange(L) >= L // 2).astype(np.int32)[None], batch, 0) if seq else None
-        p, _, _ = _ssd._prepare("ssd", x, dt, A, B, C, 64, None, None, None, False,
-                                (0.0, math.inf), None, seq_idx, None)
-        return gpu_ssd.uses_tf32_fwd(p, x)
+    def applies(**shape):
+        p = rule_problem(rng, "ssd", **shape)
+        return gpu_ssd.uses_tf32_fwd(p, p.x)
 
     assert applies()
     assert applies(P=4, N=4) and applies(N=128, G=2) and applies(G=2, GC=1)

@@ -100,23 +100,33 @@ def test_mma_source_needs_no_include_path():
     assert not re.search(r"^\s*#\s*include", src, re.M)
 
 
-def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
-    names = mma_names()
-    assert len(names) == 2 * (8 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 4, outputs
-    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
-                                          nvrtc_path=nvrtc_path)
+def assert_mma_kernels_compile(names, allowed, nvrtc_path, **options):
+    """Compile ``names`` of ssd_mma.cu for sm_90 (``compile_kernels``'s ``options``; one
+    program by default) and check that each is lowered, has ptxas's resource report, and
+    spills at most ``allowed(name)`` bytes of stores and of loads."""
+    options.setdefault("per_program", len(names))
+    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, nvrtc_path=nvrtc_path,
+                                          **options)
     for name in names:
         entry = report[name]
         assert entry["lowered"].startswith("_Z"), name
         assert "registers" in entry and "spill_stores" in entry, name
-        # Spilled accumulators would go through local memory in the inner loop. The one
-        # exception: ssd_mma_fwd at NW = 128, where ptxas (168 registers, 3 blocks per SM)
-        # spills a few of its walk's invariants before the walk and reloads them once per
-        # 64-step tile (seen in its SASS); the form without spills measured 6% slower
-        # (benchmarks/SSD.md).
-        allowed = 16 if name.startswith("ssd_mma_fwd<") and ", 128, " in name else 0
-        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
+        bound = allowed(name)
+        assert entry.get("spill_stores", 0) <= bound and entry.get("spill_loads", 0) <= bound, (
             name, entry)
+
+
+def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
+    names = mma_names()
+    assert len(names) == 2 * (8 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 4, outputs
+    # Spilled accumulators would go through local memory in the inner loop. The one
+    # exception: ssd_mma_fwd at NW = 128, where ptxas (168 registers, 3 blocks per SM)
+    # spills a few of its walk's invariants before the walk and reloads them once per
+    # 64-step tile (seen in its SASS); the form without spills measured 6% slower
+    # (benchmarks/SSD.md).
+    assert_mma_kernels_compile(
+        names, lambda name: 16 if name.startswith("ssd_mma_fwd<") and ", 128, " in name else 0,
+        nvrtc_path)
 
 
 def test_tf32_forward_compiles_for_sm90(nvrtc_path):
@@ -125,14 +135,7 @@ def test_tf32_forward_compiles_for_sm90(nvrtc_path):
     memory: stored before the walk, reloaded where a tile's copies are issued (seen in its
     SASS), at most 40 bytes; the products' accumulators stay in registers."""
     names = [ssd.tf32_fwd_name(n, keep) for n in (64, 128) for keep in (False, True)]
-    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
-                                          nvrtc_path=nvrtc_path)
-    for name in names:
-        entry = report[name]
-        assert entry["lowered"].startswith("_Z"), name
-        allowed = 40 if "<128," in name else 0
-        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
-            name, entry)
+    assert_mma_kernels_compile(names, lambda name: 40 if "<128," in name else 0, nvrtc_path)
 
 
 def test_tf32_backward_walk_compiles_for_sm90(nvrtc_path):
@@ -142,14 +145,7 @@ def test_tf32_backward_walk_compiles_for_sm90(nvrtc_path):
     address arithmetic and the chunk boundaries (seen in its SASS). At most 192 bytes either
     way, so that both forms pass; NW = 64 spills nothing."""
     names = [ssd.tf32_bwd_name(n) for n in (64, 128)]
-    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names, per_program=len(names),
-                                          nvrtc_path=nvrtc_path)
-    for name in names:
-        entry = report[name]
-        assert entry["lowered"].startswith("_Z"), name
-        allowed = 192 if "<128>" in name else 0
-        assert entry.get("spill_stores", 0) <= allowed and entry.get("spill_loads", 0) <= allowed, (
-            name, entry)
+    assert_mma_kernels_compile(names, lambda name: 192 if "<128>" in name else 0, nvrtc_path)
 
 
 def mma_bwd_names():
@@ -161,12 +157,5 @@ def mma_bwd_names():
 def test_mma_backward_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_bwd_names()
     assert len(names) == len(set(names)) == 2 * (6 * len(ssd.MMA_WIDTHS) + 9)
-    report = _nvrtc_check.compile_kernels(ssd.MMA_SOURCE_FILE, names,
-                                          per_program=-(-len(names) // 2), jobs=2,
-                                          nvrtc_path=nvrtc_path)
-    for name in names:
-        entry = report[name]
-        assert entry["lowered"].startswith("_Z"), name
-        assert "registers" in entry and "spill_stores" in entry, name
-        assert entry.get("spill_stores", 0) == 0 and entry.get("spill_loads", 0) == 0, (
-            name, entry)
+    assert_mma_kernels_compile(names, lambda name: 0, nvrtc_path,
+                               per_program=-(-len(names) // 2), jobs=2)
