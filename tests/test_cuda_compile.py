@@ -168,6 +168,8 @@ def test_ring_plans_meet_kernel_preconditions():
                     inside = cmax % 16 == 0 and cmax < min(L, _round_up(ss.TUNING["fwd_tl"], q))
                     assert plan["inside"] == inside, shape
                     assert tl % q == 0 and (tl % 16 == 0 if inside else tl <= max(cmax, q))
+                    # tiles of two 16-step blocks or more that a chunk repeats: whole blocks
+                    assert tl < 32 or cmax <= tl or tl % 16 == 0, shape
                     assert plan["sum_smem"] <= plan["smem"] <= limits["smem_optin"]
                     assert plan["smem"] == ss._ring_smem_bytes(ch, tl, N, 4 * plan["nsplit"], io, bc)
                     nseg, seg_len = plan["nseg"], plan["seg_len"]
@@ -182,6 +184,7 @@ def test_ring_plans_meet_kernel_preconditions():
                         assert fr["threads"] == sch * plan["nsplit"] <= ss.FWD_MAX_THREADS
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and fr["smem"] <= limits["smem_optin"]
+                        assert stl < 32 or fr["seg_len"] <= stl or stl % 16 == 0, shape
                         assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * plan["nsplit"], io, bc,
                                                                  kind="sum")
                     # The ring backward: the same case, and whole warps of channels.

@@ -145,6 +145,10 @@ TUNING = {
     # and 5.772 -> 5.664.
     "sum_split": 8,
     "fwd_sum_tiles": True,
+    # True: the ring forward's tiles (and its summaries') of 32 steps or more, shorter than
+    # the chunk, in whole 16-step blocks (_choose_ring_tiles); False: any multiple of the ring
+    # quantum that fits (to compare).
+    "ring_whole_blocks": True,
     "bwd_ring_threads": 128,
     "bwd_ring_tl": 64,
     # Time segments (see _split_time): split when the grid fills less than
@@ -396,7 +400,7 @@ def _round_up(x, m):
 
 
 def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max_threads,
-                  warps_by_regs, size, lim, what, nseg=1, ch_min=1, pow2=False):
+                  warps_by_regs, size, lim, what, nseg=1, ch_min=1, pow2=False, block=None):
     """Pick channels per block CH and time tile TL for one kernel.
 
     CH runs over the powers of two that divide the group sizes; for each, TL is
@@ -408,7 +412,9 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
     fewest warps on the busiest SM (spreading small grids over all SMs), the
     largest CH (fewer partial sums, B/C tiles shared by more channels) and then
     the longest TL win. ``nseg`` time segments multiply the blocks; CH is at least ``ch_min``;
-    ``pow2``: TL is a power of two (``step`` one too).
+    ``pow2``: TL is a power of two (``step`` one too); ``block`` (a multiple of ``step``): a
+    TL of two blocks or more, shorter than the chunk, is then cut to whole blocks (the
+    choice among the pairs, and the blocks per SM returned, are those of the TL that fitted).
 
     Returns ``(CH, TL, smem bytes, blocks, resident blocks per SM at most)``.
     """
@@ -439,6 +445,9 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
             occ_max = max(1, min(cap, lim["smem_per_sm"] // (nbytes + 1024)))
             waves = -(-blocks // (occ * sm))
             busiest = -(-blocks // sm) * warps
+            if block and tl >= 2 * block and tl % block and cmax > tl:  # (ranked as fitted)
+                tl -= tl % block
+                nbytes = size(ch, tl)
             cands.append((waves, busiest, ch, tl, nbytes, blocks, occ_max))
         ch //= 2
     if not cands:
@@ -576,11 +585,17 @@ def _ring_case(*, L, N, gb, gc, chunk_size, io, bc):
 def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
     """:func:`_choose_tiles` for a kernel of the ring forward's body (``kind`` as in
     :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
-    registers; ``shape``: the remaining arguments of :func:`_choose_tiles`."""
+    registers, tiles of 32 steps or more in whole 16-step blocks where a chunk holds more
+    than one (the steps past a tile's last whole block go through the 4-step groups, which
+    cost more: float32 64x1536x256 N 16 forward 0.266 ms at TL 40, 0.283 at 36, 0.241 at 32;
+    benchmarks/NOTES.md);
+    ``shape``: the remaining arguments of :func:`_choose_tiles`."""
     return _choose_tiles(
         tl_min=TUNING["fwd_min_tl"], max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
         warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
-        size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what, **shape)
+        size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
+        block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
+        else None, **shape)
 
 
 def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
