@@ -107,10 +107,16 @@ inline void emu_cp_commit() {
     emu_cp_open.clear();
 }
 // cp.async.wait_group pending: every committed group but the newest `pending` lands (copies
-// not yet committed stay in flight).
+// not yet committed stay in flight). A destination that no longer holds the 0xff bytes of
+// its issue was stored to while the copy was in flight: on a GPU the copy may land before or
+// after that store (a race), so it fails here.
 inline void emu_cp_wait(int pending) {
     while ((int)emu_cp_groups.size() > pending) {
-        for (auto& c : emu_cp_groups.front()) memcpy(c.dst, c.data, c.n);
+        for (auto& c : emu_cp_groups.front()) {
+            for (int i = 0; i < c.n; ++i)
+                if (c.dst[i] != 0xff) emu_fail("cp.async: a store into the destination of a copy in flight");
+            memcpy(c.dst, c.data, c.n);
+        }
         emu_cp_groups.pop_front();
     }
 }
