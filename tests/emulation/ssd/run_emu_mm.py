@@ -338,8 +338,8 @@ def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, t
     reference summed (dB's heads times dt'). The blocks read dY and x per head: the case's
     grouped U, W repeated over their groups' heads (dC: dY = U, x = W; dB: the other way).
     Classes: one head each (the blocks in one run), and the heads of each Vv group (the
-    blocks in one run per head); the products at NT 8 in one run per head and at NT 16 in
-    one run."""
+    blocks in one run per head, and in one run of all of them: a block's loop over heads);
+    the products at NT 8 in one run per head and at NT 16 in one run."""
     batch, L, H, V = ref.shape
     K, XU, XV = U.shape[3], U.shape[2], Vv.shape[2]
     nc = len(starts) - 1
@@ -348,7 +348,7 @@ def run_hsum(lib, i, kind, U, W, Vv, Mm, dte, cum, seq, starts, ref, m_chunks, t
     row_f = dte if gssd.HSUM_KINDS[kind][2] else np.ones_like(dte)
     pairs = tiles * (tiles + 1) // 2
     ok = True
-    for classes, gs_runs in sorted({(H, 1), (XV, H // XV)}):
+    for classes, gs_runs in sorted({(H, 1), (XV, H // XV), (XV, 1)}):
         hpk = H // classes
         want = (ref * row_f[..., None]).reshape(batch, L, classes, hpk, V).sum(axis=3)
         gs = np.full((gs_runs, batch, nc, classes, pairs, 64 * 64), np.nan, np.float32)
