@@ -228,6 +228,36 @@ def test_ring_plans_meet_kernel_preconditions():
     assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None
 
 
+def test_ring_whole_blocks_keep_the_plan(monkeypatch):
+    # Cutting the ring forward's tiles to whole 16-step blocks (TUNING["ring_whole_blocks"])
+    # shortens a tile, and nothing else: the same channels per block, blocks and time
+    # segments (the summaries' too) as with the tile that fitted, so that the blocks per SM
+    # the planner counted on stay true.
+    limits = dict(sm_count=132, smem_optin=227 * 1024)
+    cut = 0
+    for io in ("bfloat16", "float32"):
+        for batch, dim, L, chunk in ((64, 1536, 256, 256), (16, 1536, 512, 256), (8, 1536, 2048, 256),
+                                     (2, 1536, 32768, 256), (1, 1536, 4096, 2048), (4, 96, 1000, 200),
+                                     (3, 64, 384, 96), (1, 32, 40, 40)):
+            shape = dict(batch=batch, dim=dim, L=L, N=16, gb=1, gc=1, chunk_size=chunk, io=io, bc=io,
+                         **limits)
+            plans = {}
+            for whole in (False, True):
+                monkeypatch.setitem(ss.TUNING, "ring_whole_blocks", whole)
+                plans[whole] = ss.plan_forward_ring(**shape), ss.plan_backward_ring(**shape)
+            for old, new in zip(plans[False], plans[True]):
+                for key in ("ch", "blocks", "nseg", "seg_len", "threads"):
+                    assert old[key] == new[key], (shape, key)
+                assert new["tl"] <= old["tl"] and new["smem"] <= old["smem"], shape
+                cut += new["tl"] < old["tl"]
+                so, sn = old["sum_ring"], new["sum_ring"]
+                assert (so is None) == (sn is None), shape
+                if so is not None:
+                    assert (so["ch"], so.get("split")) == (sn["ch"], sn.get("split")), shape
+                    assert sn["tl"] <= so["tl"], shape
+    assert cut > 0  # (the shapes include tiles that were not whole blocks)
+
+
 def _round_up(x, m):
     return (x + m - 1) // m * m
 
