@@ -850,6 +850,37 @@ def assert_float32_grads_close(grads, base, *, loose=()):
         assert np.linalg.norm(grads[f] - g0) <= bound * scale, f
 
 
+def float32_backward_both_ways(monkeypatch, case, seed, grad_seed, switch, launched, *,
+                               final_state=False):
+    """The float32 GPU backward of ``case`` ((batch, L, H, P, G, N, chunk, make_inputs
+    options)) with the module switch ``switch`` True, then False, on the same output's
+    pullback: each run checked against the reference and by ``launched(kernel names,
+    value)``; returns the gradients as float64 NumPy arrays, by the switch's value."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    batch, L, H, P, G, N, chunk, kw = case
+    inputs = make_inputs(np.random.default_rng(seed), batch=batch, L=L, H=H, P=P, G=G, N=N, **kw)
+    cp = xp_for("gpu")
+    arrays, _ = cast(inputs, "float32", cp)
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    names = record_launches(monkeypatch)
+    out, pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=final_state)
+    rng = np.random.default_rng(grad_seed)
+    cotangents = [cp.asarray(rng.standard_normal(a.shape), dtype=np.float32)
+                  for a in (out if final_state else (out,))]
+    grads = {}
+    for value in (True, False):
+        monkeypatch.setattr(gpu_ssd, switch, value)
+        names.clear()
+        g = pullback(*cotangents)
+        assert launched(names, value), names
+        grads[value] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                        if getattr(g, f) is not None}
+        check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(grad_seed))
+    return grads
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("walk", [False, True])
@@ -916,28 +947,14 @@ def test_float32_backward_rows_in_gb(monkeypatch, case):
     from ssmkit._gpu import ssd as gpu_ssd
 
     monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", False)
+    P = GB_ROWS_CASES[case][3]
 
-    batch, L, H, P, G, N, chunk, kw = GB_ROWS_CASES[case]
-    inputs = make_inputs(np.random.default_rng(950 + case), batch=batch, L=L, H=H, P=P, G=G,
-                         N=N, **kw)
-    arrays, _ = cast(inputs, "float32", xp_for("gpu"))
-    opts = dict(chunk_size=chunk, dt_softplus=True)
-    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
-    names = record_launches(monkeypatch)
-    y, pullback = ssmkit.ssd_vjp(**arrays, **opts)
-    dy = xp_for("gpu").asarray(np.random.default_rng(case).standard_normal(y.shape),
-                               dtype=np.float32)
-    grads = {}
-    for rows in (True, False):
-        monkeypatch.setattr(gpu_ssd, "GB_ROWS", rows)
-        names.clear()
-        g = pullback(dy)
-        fused = any(n.startswith("ssd_chunk_mm_tc") and n.endswith(", false, true>")
-                    for n in names)
-        assert fused == (rows and P <= 128), names
-        grads[rows] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
-                       if getattr(g, f) is not None}
-        check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(case))
+    def fused(names, rows):
+        return any(n.startswith("ssd_chunk_mm_tc") and n.endswith(", false, true>")
+                   for n in names) == (rows and P <= 128)
+
+    grads = float32_backward_both_ways(monkeypatch, GB_ROWS_CASES[case], 950 + case, case,
+                                       "GB_ROWS", fused)
     assert_float32_grads_close(grads[True], grads[False])
 
 
@@ -961,30 +978,13 @@ def test_float32_backward_walk(monkeypatch, case):
     the per-step sums in one kernel) and with the chunked kernels: both within the
     reference's tolerances, every gradient within 2e-5 of the other's (the same float32
     sums in another order), the walk run where it applies."""
-    from ssmkit._gpu import ssd as gpu_ssd
+    restarts = "seq_cuts" in TF32_WALK_CASES[case][-1]
 
-    batch, L, H, P, G, N, chunk, kw = TF32_WALK_CASES[case]
-    inputs = make_inputs(np.random.default_rng(970 + case), batch=batch, L=L, H=H, P=P, G=G,
-                         N=N, **kw)
-    arrays, _ = cast(inputs, "float32", xp_for("gpu"))
-    opts = dict(chunk_size=chunk, dt_softplus=True)
-    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
-    names = record_launches(monkeypatch)
-    (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
-    rng = np.random.default_rng(case)
-    cp = xp_for("gpu")
-    dy = cp.asarray(rng.standard_normal(y.shape), dtype=np.float32)
-    dfin = cp.asarray(rng.standard_normal(fin.shape), dtype=np.float32)
-    grads = {}
-    for walk in (True, False):
-        monkeypatch.setattr(gpu_ssd, "TF32_BWD_WALK", walk)
-        names.clear()
-        g = pullback(dy, dfin)
-        walked = any(n.startswith("ssd_tf32_bwd<") for n in names)
-        assert walked == (walk and "seq_cuts" not in kw), names
-        grads[walk] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
-                       if getattr(g, f) is not None}
-        check_against_reference("gpu", "float32", inputs, opts, np.random.default_rng(case))
+    def walked(names, walk):
+        return any(n.startswith("ssd_tf32_bwd<") for n in names) == (walk and not restarts)
+
+    grads = float32_backward_both_ways(monkeypatch, TF32_WALK_CASES[case], 970 + case, case,
+                                       "TF32_BWD_WALK", walked, final_state=True)
     # dA and d dt_bias are sums over (batch, L) of cancelling terms, taken in another order
     # by the two (seen: 2.0e-5 of dA's norm at 3 x 1000 steps)
     assert_float32_grads_close(grads[True], grads[False], loose=("A", "dt_bias"))
