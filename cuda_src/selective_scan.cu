@@ -63,6 +63,8 @@ enum : int {
     SSM_HAS_DFINAL = 64,   // backward: a cotangent of the final state is given
     SSM_CKPT_INSIDE = 128, // ring forward: tiles run across chunk boundaries (chunk and TL
                            // multiples of 16 steps)
+    SSM_ACCUMULATE = 256,  // ring backward, float IO: du, ddelta, dz added to the outputs'
+                           // values (a slice of the states adding its part)
 };
 
 // Backward sub-tile: steps whose states are recomputed into registers at once.
@@ -871,6 +873,12 @@ struct ssm_ring_layout {
 // 16 bytes (ssm_v16, as the cp.async fallback moves them) in one 128-bit access.
 __device__ __forceinline__ ssm_v16 ssm_ld16(const void* p) { return *reinterpret_cast<const ssm_v16*>(p); }
 __device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }
+// 16 bytes of 4 floats added to the 4 floats at p (p 16-byte aligned).
+__device__ __forceinline__ void ssm_add16f(void* p, const ssm_v16& q) {
+    float4* const d = reinterpret_cast<float4*>(p);
+    const float4 a = *d, b = *reinterpret_cast<const float4*>(&q);
+    *d = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
 
 // Widen the 16 / sizeof(T) values of T in q to float.
 __device__ __forceinline__ void ssm_widen16(float (&r)[4], const float*, const ssm_v16& q) {
@@ -1950,7 +1958,9 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 //     dB / dC; per sub-block, the sums over states (y_pre, sum g B,
 //     sum g a h A2) are reduce-scattered over the channel's lanes and the
 //     owning lane finishes du, ddelta and dz of its steps in place of u,
-//     delta and z in the stage; the warp writes those rows out, 16 bytes a lane;
+//     delta and z in the stage; the warp writes those rows out, 16 bytes a lane
+//     (with SSM_ACCUMULATE, float IO, adds them to the rows there: the host runs
+//     N > 16 as slices of at most 16 states, whose parts of du, ddelta and dz add up);
 //   - after the R tile's second barrier, sums dB and dC over the warps in warp
 //     order into the block's partial (as ssm_scan_bwd: one per channel tile,
 //     summed by ssm_sum_tiles; deterministic).
@@ -2160,7 +2170,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SSM_BRING_SUB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
         N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
-        (nseg > 1 && seg_g == nullptr))
+        (nseg > 1 && seg_g == nullptr) || ((flags & SSM_ACCUMULATE) && sizeof(IO) != 4))
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
@@ -2178,6 +2188,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const bool softplus = flags & SSM_SOFTPLUS;
     const bool want_dh0 = flags & SSM_HAS_H0;
     const bool has_dfinal = flags & SSM_HAS_DFINAL;
+    const bool accumulate = flags & SSM_ACCUMULATE;
 
     ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, 2, TL, N, NPAD, tid, nthr);
 
@@ -2427,6 +2438,12 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     const int cc = cw0 + (i >> lgw);
                     const ssm_i64 off = row0 + (ssm_i64)cc * L + t0 + t;
                     const unsigned char* const src = st + cc * lay.pio + t * sizeof(IO);
+                    if (accumulate) {
+                        ssm_add16f(du_out + off, ssm_ld16(src));
+                        ssm_add16f(ddelta_out + off, ssm_ld16(src + lay.rows));
+                        if (has_z) ssm_add16f(dz_out + off, ssm_ld16(src + 2 * lay.rows));
+                        continue;
+                    }
                     ssm_st16(du_out + off, ssm_ld16(src));
                     ssm_st16(ddelta_out + off, ssm_ld16(src + lay.rows));
                     if (has_z) ssm_st16(dz_out + off, ssm_ld16(src + 2 * lay.rows));

@@ -365,3 +365,41 @@ def test_elementary_functions(dtype, ulps):
     cpu._elementary_check(special, *out)
     np.testing.assert_array_equal(out[0], [np.nan, np.inf, 0.0])
     np.testing.assert_array_equal(out[2], [np.nan, 1.0, 0.0])
+
+
+# --------------------------------------------------------------------------------------
+# The GPU backward's decomposition into slices of states, checked with CPU stand-ins
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("N, D, z, h0, dfinal", [(37, True, True, True, True), (32, False, True, False, False),
+                                                 (17, True, False, True, False)])
+def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal):
+    """The GPU backward of N > 16 as slices of 16 states (``_backward_by_state_slices``:
+    D in slice 0 only, du / ddelta / dz added up, dA, dB, dC and the initial state's
+    gradient placed by state, d delta_bias summed), with the CPU backward standing in for
+    each slice's ring backward: the whole problem's gradients."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    p = make_problem(41 + N, batch=2, dim=8, N=N, L=23, B_form=2, C_form=1, D=D, z=z, h0=h0,
+                     chunk=5)
+    dout, dfin = cotangents(p, 41, dfinal)
+    want = cpu.selective_scan_backward(p, None, dout, dfin)
+
+    def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False):
+        assert sp.N <= 16 and checkpoints.shape[-1] == sp.N
+        g = cpu.selective_scan_backward(sp, None, dout, dfinal_state)
+        for name, out in (("u", du), ("delta", ddelta), ("z", dz)):
+            if out is not None:
+                out[...] = out + g[name] if accumulate else g[name]
+        return dict(g, u=du, delta=ddelta, z=dz)
+
+    outputs = [np.full(p.u.shape, np.nan) for _ in range(2)] + [np.full(p.u.shape, np.nan) if z else None]
+    checkpoints = np.zeros((p.n_chunks, p.batch, p.dim, p.N))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_scan, "_backward_kernels", slice_backward)
+        got = gpu_scan._backward_by_state_slices(p, checkpoints, dout, dfin, *outputs)
+    for name, w in want.items():
+        if w is None:
+            assert got[name] is None, name
+        else:
+            np.testing.assert_allclose(got[name], w, rtol=1e-12, atol=1e-12, err_msg=name)

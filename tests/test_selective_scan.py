@@ -484,6 +484,52 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
+def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
+    """The float32 backward of N > 16 as slices of 16 states through the ring backward (a
+    last slice of 1 to 16 states; D, z, initial states and a final-state cotangent or not;
+    several tiles per chunk; with and without time segments): each slice's ring backward
+    ran, no other backward did, the gradients equal the reference and those of the backward
+    over all states within float32 rounding."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    _force_segments(monkeypatch, gpu_scan, segments)
+    kinds = _record_launches(monkeypatch, gpu_scan)
+    xp = xp_for("gpu")
+    cases = [
+        (dict(batch=2, dim=32, L=200, N=37, b_form="step", c_form="group", groups=2,
+              with_init=True), 96),
+        (dict(batch=1, dim=32, L=136, N=17, b_form="step", c_form="step", with_D=False,
+              with_init=False, with_z=False), 8),
+        (dict(batch=2, dim=64, L=264, N=64, b_form="group", c_form="step", groups=2,
+              with_init=True, softplus=False), None),
+        (dict(batch=1, dim=8, L=48, N=128, b_form="step", c_form="step", with_init=True), 16),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices", True)
+        kinds.clear()
+        _check_vjp("gpu", "float32", case, chunk, 880 + seed)
+        slices = -(-case["N"] // 16)
+        assert kinds.count("bwd_ring") == slices and "bwd" not in kinds, kinds
+        inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(seed), **case),
+                                "float32", xp)
+        kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
+        (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
+        rng = np.random.default_rng(seed + 1)
+        cot = [xp.asarray(rng.standard_normal(a.shape), dtype=np.float32) for a in (y, final)]
+        grads = {}
+        for on in (True, False):
+            monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices", on)
+            g = pullback(*cot)
+            grads[on] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
+                         if getattr(g, f) is not None}
+        for f, g0 in grads[False].items():
+            scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["u"]))
+            assert np.linalg.norm(grads[True][f] - g0) <= 1e-5 * scale, f
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_gpu_vjp_checkpoints_every_backward_tile(monkeypatch, segments, dtype):
     """Without a chunk_size, the GPU VJP of the ring kernels' shapes keeps a state every

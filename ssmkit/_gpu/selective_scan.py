@@ -41,6 +41,7 @@ Checkpoints: the state entering chunk ``i`` (steps ``i*chunk_size ...``) of row
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import os
@@ -79,6 +80,7 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # Kernel flags (enum in selective_scan.cu).
 _HAS_D, _HAS_Z, _HAS_BIAS, _SOFTPLUS, _HAS_H0, _SAVE_CKPT, _HAS_DFINAL = 1, 2, 4, 8, 16, 32, 64
 _CKPT_INSIDE = 128  # the ring forward's tiles run across chunks (plan_forward_ring's "inside")
+_ACCUMULATE = 256  # the ring backward adds du, ddelta and dz into its outputs
 _RING_BLOCK = 16  # steps of the ring scan's blocks (ssm_ring_block<4>)
 
 # Launch bounds of the kernels (selective_scan.cu): the most threads per block,
@@ -133,6 +135,10 @@ TUNING = {
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
+    # True: the backward of N > 16 (float32 u, B and C per step) as slices of 16 states, each
+    # through the ring backward, which adds its part of du, ddelta and dz into the outputs
+    # (_backward_by_state_slices); False: ssm_scan_bwd over all N states.
+    "bwd_state_slices": False,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
@@ -845,12 +851,13 @@ def _sum_tiles(p, part, G):
     return out
 
 
-def _plan(p, which):
+def _plan(p, which, N=None):
     """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel);
-    None where ``which`` = "fwd_ring" or "bwd_ring" does not apply to its shape."""
+    None where ``which`` = "fwd_ring" or "bwd_ring" does not apply to its shape. ``N``: for
+    ``p`` with that many states instead (a slice of them)."""
     import cupy
 
-    plan = _cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C),
+    plan = _cached_plan(which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C),
                         p.chunk_size, _dtype_name(p.compute_dtype),
                         cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
                         _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
@@ -1007,10 +1014,9 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         first three in ``p.compute_dtype``; None where the problem's array is None.
     """
     cp = p.xp
-    io, bc, ct = _check_dtypes(p)
+    _check_dtypes(p)
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     cdt = p.compute_dtype
-    gb, gc = p.groups(p.B), p.groups(p.C)
     du = cp.empty((batch, dim, L), dtype=p.io_dtype)
     ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
     dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
@@ -1025,9 +1031,86 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     dout = cp.ascontiguousarray(dout, dtype=p.io_dtype)
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
+    if _by_state_slices(p, dout, du, ddelta, dz):
+        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
+    return _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
 
+
+# States per slice of the backward by state slices (the ring backward's N <= 16)
+_SLICE_STATES = 16
+
+
+def _slice_problem(p, k):
+    """The problem of states ``k * _SLICE_STATES`` .. (at most 16 of them) of ``p``, its B, C
+    and A cut to them (contiguous copies: B and C are per step, (batch, G, N, L)), D only in
+    slice 0; with the slice's state range."""
+    cp = p.xp
+    sl = slice(k * _SLICE_STATES, min(p.N, (k + 1) * _SLICE_STATES))
+    cut = (lambda X: None if X is None else cp.ascontiguousarray(X[..., sl]))  # noqa: E731
+    return dataclasses.replace(
+        p, A=cut(p.A), B=cp.ascontiguousarray(p.B[:, :, sl]), C=cp.ascontiguousarray(p.C[:, :, sl]),
+        D=p.D if k == 0 else None, initial_state=cut(p.initial_state)), sl
+
+
+def _by_state_slices(p, dout, du, ddelta, dz):
+    """Whether the backward runs as slices of 16 states through the ring backward
+    (``TUNING["bwd_state_slices"]``): N > 16, float32 u (the slices add their du, ddelta and
+    dz into the outputs in float32), and the ring backward applying to every slice."""
+    if not (TUNING["bwd_state_slices"] and TUNING["bwd_ring"] and p.N > _SLICE_STATES
+            and p.io_dtype == np.float32 and p.groups(p.B) and p.groups(p.C)):
+        return False
+    if not _aligned16(p.u, p.delta, p.z, dout, du, ddelta, dz):
+        return False
+    widths = {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}
+    return all(_plan(p, "bwd_ring", N=n) is not None for n in widths)
+
+
+def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz):
+    """The backward of an N > 16 problem as ceil(N / 16) ring backwards of 16 states each.
+
+    The states are independent but for the sums over them (y's, and du's, ddelta's and dz's
+    terms), which are linear in each state's part: slice k's kernel adds its parts of du,
+    ddelta and dz into the outputs (``SSM_ACCUMULATE``) after slice 0 wrote them, with D's
+    terms in slice 0 only. dA, dB, dC and the initial state's gradient are per state: each
+    slice's goes into its states' columns; d delta_bias adds up."""
+    cp = p.xp
+    ck = checkpoints.reshape(p.n_chunks, p.batch, p.dim, p.N)
+    dA = cp.empty(p.A.shape, dtype=p.compute_dtype)
+    dB = cp.empty(p.B.shape, dtype=p.compute_dtype)
+    dC = cp.empty(p.C.shape, dtype=p.compute_dtype)
+    dh0 = None if p.initial_state is None else cp.empty(p.initial_state.shape, dtype=p.compute_dtype)
+    out = None
+    for k in range(-(-p.N // _SLICE_STATES)):
+        sp, sl = _slice_problem(p, k)
+        g = _backward_kernels(
+            sp, cp.ascontiguousarray(ck[..., sl]), dout,
+            None if dfinal_state is None else cp.ascontiguousarray(dfinal_state[..., sl]),
+            du, ddelta, dz, accumulate=k > 0)
+        dA[:, sl] = g["A"]
+        dB[:, :, sl] = g["B"]
+        dC[:, :, sl] = g["C"]
+        if dh0 is not None:
+            dh0[..., sl] = g["initial_state"]
+        if out is None:
+            out = g
+        elif g["delta_bias"] is not None:
+            out["delta_bias"] += g["delta_bias"]
+    out.update(A=dA, B=dB, C=dC, initial_state=dh0)
+    return out
+
+
+def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False):
+    """The kernels of :func:`selective_scan_backward` (arguments checked, outputs allocated;
+    ``accumulate``: the ring backward adds du, ddelta and dz into those outputs)."""
+    cp = p.xp
+    io, bc, ct = _check_dtypes(p)
+    batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    cdt = p.compute_dtype
+    gb, gc = p.groups(p.B), p.groups(p.C)
     plan = _plan(p, "bwd_ring") if TUNING["bwd_ring"] else None
     if plan is None or not _aligned16(p.u, p.delta, p.z, dout, p.B, p.C, du, ddelta, dz):
+        if accumulate:
+            raise AssertionError("the ring backward must run where its slices add up")
         plan = _plan(p, "bwd")
     ring = plan.get("ring", False)
     ch = plan["ch"]
@@ -1046,7 +1129,8 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
              | (_HAS_BIAS if p.delta_bias is not None else 0)
              | (_SOFTPLUS if p.delta_softplus else 0)
              | (_HAS_H0 if p.initial_state is not None else 0)
-             | (_HAS_DFINAL if dfinal_state is not None else 0))
+             | (_HAS_DFINAL if dfinal_state is not None else 0)
+             | (_ACCUMULATE if accumulate else 0))
     seeds = None
     if nseg > 1:
         # Summary of segments 1 .. nseg-1 in reverse time from a zero adjoint
