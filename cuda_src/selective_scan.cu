@@ -875,9 +875,12 @@ __device__ __forceinline__ ssm_v16 ssm_ld16(const void* p) { return *reinterpret
 __device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }
 // 16 bytes of 4 floats added to the 4 floats at p (p 16-byte aligned).
 __device__ __forceinline__ void ssm_add16f(void* p, const ssm_v16& q) {
-    float4* const d = reinterpret_cast<float4*>(p);
-    const float4 a = *d, b = *reinterpret_cast<const float4*>(&q);
-    *d = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    ssm_v16 a = ssm_ld16(p);
+    float* const fa = reinterpret_cast<float*>(&a);
+    const float* const fq = reinterpret_cast<const float*>(&q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) fa[k] += fq[k];
+    ssm_st16(p, a);
 }
 
 // Widen the 16 / sizeof(T) values of T in q to float.
@@ -1938,7 +1941,9 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // forward's case (float compute, B and C per step, N <= 16, rows 16-byte
 // aligned, L and the chunk multiples of ssm_ring_quantum, L < 2^31) with
 // blocks of whole warps (CH a multiple of 32 / NSPLIT); same parameters,
-// outputs and time segments as ssm_scan_bwd. Where that kernel spends most of
+// outputs and time segments as ssm_scan_bwd, and ck_pitch: the floats per
+// checkpoint of a channel (>= N; more where the states are a slice of a larger
+// problem's, ckpt pointing at the slice's first). Where that kernel spends most of
 // its instructions on block-wide staging, two block barriers per 4 steps and
 // one element per thread, this one
 //   - copies tiles with 16-byte cp.async into two stages as the forward does,
@@ -2137,7 +2142,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                   CT* __restrict__ scratch,
                   int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
                   int TL, int CH, int flags, const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg,
-                  int seg0) {
+                  int seg0, int ck_pitch) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
@@ -2170,7 +2175,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SSM_BRING_SUB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
         N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
-        (nseg > 1 && seg_g == nullptr) || ((flags & SSM_ACCUMULATE) && sizeof(IO) != 4))
+        (nseg > 1 && seg_g == nullptr) || ((flags & SSM_ACCUMULATE) && sizeof(IO) != 4) || ck_pitch < N)
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
@@ -2235,7 +2240,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
         const bool rev = cur.rev;
         if (!rev || cur.ntl == 1) {
             if (T == 0) {  // the chunk's checkpoint
-                const float* const src = ckpt + (((ssm_i64)cur.ci * batch + b) * dim + d) * N;
+                const float* const src = ckpt + (((ssm_i64)cur.ci * batch + b) * dim + d) * ck_pitch;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) h[k] = s * 4 + k < N ? src[s * 4 + k] : 0.0f;
             }

@@ -385,8 +385,9 @@ def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal):
     dout, dfin = cotangents(p, 41, dfinal)
     want = cpu.selective_scan_backward(p, None, dout, dfin)
 
-    def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False):
-        assert sp.N <= 16 and checkpoints.shape[-1] == sp.N
+    def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
+                       ck_pitch=None):
+        assert sp.N <= 16 and checkpoints.shape[-1] == sp.N and ck_pitch == p.N
         g = cpu.selective_scan_backward(sp, None, dout, dfinal_state)
         for name, out in (("u", du), ("delta", ddelta), ("z", dz)):
             if out is not None:

@@ -99,10 +99,10 @@ def test_ssd_in_emulation(script, cases):
 # states per lane); bwd_ring: the ring backward with several tiles per chunk (pass A's
 # sub-block states in scratch), also with time split into up to 3 segments (the ring
 # summaries, in 2 sub-segments each where they divide: the backward's walks its tiles last to
-# first)
+# first); slices: N > 16 as slices of 16 states through the ring backward, time split too
 @pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
-                                           ("bwd_ring", "1", "3")])
+                                           ("bwd_ring", "1", "3"), ("slices", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):
     pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)

@@ -1083,9 +1083,9 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz
     for k in range(-(-p.N // _SLICE_STATES)):
         sp, sl = _slice_problem(p, k)
         g = _backward_kernels(
-            sp, cp.ascontiguousarray(ck[..., sl]), dout,
+            sp, ck[..., sl], dout,
             None if dfinal_state is None else cp.ascontiguousarray(dfinal_state[..., sl]),
-            du, ddelta, dz, accumulate=k > 0)
+            du, ddelta, dz, accumulate=k > 0, ck_pitch=p.N)
         dA[:, sl] = g["A"]
         dB[:, :, sl] = g["B"]
         dC[:, :, sl] = g["C"]
@@ -1099,9 +1099,12 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz
     return out
 
 
-def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False):
+def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
+                      ck_pitch=None):
     """The kernels of :func:`selective_scan_backward` (arguments checked, outputs allocated;
-    ``accumulate``: the ring backward adds du, ddelta and dz into those outputs)."""
+    ``accumulate``: the ring backward adds du, ddelta and dz into those outputs; ``ck_pitch``:
+    the ring backward's checkpoints are ``ck_pitch`` floats apart per channel, from
+    ``checkpoints``' first, instead of ``N``: a slice of a larger problem's)."""
     cp = p.xp
     io, bc, ct = _check_dtypes(p)
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
@@ -1166,6 +1169,8 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
             checkpoints, _ptr(dfinal_state), du, ddelta, _ptr(dz),
             dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,
             ) + _shape_args(p, plan) + (np.int32(flags), _ptr(seeds)) + _seg_args(plan)
+    if ring:
+        args += (np.int32(ck_pitch or N),)
     _launch(key, plan, args)
 
     return {

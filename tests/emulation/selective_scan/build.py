@@ -41,7 +41,7 @@ SIGS = {
     "fwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
-    "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG,
+    "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG + ["int"],
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
     "tile_sum": ["const CT*", "CT*", "int", "int", "ssm_i64"],

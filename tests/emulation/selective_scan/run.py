@@ -9,6 +9,7 @@ FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of th
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
 the default); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
+STATE_SLICES=1 runs the backward of N > 16 as slices of 16 states through the ring backward;
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -24,6 +25,7 @@ if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"]
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
+if os.environ.get("STATE_SLICES"): ss.TUNING["bwd_state_slices"] = os.environ["STATE_SLICES"] == "1"
 if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
@@ -48,9 +50,9 @@ def emu_launch(key, plan, args):
     nptr = len(arrs)
     bufs = (EmuBuf * nptr)()
     for i, a in enumerate(arrs):
-        if isinstance(a, np.ndarray):
-            assert a.flags.c_contiguous
-            bufs[i].p = a.ctypes.data; bufs[i].n = a.nbytes
+        if isinstance(a, np.ndarray):  # (a view: from its first element to its last's end)
+            assert a.flags.c_contiguous or all(s > 0 for s in a.strides)
+            bufs[i].p = a.ctypes.data; bufs[i].n = np.lib.array_utils.byte_bounds(a)[1] - a.ctypes.data
         else:
             assert type(a) is np.uint64 and a == 0, (key.kind, i, type(a))
             bufs[i].p = None; bufs[i].n = 0
@@ -59,8 +61,8 @@ def emu_launch(key, plan, args):
     getattr(lib, build.symbol(key))(bufs, s, ctypes.c_uint(plan["blocks"]), ctypes.c_uint(plan["threads"]), ctypes.c_uint(plan["smem"]))
 
 ss._launch = emu_launch
-def _emu_plan(p, which):
-    plan = (ss._cached_plan(which, p.batch, p.dim, p.L, p.N, p.groups(p.B), p.groups(p.C), p.chunk_size,
+def _emu_plan(p, which, N=None):
+    plan = (ss._cached_plan(which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C), p.chunk_size,
                                 ss._dtype_name(p.compute_dtype), 0, tuple(sorted(ss.TUNING.items())),
                                 ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))
     return None if plan is None else dict(plan)

@@ -5,7 +5,7 @@ output and gradient with the float64 reference.
         python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
-quick, ring, quads, n and bwd_ring lists without AddressSanitizer (tests/test_emulation.py).
+quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
 """
 import sys, os, itertools
 import numpy as np
@@ -66,6 +66,17 @@ elif which == "bwd_ring":
         (1, 64, 264, 16, "bfloat16", None, 2, 2, none, 80),
         (1, 16, 40, 16, "float32", None, 1, 1, full, 4),
     ]
+elif which == "slices":
+    # N > 16 as slices of 16 states through the ring backward (STATE_SLICES=1 is set here):
+    # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
+    # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz.
+    from run import ss
+    ss.TUNING["bwd_state_slices"] = True
+    cases += [
+        (1, 32, 96, 37, "float32", None, 1, 2, full, 48),
+        (2, 32, 40, 17, "float32", None, 1, 1, none, 8),
+        (1, 16, 64, 32, "float32", None, 2, 1, full, 1000),
+    ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
         cases.append((1, 4, 23, N, "float32", None, 1, 2, full, 9))
@@ -112,6 +123,10 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
     p = make(rng, batch, dim, L, N, io=io, bc=bc, gb=gb, gc=gc, chunk=chunk, **flags)
     label = f"b{batch} d{dim} L{L} N{N} {io}/{bc or io} G{gb},{gc} {'full' if flags is full else 'none'} cs{chunk}"
     for dfin in (True, False) if flags is full else (False,):
+        LAUNCHES.clear()
         ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
+        if which == "slices":  # every slice through the ring backward, nothing else
+            kinds = [k for k, _ in LAUNCHES]
+            assert kinds.count("bwd_ring") == -(-N // 16) and "bwd" not in kinds, kinds
 print("ALL OK" if ok else "FAILURES")
 sys.exit(0 if ok else 1)
