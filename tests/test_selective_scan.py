@@ -489,7 +489,8 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
     last slice of 1 to 16 states; D, z, initial states and a final-state cotangent or not;
     several tiles per chunk; with and without time segments): each slice's ring backward
     ran, no other backward did, the gradients equal the reference and those of the backward
-    over all states within float32 rounding."""
+    over all states within float32 rounding; without a chunk_size the VJP keeps a state
+    every few slice tiles."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
     _force_segments(monkeypatch, gpu_scan, segments)
@@ -505,7 +506,7 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
         (dict(batch=1, dim=8, L=48, N=128, b_form="step", c_form="step", with_init=True), 16),
     ]
     for seed, (case, chunk) in enumerate(cases):
-        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices", True)
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_from", 17)
         kinds.clear()
         _check_vjp("gpu", "float32", case, chunk, 880 + seed)
         slices = -(-case["N"] // 16)
@@ -514,11 +515,15 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
                                 "float32", xp)
         kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
         (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
+        if chunk is None:  # checkpoints: the fewest whole slice tiles as large as u
+            tl = gpu_scan._plan(pullback._problem, "bwd_ring", N=16)["tl"]
+            interval = pullback._problem.chunk_size
+            assert interval % tl == 0 and case["N"] <= interval < case["N"] + tl, (interval, tl)
         rng = np.random.default_rng(seed + 1)
         cot = [xp.asarray(rng.standard_normal(a.shape), dtype=np.float32) for a in (y, final)]
         grads = {}
         for on in (True, False):
-            monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices", on)
+            monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_from", 17 if on else None)
             g = pullback(*cot)
             grads[on] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
                          if getattr(g, f) is not None}

@@ -135,10 +135,13 @@ TUNING = {
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
-    # True: the backward of N > 16 (float32 u, B and C per step) as slices of 16 states, each
-    # through the ring backward, which adds its part of du, ddelta and dz into the outputs
-    # (_backward_by_state_slices); False: ssm_scan_bwd over all N states.
-    "bwd_state_slices": False,
+    # The backward of N >= this (float32 u, B and C per step; None: never) as slices of 16
+    # states, each through the ring backward, which adds its part of du, ddelta and dz into
+    # the outputs (_backward_by_state_slices), instead of ssm_scan_bwd over all N states.
+    # Forward+backward at float32 8x1536x2048 (benchmarks/NOTES.md, version 19): N 128
+    # 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42 against
+    # 5.46 at best (every 16 steps), so from N 65.
+    "bwd_state_slices_from": 65,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
@@ -976,9 +979,20 @@ def checkpoint_interval(p):
     ``u`` (at the peer rows' N = 16: TL 16 in float32, 32 in 16-bit types). Forward +
     backward at 8 x 1536 x 2048, N = 16: float32 1.54 -> 1.41 ms, bfloat16 1.44 -> 1.31 ms
     (benchmarks/NOTES.md, version 8).
+
+    Where the backward runs by slices of 16 states, the shortest multiple of their TL whose
+    checkpoints take no more memory than ``u`` (N 128 in float32: 128 steps; forward +
+    backward at 8 x 1536 x 2048 12.1 ms against 12.2 at 256 and 10.95 at 16, where the
+    checkpoints take 8 times ``u``'s memory; ``chunk_size`` asks for that).
     """
     if not (TUNING["bwd_ring"] and TUNING["fwd_ring"]):
         return p.chunk_size
+    if p.N > _SLICE_STATES:
+        if not _by_state_slices(p):
+            return p.chunk_size
+        tl = _plan(p, "bwd_ring", N=_SLICE_STATES)["tl"]
+        per = -(-p.N * p.compute_dtype.itemsize // (tl * p.u.dtype.itemsize))
+        return tl * per if tl % _RING_BLOCK == 0 and tl * per < min(p.chunk_size, p.L) else p.chunk_size
     plan = _plan(p, "bwd_ring")
     if plan is None or not _aligned16(p.u, p.delta, p.z, p.B, p.C):
         return p.chunk_size
@@ -1052,14 +1066,16 @@ def _slice_problem(p, k):
         D=p.D if k == 0 else None, initial_state=cut(p.initial_state)), sl
 
 
-def _by_state_slices(p, dout, du, ddelta, dz):
-    """Whether the backward runs as slices of 16 states through the ring backward
-    (``TUNING["bwd_state_slices"]``): N > 16, float32 u (the slices add their du, ddelta and
-    dz into the outputs in float32), and the ring backward applying to every slice."""
-    if not (TUNING["bwd_state_slices"] and TUNING["bwd_ring"] and p.N > _SLICE_STATES
+def _by_state_slices(p, *arrays):
+    """Whether the backward runs as slices of 16 states through the ring backward: N >=
+    ``TUNING["bwd_state_slices_from"]`` (> 16), float32 u (the slices add their du, ddelta
+    and dz into the outputs in float32), the ring backward applying to every slice, and
+    the problem's arrays and ``arrays`` (the backward's own) 16-byte aligned."""
+    least = TUNING["bwd_state_slices_from"]
+    if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
             and p.io_dtype == np.float32 and p.groups(p.B) and p.groups(p.C)):
         return False
-    if not _aligned16(p.u, p.delta, p.z, dout, du, ddelta, dz):
+    if not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
         return False
     widths = {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}
     return all(_plan(p, "bwd_ring", N=n) is not None for n in widths)

@@ -9,7 +9,7 @@ FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of th
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
 the default); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
-STATE_SLICES=1 runs the backward of N > 16 as slices of 16 states through the ring backward;
+STATE_SLICES=1 / 0 runs the backward of every N > 16 as slices of 16 states through the ring backward (or none);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -25,7 +25,7 @@ if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"]
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
-if os.environ.get("STATE_SLICES"): ss.TUNING["bwd_state_slices"] = os.environ["STATE_SLICES"] == "1"
+if os.environ.get("STATE_SLICES"): ss.TUNING["bwd_state_slices_from"] = 17 if os.environ["STATE_SLICES"] == "1" else None
 if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}

@@ -71,7 +71,7 @@ elif which == "slices":
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
     # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz.
     from run import ss
-    ss.TUNING["bwd_state_slices"] = True
+    ss.TUNING["bwd_state_slices_from"] = 17
     cases += [
         (1, 32, 96, 37, "float32", None, 1, 2, full, 48),
         (2, 32, 40, 17, "float32", None, 1, 1, none, 8),
