@@ -330,7 +330,10 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     ``chunk_size`` the backend picks it: 256 steps, but for the GPU's ring kernels
     (N <= 16, B and C per step) the backward's time tile (16 to 64 steps) where those
     states take no more memory than ``u``, so that the backward recomputes no tile
-    twice. The
+    twice; for float32 ``u`` with N > 64 (its backward then runs as slices of 16 states
+    through those kernels) the fewest whole tiles whose states take no more memory than
+    ``u`` (128 steps at N = 128; a ``chunk_size`` of 16 is faster, with 8 times that
+    memory). The
     backward walks the chunks in reverse, recomputes each chunk's states from
     its saved state and runs the adjoint recurrence through it::
 
