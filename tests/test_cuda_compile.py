@@ -258,6 +258,36 @@ def test_ring_whole_blocks_keep_the_plan(monkeypatch):
     assert cut > 0  # (the shapes include tiles that were not whole blocks)
 
 
+
+def test_state_slices_where_they_were_faster(monkeypatch):
+    # The backward of N > 64 by slices of 16 states (_by_state_slices) against the H200
+    # (132 SMs) forward+backward times of benchmarks/NOTES.md, version 19: taken for float32
+    # N 96 and 128 at 8 x 1536 x 2048, not for N 64 there, nor for N 256 at batch 2 (one
+    # slice's grid 2.9 warps per SM: slower), nor for 16-bit u; and the VJP's checkpoint
+    # interval for them: the fewest whole slice tiles as large as u.
+    from ssmkit._problem import SelectiveScanProblem
+
+    limits = dict(sm_count=132, smem_optin=227 * 1024, smem_per_sm=228 * 1024)
+    monkeypatch.setattr(ss.compiler, "device_limits", lambda: limits)
+    monkeypatch.setattr(ss, "_plan", lambda p, which, N=None: ss._cached_plan(
+        which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C),
+        p.chunk_size, "float32", 0, tuple(sorted(ss.TUNING.items())),
+        ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))
+
+    def problem(batch, N, io=np.float32, dim=1536, L=2048):
+        big = np.empty((batch, dim, L), dtype=io)  # (never touched)
+        bc = np.zeros((batch, 1, N, L), dtype=io)
+        return SelectiveScanProblem(u=big, delta=big, A=np.zeros((dim, N), np.float32), B=bc, C=bc,
+                                    D=None, z=big, delta_bias=None, delta_softplus=True,
+                                    initial_state=None, chunk_size=256, xp=np)
+
+    faster = {(8, 96): True, (8, 128): True, (8, 64): False, (2, 256): False}
+    for (batch, N), want in faster.items():
+        assert ss._by_state_slices(problem(batch, N)) == want, (batch, N)
+    assert not ss._by_state_slices(problem(8, 128, io=np.float16))
+    assert ss.checkpoint_interval(problem(8, 128)) == 128  # 8 tiles of 16 steps: u's bytes
+    assert ss.checkpoint_interval(problem(8, 96)) == 96
+
 def _round_up(x, m):
     return (x + m - 1) // m * m
 

@@ -494,6 +494,7 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
     from ssmkit._gpu import selective_scan as gpu_scan
 
     _force_segments(monkeypatch, gpu_scan, segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", 0)  # small grids too
     kinds = _record_launches(monkeypatch, gpu_scan)
     xp = xp_for("gpu")
     cases = [

@@ -142,6 +142,11 @@ TUNING = {
     # 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42 against
     # 5.46 at best (every 16 steps), so from N 65.
     "bwd_state_slices_from": 65,
+    # ... and only where a slice's ring backward has at least this many warps per SM (its
+    # blocks run one after the other, state slice by slice): N 96 and 128 at 8x1536x2048
+    # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 256 at 2x1536x2048 (2.9
+    # per SM) 12.79 -> 17.63, slower.
+    "bwd_state_slices_min_warps": 8,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
@@ -1069,8 +1074,9 @@ def _slice_problem(p, k):
 def _by_state_slices(p, *arrays):
     """Whether the backward runs as slices of 16 states through the ring backward: N >=
     ``TUNING["bwd_state_slices_from"]`` (> 16), float32 u (the slices add their du, ddelta
-    and dz into the outputs in float32), the ring backward applying to every slice, and
-    the problem's arrays and ``arrays`` (the backward's own) 16-byte aligned."""
+    and dz into the outputs in float32), the ring backward applying to every slice with a
+    grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per SM, and the
+    problem's arrays and ``arrays`` (the backward's own) 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
     if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
             and p.io_dtype == np.float32 and p.groups(p.B) and p.groups(p.C)):
@@ -1078,7 +1084,12 @@ def _by_state_slices(p, *arrays):
     if not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
         return False
     widths = {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}
-    return all(_plan(p, "bwd_ring", N=n) is not None for n in widths)
+    plans = [_plan(p, "bwd_ring", N=n) for n in widths]
+    if any(plan is None for plan in plans):
+        return False
+    plan = _plan(p, "bwd_ring", N=_SLICE_STATES)
+    warps = plan["blocks"] * plan["threads"] // 32
+    return warps >= TUNING["bwd_state_slices_min_warps"] * compiler.device_limits()["sm_count"]
 
 
 def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz):

@@ -72,6 +72,7 @@ elif which == "slices":
     # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz.
     from run import ss
     ss.TUNING["bwd_state_slices_from"] = 17
+    ss.TUNING["bwd_state_slices_min_warps"] = 0
     cases += [
         (1, 32, 96, 37, "float32", None, 1, 2, full, 48),
         (2, 32, 40, 17, "float32", None, 1, 1, none, 8),
