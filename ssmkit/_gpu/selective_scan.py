@@ -14,7 +14,9 @@ segments of whole chunks run by separate blocks: a summary kernel gives each
 segment's end state (backward: its outgoing adjoint) from zero, a small carry
 kernel chains them over the segments, and the main kernel then runs every
 segment from its entering state (see "Time segments" in ``selective_scan.cu``
-and :func:`plan_forward`).
+and :func:`plan_forward`). The backward of a large state (float32, N > 64, enough
+channels) runs as slices of 16 states, one ring backward each, adding their parts of
+du, ddelta and dz (:func:`_backward_by_state_slices`).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
 lists every key this module can ask for and :func:`name_expression` spells a
@@ -1083,12 +1085,11 @@ def _by_state_slices(p, *arrays):
         return False
     if not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
         return False
-    widths = {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}
-    plans = [_plan(p, "bwd_ring", N=n) for n in widths]
-    if any(plan is None for plan in plans):
+    plans = {n: _plan(p, "bwd_ring", N=n)  # the slices' widths (N > 16: one of them 16)
+             for n in {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}}
+    if None in plans.values():
         return False
-    plan = _plan(p, "bwd_ring", N=_SLICE_STATES)
-    warps = plan["blocks"] * plan["threads"] // 32
+    warps = plans[_SLICE_STATES]["blocks"] * plans[_SLICE_STATES]["threads"] // 32
     return warps >= TUNING["bwd_state_slices_min_warps"] * compiler.device_limits()["sm_count"]
 
 
