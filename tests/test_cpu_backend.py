@@ -371,18 +371,20 @@ def test_elementary_functions(dtype, ulps):
 # The GPU backward's decomposition into slices of states, checked with CPU stand-ins
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("N, D, z, h0, dfinal", [(37, True, True, True, True), (32, False, True, False, False),
-                                                 (17, True, False, True, False)])
-def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal):
+@given(N=st.integers(17, 70), D=st.booleans(), z=st.booleans(), h0=st.booleans(),
+       dfinal=st.booleans(), L=st.sampled_from([1, 5, 23]), chunk=st.sampled_from([1, 4, 16]),
+       seed=st.integers(0, 2**32 - 1))
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, seed):
     """The GPU backward of N > 16 as slices of 16 states (``_backward_by_state_slices``:
     D in slice 0 only, du / ddelta / dz added up, dA, dB, dC and the initial state's
     gradient placed by state, d delta_bias summed), with the CPU backward standing in for
     each slice's ring backward: the whole problem's gradients."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
-    p = make_problem(41 + N, batch=2, dim=8, N=N, L=23, B_form=2, C_form=1, D=D, z=z, h0=h0,
-                     chunk=5)
-    dout, dfin = cotangents(p, 41, dfinal)
+    p = make_problem(seed, batch=2, dim=8, N=N, L=L, B_form=2, C_form=1, D=D, z=z, h0=h0,
+                     chunk=chunk)
+    dout, dfin = cotangents(p, seed, dfinal)
     want = cpu.selective_scan_backward(p, None, dout, dfin)
 
     def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,

@@ -535,6 +535,36 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@settings(max_examples=12, **SETTINGS)
+@given(N=st.integers(17, 80), groups=st.sampled_from([1, 2]), L=st.sampled_from([4, 8, 36, 132]),
+       chunk=st.sampled_from([None, 4, 8, 20, 64]), options=st.fixed_dictionaries(dict(
+           with_D=st.booleans(), with_z=st.booleans(), with_bias=st.booleans(),
+           softplus=st.booleans(), with_init=st.booleans())),
+       seed=st.integers(0, 2**32 - 1))
+def test_gpu_backward_by_state_slices_fuzzed(N, groups, L, chunk, options, seed):
+    """The sliced float32 backward (N > 16, every slice through the ring backward) on fresh
+    random problems: N 17 to 80 (last slices of 1 to 16 states), lengths of one ring quantum
+    to past a chunk, chunks of 4 steps up, every option: the VJP against the reference."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    case = dict(batch=2, dim=32 * groups, L=L, N=N, b_form="group", c_form="step",
+                groups=groups, **options)
+    saved = dict(gpu_scan.TUNING)
+    kinds = []
+    launch = gpu_scan._launch
+    gpu_scan.TUNING.update(bwd_state_slices_from=17, bwd_state_slices_min_warps=0)
+    gpu_scan._launch = lambda key, plan, args: (kinds.append(key.kind), launch(key, plan, args))
+    try:
+        _check_vjp("gpu", "float32", case, chunk, seed)
+    finally:
+        gpu_scan._launch = launch
+        gpu_scan.TUNING.clear()
+        gpu_scan.TUNING.update(saved)
+    assert kinds.count("bwd_ring") == -(-N // 16) and "bwd" not in kinds, kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_gpu_vjp_checkpoints_every_backward_tile(monkeypatch, segments, dtype):
