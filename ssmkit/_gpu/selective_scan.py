@@ -146,8 +146,8 @@ TUNING = {
     "bwd_state_slices_from": 65,
     # ... and only where a slice's ring backward has at least this many warps per SM (its
     # blocks run one after the other, state slice by slice): N 96 and 128 at 8x1536x2048
-    # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 256 at 2x1536x2048 (2.9
-    # per SM) 12.79 -> 17.63, slower.
+    # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8)
+    # 7.33 -> 9.14 and N 256 at 2x1536x2048 (2.9) 12.79 -> 17.63, slower.
     "bwd_state_slices_min_warps": 8,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
