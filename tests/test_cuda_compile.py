@@ -262,9 +262,10 @@ def test_ring_whole_blocks_keep_the_plan(monkeypatch):
 def test_state_slices_where_they_were_faster(monkeypatch):
     # The backward of N > 64 by slices of 16 states (_by_state_slices) against the H200
     # (132 SMs) forward+backward times of benchmarks/NOTES.md, version 19: taken for float32
-    # N 96 and 128 at 8 x 1536 x 2048, not for N 64 there, nor for N 256 at batch 2 (one
-    # slice's grid 2.9 warps per SM: slower), nor for 16-bit u; and the VJP's checkpoint
-    # interval for them: the fewest whole slice tiles as large as u.
+    # N 96 and 128 at 8 x 1536 x 2048, not for N 64 there, nor for N 128 at batch 4 and
+    # N 256 at batch 2 (one slice's grid 5.8 and 2.9 warps per SM: slower), nor for 16-bit
+    # u; and the VJP's checkpoint interval for them: the fewest whole slice tiles as large
+    # as u.
     from ssmkit._problem import SelectiveScanProblem
 
     limits = dict(sm_count=132, smem_optin=227 * 1024, smem_per_sm=228 * 1024)
