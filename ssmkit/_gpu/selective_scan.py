@@ -1134,7 +1134,7 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
     the ring backward's checkpoints are ``ck_pitch`` floats apart per channel, from
     ``checkpoints``' first, instead of ``N``: a slice of a larger problem's)."""
     cp = p.xp
-    io, bc, ct = _check_dtypes(p)
+    io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)  # (checked by the caller)
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     cdt = p.compute_dtype
     gb, gc = p.groups(p.B), p.groups(p.C)

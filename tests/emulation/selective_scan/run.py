@@ -25,9 +25,11 @@ if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"]
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
-if os.environ.get("STATE_SLICES"):
-    ss.TUNING["bwd_state_slices_from"] = 17 if os.environ["STATE_SLICES"] == "1" else None
+def state_slices(on):
+    """The backward of every N > 16 by slices of 16 states (on), or of none."""
+    ss.TUNING["bwd_state_slices_from"] = 17 if on else None
     ss.TUNING["bwd_state_slices_min_warps"] = 0
+if os.environ.get("STATE_SLICES"): state_slices(os.environ["STATE_SLICES"] == "1")
 if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
 compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}

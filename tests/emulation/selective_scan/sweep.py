@@ -67,12 +67,11 @@ elif which == "bwd_ring":
         (1, 16, 40, 16, "float32", None, 1, 1, full, 4),
     ]
 elif which == "slices":
-    # N > 16 as slices of 16 states through the ring backward (STATE_SLICES=1 is set here):
+    # N > 16 as slices of 16 states through the ring backward (as STATE_SLICES=1):
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
     # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz.
-    from run import ss
-    ss.TUNING["bwd_state_slices_from"] = 17
-    ss.TUNING["bwd_state_slices_min_warps"] = 0
+    from run import state_slices
+    state_slices(True)
     cases += [
         (1, 32, 96, 37, "float32", None, 1, 2, full, 48),
         (2, 32, 40, 17, "float32", None, 1, 1, none, 8),
