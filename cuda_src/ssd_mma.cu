@@ -842,6 +842,40 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // (slots, H, P, N); with KEEP, ypre (batch, L, H, P) receives the output before the gate (the
 // backward with z starts from it; a separate instance, so that the others carry no code for
 // it), else it is null; 64-bit offsets.
+// WALK: the forward that a 16-bit backward walk would differentiate (not built yet). It rounds
+// dt'_s x_s to T as the diagonal term's operand instead of weighting W by dt'_s (so W is the
+// block the backward builds too), adds S's rounding residuals to y^T = S C^T on a chunk's
+// later tiles (hi + lo), and writes y^T before D and the gate, per tile as its accumulators
+// lie, to yblob (ssd_mma_blob_at); yblob is null otherwise. Why: benchmarks/SSD.md, "The
+// 16-bit backward as one walk".
+// --------------------------------------------------------------------------------------
+// A T pair's rounding residuals: (v0 - round_T(v0), v1 - round_T(v1)) rounded to T (with the
+// rounded pair, v0 and v1 to 2^-16 relative in bfloat16).
+template <typename T>
+__device__ __forceinline__ unsigned ssd_mma_pack_lo(float v0, float v1) {
+    const unsigned hi = ssd_mma_pack<T>(v0, v1);
+    return ssd_mma_pack<T>(v0 - ssd_mma_half<T>(hi, 0), v1 - ssd_mma_half<T>(hi, 1));
+}
+
+// An entry of the walks' masked block W[t][s] = exp(cum_t - cum_s) (C_t . B_s) (no dt'_s):
+// e = (cum_t - cum_s) log2(e), so that a backward walk that makes the block again as the
+// WALK forward does rounds the same values to T.
+__device__ __forceinline__ float ssd_mma_walk_w(float e, float cb) {
+    return ssm_math<float>::decay(e) * cb;
+}
+
+// The tiles of 64 steps in a row of equal chunks (no restarts): full chunks' and the last's.
+__device__ __forceinline__ ssm_i64 ssd_mma_row_tiles(const ssm_i64* starts, ssm_i64 nc) {
+    return (nc - 1) * ((starts[1] - starts[0] + 63) / 64) + (starts[nc] - starts[nc - 1] + 63) / 64;
+}
+
+// The float offset of a lane's 4 accumulators of y^T tile j = 0 in the WALK forward's yblob:
+// per block and tile (tile = block * row tiles + the tile's index in the row), per warp, 8
+// tiles j of 32 lanes x 4 floats (4096 floats per block and tile, one 16-byte store a lane).
+__device__ __forceinline__ ssm_i64 ssd_mma_blob_at(ssm_i64 tile, int warp, int lane) {
+    return ((tile * 4 + warp) * 8) * 128 + 4 * lane;
+}
+
 // --------------------------------------------------------------------------------------
 // Where a block of the one-kernel forwards (ssd_mma_fwd, ssd_tf32_fwd) works: batch row b,
 // head h (bh = b H + h), columns p0 .. p0 + 63, and its B and C groups; a block per (row,
@@ -880,6 +914,11 @@ __device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, 
 #ifndef SSD_MMA_FWD_BLOCKS
 #define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
 #endif
+#ifndef SSD_MMA_WALK_FWD_BLOCKS
+// The WALK form's: at 3 ptxas spills about 114 bytes at NW = 128, and still it took 0.685 ms
+// at the peer bfloat16 row against 0.950 at 2 without spills (benchmarks/SSD.md)
+#define SSD_MMA_WALK_FWD_BLOCKS 3
+#endif
 
 template <int NW>
 struct ssd_mma_fwd_layout {  // byte offsets into the dynamic shared memory
@@ -899,15 +938,16 @@ __device__ __forceinline__ void ssd_mma_lower_block(int i, int& tb, int& sb) {
     sb = i - tb * (tb + 1) / 2;
 }
 
-template <typename T, int NW, bool KEEP>
-__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_FWD_BLOCKS)
+template <typename T, int NW, bool KEEP, bool WALK>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, WALK ? SSD_MMA_WALK_FWD_BLOCKS : SSD_MMA_FWD_BLOCKS)
 ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restrict__ Cm,
             const float* __restrict__ D, const T* __restrict__ z,
             const float* __restrict__ dte, const float* __restrict__ cum,
             const ssm_i64* __restrict__ starts, const float* __restrict__ h0,
             float* __restrict__ states, T* __restrict__ entering, const int* __restrict__ bslot,
-            float* __restrict__ final, T* __restrict__ out, T* __restrict__ ypre, ssm_i64 L,
-            int H, int P, int GB, int GC, int N, ssm_i64 nc) {
+            float* __restrict__ final, T* __restrict__ out, T* __restrict__ ypre,
+            float* __restrict__ yblob, ssm_i64 L, int H, int P, int GB, int GC, int N,
+            ssm_i64 nc) {
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     using LY = ssd_mma_fwd_layout<NW>;
     constexpr int THREADS = SSD_MMA_THREADS, NS = NW / 8, LD = SSD_MMA_LD, LDB = LY::LDB;
@@ -1002,7 +1042,9 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const ssd_mma_saddr ca_lane = ssd_mma_lane_a<LDB>(cs, lane);  // C as A ([t][n])
     const ssd_mma_saddr cb_lane = ssd_mma_lane_b<LDB>(cs, lane);  // C as B ([t][n] = [n][k])
     int k = 0;  // the stage of the tile being computed
-    for (ssd_mma_walker cur(starts, nc); cur.c < nc; cur.advance(64, starts, nc), k ^= 1) {
+    ssm_i64 tile = (ssm_i64)blockIdx.x * ssd_mma_row_tiles(starts, nc);  // (WALK: its blob)
+    for (ssd_mma_walker cur(starts, nc); cur.c < nc;
+         cur.advance(64, starts, nc), k ^= 1, ++tile) {
         const int ns = cur.rows(64);
         ssm_cp_wait<0>();
         __syncthreads();  // B1: tile k is the block's; the last tile is done with every buffer
@@ -1062,7 +1104,10 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                             const int si = s + (i & 1), t = i >= 2 ? tb8 : ta;
                             const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
                             const bool live = (sb < tb || si <= t) && t < ns;
-                            w[i] = live ? ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i] : 0.0f;
+                            // (WALK: dt'_s goes with x, ssd_mma_walk_w)
+                            w[i] = !live ? 0.0f
+                                   : WALK ? ssd_mma_walk_w(e, cb[m][jj][i])
+                                          : ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i];
                         }
                         *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
                         *reinterpret_cast<unsigned*>(ws + tb8 * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
@@ -1072,20 +1117,30 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         }
         ssd_mma_tile_decays<64>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
         // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
-        // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
+        // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments. (WALK: on a chunk's
+        // later tiles S's rounding residuals too, with the same B fragments.)
         float acc[8][4];
         ssm_mma_zero(acc);
+        const bool s_lo = WALK && !cur.first;
 #pragma unroll  // (fully: S is indexed by ks)
         for (int ks = 0; ks < NS / 2; ++ks) {
             const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
                                    ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
                                    ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
                                    ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
+            unsigned al[4];
+            if (s_lo) {
+                al[0] = ssd_mma_pack_lo<T>(S[2 * ks][0], S[2 * ks][1]);
+                al[1] = ssd_mma_pack_lo<T>(S[2 * ks][2], S[2 * ks][3]);
+                al[2] = ssd_mma_pack_lo<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+                al[3] = ssd_mma_pack_lo<T>(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+            }
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
                 unsigned bf[4];
                 ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
                 ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                if (s_lo) ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);
             }
         }
         // x^T's fragments, K = s 16 ks .., before xs is free
@@ -1106,12 +1161,20 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         // the diagonal term: y^T's column pairs jp >= ks (s <= t)
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
+            unsigned xd[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, unused[4];
+            if (WALK) ssd_mma_weigh_a<T, false>(xd, unused, dv, 16 * ks, lane);  // dt'_s x_s
 #pragma unroll
             for (int jp = ks; jp < 4; ++jp) {
                 unsigned bf[4];
                 ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
-                ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
+                ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xd, bf);
             }
+        }
+        if (WALK) {  // y^T before D and the gate, as the accumulators lie
+            float* yb = yblob + ssd_mma_blob_at(tile, warp, lane);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *reinterpret_cast<ssm_f4*>(yb + 128 * j) = ssm_f4{{acc[j][0], acc[j][1], acc[j][2], acc[j][3]}};
         }
 
         // The epilogue in registers (before the state's update: y^T's registers are free

@@ -111,3 +111,24 @@ def cast_inputs(inputs, dtype_name, xp):
         exact[name] = low.astype(np.float64)
         cast[name] = xp.asarray(low) if xp is not np else low
     return cast, exact
+
+
+def ssd_walk_blob_outputs(blob, shape, chunk):
+    """The outputs before D and the gate (batch, L, H, P) that the SSD forward's WALK form
+    writes to its yblob (``_Layout.walk_blob``; chunks of ``chunk`` steps, no restarts), as
+    ``ssd_mma_blob_at`` lays them: per block (b, h, 64 columns p) and 64-step tile of its
+    row (tiles never cross a chunk's end), warp w, y^T tile j, lane (g, t4) and entry i, the
+    value at p = 16 w + g + 8 (i >= 2) and step 8 j + 2 t4 + i % 2 of the tile."""
+    blob = to_numpy(blob)
+    batch, L, H, P = shape
+    pt = -(-P // 64)
+    v = blob.reshape(batch, H, pt, -1, 4, 8, 8, 4, 2, 2)  # (.., tile, w, j, g, t4, i // 2, i % 2)
+    v = v.transpose(0, 3, 5, 7, 9, 1, 2, 4, 8, 6)  # b, tile, j, t4, i % 2 | h, pt, w, i // 2, g
+    v = v.reshape(batch, v.shape[1], 64, H, pt * 64)
+    y = np.empty(shape, np.float32)
+    t0, k = 0, 0
+    while t0 < L:
+        t1 = min(t0 + 64, t0 // chunk * chunk + chunk, L)
+        y[:, t0:t1] = v[:, k, :t1 - t0, :, :P]
+        t0, k = t1, k + 1
+    return y

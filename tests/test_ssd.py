@@ -23,7 +23,7 @@ import ssmkit
 from ssmkit import reference as ref
 
 from helpers import (FORWARD_RTOL, GRAD_RTOL, as_dtype, backends, gpu_available, rel_err,
-                     to_numpy, xp_for)
+                     ssd_walk_blob_outputs, to_numpy, xp_for)
 
 FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
 SEQ_FIELDS = ("x", "dt", "B", "C", "z")  # the per-step arrays, in the dtype under test
@@ -785,6 +785,48 @@ def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
     monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)
     check_against_reference("gpu", dtype_name, inputs,
                             dict(chunk_size=chunk, dt_softplus=True), np.random.default_rng(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(FUSED_CASES)))
+def test_fused_forward_walk_form(monkeypatch, dtype_name, case):
+    """ssd_mma_fwd's WALK form (the forward a backward walk differentiates: dt'_s x_s rounded
+    as the diagonal operand, the state's rounding residuals in its products) against the
+    plain one-kernel forward: the same checkpoints bit for bit (the state's update is the
+    same), outputs within 2^-6 of the plain forward's largest entry and within the
+    reference's tolerance, and its float32 outputs before D and the gate (yblob) within the
+    tolerance of the reference's."""
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = FUSED_CASES[case]
+    inputs = make_inputs(np.random.default_rng(1700 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    xp = xp_for("gpu")
+    arrays, exact = cast(inputs, dtype_name, xp)
+    p, _, _ = _ssd._prepare("ssd", *(arrays[k] for k in ("x", "dt", "A", "B", "C")), chunk,
+                            arrays["D"], arrays["z"], arrays["dt_bias"], True, (0.0, math.inf),
+                            arrays["initial_state"], None, None)
+    monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)  # (where it applies, not where faster)
+    assert gpu_ssd.uses_mma_fwd(p, p.x)
+    lay = gpu_ssd._Layout(p, factor=False)
+    y_plain, y_walk = xp.empty(p.x.shape, p.x.dtype), xp.empty(p.x.shape, p.x.dtype)
+    plain = lay.fwd_mma(p, y_plain)
+    blob = lay.walk_blob(p)
+    walk = lay.fwd_mma(p, y_walk, yblob=blob)
+    for a, b in zip(plain, walk):
+        assert xp.array_equal(a, b)
+    y_ref = ref.ssd(**exact, chunk_size=chunk, dt_softplus=True)
+    yw, yp = (to_numpy(a).astype(np.float64) for a in (y_walk, y_plain))
+    assert rel_err(yw, y_ref) < FORWARD_RTOL[dtype_name]
+    assert np.abs(yw - yp).max() <= 2.0 ** -6 * np.abs(yp).max()
+    core_ref = ref.ssd(**dict(exact, D=None, z=None), chunk_size=chunk, dt_softplus=True)
+    core = ssd_walk_blob_outputs(blob, p.x.shape, lay.Q).astype(np.float64)
+    assert rel_err(core, core_ref) < FORWARD_RTOL[dtype_name]
 
 
 # The float32 forward in one kernel (ssd_tf32_fwd, tiles of 32 steps): MMA_CASES where it

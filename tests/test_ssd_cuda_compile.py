@@ -118,15 +118,19 @@ def assert_mma_kernels_compile(names, allowed, nvrtc_path, **options):
 
 def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_names()
-    assert len(names) == 2 * (8 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 4, outputs
+    assert len(names) == 2 * (10 + len(ssd.MMA_WIDTHS))  # chunk state x 2, cb, walk, fwd x 6, outputs
     # Spilled accumulators would go through local memory in the inner loop. The one
     # exception: ssd_mma_fwd at NW = 128, where ptxas (168 registers, 3 blocks per SM)
     # spills a few of its walk's invariants before the walk and reloads them once per
     # 64-step tile (seen in its SASS); the form without spills measured 6% slower
-    # (benchmarks/SSD.md).
-    assert_mma_kernels_compile(
-        names, lambda name: 16 if name.startswith("ssd_mma_fwd<") and ", 128, " in name else 0,
-        nvrtc_path)
+    # (benchmarks/SSD.md). Its WALK form spills more (114 bytes), and still took 0.685 ms
+    # at the peer bfloat16 row against 0.950 without spills at 2 blocks per SM.
+    def allowed(name):
+        if not (name.startswith("ssd_mma_fwd<") and ", 128, " in name):
+            return 0
+        return 128 if name.endswith(", true>") and ", false, true>" in name else 16
+
+    assert_mma_kernels_compile(names, allowed, nvrtc_path)
 
 
 def test_tf32_forward_compiles_for_sm90(nvrtc_path):

@@ -356,11 +356,13 @@ def mma_walk_name(io: str, nw: int | None = None) -> str:
     return f"ssd_mma_state_walk<{_CTYPE[io]}, {nw or MMA_WALK_NW}>"
 
 
-def mma_fwd_name(io: str, N: int, keep: bool = False) -> str:
+def mma_fwd_name(io: str, N: int, keep: bool = False, walk: bool = False) -> str:
     """The ``ssd_mma_fwd`` instance (the whole forward in one walk) for state size N <= 128:
     NW = 64 (the state's columns in a warp) for N <= 64, else 128; with ``keep``, the one
-    that also writes the output before the gate."""
-    return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}, {'true' if keep else 'false'}>"
+    that also writes the output before the gate; with ``walk``, the form that a backward
+    walk differentiates (its outputs before D and the gate in float32, per tile)."""
+    flag = lambda v: "true" if v else "false"  # noqa: E731
+    return f"ssd_mma_fwd<{_CTYPE[io]}, {mma_state_width(N)}, {flag(keep)}, {flag(walk)}>"
 
 
 def mma_fwd_smem(N: int) -> int:
@@ -406,7 +408,8 @@ def mma_kernel_names(io: str) -> list:
     """Name expressions of the tensor-core kernels for 16-bit x, B, C of dtype ``io``."""
     return ([f"ssd_mma_chunk_state<{_CTYPE[io]}, {nw}, false>" for nw in (64, 128)]
             + [mma_out_name(io, pw) for pw in MMA_WIDTHS] + [mma_cb_name(io), mma_walk_name(io)]
-            + [mma_fwd_name(io, n, keep) for n in (64, 128) for keep in (False, True)])
+            + [mma_fwd_name(io, n, keep) for n in (64, 128) for keep in (False, True)]
+            + [mma_fwd_name(io, n, walk=True) for n in (64, 128)])
 
 
 # Row tiles of a chunk that one block of ssd_mma_chunk_out walks in turn, without and with z:
@@ -983,21 +986,32 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS * MMA_WALK_NW // 64)
         return states, entering
 
-    def fwd_mma(self, p, out, *, final=None, ypre=None):
+    def walk_blob(self, p):
+        """A buffer for the WALK forward's outputs before D and the gate (``ssd_mma_fwd``
+        with ``yblob``): per block of the forward's grid and 64-step tile of its row, the 4
+        warps' 16 x 64 accumulators as they lie (``ssd_mma_blob_at``), float32."""
+        tiles = (self.nc - 1) * self.mma_tiles + -(-(p.L - (self.nc - 1) * self.Q) // MMA_ROWS)
+        return p.xp.empty((_fwd_blocks(p), tiles, 4096), dtype=np.float32)
+
+    def fwd_mma(self, p, out, *, final=None, ypre=None, yblob=None):
         """The whole tensor-core forward in one kernel (``ssd_mma_fwd``; see
         :func:`uses_mma_fwd`): the outputs into ``out`` (batch, L, H, P) and, as
         :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
         final states are kept, there, and both are None. ``ypre`` (batch, L, H, P), if
-        given, receives the outputs before the gate."""
+        given, receives the outputs before the gate. ``yblob`` (from :meth:`walk_blob`),
+        if given, selects the form a backward walk differentiates (dt'_s x_s rounded as
+        the diagonal term's operand, the state's rounding residuals in its products) and
+        receives its outputs before D and the gate; not with ``ypre``."""
+        assert yblob is None or ypre is None
         cp = p.xp
         states = entering = None
         if final is None:
             states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
             entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        _launch(mma_fwd_name(self.io, p.N, ypre is not None), (_fwd_blocks(p),),
+        _launch(mma_fwd_name(self.io, p.N, ypre is not None, yblob is not None), (_fwd_blocks(p),),
                 (p.x, p.B, p.C, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
-                 out, _ptr(ypre), np.int64(p.L), np.int32(p.H), np.int32(p.P),
+                 out, _ptr(ypre), _ptr(yblob), np.int64(p.L), np.int32(p.H), np.int32(p.P),
                  np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc)),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_fwd_smem(p.N))
         return states, entering

@@ -110,7 +110,7 @@ WALK_T = ("const T*,const T*,const float*,const float*,const int*,const ssm_i64*
           "float*,T*,const int*,float*").split(",")
 WALK_S = ["ssm_i64", "int", "int", "int", "int", "ssm_i64"]
 FWD_T = ("const T*,const T*,const T*,const float*,const T*,const float*,const float*,"
-         "const ssm_i64*,const float*,float*,T*,const int*,float*,T*,T*").split(",")
+         "const ssm_i64*,const float*,float*,T*,const int*,float*,T*,T*,float*").split(",")
 FWD_S = ["ssm_i64", "int", "int", "int", "int", "int", "ssm_i64"]
 CB_T = "const T*,const T*,const ssm_i64*,float*,float*".split(",")
 CB_S = ["ssm_i64", "int", "int", "int", "ssm_i64", "int", "int"]
@@ -146,8 +146,9 @@ for T, tag in (("ssm_half", "f16"), ("ssm_bf16", "bf16")):
     KERNELS[f"cb_{tag}"] = (f"ssd_mma_cb<{T}, 128>", T, CB_T, CB_S)
     for nw in (64, 128):
         KERNELS[f"walk_{tag}_{nw}"] = (f"ssd_mma_state_walk<{T}, {nw}>", T, WALK_T, WALK_S)
-        for keep in ("false", "true"):
-            KERNELS[f"fwd_{tag}_{nw}_{keep}"] = (f"ssd_mma_fwd<{T}, {nw}, {keep}>", T, FWD_T, FWD_S)
+        for keep, walk in (("false", "false"), ("true", "false"), ("false", "true")):
+            KERNELS[f"fwd_{tag}_{nw}_{keep}" + ("_walk" if walk == "true" else "")] = (
+                f"ssd_mma_fwd<{T}, {nw}, {keep}, {walk}>", T, FWD_T, FWD_S)
 
 # ssd_tf32_fwd (float32): cb, tiles_per_chunk and classes among its arguments
 TF32_FWD_T = ("const T*,const T*,const T*,const float*,const float*,const T*,const float*,"

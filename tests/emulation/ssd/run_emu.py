@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(build.REPO, "tests"))
 from ssmkit import _ssd
 from ssmkit._gpu import ssd as gssd
 import importlib; ref = importlib.import_module("ssmkit.reference.ssd")
-from helpers import FORWARD_RTOL, rel_err
+from helpers import FORWARD_RTOL, rel_err, ssd_walk_blob_outputs
 
 lib = ctypes.CDLL(build.build(asan="--asan" in sys.argv))
 
@@ -265,7 +265,42 @@ def walk_matches_two_kernels(p, final):
         print(f"  fused against two kernels: states {es:.2e}, entering {ee:.2e}, y {ey:.2e}")
         if not (es <= FUSED_GAP and ee <= FUSED_GAP and ey <= FUSED_GAP):
             ok = False
+        ok &= walk_form_matches(p, got["fused", 0], ys["fused", 0])
     return ok
+
+
+def walk_form_matches(p, fused_states, fused_y):
+    """ssd_mma_fwd's WALK form (the forward a backward walk differentiates) against the
+    plain one-kernel forward: the same states and entering states bit for bit (its state
+    update is the same), its outputs within FUSED_GAP of the plain forward's (dt'_s x_s
+    rounded to 16 bits as the diagonal operand, the state's residuals added), its float32
+    outputs before D and the gate (yblob) within the forward's tolerance of the float64
+    reference, and the outputs that D and the gate make of them within one 16-bit rounding."""
+    lay = gssd._Layout(p, factor=False)
+    y = np.empty(p.x.shape, p.x.dtype)
+    blob = lay.walk_blob(p)
+    states, entering = lay.fwd_mma(p, y, yblob=blob)
+    ycore = ssd_walk_blob_outputs(blob, p.x.shape, lay.Q).astype(np.float64)
+    s0, e0 = fused_states
+    same = np.array_equal(states, s0) and np.array_equal(entering.astype(np.float32), e0)
+    yf = y.astype(np.float64)
+    ey = np.abs(yf - fused_y).max() / max(np.abs(fused_y).max(), 1e-30)
+    core = ref.ssd(p.x.astype(np.float64), p.dt, p.A, p.B.astype(np.float64),
+                   p.C.astype(np.float64), dt_bias=p.dt_bias, dt_softplus=p.dt_softplus,
+                   initial_state=p.initial_state)
+    ec = rel_err(ycore, core)
+    full = ycore
+    if p.D is not None:
+        Dv = np.asarray(p.D, np.float64)
+        full = full + (Dv[:, None] if Dv.ndim == 1 else Dv) * p.x.astype(np.float64)
+    if p.z is not None:
+        zf = p.z.astype(np.float64)
+        full = full * zf / (1 + np.exp(-zf))
+    eo = np.abs(full - yf).max() / max(np.abs(yf).max(), 1e-30)
+    dtype = "bfloat16" if p.x.dtype == ml_dtypes.bfloat16 else "float16"
+    print(f"  walk form: states {'equal' if same else 'DIFFER'}, y against the fused {ey:.2e}, "
+          f"ycore against float64 {ec:.2e}, y from ycore {eo:.2e}")
+    return same and ey <= FUSED_GAP and ec <= FORWARD_RTOL[dtype] and eo <= 2.0 ** -7
 
 FUSED_GAP = 2.0 ** -6
 
