@@ -32,13 +32,15 @@ def main(argv):
     blob = lay.walk_blob(p)
     final = cp.empty((batch, H, P, N), cp.float32)
     plain = lay.fwd_mma(p, y)
-    walk = lay.fwd_mma(p, cp.empty_like(y), yblob=blob)
+    walk = lay.fwd_mma(p, cp.empty_like(y), walk=True, yblob=blob)
     same = all(bool(cp.array_equal(a, b)) for a, b in zip(plain, walk))
     copy = timing.copy_tbps()
     forms = [("VJP forward as now (every boundary kept)", lambda: lay.fwd_mma(p, y)),
              ("WALK form (every boundary kept, float32 y before D)",
-              lambda: lay.fwd_mma(p, y, yblob=blob)),
-             ("inference (final states only)", lambda: lay.fwd_mma(p, y, final=final))]
+              lambda: lay.fwd_mma(p, y, walk=True, yblob=blob)),
+             ("inference (final states only)", lambda: lay.fwd_mma(p, y, final=final)),
+             ("inference, WALK form (final states only, no yblob)",
+              lambda: lay.fwd_mma(p, y, final=final, walk=True))]
     rows = []
     for rnd in range(2):
         for name, fn in forms:

@@ -15,6 +15,9 @@
 //   ssd_mma_state_walk   the same sums and their passing between chunks (ssd.cu's
 //                        ssd_state_passing) in one walk, the state in registers;
 //   ssd_mma_fwd          the whole forward (chunk states, passing, outputs) in one walk;
+//   ssd_mma_bwd          its WALK form's walk backwards in time: the 16-bit backward's
+//                        adjoint states, (G B)_s and the per-step pass in one walk (off by
+//                        default: MMA_BWD_WALK in ssmkit._gpu.ssd);
 //   ssd_tf32_fwd         the same for float32 x, B, C, every product 3 x TF32;
 //   ssd_tf32_bwd         its walk backwards in time: the float32 backward's adjoint states,
 //                        (G B)_s and the per-step pass in one walk;
@@ -842,12 +845,13 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // (slots, H, P, N); with KEEP, ypre (batch, L, H, P) receives the output before the gate (the
 // backward with z starts from it; a separate instance, so that the others carry no code for
 // it), else it is null; 64-bit offsets.
-// WALK: the forward that a 16-bit backward walk would differentiate (not built yet). It rounds
+// WALK: the forward that ssd_mma_bwd (the backward as one walk) differentiates. It rounds
 // dt'_s x_s to T as the diagonal term's operand instead of weighting W by dt'_s (so W is the
 // block the backward builds too), adds S's rounding residuals to y^T = S C^T on a chunk's
-// later tiles (hi + lo), and writes y^T before D and the gate, per tile as its accumulators
-// lie, to yblob (ssd_mma_blob_at); yblob is null otherwise. Why: benchmarks/SSD.md, "The
-// 16-bit backward as one walk".
+// later tiles (hi + lo), and, when yblob is not null (the VJP's forward), writes y^T before
+// D and the gate there, per tile as its accumulators lie (ssd_mma_blob_at). ssd's forward
+// runs the same arithmetic without yblob, so that ssd and ssd_vjp return the same outputs.
+// Why: benchmarks/SSD.md, "The 16-bit backward as one walk".
 // --------------------------------------------------------------------------------------
 // A T pair's rounding residuals: (v0 - round_T(v0), v1 - round_T(v1)) rounded to T (with the
 // rounded pair, v0 and v1 to 2^-16 relative in bfloat16).
@@ -858,8 +862,7 @@ __device__ __forceinline__ unsigned ssd_mma_pack_lo(float v0, float v1) {
 }
 
 // An entry of the walks' masked block W[t][s] = exp(cum_t - cum_s) (C_t . B_s) (no dt'_s):
-// e = (cum_t - cum_s) log2(e), so that a backward walk that makes the block again as the
-// WALK forward does rounds the same values to T.
+// e = (cum_t - cum_s) log2(e), as ssd_mma_fwd's WALK form and ssd_mma_bwd both compute it.
 __device__ __forceinline__ float ssd_mma_walk_w(float e, float cb) {
     return ssm_math<float>::decay(e) * cb;
 }
@@ -938,6 +941,67 @@ __device__ __forceinline__ void ssd_mma_lower_block(int i, int& tb, int& sb) {
     sb = i - tb * (tb + 1) / 2;
 }
 
+// A tile's masked block W[t][s] (s <= t < ns, 64 x 64) into ws (T, row stride SSD_MMA_LD),
+// from C (its lane address ca_lane as A, [t][n]) and B ([s][n], row stride NW + 8) staged:
+// C B^T's 10 16 x 16 blocks on and below the diagonal (K = n), blocks warp, warp + 4,
+// warp + 8 of each warp, weighted by exp(cum_t - cum_s) (cv: the tile's chunk sums) times
+// dt'_s (dv), or without dt'_s (WALK: ssd_mma_walk_w), and rounded to T. ssd_mma_fwd and
+// ssd_mma_bwd make it alike, so that the backward's W is the forward's, bit for bit.
+template <typename T, int NW, bool WALK>
+__device__ __forceinline__ void ssd_mma_tile_w(unsigned short* ws, ssd_mma_saddr ca_lane,
+                                               const unsigned short* bs, const float* cv,
+                                               const float* dv, int ns, int warp, int lane) {
+    constexpr int LD = SSD_MMA_LD, LDB = NW + 8;
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    const int g = lane >> 2, t4 = lane & 3;
+    const ssd_mma_saddr b_lane = ssd_mma_lane_b<LDB>(bs, lane);
+    float cb[3][2][4];
+#pragma unroll
+    for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
+    // (fully unrolled: ptxas then spills some of the forward's loop invariants at NW = 128,
+    // stored before it and reloaded once a tile; unrolled 2, nothing spills and the forward
+    // takes 6% longer, benchmarks/SSD.md)
+#pragma unroll
+    for (int k0 = 0; k0 < NW; k0 += 16) {
+#pragma unroll
+        for (int m = 0; m < 3; ++m) {
+            int tb, sb;
+            ssd_mma_lower_block(warp + 4 * m, tb, sb);
+            if (warp + 4 * m < 10) {
+                unsigned a[4], bf[4];
+                ssd_mma_load_a<LDB>(a, ca_lane, 16 * tb, k0);
+                ssd_mma_load_b2<LDB>(bf, b_lane, 16 * sb, k0);
+                ssd_mma_run2<T>(cb[m][0], cb[m][1], a, bf);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+        int tb, sb;
+        ssd_mma_lower_block(warp + 4 * m, tb, sb);
+        if (warp + 4 * m < 10) {
+            const int ta = 16 * tb + g, tb8 = ta + 8;
+            const float la = cv[ta] * L2E, lb = cv[tb8] * L2E;
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const int s = 16 * sb + 8 * jj + 2 * t4;
+                float w[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int si = s + (i & 1), t = i >= 2 ? tb8 : ta;
+                    const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
+                    const bool live = (sb < tb || si <= t) && t < ns;
+                    w[i] = !live ? 0.0f
+                           : WALK ? ssd_mma_walk_w(e, cb[m][jj][i])
+                                  : ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i];
+                }
+                *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
+                *reinterpret_cast<unsigned*>(ws + tb8 * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
+            }
+        }
+    }
+}
+
 template <typename T, int NW, bool KEEP, bool WALK>
 __global__ void __launch_bounds__(SSD_MMA_THREADS, WALK ? SSD_MMA_WALK_FWD_BLOCKS : SSD_MMA_FWD_BLOCKS)
 ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restrict__ Cm,
@@ -951,7 +1015,6 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
     using LY = ssd_mma_fwd_layout<NW>;
     constexpr int THREADS = SSD_MMA_THREADS, NS = NW / 8, LD = SSD_MMA_LD, LDB = LY::LDB;
-    constexpr float L2E = ssm_math<float>::kLog2e;
     extern __shared__ ssm_v16 ssd_mma_dyn[];
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssd_mma_dyn);
     auto bs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + LY::BS + k * LY::BB); };
@@ -1064,57 +1127,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         const float* dv = cv + 68;
         const float cum_b = cur.first ? 0.0f : cv[64];
 
-        // C B^T's blocks warp, warp + 4, warp + 8 of the lower triangle (K = n), masked
-        // (s <= t < ns), weighted and rounded to T into ws.
-        {
-            const ssd_mma_saddr b_lane = ssd_mma_lane_b<LDB>(bs, lane);
-            float cb[3][2][4];
-#pragma unroll
-            for (int m = 0; m < 3; ++m) ssm_mma_zero(cb[m]);
-            // (fully unrolled: ptxas then spills some of the loop's invariants at NW = 128,
-            // stored before it and reloaded once a tile; unrolled 2, nothing spills and the
-            // forward takes 6% longer, benchmarks/SSD.md)
-#pragma unroll
-            for (int k0 = 0; k0 < NW; k0 += 16) {
-#pragma unroll
-                for (int m = 0; m < 3; ++m) {
-                    int tb, sb;
-                    ssd_mma_lower_block(warp + 4 * m, tb, sb);
-                    if (warp + 4 * m < 10) {
-                        unsigned a[4], bf[4];
-                        ssd_mma_load_a<LDB>(a, ca_lane, 16 * tb, k0);
-                        ssd_mma_load_b2<LDB>(bf, b_lane, 16 * sb, k0);
-                        ssd_mma_run2<T>(cb[m][0], cb[m][1], a, bf);
-                    }
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < 3; ++m) {
-                int tb, sb;
-                ssd_mma_lower_block(warp + 4 * m, tb, sb);
-                if (warp + 4 * m < 10) {
-                    const int ta = 16 * tb + g, tb8 = ta + 8;
-                    const float la = cv[ta] * L2E, lb = cv[tb8] * L2E;
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj) {
-                        const int s = 16 * sb + 8 * jj + 2 * t4;
-                        float w[4];
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const int si = s + (i & 1), t = i >= 2 ? tb8 : ta;
-                            const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
-                            const bool live = (sb < tb || si <= t) && t < ns;
-                            // (WALK: dt'_s goes with x, ssd_mma_walk_w)
-                            w[i] = !live ? 0.0f
-                                   : WALK ? ssd_mma_walk_w(e, cb[m][jj][i])
-                                          : ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i];
-                        }
-                        *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
-                        *reinterpret_cast<unsigned*>(ws + tb8 * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
-                    }
-                }
-            }
-        }
+        ssd_mma_tile_w<T, NW, WALK>(ws, ca_lane, bs, cv, dv, ns, warp, lane);
         ssd_mma_tile_decays<64>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
         // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
         // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments. (WALK: on a chunk's
@@ -1170,7 +1183,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                 ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xd, bf);
             }
         }
-        if (WALK) {  // y^T before D and the gate, as the accumulators lie
+        if (WALK && yblob) {  // y^T before D and the gate, as the accumulators lie
             float* yb = yblob + ssd_mma_blob_at(tile, warp, lane);
 #pragma unroll
             for (int j = 0; j < 8; ++j)
@@ -1987,6 +2000,396 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
     }
     add_final(0);
     if (dinit) store(dinit + bh * PN);
+}
+
+// --------------------------------------------------------------------------------------
+// ssd_mma_bwd: the 16-bit backward as one walk backwards in time, the reverse of
+// ssd_mma_fwd's WALK form (as ssd_tf32_bwd is of ssd_tf32_fwd): one block per (row, head),
+// P <= 64, the adjoint state G (p x n, float32: the gradient of the state after the tile) in
+// registers as S is in the forward, warp w rows p 16 w .. + 15, over the forward's tiles
+// (64 steps that never cross a chunk's end) from the last to the first. Per tile, with
+// cum_b the chunk sum before it, e its last step, and W the forward's masked block (made by
+// ssd_mma_tile_w as the forward makes it, so the same rounded values):
+//   st_s   = B_s . G (K = n; G as hi + lo 16-bit parts),  dg_s = sum_{t >= s} W[t][s] dY_t,
+//   (G B)_s = exp(cum_e - cum_s) st_s + dg_s,
+//   G      = exp(cum_e - cum_b) G + sum_t exp(cum_t - cum_b) dY_t C_t^T (dY weighted, hi + lo);
+// and the per-step outputs, the pairs of dcum made from the forward's own rounded operands
+// (rb: rounded to T as the forward rounded them):
+//   dx_s = dt'_s (G B)_s + D dY_s,  xgb[s] = x_s . (G B)_s,
+//   dcum[s] = dY_s . ycore_s - rb(dt'_s x_s) . dg_s - rb(exp(cum_e - cum_s) dt'_s x_s) . st_s,
+//   dD_part[b, h, p] = sum over the row of dY x (null without D),
+// ycore the WALK forward's float32 outputs before D and the gate (yblob, ssd_mma_blob_at:
+// read as the accumulators lie). At each chunk's end (boundary c + 1), before its tiles:
+// G += dfinal[bslot[b, c + 1]] (-1: none), then dHx[b, c, h] = G rounded to T (batch, nc,
+// H, P, N) and end_part[b, c, h, warp] = this warp's part of <G, states[b, c + 1, h]>
+// (float32 boundary states, (batch, nc + 1, H, P, N)); at the start, dinit[b, h] = G (+
+// dfinal[bslot[b, 0]]). These replace the adjoint chunk states, their passing, GB and dC's
+// dcum half. Why the forward rounds as it does: benchmarks/SSD.md, "The 16-bit backward as
+// one walk".
+// Per tile (shared memory for 2 blocks per SM: C and the step values in two stages, a tile
+// ahead; B, x and dY in one):
+//   B1  (tile k landed) the last tile's row sums finished; C and the values of tile k + 1 in
+//       flight; W; the decays; st^T = G B^T; dY^T's and x^T's fragments;
+//   B2  B, x and dY of tile k + 1 in flight; dg^T = dY^T W; the epilogue (dx stored, the
+//       warps' row sums to red); G = d G + (row_f dY)^T C; (chunk start) the boundary.
+// Needs no restarts, P <= 64, P and N multiples of 8 and N <= NW, 16-byte aligned rows.
+// Grid: batch * H blocks of SSD_MMA_THREADS, ssd_mma_bwd_layout<NW>::BYTES of dynamic shared
+// memory.
+// --------------------------------------------------------------------------------------
+#ifndef SSD_MMA_BWD_BLOCKS
+#define SSD_MMA_BWD_BLOCKS 2  // blocks per SM (shared memory: 81.8 KiB each at NW = 128)
+#endif
+
+template <int NW>
+struct ssd_mma_bwd_layout {  // byte offsets into the dynamic shared memory
+    static constexpr int LDB = NW + 8;
+    static constexpr int XB = 64 * SSD_MMA_LD * 2;  // dY[t][p], x[s][p], W[t][s]
+    static constexpr int BB = 64 * LDB * 2;         // C[t][n] (two stages), B[s][n]
+    static constexpr int VB = 132 * 4;              // cum_s[64], cum_b, (pad), dt'_s[64]
+    static constexpr int CS = 0, VS = 2 * BB, BS = VS + 2 * VB, YS = BS + BB, XS = YS + XB;
+    static constexpr int WS = XS + XB, FS = WS + XB;  // row_e, col_w, row_f [64] each, tile_d
+    static constexpr int RS = FS + 196 * 4;           // the warps' row sums [2][4][64]
+    static constexpr int YV = RS + 2 * 4 * 64 * 4;    // the tile's ycore, as yblob holds it
+    static constexpr int BYTES = YV + 4 * 8 * 128 * 4;
+    static_assert(BS % 16 == 0 && YS % 16 == 0 && XS % 16 == 0 && WS % 16 == 0 &&
+                  RS % 16 == 0 && YV % 16 == 0, "16-byte aligned rows");
+};
+
+template <typename T, int NW>
+__global__ void __launch_bounds__(SSD_MMA_THREADS, SSD_MMA_BWD_BLOCKS)
+ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restrict__ Cm,
+            const T* __restrict__ X, const float* __restrict__ yblob,
+            const float* __restrict__ D, const float* __restrict__ dte,
+            const float* __restrict__ cum, const ssm_i64* __restrict__ starts,
+            const float* __restrict__ states, const int* __restrict__ bslot,
+            const float* __restrict__ dfinal, T* __restrict__ dx, float* __restrict__ xgb,
+            float* __restrict__ dcum, float* __restrict__ dD_part, T* __restrict__ dHx,
+            float* __restrict__ dinit, float* __restrict__ end_part, ssm_i64 L, int H, int P,
+            int GB, int GC, int N, ssm_i64 nc) {
+    static_assert(NW == 64 || NW == 128, "NW: 64 or 128");
+    using LY = ssd_mma_bwd_layout<NW>;
+    constexpr int THREADS = SSD_MMA_THREADS, NS = NW / 8, LD = SSD_MMA_LD, LDB = LY::LDB;
+    constexpr float L2E = ssm_math<float>::kLog2e;
+    extern __shared__ ssm_v16 ssd_mma_dyn[];
+    unsigned char* const sm = reinterpret_cast<unsigned char*>(ssd_mma_dyn);
+    auto cs_at = [&](int k) { return reinterpret_cast<unsigned short*>(sm + LY::CS + k * LY::BB); };
+    auto vals_at = [&](int k) {  // [0, 64): cum_s; [64]: cum_b; [68, 132): dt'_s
+        return reinterpret_cast<float*>(sm + LY::VS + k * LY::VB);
+    };
+    unsigned short* const bs = reinterpret_cast<unsigned short*>(sm + LY::BS);
+    unsigned short* const ys = reinterpret_cast<unsigned short*>(sm + LY::YS);
+    unsigned short* const xs = reinterpret_cast<unsigned short*>(sm + LY::XS);
+    unsigned short* const ws = reinterpret_cast<unsigned short*>(sm + LY::WS);
+    float* const row_e = reinterpret_cast<float*>(sm + LY::FS);  // exp(cum_e - cum_s)
+    float* const col_w = row_e + 64;                              // the same times dt'_s
+    float* const row_f = row_e + 128;                             // exp(cum_t - cum_b)
+    float* const tile_d = row_e + 192;                            // exp(cum_e - cum_b)
+    float* const red = reinterpret_cast<float*>(sm + LY::RS);     // [x . GB | dcum][warp][s]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wp = 16 * warp;  // the warp's rows p
+    const ssd_mma_walk_block blk(P, H, GB, GC);  // (p0 = 0: P <= 64)
+    const unsigned bh = blk.bh;
+    const ssm_i64 b = blk.b;
+    const int h = blk.h, gB = blk.gB, gC = blk.gC;
+    const ssm_i64 PN = (ssm_i64)P * N, row = b * L, HP = (ssm_i64)H * P;
+    const ssm_i64 GBN = (ssm_i64)GB * N, GCN = (ssm_i64)GC * N;
+    const int pa = wp + g, na = 2 * t4;  // this thread's entries of G
+    // this lane's 8 x 4 ycore values of the tile (yblob's, copied at B1 by the lane itself)
+    float* const yv = reinterpret_cast<float*>(sm + LY::YV) + (warp * 8 * 128 + 4 * lane);
+
+    float G[NS][4];
+    ssm_mma_zero(G);
+    auto add_final = [&](ssm_i64 jb) {  // G += dfinal of the sequence ending at boundary jb
+        const int k = bslot && dfinal ? bslot[b * (nc + 1) + jb] : -1;
+        if (k < 0) return;
+        const float* src = dfinal + ((ssm_i64)k * H + h) * PN;
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            G[j][i] += src[o];
+            if (two) G[j][i + 1] += src[o + 1];
+        });
+    };
+    // G is the adjoint leaving chunk c (at boundary c + 1): add that boundary's dfinal, keep
+    // it in T as dHx[c], and this warp's part of <G, states[c + 1]>
+    auto boundary = [&](ssm_i64 c) {
+        add_final(c + 1);
+        ssd_mma_state_enter(G, dHx, b, c, nc, H, h, pa, na, P, N, true);
+        if (!end_part) return;
+        const float* st = states + ((b * (nc + 1) + c + 1) * H + h) * PN;
+        float v = 0.0f;
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            const ssd_mma_f2 sv = *reinterpret_cast<const ssd_mma_f2*>(st + o);
+            v += G[j][i] * sv.v[0] + (two ? G[j][i + 1] * sv.v[1] : 0.0f);
+        });
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+        if (lane == 0) end_part[((b * nc + c) * H + h) * 4 + warp] = v;
+    };
+
+    // Copies of the rows s0 + rr + 16 i of a tile (ns steps): thread tid copies their 8
+    // columns cc.
+    constexpr int RS = THREADS / 8;
+    const int rr = tid >> 3, cc = (tid & 7) * 8;
+    const bool p_cols = cc < P;
+    auto copy_c = [&](const ssd_mma_rwalker& u, int k) {  // C and the step values, stage k
+        const int ns = u.rows(64);
+        unsigned short* cd = cs_at(k);
+        const T* src = Cm + ((row + u.s0 + rr) * GC + gC) * N + cc;
+#pragma unroll
+        for (int i = 0; i < 64 / RS; ++i) {
+            const int r = rr + RS * i;
+#pragma unroll
+            for (int nb = 0; nb < NW; nb += 64) {
+                const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
+                ssd_mma_cp16(cd + r * LDB + nb + cc, l ? src + RS * i * GCN + nb : Cm, l);
+            }
+        }
+        float* v = vals_at(k);
+        if (tid < 64) {
+            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
+            ssm_cp_async<4>(v + tid, cum + i);
+            ssm_cp_async<4>(v + 68 + tid, dte + i);
+        } else if (tid == 64 && !u.first()) {
+            ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
+        }
+    };
+    auto copy_bxy = [&](ssm_i64 s0, int ns) {  // B, x and dY of a tile
+        const T* bsrc = Bm + ((row + s0 + rr) * GB + gB) * N + cc;
+        const ssm_i64 at = ((row + s0 + rr) * H + h) * P + cc;
+#pragma unroll
+        for (int i = 0; i < 64 / RS; ++i) {
+            const int r = rr + RS * i;
+            const bool pl = r < ns && p_cols;
+            ssd_mma_cp16(xs + r * LD + cc, pl ? X + at + RS * i * HP : X, pl);
+            ssd_mma_cp16(ys + r * LD + cc, pl ? dY + at + RS * i * HP : dY, pl);
+#pragma unroll
+            for (int nb = 0; nb < NW; nb += 64) {
+                const bool l = r < ns && nb + cc < N;
+                ssd_mma_cp16(bs + r * LDB + nb + cc, l ? bsrc + RS * i * GBN + nb : Bm, l);
+            }
+        }
+    };
+    // the row sums of the tile at s0 (ns steps), from the warps' parts in red
+    auto finish_rows = [&](ssm_i64 s0, int ns) {
+        if (tid < ns) {
+            float sx = 0.0f, sd = 0.0f;
+#pragma unroll
+            for (int w = 0; w < THREADS / 32; ++w) {
+                sx += red[w * 64 + tid];
+                sd += red[(4 + w) * 64 + tid];
+            }
+            const ssm_i64 i = (row + s0 + tid) * H + h;
+            xgb[i] = sx;
+            dcum[i] = sd;
+        }
+    };
+
+    ssd_mma_rwalker next(starts, nc, 64);
+    copy_c(next, 0);
+    copy_bxy(next.s0, next.rows(64));
+    next.advance(64, starts);
+    ssm_cp_commit();
+
+    const ssd_mma_saddr y_lane = ssd_mma_lane_b<LD>(ys, lane);    // dY^T as A ([t][p])
+    const ssd_mma_saddr x_lane = ssd_mma_lane_b<LD>(xs, lane);    // x^T as A ([s][p])
+    const ssd_mma_saddr w_lane = ssd_mma_lane_a<LD>(ws, lane);    // W as B ([t][s] = [k][n])
+    const ssd_mma_saddr b_lane = ssd_mma_lane_b<LDB>(bs, lane);   // B as B ([s][n] = [n][k])
+    const float d_a = D && pa < P ? D[(ssm_i64)h * P + pa] : 0.0f;
+    const float d_b = D && pa + 8 < P ? D[(ssm_i64)h * P + pa + 8] : 0.0f;
+    const bool odd = g & 1;
+    float dd[2] = {0.0f, 0.0f};  // dY x of rows pa, pa + 8 over this lane's steps
+    ssm_i64 prev_s0 = 0;
+    int prev_ns = 0;  // the last tile's rows, whose sums are finished after the next B1
+    const ssm_i64 row_tiles = ssd_mma_row_tiles(starts, nc);
+    ssm_i64 tile = (ssm_i64)blockIdx.x * row_tiles + row_tiles - 1;  // its yblob tile
+    int k = 0;
+    boundary(nc - 1);
+    for (ssd_mma_rwalker cur(starts, nc, 64); cur.c >= 0;
+         cur.advance(64, starts), k ^= 1, --tile) {
+        const int ns = cur.rows(64);
+        ssm_cp_wait<0>();
+        __syncthreads();  // B1: stage k, B, x and dY are the block's; the last tile is done
+        if (prev_ns) finish_rows(prev_s0, prev_ns);
+        const bool more = next.c >= 0;
+        const ssm_i64 s_next = next.s0;
+        const int ns_next = more ? next.rows(64) : 0;
+        if (more) {
+            copy_c(next, k ^ 1);
+            next.advance(64, starts);
+        }
+        {  // this tile's ycore, read in the epilogue (loaded there, it stalled every warp)
+            const float* src = yblob + ssd_mma_blob_at(tile, warp, lane);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ssm_cp_async<16>(yv + 128 * j, src + 128 * j);
+        }
+        ssm_cp_commit();
+        const float* cv = vals_at(k);
+        const float* dv = cv + 68;
+        const float cum_b = cur.first() ? 0.0f : cv[64];
+        const ssd_mma_saddr c_lane = ssd_mma_lane_a<LDB, false>(cs_at(k), lane);  // C [t][n]
+        ssd_mma_tile_w<T, NW, true>(ws, c_lane, bs, cv, dv, ns, warp, lane);
+        if (tid < 64) {  // (col_w as ssd_mma_tile_decays makes the forward's)
+            const float ce = cv[ns - 1];
+            const bool l = tid < ns;
+            row_e[tid] = l ? ssm_math<float>::decay((ce - cv[tid]) * L2E) : 0.0f;
+            col_w[tid] = l ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
+            row_f[tid] = l ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
+            if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
+        }
+        // st^T = G B^T (K = n): G's accumulators as hi + lo A fragments (tiles 2 ks, 2 ks + 1
+        // make K = n 16 ks ..), B as staged the B fragments
+        float acc[8][4];
+        ssm_mma_zero(acc);
+#pragma unroll
+        for (int ks = 0; ks < NS / 2; ++ks) {
+            const unsigned a[4] = {ssd_mma_pack<T>(G[2 * ks][0], G[2 * ks][1]),
+                                   ssd_mma_pack<T>(G[2 * ks][2], G[2 * ks][3]),
+                                   ssd_mma_pack<T>(G[2 * ks + 1][0], G[2 * ks + 1][1]),
+                                   ssd_mma_pack<T>(G[2 * ks + 1][2], G[2 * ks + 1][3])};
+            const unsigned al[4] = {ssd_mma_pack_lo<T>(G[2 * ks][0], G[2 * ks][1]),
+                                    ssd_mma_pack_lo<T>(G[2 * ks][2], G[2 * ks][3]),
+                                    ssd_mma_pack_lo<T>(G[2 * ks + 1][0], G[2 * ks + 1][1]),
+                                    ssd_mma_pack_lo<T>(G[2 * ks + 1][2], G[2 * ks + 1][3])};
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                unsigned bf[4];
+                ssd_mma_load_b2<LDB>(bf, b_lane, 8 * j, 16 * ks);
+                ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
+                ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);
+            }
+        }
+        // dY^T's and x^T's fragments, K = t (s) 16 kt .., before ys and xs are free
+        unsigned ya[4][4], xa[4][4];
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+            ssd_mma_load_at<LD>(ya[kt], y_lane, wp, 16 * kt);
+            ssd_mma_load_at<LD>(xa[kt], x_lane, wp, 16 * kt);
+        }
+        __syncthreads();  // B2: ws and the decays are the block's; bs, xs and ys are free
+        if (more) copy_bxy(s_next, ns_next);
+        ssm_cp_commit();
+
+        // dg^T = dY^T W: column pairs jp <= kt (s <= t)
+        float dg[8][4];
+        ssm_mma_zero(dg);
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+            for (int jp = 0; jp <= kt; ++jp) {
+                unsigned bf[4];
+                ssd_mma_load_bt2<LD>(bf, w_lane, 16 * jp, 16 * kt);
+                ssd_mma_run2<T>(dg[2 * jp], dg[2 * jp + 1], ya[kt], bf);
+            }
+        }
+
+        // The epilogue: entry i of tile j is (p = pa + 8 (i >= 2), s = 8 j + 2 t4 + i % 2),
+        // whose dY, x, rb(dt' x) and rb(col_w x) are half i % 2 of register 2 (j % 2) +
+        // (i >= 2) of their fragments j / 2 (the accumulators' layout, as in ssd_mma_fwd).
+        ssm_cp_wait<1>();  // this lane's ycore copies (B, x and dY of the next tile may fly)
+        {
+            const ssm_i64 o0 = ((row + cur.s0) * H + h) * P;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                float sx[4], sd[4];  // this lane's parts of the steps' sums: [2 (j % 2) + q]
+                unsigned xd[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]};
+                unsigned xw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, unused[4];
+                ssd_mma_weigh_a<T, false>(xd, unused, dv, 16 * ks, lane);     // rb(dt' x)
+                ssd_mma_weigh_a<T, false>(xw, unused, col_w, 16 * ks, lane);  // rb(col_w x)
+#pragma unroll
+                for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
+                    const ssm_f4 yc = *reinterpret_cast<const ssm_f4*>(yv + 128 * j);
+                    float dxv[4];
+                    const int jo = 2 * (j & 1);
+                    sx[jo] = sx[jo + 1] = sd[jo] = sd[jo + 1] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int reg = 2 * (j & 1) + (i >> 1), q = i & 1;
+                        const int s = 8 * j + 2 * t4 + q;
+                        const float dyv = ssd_mma_half<T>(ya[ks][reg], q);
+                        const float xv = ssd_mma_half<T>(xa[ks][reg], q);
+                        const float gb = row_e[s] * acc[j][i] + dg[j][i];
+                        dxv[i] = dv[s] * gb + (i >> 1 ? d_b : d_a) * dyv;
+                        sx[jo + q] += xv * gb;
+                        sd[jo + q] += dyv * yc.v[i] - ssd_mma_half<T>(xd[reg], q) * dg[j][i] -
+                                 ssd_mma_half<T>(xw[reg], q) * acc[j][i];
+                        dd[i >> 1] += dyv * xv;
+                    }
+                    // dx: lanes g and g ^ 1 trade one value, so that an even g stores rows
+                    // p, p + 1 of step t0 and an odd g those of step t0 + 1 (P is even)
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf) {
+                        const float v0 = dxv[2 * hf], v1 = dxv[2 * hf + 1];
+                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+                        const float two[2] = {odd ? got : v0, odd ? v1 : got};
+                        const int t = 8 * j + 2 * t4 + (odd ? 1 : 0);
+                        const int p = pa + 8 * hf - (odd ? 1 : 0);
+                        if (t < ns && p < P)
+                            ssd_mma_set2(dx + o0 + (ssm_i64)t * HP + p, true, true, two);
+                    }
+                }
+                // the sums over the warp's rows p (lanes g), of value v: step 8 j + 2 t4 + q
+                // of j = 2 ks + v / 2, q = v % 2 (reduced and scattered by halves instead,
+                // with fewer shuffles, they took longer: 1.228 against 1.197 ms)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+#pragma unroll
+                    for (int m = 4; m <= 16; m <<= 1) {
+                        sx[v] += __shfl_xor_sync(0xffffffffu, sx[v], m);
+                        sd[v] += __shfl_xor_sync(0xffffffffu, sd[v], m);
+                    }
+                    if (g == 0) {
+                        const int s = 8 * (2 * ks + (v >> 1)) + 2 * t4 + (v & 1);
+                        red[warp * 64 + s] = sx[v];
+                        red[(4 + warp) * 64 + s] = sd[v];
+                    }
+                }
+            }
+        }
+        prev_s0 = cur.s0;
+        prev_ns = ns;
+
+        // G = d G + (row_f dY)^T C: the weighted dY^T as hi + lo A fragments, C ([t][n]) as
+        // the B fragments
+        {
+            const float d = tile_d[0];
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) G[j][i] *= d;
+        }
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+            unsigned hi[4] = {ya[kt][0], ya[kt][1], ya[kt][2], ya[kt][3]}, lo[4];
+            ssd_mma_weigh_a<T, true>(hi, lo, row_f, 16 * kt, lane);
+#pragma unroll
+            for (int j = 0; j < NS; j += 2) {
+                unsigned bf[4];
+                ssd_mma_load_bt2<LDB>(bf, c_lane, 8 * j, 16 * kt);
+                ssd_mma_run2<T>(G[j], G[j + 1], hi, bf);
+                ssd_mma_run2<T>(G[j], G[j + 1], lo, bf);
+            }
+        }
+        if (cur.first() && cur.c > 0) boundary(cur.c - 1);
+    }
+    ssm_cp_wait<0>();
+    __syncthreads();  // the last tile's row sums
+    finish_rows(prev_s0, prev_ns);
+    if (dD_part) {  // dY x over this row, for rows pa and pa + 8 (the lanes t4 share them)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int m = 1; m <= 2; m <<= 1) dd[i] += __shfl_xor_sync(0xffffffffu, dd[i], m);
+            if (t4 == 0 && pa + 8 * i < P) dD_part[(ssm_i64)bh * P + pa + 8 * i] = dd[i];
+        }
+    }
+    add_final(0);
+    if (dinit) {
+        float* dst = dinit + bh * PN;
+        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+            *reinterpret_cast<ssd_mma_f2*>(dst + o) = ssd_mma_f2{{G[j][i], two ? G[j][i + 1] : 0.0f}};
+        });
+    }
 }
 
 // --------------------------------------------------------------------------------------

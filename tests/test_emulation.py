@@ -11,8 +11,9 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   ``run_emu_bwd.py`` (packed sequences, initial states, head runs; all cases: run the scripts),
   and the kernel text of ssd.cu's CUDA-core chunk products and of its per-chunk passes (chunk
   sums, layout, the backward's ddt pass) (``run_emu_mm.py``, every kind and column-group
-  count, float and double); and the float32 forward in one kernel of ssd_mma.cu (``run_emu_tf32.py``)
-  against the reference and the chunked float32 kernels;
+  count, float and double); the float32 forward in one kernel of ssd_mma.cu (``run_emu_tf32.py``)
+  against the reference and the chunked float32 kernels; and the 16-bit backward as one walk
+  (``run_emu_walk.py``) against the reference and the chunked tensor-core backward;
 * the selective scan's kernels and host code, forward and every gradient, on the quick case
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
   small N, every option), its ring list (the shapes the ring forward kernels take, also as
@@ -83,6 +84,8 @@ def test_warp_convolution_kernels_in_emulation():
     # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
     # unfused pass
     ("run_emu_tf32_bwd.py", ["0", "3", "5"]),
+    # the 16-bit backward as one walk (ssd_mma_bwd, off by default: MMA_BWD_WALK)
+    ("run_emu_walk.py", ["5"]),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")

@@ -817,7 +817,7 @@ def test_fused_forward_walk_form(monkeypatch, dtype_name, case):
     y_plain, y_walk = xp.empty(p.x.shape, p.x.dtype), xp.empty(p.x.shape, p.x.dtype)
     plain = lay.fwd_mma(p, y_plain)
     blob = lay.walk_blob(p)
-    walk = lay.fwd_mma(p, y_walk, yblob=blob)
+    walk = lay.fwd_mma(p, y_walk, walk=True, yblob=blob)
     for a, b in zip(plain, walk):
         assert xp.array_equal(a, b)
     y_ref = ref.ssd(**exact, chunk_size=chunk, dt_softplus=True)
@@ -880,6 +880,47 @@ def record_launches(monkeypatch):
     monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
                                                                    real(name, *a, **k))[1])
     return names
+
+
+# The 16-bit backward as one walk (ssd_mma_bwd): problems where it applies (no z or
+# restarts, P <= 64, heads sharing B and C in equal groups): chunks of 1 to 4 tiles of 64,
+# tiles that end early, L 1, P from 8 to 64, N from 8 to 128 (both widths), groups, D per
+# head and per channel, initial states.
+WALK16_CASES = [
+    (2, 200, 4, 64, 1, 128, 64, dict(with_z=False)),
+    (2, 130, 4, 40, 2, 72, 128, dict(with_z=False, D_form="channel", with_init=True)),
+    (1, 456, 4, 64, 1, 128, 256, dict(with_z=False, with_init=True)),
+    (1, 150, 2, 16, 1, 32, 16, dict(with_z=False, with_init=True)),
+    (1, 1, 2, 32, 1, 16, 256, dict(with_z=False, D_form="channel")),
+    (2, 65, 2, 8, 1, 8, 32, dict(with_z=False, with_init=True)),
+    (3, 700, 2, 64, 1, 64, 100, dict(with_z=False, D_form=None)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(WALK16_CASES)))
+def test_mma_backward_walk(monkeypatch, dtype_name, case):
+    """The 16-bit backward as one walk (MMA_BWD_WALK on; the one-kernel forward wherever it
+    applies): ssd and ssd_vjp return the same outputs (both run the WALK forward), and the
+    outputs, final states and gradients are within the reference's tolerances; the walk
+    runs once per pullback."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    batch, L, H, P, G, N, chunk, kw = WALK16_CASES[case]
+    inputs = make_inputs(np.random.default_rng(1300 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.setattr(gpu_ssd, "MMA_BWD_WALK", True)
+    monkeypatch.setattr(gpu_ssd, "MMA_FUSED_FWD", True)
+    names = record_launches(monkeypatch)
+    check_against_reference("gpu", dtype_name, inputs, dict(chunk_size=chunk, dt_softplus=True),
+                            np.random.default_rng(case))
+    assert sum(n.startswith("ssd_mma_bwd<") for n in names) == 1, names
+    assert sum(n.startswith("ssd_mma_fwd<") and n.endswith(", true>") for n in names) == 2, names
 
 
 def assert_float32_grads_close(grads, base, *, loose=()):
@@ -1373,7 +1414,7 @@ def test_tensor_core_backward_path_selection(monkeypatch):
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("bfloat16", "float32", 64, 64))
     assert not gpu_ssd.uses_mma_bwd(_ProbeBwd("float32", "float32", 64, 64))
     names = gpu_ssd.mma_bwd_kernel_names("float16")
-    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 9
+    assert len(names) == len(set(names)) == 6 * len(gpu_ssd.MMA_WIDTHS) + 11
     assert "ssd_mma_chunk_state<ssm_half, 128, true>" in names
     assert gpu_ssd.mma_dc_name("float16") in names and gpu_ssd.mma_db_name("float16") in names
     assert gpu_ssd.mma_db_name("bfloat16", shared=True) == "ssd_mma_chunk_db<ssm_bf16, true>"

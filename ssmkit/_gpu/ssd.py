@@ -397,6 +397,20 @@ def tf32_bwd_name(N: int) -> str:
     return f"ssd_tf32_bwd<{mma_state_width(N)}>"
 
 
+def mma_bwd_walk_name(io: str, N: int) -> str:
+    """The ``ssd_mma_bwd`` instance (the 16-bit backward as one walk) for state size N <= 128."""
+    return f"ssd_mma_bwd<{_CTYPE[io]}, {mma_state_width(N)}>"
+
+
+def mma_bwd_walk_smem(N: int) -> int:
+    """Dynamic shared memory of ``ssd_mma_bwd`` (``ssd_mma_bwd_layout<NW>::BYTES``): C (64 x
+    (NW + 8) 16-bit values) and 132 floats in two stages, B, dY, x and the masked block (64 x
+    72) in one, the decays (196 floats), the warps' two row sums of a tile (2 x 4 x 64) and
+    its outputs before D from the yblob (64 x 64 floats)."""
+    b_bytes = 64 * (mma_state_width(N) + 8) * 2
+    return 3 * b_bytes + 2 * 132 * 4 + 3 * 64 * 72 * 2 + 196 * 4 + 2 * 4 * 64 * 4 + 4 * 8 * 128 * 4
+
+
 def tf32_bwd_smem(N: int) -> int:
     """Dynamic shared memory of ``ssd_tf32_bwd`` (``ssd_tf32_bwd_layout<NW>::BYTES``): the
     forward's layout (C in B's place, B in C's, dY in x's) and the 4 warps' two row sums of
@@ -612,7 +626,8 @@ def mma_bwd_kernel_names(io: str) -> list:
             + [f"ssd_mma_bwd_rows<{_CTYPE[io]}, {final}>" for final in ("false", "true")]
             + [mma_dc_name(io), mma_db_name(io)]
             + [mma_dc_name(io, keep=True), mma_dc_name(io, keep=True, dcum=True),
-               mma_db_name(io, shared=True)])
+               mma_db_name(io, shared=True)]
+            + [mma_bwd_walk_name(io, n) for n in (64, 128)])
 
 
 # dB and dC stage the next head's operands while one computes (ssd_mma_heads_ahead), in
@@ -731,6 +746,21 @@ def uses_mma_bwd(p) -> bool:
     io, bc = _arrays.dtype_name(p.io_dtype), _arrays.dtype_name(p.bc_dtype)
     return (os.environ.get("SSMKIT_SSD_MMA_BWD", "1") != "0" and io in ("float16", "bfloat16")
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
+
+
+# The 16-bit backward as one walk (ssd_mma_bwd, from the forward's WALK form): True wherever
+# it applies (uses_mma_bwd_walk), False never (the chunked tensor-core backward).
+MMA_BWD_WALK = False
+
+
+def uses_mma_bwd_walk(p, out) -> bool:
+    """Whether the backward of problem ``p`` runs as one walk (``ssd_mma_bwd``), its forward
+    then the WALK form of ``ssd_mma_fwd``: where the one-kernel forward runs
+    (:func:`uses_mma_fwd`; ``out`` its output), without z (the walk reads the forward's
+    outputs before D), P <= 64 (a block holds whole rows), dt_softplus and B and C in equal
+    groups (dB reads dC's summed blocks, :func:`_shared_blocks`), and ``MMA_BWD_WALK``."""
+    return (bool(MMA_BWD_WALK) and uses_mma_bwd(p) and p.z is None and p.P <= 64
+            and _shared_blocks(p, True) and uses_mma_fwd(p, out))
 
 
 def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS, smem=0):
@@ -993,22 +1023,24 @@ class _Layout:
         tiles = (self.nc - 1) * self.mma_tiles + -(-(p.L - (self.nc - 1) * self.Q) // MMA_ROWS)
         return p.xp.empty((_fwd_blocks(p), tiles, 4096), dtype=np.float32)
 
-    def fwd_mma(self, p, out, *, final=None, ypre=None, yblob=None):
+    def fwd_mma(self, p, out, *, final=None, ypre=None, walk=False, yblob=None):
         """The whole tensor-core forward in one kernel (``ssd_mma_fwd``; see
         :func:`uses_mma_fwd`): the outputs into ``out`` (batch, L, H, P) and, as
         :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
         final states are kept, there, and both are None. ``ypre`` (batch, L, H, P), if
-        given, receives the outputs before the gate. ``yblob`` (from :meth:`walk_blob`),
-        if given, selects the form a backward walk differentiates (dt'_s x_s rounded as
-        the diagonal term's operand, the state's rounding residuals in its products) and
-        receives its outputs before D and the gate; not with ``ypre``."""
-        assert yblob is None or ypre is None
+        given, receives the outputs before the gate. ``walk`` selects the form that the
+        backward walk differentiates (dt'_s x_s rounded as the diagonal term's operand, the
+        state's rounding residuals in its products; :func:`uses_mma_bwd_walk`), and
+        ``yblob`` (from :meth:`walk_blob`), if given with it, receives its outputs before D
+        and the gate; neither with ``ypre``."""
+        assert not (walk or yblob is not None) or ypre is None
+        assert yblob is None or walk
         cp = p.xp
         states = entering = None
         if final is None:
             states = cp.empty((p.batch, self.nc + 1, p.H, p.P, p.N), dtype=p.compute_dtype)
             entering = cp.empty((p.batch, self.nc, p.H, p.P, p.N), dtype=p.io_dtype)
-        _launch(mma_fwd_name(self.io, p.N, ypre is not None, yblob is not None), (_fwd_blocks(p),),
+        _launch(mma_fwd_name(self.io, p.N, ypre is not None, walk), (_fwd_blocks(p),),
                 (p.x, p.B, p.C, _ptr(p.D), _ptr(p.z), self.dte, self.cum, self.starts,
                  _ptr(p.initial_state), _ptr(states), _ptr(entering), self.bslot, _ptr(final),
                  out, _ptr(ypre), _ptr(yblob), np.int64(p.L), np.int32(p.H), np.int32(p.P),
@@ -1056,6 +1088,28 @@ class _Layout:
                  np.int32(P), np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(N),
                  np.int64(self.nc), np.int32(self.mm_tiles), np.int32(cb.shape[2])),
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_bwd_smem(N))
+        return rows, dHx, dinit, end_dot
+
+    def bwd_mma(self, p, dY, yblob, states, dfinal):
+        """The 16-bit backward's walk (``ssd_mma_bwd``), from dY (the input dtype), the WALK
+        forward's ``yblob`` and boundary states (batch, nc + 1, H, P, N). Returns ``(rows,
+        dHx, dinit, end_dot)`` as :meth:`bwd_tf32`, dHx (batch, nc, H, P, N) in the input
+        dtype (dB's operand)."""
+        cp, cd = p.xp, p.compute_dtype
+        batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
+        rows = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
+                    xGB=cp.empty((batch, L, H), dtype=cd), dcum=cp.empty((batch, L, H), dtype=cd),
+                    dD_part=None if p.D is None else cp.empty((batch, H, P), dtype=cd))
+        dHx = cp.empty((batch, self.nc, H, P, N), dtype=p.io_dtype)
+        dinit = cp.empty((batch, H, P, N), dtype=cd)
+        end_dot = cp.empty((batch, self.nc, H, 4), dtype=cd)
+        _launch(mma_bwd_walk_name(self.io, N), (_fwd_blocks(p),),
+                (dY, p.B, p.C, p.x, yblob, _ptr(p.D), self.dte, self.cum, self.starts, states,
+                 self.bslot, _ptr(dfinal), rows["dx"], rows["xGB"], rows["dcum"],
+                 _ptr(rows["dD_part"]), dHx, dinit, end_dot, np.int64(L), np.int32(H),
+                 np.int32(P), np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(N),
+                 np.int64(self.nc)),
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=mma_bwd_walk_smem(N))
         return rows, dHx, dinit, end_dot
 
     def cb_mma(self, p, *, transposed=False):
@@ -1250,8 +1304,13 @@ def ssd_forward(p, *, save_checkpoints):
         if uses_mma_fwd(p, y):
             ypre = (cp.empty(p.x.shape, dtype=p.io_dtype)
                     if save_checkpoints and p.z is not None and uses_mma_bwd(p) else None)
-            states, entering = lay.fwd_mma(p, y, final=keep, ypre=ypre)
-            return y, *_forward_result(lay, final, states, entering, save_checkpoints, ypre)
+            # the form the backward walk differentiates (ssd's too, so that ssd and ssd_vjp
+            # return the same outputs), with the VJP's outputs before D
+            walk = uses_mma_bwd_walk(p, y)
+            yblob = lay.walk_blob(p) if save_checkpoints and walk else None
+            states, entering = lay.fwd_mma(p, y, final=keep, ypre=ypre, walk=walk, yblob=yblob)
+            return y, *_forward_result(lay, final, states, entering, save_checkpoints, ypre,
+                                       yblob)
         if MMA_STATE_WALK:
             states, entering = lay.state_walk_mma(p, final=keep)
         else:
@@ -1268,16 +1327,17 @@ def ssd_forward(p, *, save_checkpoints):
     return y, *_forward_result(lay, final, states, entering, save_checkpoints)
 
 
-def _forward_result(lay, final, states, entering, save_checkpoints, ypre=None):
+def _forward_result(lay, final, states, entering, save_checkpoints, ypre=None, yblob=None):
     """``(final, checkpoints)`` of :func:`ssd_forward`: the final states gathered from the
     boundary states when those were kept; checkpoints are the boundary states and, from the
     tensor-core forward, the states entering each chunk in 16 bits (the tensor-core
-    backward's operand), and ``ypre`` (see :func:`ssd_forward`)."""
+    backward's operand), ``ypre`` (see :func:`ssd_forward`) and the WALK forward's
+    ``yblob`` (:meth:`_Layout.walk_blob`; None where the backward is not one walk)."""
     if states is not None and lay.final_is_last:
         final[...] = states[:, lay.nc]
     elif states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]
-    return final, ((states, entering, ypre) if save_checkpoints else None)
+    return final, ((states, entering, ypre, yblob) if save_checkpoints else None)
 
 
 def _sum_runs(xp, part, dtype=None):
@@ -1476,15 +1536,39 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
                 bnd=bnd, dinit=dinit, end_dot=end_dot)
 
 
+def _backward_walk(p, lay, states, entering, yblob, dy, dfinal):
+    """The 16-bit backward as one walk (``ssd_mma_bwd``; see :func:`uses_mma_bwd_walk`):
+    dx, xGB, dcum (without its boundary term), dD's partials, the adjoint states leaving each
+    chunk (16-bit), dinit and end_dot from the walk; dC (summed over each group's heads,
+    keeping its summed blocks) on a second stream beside it, and dB from those blocks and
+    the walk's adjoint states. Returns them as :func:`_backward_mma` does."""
+    cp = p.xp
+    gs = lay.shared_blocks(p)
+    side = _fork(cp) if MMA_STREAMS and cp.__name__ == "cupy" else None
+    with side or contextlib.nullcontext():
+        dC = lay.dc_mma(p, dy, entering, gs)
+    rows, dHx16, dinit, end_dot = lay.bwd_mma(p, dy, yblob, states, dfinal)
+    if side is not None:
+        _join(cp, side)
+    dB = lay.db_mma(p, dy, dHx16, None, None, gs)
+    dD = None if p.D is None else _sum_runs(cp, rows["dD_part"])
+    return dict(dx=rows["dx"], dD=dD, dB=dB, dC=dC, xGB=rows["xGB"], dcum=rows["dcum"],
+                dinit=dinit, end_dot=end_dot)
+
+
 def ssd_backward(p, checkpoints, dy, dfinal):
     """Gradients of every argument on the GPU. See the backend contract in ``ssmkit._ssd``."""
     cp = p.xp
     lay = _Layout(p)
-    states, entering, ypre = checkpoints
+    states, entering, ypre, yblob = checkpoints
     batch, L, H, N = p.batch, p.L, p.H, p.N
     cd = p.compute_dtype
     dte = lay.dte
-    if uses_mma_bwd(p):
+    if yblob is not None:  # the forward was the WALK form: the backward as one walk
+        g = _backward_walk(p, lay, states, entering, yblob, dy, dfinal)
+        dx, dz, dD, dB, dC, dinit = g["dx"], None, g["dD"], g["dB"], g["dC"], g["dinit"]
+        ddt, dA, ddt_sum = _bwd_dt(p, lay, g["dcum"], g["xGB"], g["end_dot"])
+    elif uses_mma_bwd(p):
         if ypre is None:
             g = _backward_mma(p, lay, states, entering, dy, dfinal)
         else:  # the forward kept the output before the gate: the gate's backward first, in

@@ -4,7 +4,7 @@ REPL swaps the inline-PTX lines (ldmatrix and cp.async among them) and vector ca
 emu_common.h / prelude_mma.h C++;
 replace_mma (emu_build.py) swaps both mma.sync.m16n8k16 blocks for emu_mma (the PTX ISA
 fragment layout). Every
-ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_fwd / ssd_tf32_fwd / ssd_tf32_bwd / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
+ssd_mma_chunk_state / ssd_mma_state_walk / ssd_mma_fwd / ssd_mma_bwd / ssd_tf32_fwd / ssd_tf32_bwd / ssd_mma_cb / ssd_mma_chunk_out instance (both chunk-state forms) and the backward
 ssd_mma_chunk_mm and ssd_mma_bwd_rows instances get an extern "C" wrapper (KERNELS).
 Products go to $TMPDIR/ssmkit_emu/ssd.
 
@@ -166,6 +166,15 @@ TF32_BWD_T = ("const T*,const T*,const T*,const float*,const T*,const float*,con
               "T*,float*,float*,float*,float*,float*,float*").split(",")
 for nw in (64, 128):
     KERNELS[f"tf32_bwd_{nw}"] = (f"ssd_tf32_bwd<{nw}>", "float", TF32_BWD_T, TF32_FWD_S)
+
+# ssd_mma_bwd (16-bit; the backward as one walk): dY, B, C, x, yblob, D, dte, cum, starts,
+# states, bslot, dfinal, dx, xgb, dcum, dD_part, dHx, dinit, end_part
+MMA_BWD_T = ("const T*,const T*,const T*,const T*,const float*,const float*,const float*,"
+             "const float*,const ssm_i64*,const float*,const int*,const float*,T*,float*,float*,"
+             "float*,T*,float*,float*").split(",")
+for tag, T in (("half", "ssm_half"), ("bf16", "ssm_bf16")):
+    for nw in (64, 128):
+        KERNELS[f"mma_bwd_{tag}_{nw}"] = (f"ssd_mma_bwd<{T}, {nw}>", T, MMA_BWD_T, FWD_S)
 
 MM_T = "const T*,const T*,const T*,const T*,const float*,const float*,const int*,const ssm_i64*,float*,const T*,float*,const T*,float*".split(",")
 MM_S = ["ssm_i64", "int", "int", "int", "int", "int", "int", "ssm_i64", "ssm_i64", "int", "int",

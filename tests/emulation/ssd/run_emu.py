@@ -212,7 +212,7 @@ def walk_matches_two_kernels(p, final):
         gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW = walk is not False, nw or 64
         gssd.MMA_FUSED_FWD = walk == "fused"
         try:
-            y, fin, (states, entering, ypre) = gssd.ssd_forward(p, save_checkpoints=True)
+            y, fin, (states, entering, ypre, _) = gssd.ssd_forward(p, save_checkpoints=True)
         finally:
             gssd.MMA_STATE_WALK, gssd.MMA_WALK_NW, gssd.MMA_FUSED_FWD = saved
         # with z the one kernel also keeps the output before the gate, for the backward:
@@ -279,7 +279,7 @@ def walk_form_matches(p, fused_states, fused_y):
     lay = gssd._Layout(p, factor=False)
     y = np.empty(p.x.shape, p.x.dtype)
     blob = lay.walk_blob(p)
-    states, entering = lay.fwd_mma(p, y, yblob=blob)
+    states, entering = lay.fwd_mma(p, y, walk=True, yblob=blob)
     ycore = ssd_walk_blob_outputs(blob, p.x.shape, lay.Q).astype(np.float64)
     s0, e0 = fused_states
     same = np.array_equal(states, s0) and np.array_equal(entering.astype(np.float32), e0)

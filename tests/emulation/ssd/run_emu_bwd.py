@@ -127,8 +127,9 @@ SHARED_GAP, DT_FIELDS, DCUM_GAP = 1e-5, ("dt", "A", "dt_bias"), 1e-4
 
 def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=False, init=False,
          softplus=True, GC=None, seed=0, mma=True, sum_blocks=2048, fused=True, shared=True,
-         dc_dcum=True):
+         dc_dcum=True, walk=False):
     os.environ["SSMKIT_SSD_MMA_BWD"] = "1" if mma else "0"
+    gssd.MMA_BWD_WALK = walk  # the backward as one walk (ssd_mma_bwd, run_emu_walk.py)
     gssd.MMA_ROWS_FUSED = fused  # the per-step work in ycore's and GB's epilogues
     gssd.MMA_SHARED_BLOCKS = shared  # dB from dC's summed blocks (where it applies)
     gssd.MMA_DC_DCUM = dc_dcum  # without z, dcum's first half from dC instead of ycore
@@ -166,6 +167,11 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
     dfinal = rng.standard_normal(final.shape).astype(np.float32)
     g = gssd.ssd_backward(p, ckpt, dy, dfinal)
     el = time.time() - t
+    assert (ckpt[3] is not None) == walk, "the WALK forward runs where the walk applies"
+    if walk:
+        assert calls.count(gssd.mma_bwd_walk_name(dtype, N)) == 1, calls
+        assert not any(k in n for n in calls for k in ("ssd_mma_chunk_mm", "chunk_state<",
+                                                       "adjoint_passing")), calls
     # with z, the one-kernel forward keeps the output before the gate for the tensor-core
     # backward, which then takes the gate's backward first and the rest as without z
     kept = ckpt[2] is not None
@@ -174,11 +180,12 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
         1 if kept or (zv is not None and not mma) else 0), calls
     pk = dataclasses.replace(p, z=None) if kept else p
     no_ycore = mma and gssd._dc_dcum(pk, gssd._shared_blocks(pk, fused))
-    assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (
-        (3 if no_ycore else 4) if mma else 0), calls
-    assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
-    assert sum(n.startswith("ssd_mma_bwd_rows") for n in calls) == (
-        0 if not mma or fused else 1 + (pk.z is not None)), calls
+    if not walk:
+        assert sum(k in n for n in calls for k in ("ssd_mma_chunk_mm", "ssd_mma_chunk_dc", "ssd_mma_chunk_db")) == (
+            (3 if no_ycore else 4) if mma else 0), calls
+        assert sum(n.startswith("ssd_chunk_mm") for n in calls) == (0 if mma else 4), calls
+        assert sum(n.startswith("ssd_mma_bwd_rows") for n in calls) == (
+            0 if not mma or fused else 1 + (pk.z is not None)), calls
     if h0 is not None:
         for slot, row in passthrough:
             g["initial_state"][row] += dfinal[slot]

@@ -168,7 +168,10 @@ def walk_tiles(x, dt, A, B, C, h0, dY, dHf, Tc, Tt, design):
     output). design: 'dtx' (the forward rounds dt' x, the walk's diagonal term is its block
     transposed: the source terms rb(dt' x) . (W^T dY) and rb(w x) . (G B), every pair as the
     forward rounded it); 'dtw' (the forward as now, the walk's block without dt': source
-    terms dt' x . (G B), rounded otherwise than the forward's pairs)."""
+    terms dt' x . (G B), rounded otherwise than the forward's pairs); 'dtW' (the forward as
+    now, the walk's block the forward's own, dt'_s in it: diagonal source terms
+    x . (rb(W dt')^T dY)). '+S': the forward's state term with S as hi + lo on a chunk's
+    later tiles ('+SS': on every tile)."""
     L, P = x.shape
     ycore, ck = forward_tiles(x, dt, A, B, C, h0, Tc, Tt, design.startswith("dtx"),
                               s_split=2 if design.endswith("+SS") else int(design.endswith("+S")))
@@ -182,14 +185,22 @@ def walk_tiles(x, dt, A, B, C, h0, dY, dHf, Tc, Tt, design):
             cu = cum[b - c0:e - c0]; cum_b = cum[b - c0 - 1] if b > c0 else 0.0
             Cb, Bb, xb, dtb, dYb = C[b:e], B[b:e], x[b:e], dt[b:e], dY[b:e]
             Gr = rb(G) + rb(G - rb(G))
-            Wt = rb(np.triu(np.exp(cu[None, :] - cu[:, None]) * (Bb @ Cb.T)))  # [s, t]
-            st = Bb @ Gr.T                                                   # [s, p]
-            dg = Wt @ dYb
+            E = np.triu(np.exp(cu[None, :] - cu[:, None]) * (Bb @ Cb.T))  # [s, t]
+            st = Bb @ Gr.T                                                # [s, p]
+            if design.startswith("dtW"):  # the forward's own block, dt'_s in it
+                dgw = rb(E * dtb[:, None]) @ dYb
+                dg = dgw / dtb[:, None]
+            else:
+                dg = rb(E) @ dYb
             GB = np.exp(cu[-1] - cu)[:, None] * st + dg
             xgb[b:e] = np.einsum('sp,sp->s', xb, GB)
             if design.startswith("dtx"):
                 w = np.exp(cu[-1] - cu) * dtb
                 src = (np.einsum('sp,sp->s', rb(dtb[:, None] * xb), dg)
+                       + np.einsum('sp,sp->s', rb(w[:, None] * xb), st))
+            elif design.startswith("dtW"):
+                w = np.exp(cu[-1] - cu) * dtb
+                src = (np.einsum('sp,sp->s', xb, dgw)
                        + np.einsum('sp,sp->s', rb(w[:, None] * xb), st))
             else:
                 src = dtb * xgb[b:e]
@@ -214,14 +225,14 @@ def tiles_in_chunks(count, rng):
             crng.standard_normal((37, 5)), crng.standard_normal((37, 5)),
             crng.standard_normal((3, 5)), crng.standard_normal((37, 3)), crng.standard_normal((3, 5)))
     ref = exact(*args)[2]
-    for d in ("dtx", "dtx+S", "dtx+SS", "dtw"):
+    for d in ("dtx", "dtx+S", "dtx+SS", "dtw", "dtW", "dtW+S"):
         got = walk_tiles(*args, 12, 5, d)
         assert all(rel(got[k], ref[k]) < 1e-10 for k in got), (d, {k: rel(got[k], ref[k]) for k in got})
     glob["rb"], glob["f32"] = saved
     print("model check: without rounding both designs equal the float64 recurrence")
     for (L, P, N, Tc, Tt) in ((512, 64, 128, 256, 64), (40, 4, 8, 12, 4)):
         for slow in (False, True):
-            worst = {d: {} for d in ("dtx", "dtx+S", "dtx+SS", "dtw", "dtw+S")}
+            worst = {d: {} for d in ("dtx", "dtx+S", "dtx+SS", "dtw", "dtw+S", "dtW", "dtW+S")}
             for _ in range(count):
                 x = rb(rng.standard_normal((L, P)))
                 B, C = rb(rng.standard_normal((L, N))), rb(rng.standard_normal((L, N)))
@@ -329,7 +340,7 @@ def real_sized(count, rng, L=512, chunk=256):
     designs (tiles of 64 inside the chunks): worst rel_err of each."""
     import run_emu_problems as E
     from helpers import as_dtype
-    designs = ("dtx", "dtx+S", "dtx+SS", "dtw")
+    designs = ("dtx", "dtx+S", "dtx+SS", "dtw", "dtW+S")
     worst = {"chunked (the GPU's)": {}}
     worst.update({d: {} for d in designs})
     for _ in range(count):
