@@ -626,6 +626,37 @@ __device__ __forceinline__ void ssd_mma_state_enter(const float (&S)[NT][4], T* 
     });
 }
 
+// The backward walks' boundary work on their adjoint state G (a warp tile of
+// ssd_mma_tile_pairs): G += dfinal[bslot[b, jb], h], the final state's cotangent of a
+// sequence that ends at boundary jb (none where bslot or dfinal is null or the slot is -1).
+template <int NT>
+__device__ __forceinline__ void ssd_mma_add_final(float (&G)[NT][4], const int* bslot,
+                                                  const float* dfinal, ssm_i64 b, ssm_i64 jb,
+                                                  ssm_i64 nc, int H, int h, int pa, int na,
+                                                  int P, int N) {
+    const int k = bslot && dfinal ? bslot[b * (nc + 1) + jb] : -1;
+    if (k < 0) return;
+    const float* src = dfinal + ((ssm_i64)k * H + h) * ((ssm_i64)P * N);
+    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        G[j][i] += src[o];
+        if (two) G[j][i + 1] += src[o + 1];
+    });
+}
+
+// This warp's part of <G, st> (st a P x N float32 matrix, N even), summed over the warp.
+template <int NT>
+__device__ __forceinline__ float ssd_mma_warp_dot(const float (&G)[NT][4], const float* st,
+                                                  int pa, int na, int P, int N) {
+    float v = 0.0f;
+    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool two) {
+        const ssd_mma_f2 sv = *reinterpret_cast<const ssd_mma_f2*>(st + o);
+        v += G[j][i] * sv.v[0] + (two ? G[j][i + 1] * sv.v[1] : 0.0f);
+    });
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
 // Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
 // t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
 struct ssd_mma_walker {
@@ -845,13 +876,12 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // (slots, H, P, N); with KEEP, ypre (batch, L, H, P) receives the output before the gate (the
 // backward with z starts from it; a separate instance, so that the others carry no code for
 // it), else it is null; 64-bit offsets.
-// WALK: the forward that ssd_mma_bwd (the backward as one walk) differentiates. It rounds
-// dt'_s x_s to T as the diagonal term's operand instead of weighting W by dt'_s (so W is the
-// block the backward builds too), adds S's rounding residuals to y^T = S C^T on a chunk's
-// later tiles (hi + lo), and, when yblob is not null (the VJP's forward), writes y^T before
-// D and the gate there, per tile as its accumulators lie (ssd_mma_blob_at). ssd's forward
-// runs the same arithmetic without yblob, so that ssd and ssd_vjp return the same outputs.
-// Why: benchmarks/SSD.md, "The 16-bit backward as one walk".
+// WALK: the forward that ssd_mma_bwd (the backward as one walk) differentiates. It adds S's
+// rounding residuals to y^T = S C^T on a chunk's later tiles (hi + lo) and, when yblob is
+// not null (the VJP's forward), writes y^T before D and the gate there, per tile as its
+// accumulators lie (ssd_mma_blob_at). ssd's forward runs the same arithmetic without yblob,
+// so that ssd and ssd_vjp return the same outputs. Why: benchmarks/SSD.md, "The 16-bit
+// backward as one walk".
 // --------------------------------------------------------------------------------------
 // A T pair's rounding residuals: (v0 - round_T(v0), v1 - round_T(v1)) rounded to T (with the
 // rounded pair, v0 and v1 to 2^-16 relative in bfloat16).
@@ -859,12 +889,6 @@ template <typename T>
 __device__ __forceinline__ unsigned ssd_mma_pack_lo(float v0, float v1) {
     const unsigned hi = ssd_mma_pack<T>(v0, v1);
     return ssd_mma_pack<T>(v0 - ssd_mma_half<T>(hi, 0), v1 - ssd_mma_half<T>(hi, 1));
-}
-
-// An entry of the walks' masked block W[t][s] = exp(cum_t - cum_s) (C_t . B_s) (no dt'_s):
-// e = (cum_t - cum_s) log2(e), as ssd_mma_fwd's WALK form and ssd_mma_bwd both compute it.
-__device__ __forceinline__ float ssd_mma_walk_w(float e, float cb) {
-    return ssm_math<float>::decay(e) * cb;
 }
 
 // The tiles of 64 steps in a row of equal chunks (no restarts): full chunks' and the last's.
@@ -918,8 +942,8 @@ __device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, 
 #define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
 #endif
 #ifndef SSD_MMA_WALK_FWD_BLOCKS
-// The WALK form's: at 3 ptxas spills about 114 bytes at NW = 128, and still it took 0.685 ms
-// at the peer bfloat16 row against 0.950 at 2 without spills (benchmarks/SSD.md)
+// The WALK form's: at 3 ptxas spills about 72 bytes at NW = 128; 2 blocks per SM, without
+// spills, were much slower (0.950 against 0.685 ms for its first form, benchmarks/SSD.md)
 #define SSD_MMA_WALK_FWD_BLOCKS 3
 #endif
 
@@ -941,13 +965,48 @@ __device__ __forceinline__ void ssd_mma_lower_block(int i, int& tb, int& sb) {
     sb = i - tb * (tb + 1) / 2;
 }
 
+// Copies (cp.async, 16 bytes a thread and row) of the rows of a tile of up to 64 steps (ns
+// live, zeros past them and past column N) of a [step][n] operand into shared memory (row
+// stride LDB, NW columns): thread (rr, cc) = (tid / 8, 8 (tid % 8)) copies columns cc + 64 k
+// of rows rr + 16 i; src is its first row's address (column cc), stride the steps' distance,
+// base any valid address (what a copy that is not live names).
+template <typename T, int NW, int LDB>
+__device__ __forceinline__ void ssd_mma_copy_rows(unsigned short* dst, const T* src, const T* base,
+                                                  ssm_i64 stride, int ns, int N, int rr, int cc) {
+    constexpr int RS = SSD_MMA_THREADS / 8;
+#pragma unroll
+    for (int i = 0; i < 64 / RS; ++i) {
+        const int r = rr + RS * i;
+#pragma unroll
+        for (int nb = 0; nb < NW; nb += 64) {
+            const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
+            ssd_mma_cp16(dst + r * LDB + nb + cc, l ? src + RS * i * stride + nb : base, l);
+        }
+    }
+}
+
+// A tile's step values into v (132 floats): cum_s at [0, 64) and dt'_s at [68, 132) (past
+// its ns steps, the last step's again), and cum_b, the chunk sum before it, at [64] unless it
+// is the chunk's first tile. at0 = (row + s0) H + h, the first step's index into cum and dte.
+__device__ __forceinline__ void ssd_mma_copy_vals(float* v, const float* cum, const float* dte,
+                                                  ssm_i64 at0, int ns, bool first, int H,
+                                                  int tid) {
+    if (tid < 64) {
+        const ssm_i64 i = at0 + (ssm_i64)(tid < ns ? tid : ns - 1) * H;
+        ssm_cp_async<4>(v + tid, cum + i);
+        ssm_cp_async<4>(v + 68 + tid, dte + i);
+    } else if (tid == 64 && !first) {
+        ssm_cp_async<4>(v + 64, cum + at0 - H);
+    }
+}
+
 // A tile's masked block W[t][s] (s <= t < ns, 64 x 64) into ws (T, row stride SSD_MMA_LD),
 // from C (its lane address ca_lane as A, [t][n]) and B ([s][n], row stride NW + 8) staged:
 // C B^T's 10 16 x 16 blocks on and below the diagonal (K = n), blocks warp, warp + 4,
 // warp + 8 of each warp, weighted by exp(cum_t - cum_s) (cv: the tile's chunk sums) times
-// dt'_s (dv), or without dt'_s (WALK: ssd_mma_walk_w), and rounded to T. ssd_mma_fwd and
-// ssd_mma_bwd make it alike, so that the backward's W is the forward's, bit for bit.
-template <typename T, int NW, bool WALK>
+// dt'_s (dv) and rounded to T. ssd_mma_fwd and ssd_mma_bwd make it alike, so that the
+// backward's W is the forward's, bit for bit.
+template <typename T, int NW>
 __device__ __forceinline__ void ssd_mma_tile_w(unsigned short* ws, ssd_mma_saddr ca_lane,
                                                const unsigned short* bs, const float* cv,
                                                const float* dv, int ns, int warp, int lane) {
@@ -991,9 +1050,7 @@ __device__ __forceinline__ void ssd_mma_tile_w(unsigned short* ws, ssd_mma_saddr
                     const int si = s + (i & 1), t = i >= 2 ? tb8 : ta;
                     const float e = (i >= 2 ? lb : la) - cv[si] * L2E;
                     const bool live = (sb < tb || si <= t) && t < ns;
-                    w[i] = !live ? 0.0f
-                           : WALK ? ssd_mma_walk_w(e, cb[m][jj][i])
-                                  : ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i];
+                    w[i] = live ? ssm_math<float>::decay(e) * dv[si] * cb[m][jj][i] : 0.0f;
                 }
                 *reinterpret_cast<unsigned*>(ws + ta * LD + s) = ssd_mma_pack<T>(w[0], w[1]);
                 *reinterpret_cast<unsigned*>(ws + tb8 * LD + s) = ssd_mma_pack<T>(w[2], w[3]);
@@ -1052,25 +1109,9 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
     const bool x_cols = cc < P - p0;
     auto copy_b = [&](const ssd_mma_walker& u, int k) {  // B and the chunk sums into stage k
         const int ns = u.rows(64);
-        unsigned short* bd = bs_at(k);
-        const T* src = Bm + ((row + u.s0 + rr) * GB + gB) * N + cc;
-#pragma unroll
-        for (int i = 0; i < 64 / RS; ++i) {
-            const int r = rr + RS * i;
-#pragma unroll
-            for (int nb = 0; nb < NW; nb += 64) {
-                const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
-                ssd_mma_cp16(bd + r * LDB + nb + cc, l ? src + RS * i * GBN + nb : Bm, l);
-            }
-        }
-        float* v = vals_at(k);
-        if (tid < 64) {
-            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
-            ssm_cp_async<4>(v + tid, cum + i);
-            ssm_cp_async<4>(v + 68 + tid, dte + i);
-        } else if (tid == 64 && !u.first) {
-            ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
-        }
+        ssd_mma_copy_rows<T, NW, LDB>(bs_at(k), Bm + ((row + u.s0 + rr) * GB + gB) * N + cc, Bm,
+                                      GBN, ns, N, rr, cc);
+        ssd_mma_copy_vals(vals_at(k), cum, dte, (row + u.s0) * H + h, ns, u.first, H, tid);
     };
     auto copy_xc = [&](ssm_i64 s0, int ns) {  // x and C of the next tile
         const T* xsrc = X + ((row + s0 + rr) * H + h) * P + p0 + cc;
@@ -1127,7 +1168,7 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         const float* dv = cv + 68;
         const float cum_b = cur.first ? 0.0f : cv[64];
 
-        ssd_mma_tile_w<T, NW, WALK>(ws, ca_lane, bs, cv, dv, ns, warp, lane);
+        ssd_mma_tile_w<T, NW>(ws, ca_lane, bs, cv, dv, ns, warp, lane);
         ssd_mma_tile_decays<64>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
         // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
         // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments. (WALK: on a chunk's
@@ -1174,13 +1215,11 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         // the diagonal term: y^T's column pairs jp >= ks (s <= t)
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-            unsigned xd[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, unused[4];
-            if (WALK) ssd_mma_weigh_a<T, false>(xd, unused, dv, 16 * ks, lane);  // dt'_s x_s
 #pragma unroll
             for (int jp = ks; jp < 4; ++jp) {
                 unsigned bf[4];
                 ssd_mma_load_b2<LD>(bf, w_lane, 16 * jp, 16 * ks);
-                ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xd, bf);
+                ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
             }
         }
         if (WALK && yblob) {  // y^T before D and the gate, as the accumulators lie
@@ -1695,13 +1734,7 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
     float S[NS][4];  // the adjoint state G
     ssm_mma_zero(S);
     auto add_final = [&](ssm_i64 jb) {  // G += dfinal of the sequence ending at boundary jb
-        const int k = bslot && dfinal ? bslot[b * (nc + 1) + jb] : -1;
-        if (k < 0) return;
-        const float* src = dfinal + ((ssm_i64)k * H + h) * PN;
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            S[j][i] += src[o];
-            if (two) S[j][i + 1] += src[o + 1];
-        });
+        ssd_mma_add_final(S, bslot, dfinal, b, jb, nc, H, h, pa, na, P, N);
     };
 
     auto store = [&](float* dst) {  // G to the P x N matrix at dst (N even: 8-byte pairs)
@@ -1785,14 +1818,8 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
         add_final(c + 1);
         store(dHx + ((b * nc + c) * H + h) * PN);
         if (!end_part) return;
-        const float* st = states + ((b * (nc + 1) + c + 1) * H + h) * PN;
-        float v = 0.0f;
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            const ssd_mma_f2 sv = *reinterpret_cast<const ssd_mma_f2*>(st + o);
-            v += S[j][i] * sv.v[0] + (two ? S[j][i + 1] * sv.v[1] : 0.0f);
-        });
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+        const float v = ssd_mma_warp_dot(S, states + ((b * (nc + 1) + c + 1) * H + h) * PN,
+                                         pa, na, P, N);
         if (lane == 0) end_part[((b * nc + c) * H + h) * parts + 4 * (p0 >> 6) + warp] = v;
     };
 
@@ -2010,13 +2037,14 @@ ssd_tf32_bwd(const float* __restrict__ dY, const float* __restrict__ Bm,
 // (64 steps that never cross a chunk's end) from the last to the first. Per tile, with
 // cum_b the chunk sum before it, e its last step, and W the forward's masked block (made by
 // ssd_mma_tile_w as the forward makes it, so the same rounded values):
-//   st_s   = B_s . G (K = n; G as hi + lo 16-bit parts),  dg_s = sum_{t >= s} W[t][s] dY_t,
-//   (G B)_s = exp(cum_e - cum_s) st_s + dg_s,
-//   G      = exp(cum_e - cum_b) G + sum_t exp(cum_t - cum_b) dY_t C_t^T (dY weighted, hi + lo);
+//   st_s    = B_s . G (K = n; G as hi + lo 16-bit parts),
+//   dg_s    = sum_{t >= s} W[t][s] dY_t (W holds dt'_s: the forward's rounded block),
+//   (G B)_s = exp(cum_e - cum_s) st_s + dg_s / dt'_s,
+//   G       = exp(cum_e - cum_b) G + sum_t exp(cum_t - cum_b) dY_t C_t^T (dY weighted, hi + lo);
 // and the per-step outputs, the pairs of dcum made from the forward's own rounded operands
-// (rb: rounded to T as the forward rounded them):
+// (rb(w x): the state update's operand, rounded to T as the forward rounded it):
 //   dx_s = dt'_s (G B)_s + D dY_s,  xgb[s] = x_s . (G B)_s,
-//   dcum[s] = dY_s . ycore_s - rb(dt'_s x_s) . dg_s - rb(exp(cum_e - cum_s) dt'_s x_s) . st_s,
+//   dcum[s] = dY_s . ycore_s - x_s . dg_s - rb(exp(cum_e - cum_s) dt'_s x_s) . st_s,
 //   dD_part[b, h, p] = sum over the row of dY x (null without D),
 // ycore the WALK forward's float32 outputs before D and the gate (yblob, ssd_mma_blob_at:
 // read as the accumulators lie). At each chunk's end (boundary c + 1), before its tiles:
@@ -2047,8 +2075,8 @@ struct ssd_mma_bwd_layout {  // byte offsets into the dynamic shared memory
     static constexpr int BB = 64 * LDB * 2;         // C[t][n] (two stages), B[s][n]
     static constexpr int VB = 132 * 4;              // cum_s[64], cum_b, (pad), dt'_s[64]
     static constexpr int CS = 0, VS = 2 * BB, BS = VS + 2 * VB, YS = BS + BB, XS = YS + XB;
-    static constexpr int WS = XS + XB, FS = WS + XB;  // row_e, col_w, row_f [64] each, tile_d
-    static constexpr int RS = FS + 196 * 4;           // the warps' row sums [2][4][64]
+    static constexpr int WS = XS + XB, FS = WS + XB;  // row_e, col_w, inv_dt, row_f [64], tile_d
+    static constexpr int RS = FS + 260 * 4;           // the warps' row sums [2][4][64]
     static constexpr int YV = RS + 2 * 4 * 64 * 4;    // the tile's ycore, as yblob holds it
     static constexpr int BYTES = YV + 4 * 8 * 128 * 4;
     static_assert(BS % 16 == 0 && YS % 16 == 0 && XS % 16 == 0 && WS % 16 == 0 &&
@@ -2082,8 +2110,9 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
     unsigned short* const ws = reinterpret_cast<unsigned short*>(sm + LY::WS);
     float* const row_e = reinterpret_cast<float*>(sm + LY::FS);  // exp(cum_e - cum_s)
     float* const col_w = row_e + 64;                              // the same times dt'_s
-    float* const row_f = row_e + 128;                             // exp(cum_t - cum_b)
-    float* const tile_d = row_e + 192;                            // exp(cum_e - cum_b)
+    float* const inv_dt = row_e + 128;                            // 1 / dt'_s (0 for 0)
+    float* const row_f = row_e + 192;                             // exp(cum_t - cum_b)
+    float* const tile_d = row_e + 256;                            // exp(cum_e - cum_b)
     float* const red = reinterpret_cast<float*>(sm + LY::RS);     // [x . GB | dcum][warp][s]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -2102,13 +2131,7 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
     float G[NS][4];
     ssm_mma_zero(G);
     auto add_final = [&](ssm_i64 jb) {  // G += dfinal of the sequence ending at boundary jb
-        const int k = bslot && dfinal ? bslot[b * (nc + 1) + jb] : -1;
-        if (k < 0) return;
-        const float* src = dfinal + ((ssm_i64)k * H + h) * PN;
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            G[j][i] += src[o];
-            if (two) G[j][i + 1] += src[o + 1];
-        });
+        ssd_mma_add_final(G, bslot, dfinal, b, jb, nc, H, h, pa, na, P, N);
     };
     // G is the adjoint leaving chunk c (at boundary c + 1): add that boundary's dfinal, keep
     // it in T as dHx[c], and this warp's part of <G, states[c + 1]>
@@ -2116,14 +2139,8 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         add_final(c + 1);
         ssd_mma_state_enter(G, dHx, b, c, nc, H, h, pa, na, P, N, true);
         if (!end_part) return;
-        const float* st = states + ((b * (nc + 1) + c + 1) * H + h) * PN;
-        float v = 0.0f;
-        ssd_mma_tile_pairs<NS>(pa, na, P, N, [&](int j, int i, int o, bool two) {
-            const ssd_mma_f2 sv = *reinterpret_cast<const ssd_mma_f2*>(st + o);
-            v += G[j][i] * sv.v[0] + (two ? G[j][i + 1] * sv.v[1] : 0.0f);
-        });
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+        const float v = ssd_mma_warp_dot(G, states + ((b * (nc + 1) + c + 1) * H + h) * PN,
+                                         pa, na, P, N);
         if (lane == 0) end_part[((b * nc + c) * H + h) * 4 + warp] = v;
     };
 
@@ -2134,29 +2151,15 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
     const bool p_cols = cc < P;
     auto copy_c = [&](const ssd_mma_rwalker& u, int k) {  // C and the step values, stage k
         const int ns = u.rows(64);
-        unsigned short* cd = cs_at(k);
-        const T* src = Cm + ((row + u.s0 + rr) * GC + gC) * N + cc;
-#pragma unroll
-        for (int i = 0; i < 64 / RS; ++i) {
-            const int r = rr + RS * i;
-#pragma unroll
-            for (int nb = 0; nb < NW; nb += 64) {
-                const bool l = r < ns && nb + cc < N;  // (a copy that is not live reads nothing)
-                ssd_mma_cp16(cd + r * LDB + nb + cc, l ? src + RS * i * GCN + nb : Cm, l);
-            }
-        }
-        float* v = vals_at(k);
-        if (tid < 64) {
-            const ssm_i64 i = (row + u.s0 + (tid < ns ? tid : ns - 1)) * H + h;
-            ssm_cp_async<4>(v + tid, cum + i);
-            ssm_cp_async<4>(v + 68 + tid, dte + i);
-        } else if (tid == 64 && !u.first()) {
-            ssm_cp_async<4>(v + 64, cum + (row + u.s0 - 1) * H + h);
-        }
+        ssd_mma_copy_rows<T, NW, LDB>(cs_at(k), Cm + ((row + u.s0 + rr) * GC + gC) * N + cc, Cm,
+                                      GCN, ns, N, rr, cc);
+        ssd_mma_copy_vals(vals_at(k), cum, dte, (row + u.s0) * H + h, ns, u.first(), H, tid);
     };
     auto copy_bxy = [&](ssm_i64 s0, int ns) {  // B, x and dY of a tile
         const T* bsrc = Bm + ((row + s0 + rr) * GB + gB) * N + cc;
         const ssm_i64 at = ((row + s0 + rr) * H + h) * P + cc;
+        // (B's rows in the same loop: copied by ssd_mma_copy_rows after it, ptxas spilled 28
+        // bytes at NW = 128)
 #pragma unroll
         for (int i = 0; i < 64 / RS; ++i) {
             const int r = rr + RS * i;
@@ -2228,12 +2231,13 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         const float* dv = cv + 68;
         const float cum_b = cur.first() ? 0.0f : cv[64];
         const ssd_mma_saddr c_lane = ssd_mma_lane_a<LDB, false>(cs_at(k), lane);  // C [t][n]
-        ssd_mma_tile_w<T, NW, true>(ws, c_lane, bs, cv, dv, ns, warp, lane);
+        ssd_mma_tile_w<T, NW>(ws, c_lane, bs, cv, dv, ns, warp, lane);
         if (tid < 64) {  // (col_w as ssd_mma_tile_decays makes the forward's)
             const float ce = cv[ns - 1];
             const bool l = tid < ns;
             row_e[tid] = l ? ssm_math<float>::decay((ce - cv[tid]) * L2E) : 0.0f;
             col_w[tid] = l ? ssm_math<float>::decay((ce - cv[tid]) * L2E) * dv[tid] : 0.0f;
+            inv_dt[tid] = l && dv[tid] > 0.0f ? 1.0f / dv[tid] : 0.0f;  // (W's column is 0 there)
             row_f[tid] = l ? ssm_math<float>::decay((cv[tid] - cum_b) * L2E) : 0.0f;
             if (tid == 0) tile_d[0] = ssm_math<float>::decay((ce - cum_b) * L2E);
         }
@@ -2270,7 +2274,7 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         if (more) copy_bxy(s_next, ns_next);
         ssm_cp_commit();
 
-        // dg^T = dY^T W: column pairs jp <= kt (s <= t)
+        // dg^T = dY^T W (dt'_s inside W): column pairs jp <= kt (s <= t)
         float dg[8][4];
         ssm_mma_zero(dg);
 #pragma unroll
@@ -2284,17 +2288,15 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         }
 
         // The epilogue: entry i of tile j is (p = pa + 8 (i >= 2), s = 8 j + 2 t4 + i % 2),
-        // whose dY, x, rb(dt' x) and rb(col_w x) are half i % 2 of register 2 (j % 2) +
-        // (i >= 2) of their fragments j / 2 (the accumulators' layout, as in ssd_mma_fwd).
+        // whose dY, x and rb(col_w x) are half i % 2 of register 2 (j % 2) + (i >= 2) of
+        // their fragments j / 2 (the accumulators' layout, as in ssd_mma_fwd).
         ssm_cp_wait<1>();  // this lane's ycore copies (B, x and dY of the next tile may fly)
         {
             const ssm_i64 o0 = ((row + cur.s0) * H + h) * P;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 float sx[4], sd[4];  // this lane's parts of the steps' sums: [2 (j % 2) + q]
-                unsigned xd[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]};
                 unsigned xw[4] = {xa[ks][0], xa[ks][1], xa[ks][2], xa[ks][3]}, unused[4];
-                ssd_mma_weigh_a<T, false>(xd, unused, dv, 16 * ks, lane);     // rb(dt' x)
                 ssd_mma_weigh_a<T, false>(xw, unused, col_w, 16 * ks, lane);  // rb(col_w x)
 #pragma unroll
                 for (int j = 2 * ks; j < 2 * ks + 2; ++j) {
@@ -2308,11 +2310,11 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
                         const int s = 8 * j + 2 * t4 + q;
                         const float dyv = ssd_mma_half<T>(ya[ks][reg], q);
                         const float xv = ssd_mma_half<T>(xa[ks][reg], q);
-                        const float gb = row_e[s] * acc[j][i] + dg[j][i];
-                        dxv[i] = dv[s] * gb + (i >> 1 ? d_b : d_a) * dyv;
+                        const float gb = row_e[s] * acc[j][i] + inv_dt[s] * dg[j][i];
+                        dxv[i] = col_w[s] * acc[j][i] + dg[j][i] + (i >> 1 ? d_b : d_a) * dyv;
                         sx[jo + q] += xv * gb;
-                        sd[jo + q] += dyv * yc.v[i] - ssd_mma_half<T>(xd[reg], q) * dg[j][i] -
-                                 ssd_mma_half<T>(xw[reg], q) * acc[j][i];
+                        sd[jo + q] += dyv * yc.v[i] - xv * dg[j][i] -
+                                      ssd_mma_half<T>(xw[reg], q) * acc[j][i];
                         dd[i >> 1] += dyv * xv;
                     }
                     // dx: lanes g and g ^ 1 trade one value, so that an even g stores rows

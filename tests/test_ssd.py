@@ -792,8 +792,8 @@ def test_fused_forward_matches_two_kernels(monkeypatch, dtype_name, case):
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(FUSED_CASES)))
 def test_fused_forward_walk_form(monkeypatch, dtype_name, case):
-    """ssd_mma_fwd's WALK form (the forward a backward walk differentiates: dt'_s x_s rounded
-    as the diagonal operand, the state's rounding residuals in its products) against the
+    """ssd_mma_fwd's WALK form (the forward a backward walk differentiates: the state's
+    rounding residuals in its products) against the
     plain one-kernel forward: the same checkpoints bit for bit (the state's update is the
     same), outputs within 2^-6 of the plain forward's largest entry and within the
     reference's tolerance, and its float32 outputs before D and the gate (yblob) within the

@@ -405,10 +405,10 @@ def mma_bwd_walk_name(io: str, N: int) -> str:
 def mma_bwd_walk_smem(N: int) -> int:
     """Dynamic shared memory of ``ssd_mma_bwd`` (``ssd_mma_bwd_layout<NW>::BYTES``): C (64 x
     (NW + 8) 16-bit values) and 132 floats in two stages, B, dY, x and the masked block (64 x
-    72) in one, the decays (196 floats), the warps' two row sums of a tile (2 x 4 x 64) and
+    72) in one, the decays and 1 / dt' (260 floats), the warps' two row sums of a tile (2 x 4 x 64) and
     its outputs before D from the yblob (64 x 64 floats)."""
     b_bytes = 64 * (mma_state_width(N) + 8) * 2
-    return 3 * b_bytes + 2 * 132 * 4 + 3 * 64 * 72 * 2 + 196 * 4 + 2 * 4 * 64 * 4 + 4 * 8 * 128 * 4
+    return 3 * b_bytes + 2 * 132 * 4 + 3 * 64 * 72 * 2 + 260 * 4 + 2 * 4 * 64 * 4 + 4 * 8 * 128 * 4
 
 
 def tf32_bwd_smem(N: int) -> int:
@@ -1029,8 +1029,8 @@ class _Layout:
         :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
         final states are kept, there, and both are None. ``ypre`` (batch, L, H, P), if
         given, receives the outputs before the gate. ``walk`` selects the form that the
-        backward walk differentiates (dt'_s x_s rounded as the diagonal term's operand, the
-        state's rounding residuals in its products; :func:`uses_mma_bwd_walk`), and
+        backward walk differentiates (the state's rounding residuals in its products too;
+        :func:`uses_mma_bwd_walk`), and
         ``yblob`` (from :meth:`walk_blob`), if given with it, receives its outputs before D
         and the gate; neither with ``ypre``."""
         assert not (walk or yblob is not None) or ypre is None

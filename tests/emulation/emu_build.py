@@ -102,8 +102,13 @@ def compile_so(family, text, *, asan, opt, include_dir, extra_flags=()):
     os.makedirs(build_dir, exist_ok=True)
     so = os.path.join(build_dir, f"emu_{h}.so")
     if not os.path.exists(so):
-        cpp = os.path.join(build_dir, f"emu_{h}.cpp")
-        with open(cpp, "w") as f:
+        # built under this process's own names and renamed into place: processes that build
+        # the same library at once (pytest -n) never see a half-written one
+        part = os.path.join(build_dir, f"emu_{h}.{os.getpid()}")
+        with open(part + ".cpp", "w") as f:
             f.write(text)
-        subprocess.run(["g++", *flags, "-I", include_dir, "-I", HERE, cpp, "-o", so], check=True)
+        subprocess.run(["g++", *flags, "-I", include_dir, "-I", HERE, part + ".cpp", "-o",
+                        part + ".so"], check=True)
+        os.replace(part + ".so", so)
+        os.replace(part + ".cpp", os.path.join(build_dir, f"emu_{h}.cpp"))
     return so

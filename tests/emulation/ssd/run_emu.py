@@ -272,8 +272,8 @@ def walk_matches_two_kernels(p, final):
 def walk_form_matches(p, fused_states, fused_y):
     """ssd_mma_fwd's WALK form (the forward a backward walk differentiates) against the
     plain one-kernel forward: the same states and entering states bit for bit (its state
-    update is the same), its outputs within FUSED_GAP of the plain forward's (dt'_s x_s
-    rounded to 16 bits as the diagonal operand, the state's residuals added), its float32
+    update is the same), its outputs within FUSED_GAP of the plain forward's (the state's
+    residuals added), its float32
     outputs before D and the gate (yblob) within the forward's tolerance of the float64
     reference, and the outputs that D and the gate make of them within one 16-bit rounding."""
     lay = gssd._Layout(p, factor=False)
