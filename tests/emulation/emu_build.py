@@ -4,6 +4,7 @@ text substitution with its checks, and the cached g++ build of the host library.
 Each family's build script adds its own replacements (its kernels' PTX and vector casts), its
 prelude header and its extern "C" wrappers, then calls :func:`compile_so`.
 """
+import fcntl
 import hashlib
 import re
 import os
@@ -101,14 +102,18 @@ def compile_so(family, text, *, asan, opt, include_dir, extra_flags=()):
     h = hashlib.md5((text + " ".join(flags)).encode()).hexdigest()[:12]
     os.makedirs(build_dir, exist_ok=True)
     so = os.path.join(build_dir, f"emu_{h}.so")
-    if not os.path.exists(so):
-        # built under this process's own names and renamed into place: processes that build
-        # the same library at once (pytest -n) never see a half-written one
-        part = os.path.join(build_dir, f"emu_{h}.{os.getpid()}")
-        with open(part + ".cpp", "w") as f:
-            f.write(text)
-        subprocess.run(["g++", *flags, "-I", include_dir, "-I", HERE, part + ".cpp", "-o",
-                        part + ".so"], check=True)
-        os.replace(part + ".so", so)
-        os.replace(part + ".cpp", os.path.join(build_dir, f"emu_{h}.cpp"))
+    if os.path.exists(so):
+        return so
+    # One process builds a library; others that want it at the same time (pytest -n) wait
+    # for it instead of building it again, and none sees a half-written one.
+    with open(os.path.join(build_dir, f"emu_{h}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(so):
+            part = os.path.join(build_dir, f"emu_{h}.{os.getpid()}")
+            with open(part + ".cpp", "w") as f:
+                f.write(text)
+            subprocess.run(["g++", *flags, "-I", include_dir, "-I", HERE, part + ".cpp", "-o",
+                            part + ".so"], check=True)
+            os.replace(part + ".so", so)
+            os.replace(part + ".cpp", os.path.join(build_dir, f"emu_{h}.cpp"))
     return so
