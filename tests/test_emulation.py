@@ -78,12 +78,13 @@ def test_warp_convolution_kernels_in_emulation():
     # CI's time: run the script for all)
     ("run_emu_mm.py", ["--cases", "0,4,5"]),
     # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
-    # float32 kernels: a partial column tile with N 68, chunks of 5 steps, a slow decay
-    ("run_emu_tf32.py", ["3", "5", "7"]),
+    # float32 kernels: a partial column tile with N 68, a slow decay (case 5, chunks of 5
+    # steps, left out for CI's time)
+    ("run_emu_tf32.py", ["3", "7"]),
     # the float32 backward with its backward walk (ssd_tf32_bwd: NW 64 and 128) and with its
     # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
-    # unfused pass
-    ("run_emu_tf32_bwd.py", ["0", "3", "5"]),
+    # unfused pass (case 3 left out for CI's time)
+    ("run_emu_tf32_bwd.py", ["0", "5"]),
     # the 16-bit backward as one walk (ssd_mma_bwd, off by default: MMA_BWD_WALK)
     ("run_emu_walk.py", ["5"]),
 ])
@@ -103,7 +104,9 @@ def test_ssd_in_emulation(script, cases):
 # sub-block states in scratch), also with time split into up to 3 segments (the ring
 # summaries, in 2 sub-segments each where they divide: the backward's walks its tiles last to
 # first); slices: N > 16 as slices of 16 states through the ring backward, time split too
-@pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
+# (("ring", "1", ""), the ring forward as planned for one SM, left out for CI's time: the
+# bwd_ring and slices runs plan for one SM)
+@pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
                                            ("bwd_ring", "1", "3"), ("slices", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):
