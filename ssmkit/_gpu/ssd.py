@@ -1066,6 +1066,19 @@ class _Layout:
                 source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_fwd_smem(p.N))
         return states
 
+    def _bwd_walk_outputs(self, p, dhx_dtype):
+        """The outputs of a backward walk (:meth:`bwd_tf32`, :meth:`bwd_mma`): ``(rows, dHx,
+        dinit, end_dot)`` as they return them, dHx in ``dhx_dtype``."""
+        cp, cd = p.xp, p.compute_dtype
+        batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
+        rows = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
+                    xGB=cp.empty((batch, L, H), dtype=cd), dcum=cp.empty((batch, L, H), dtype=cd),
+                    dD_part=None if p.D is None else cp.empty((batch, H, P), dtype=cd))
+        dHx = cp.empty((batch, self.nc, H, P, N), dtype=dhx_dtype)
+        dinit = cp.empty((batch, H, P, N), dtype=cd)
+        end_dot = cp.empty((batch, self.nc, H, 4 * -(-P // 64)), dtype=cd)
+        return rows, dHx, dinit, end_dot
+
     def bwd_tf32(self, p, dY, ycore, states, dfinal, cb):
         """The float32 backward's walk (``ssd_tf32_bwd``), from dY and the forward's ycore and
         boundary states (batch, nc + 1, H, P, N). Returns ``(rows, dHx, dinit, end_dot)``:
@@ -1073,14 +1086,8 @@ class _Layout:
         H, P; None without D), dHx (batch, nc, H, P, N) the adjoint leaving each chunk, dinit
         (batch, H, P, N), end_dot (batch, nc, H, 4) the warps' parts of <dHx[c],
         states[c + 1]>."""
-        cp, cd = p.xp, p.compute_dtype
-        batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
-        rows = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
-                    xGB=cp.empty((batch, L, H), dtype=cd), dcum=cp.empty((batch, L, H), dtype=cd),
-                    dD_part=None if p.D is None else cp.empty((batch, H, P), dtype=cd))
-        dHx = cp.empty((batch, self.nc, H, P, N), dtype=cd)
-        dinit = cp.empty((batch, H, P, N), dtype=cd)
-        end_dot = cp.empty((batch, self.nc, H, 4 * -(-P // 64)), dtype=cd)
+        L, H, P, N = p.L, p.H, p.P, p.N
+        rows, dHx, dinit, end_dot = self._bwd_walk_outputs(p, p.compute_dtype)
         _launch(tf32_bwd_name(N), (_fwd_blocks(p),),
                 (dY, p.B, p.C, cb, p.x, ycore, _ptr(p.D), self.dte, self.cum, self.starts, states,
                  self.bslot, _ptr(dfinal), rows["dx"], rows["xGB"], rows["dcum"],
@@ -1095,14 +1102,8 @@ class _Layout:
         forward's ``yblob`` and boundary states (batch, nc + 1, H, P, N). Returns ``(rows,
         dHx, dinit, end_dot)`` as :meth:`bwd_tf32`, dHx (batch, nc, H, P, N) in the input
         dtype (dB's operand)."""
-        cp, cd = p.xp, p.compute_dtype
-        batch, L, H, P, N = p.batch, p.L, p.H, p.P, p.N
-        rows = dict(dx=cp.empty(p.x.shape, dtype=p.io_dtype),
-                    xGB=cp.empty((batch, L, H), dtype=cd), dcum=cp.empty((batch, L, H), dtype=cd),
-                    dD_part=None if p.D is None else cp.empty((batch, H, P), dtype=cd))
-        dHx = cp.empty((batch, self.nc, H, P, N), dtype=p.io_dtype)
-        dinit = cp.empty((batch, H, P, N), dtype=cd)
-        end_dot = cp.empty((batch, self.nc, H, 4), dtype=cd)
+        L, H, P, N = p.L, p.H, p.P, p.N
+        rows, dHx, dinit, end_dot = self._bwd_walk_outputs(p, p.io_dtype)
         _launch(mma_bwd_walk_name(self.io, N), (_fwd_blocks(p),),
                 (dY, p.B, p.C, p.x, yblob, _ptr(p.D), self.dte, self.cum, self.starts, states,
                  self.bslot, _ptr(dfinal), rows["dx"], rows["xGB"], rows["dcum"],

@@ -214,6 +214,19 @@ def walk_tiles(x, dt, A, B, C, h0, dY, dHf, Tc, Tt, design):
     return dict(dt=ddt, A=dA, h0=G)
 
 
+def sized_problem(rng, L, P, N, slow):
+    """One row and head of the kernels' inputs: x, B, C, dY in bfloat16, dt in [0.01, 0.5] (slow:
+    [0.001, 0.05]), A = -exp(0.5 n), n standard normal, an initial state and a final cotangent;
+    walk_tiles' and walk's argument order."""
+    x = rb(rng.standard_normal((L, P)))
+    B, C = rb(rng.standard_normal((L, N))), rb(rng.standard_normal((L, N)))
+    dt = f32(rng.uniform(0.001, 0.05, L) if slow else rng.uniform(0.01, 0.5, L))
+    A = float(f32(-np.exp(rng.standard_normal() * 0.5)))
+    h0, dHf = f32(rng.standard_normal((P, N))), f32(rng.standard_normal((P, N)))
+    dY = rb(rng.standard_normal((L, P)))
+    return x, dt, A, B, C, h0, dY, dHf
+
+
 def tiles_in_chunks(count, rng):
     """Tiles inside chunks, as the kernels walk (chunks of 256, tiles of 64; L 512, P 64,
     N 128) and small ones (chunks of 12, tiles of 4): the designs of walk_tiles against the
@@ -234,13 +247,7 @@ def tiles_in_chunks(count, rng):
         for slow in (False, True):
             worst = {d: {} for d in ("dtx", "dtx+S", "dtx+SS", "dtw", "dtw+S", "dtW", "dtW+S")}
             for _ in range(count):
-                x = rb(rng.standard_normal((L, P)))
-                B, C = rb(rng.standard_normal((L, N))), rb(rng.standard_normal((L, N)))
-                dt = f32(rng.uniform(0.001, 0.05, L) if slow else rng.uniform(0.01, 0.5, L))
-                A = float(f32(-np.exp(rng.standard_normal() * 0.5)))
-                h0, dHf = f32(rng.standard_normal((P, N))), f32(rng.standard_normal((P, N)))
-                dY = rb(rng.standard_normal((L, P)))
-                args = (x, dt, A, B, C, h0, dY, dHf)
+                args = sized_problem(rng, L, P, N, slow)
                 ref = exact(*args)[2]
                 for d in worst:
                     got = walk_tiles(*args, Tc, Tt, d)
@@ -311,14 +318,8 @@ def tile_sized(count, rng):
     for slow in (False, True):
         worst = {v: {} for v in VARIANTS}
         for _ in range(count):
-            L, P, N, T = 256, 64, 128, 64
-            x = rb(rng.standard_normal((L, P)))
-            B, C = rb(rng.standard_normal((L, N))), rb(rng.standard_normal((L, N)))
-            dt = f32(rng.uniform(0.001, 0.05, L) if slow else rng.uniform(0.01, 0.5, L))
-            A = float(f32(-np.exp(rng.standard_normal() * 0.5)))
-            h0, dHf = f32(rng.standard_normal((P, N))), f32(rng.standard_normal((P, N)))
-            dY = rb(rng.standard_normal((L, P)))
-            args = (x, dt, A, B, C, h0, dY, dHf)
+            T = 64
+            args = sized_problem(rng, 256, 64, 128, slow)
             ref = exact(*args)[2]
             for v in VARIANTS:
                 got = walk(*args, T, dest=v[0], G_split=v[1], pairs_dA=v[2])
