@@ -66,6 +66,9 @@ def speed(dtype="bfloat16", batch=4, L=4096, H=80):
         out, pull = ssmkit.ssd_vjp(**a, **opts)
         return pull(dy)
 
+    def fwd():
+        return ssmkit.ssd(**a, **opts)
+
     copy = timing.copy_tbps()
     rows = []
     for rnd in range(2):
@@ -73,6 +76,8 @@ def speed(dtype="bfloat16", batch=4, L=4096, H=80):
             gssd.MMA_BWD_WALK = walk
             rows.append((f"forward+backward, {'walk' if walk else 'chunked'}", rnd,
                          timing.cuda_median_ms(fwd_bwd, warmup=3, reps=15, calls=3)))
+            rows.append((f"ssd (forward only), switch {'on' if walk else 'off'}", rnd,
+                         timing.cuda_median_ms(fwd, warmup=3, reps=15, calls=5)))
     # the walk kernel alone, on the WALK forward's checkpoints
     gssd.MMA_BWD_WALK = True
     p, _, _ = _ssd._prepare("ssd", a["x"], a["dt"], a["A"], a["B"], a["C"], 256, a["D"], None,

@@ -16,8 +16,8 @@
 //                        ssd_state_passing) in one walk, the state in registers;
 //   ssd_mma_fwd          the whole forward (chunk states, passing, outputs) in one walk;
 //   ssd_mma_bwd          its WALK form's walk backwards in time: the 16-bit backward's
-//                        adjoint states, (G B)_s and the per-step pass in one walk (off by
-//                        default: MMA_BWD_WALK in ssmkit._gpu.ssd);
+//                        adjoint states, (G B)_s and the per-step pass in one walk (where
+//                        it applies: MMA_BWD_WALK in ssmkit._gpu.ssd);
 //   ssd_tf32_fwd         the same for float32 x, B, C, every product 3 x TF32;
 //   ssd_tf32_bwd         its walk backwards in time: the float32 backward's adjoint states,
 //                        (G B)_s and the per-step pass in one walk;
@@ -876,12 +876,12 @@ ssd_mma_state_walk(const T* __restrict__ X, const T* __restrict__ Bm,
 // (slots, H, P, N); with KEEP, ypre (batch, L, H, P) receives the output before the gate (the
 // backward with z starts from it; a separate instance, so that the others carry no code for
 // it), else it is null; 64-bit offsets.
-// WALK: the forward that ssd_mma_bwd (the backward as one walk) differentiates. It adds S's
-// rounding residuals to y^T = S C^T on a chunk's later tiles (hi + lo) and, when yblob is
-// not null (the VJP's forward), writes y^T before D and the gate there, per tile as its
-// accumulators lie (ssd_mma_blob_at). ssd's forward runs the same arithmetic without yblob,
-// so that ssd and ssd_vjp return the same outputs. Why: benchmarks/SSD.md, "The 16-bit
-// backward as one walk".
+// WALK: the VJP's forward where ssd_mma_bwd (the backward as one walk) runs. Its outputs are
+// the plain form's, bit for bit (ssd runs the plain form: ssd and ssd_vjp return the same);
+// it also writes y^T before D and the gate into yblob (not null), per tile as its
+// accumulators lie (ssd_mma_blob_at), with S's rounding residuals (S = hi + lo) in S C^T on
+// a chunk's later tiles: the walk's dcum pairs then cancel. Why: benchmarks/SSD.md, "The
+// 16-bit backward as one walk".
 // --------------------------------------------------------------------------------------
 // A T pair's rounding residuals: (v0 - round_T(v0), v1 - round_T(v1)) rounded to T (with the
 // rounded pair, v0 and v1 to 2^-16 relative in bfloat16).
@@ -1170,31 +1170,46 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
 
         ssd_mma_tile_w<T, NW>(ws, ca_lane, bs, cv, dv, ns, warp, lane);
         ssd_mma_tile_decays<64>(row_f, col_w, tile_d, cv, dv, ns, cum_b, tid);
-        // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
-        // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments. (WALK: on a chunk's
-        // later tiles S's rounding residuals too, with the same B fragments.)
+        // WALK, on a chunk's later tiles: S's rounding residuals times C^T first, stored in
+        // yblob as the accumulators lie and added in (row_f weighted) after the diagonal
+        // term. So y itself is the plain form's, bit for bit (ssd and ssd_vjp return the same
+        // outputs), and y's accumulators are not live beside the residuals' (no spills).
         float acc[8][4];
-        ssm_mma_zero(acc);
         const bool s_lo = WALK && !cur.first;
+        float* const yb = WALK ? yblob + ssd_mma_blob_at(tile, warp, lane) : nullptr;
+        if (s_lo) {
+            ssm_mma_zero(acc);
+#pragma unroll  // (fully: S is indexed by ks)
+            for (int ks = 0; ks < NS / 2; ++ks) {
+                const unsigned al[4] = {ssd_mma_pack_lo<T>(S[2 * ks][0], S[2 * ks][1]),
+                                        ssd_mma_pack_lo<T>(S[2 * ks][2], S[2 * ks][3]),
+                                        ssd_mma_pack_lo<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
+                                        ssd_mma_pack_lo<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    unsigned bf[4];
+                    ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
+                    ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *reinterpret_cast<ssm_f4*>(yb + 128 * j) = ssm_f4{{acc[j][0], acc[j][1], acc[j][2], acc[j][3]}};
+        }
+        // y^T = S C^T: S's accumulators rounded to T are the A fragments (tiles 2 ks,
+        // 2 ks + 1 make K = n 16 ks ..), C as staged the B fragments.
+        ssm_mma_zero(acc);
 #pragma unroll  // (fully: S is indexed by ks)
         for (int ks = 0; ks < NS / 2; ++ks) {
             const unsigned a[4] = {ssd_mma_pack<T>(S[2 * ks][0], S[2 * ks][1]),
                                    ssd_mma_pack<T>(S[2 * ks][2], S[2 * ks][3]),
                                    ssd_mma_pack<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]),
                                    ssd_mma_pack<T>(S[2 * ks + 1][2], S[2 * ks + 1][3])};
-            unsigned al[4];
-            if (s_lo) {
-                al[0] = ssd_mma_pack_lo<T>(S[2 * ks][0], S[2 * ks][1]);
-                al[1] = ssd_mma_pack_lo<T>(S[2 * ks][2], S[2 * ks][3]);
-                al[2] = ssd_mma_pack_lo<T>(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-                al[3] = ssd_mma_pack_lo<T>(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-            }
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
                 unsigned bf[4];
                 ssd_mma_load_b2<LDB>(bf, cb_lane, 8 * j, 16 * ks);
                 ssd_mma_run2<T>(acc[j], acc[j + 1], a, bf);
-                if (s_lo) ssd_mma_run2<T>(acc[j], acc[j + 1], al, bf);
             }
         }
         // x^T's fragments, K = s 16 ks .., before xs is free
@@ -1222,11 +1237,16 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
                 ssd_mma_run2<T>(acc[2 * jp], acc[2 * jp + 1], xa[ks], bf);
             }
         }
-        if (WALK && yblob) {  // y^T before D and the gate, as the accumulators lie
-            float* yb = yblob + ssd_mma_blob_at(tile, warp, lane);
+        if constexpr (WALK) {  // y^T before D and the gate, with the residuals' term
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                *reinterpret_cast<ssm_f4*>(yb + 128 * j) = ssm_f4{{acc[j][0], acc[j][1], acc[j][2], acc[j][3]}};
+            for (int j = 0; j < 8; ++j) {
+                ssm_f4 r{{0.0f, 0.0f, 0.0f, 0.0f}};
+                if (s_lo) r = *reinterpret_cast<const ssm_f4*>(yb + 128 * j);  // (this lane's own store)
+                const float f0 = row_f[8 * j + 2 * t4], f1 = row_f[8 * j + 2 * t4 + 1];
+                *reinterpret_cast<ssm_f4*>(yb + 128 * j) =
+                    ssm_f4{{fmaf(f0, r.v[0], acc[j][0]), fmaf(f1, r.v[1], acc[j][1]),
+                            fmaf(f0, r.v[2], acc[j][2]), fmaf(f1, r.v[3], acc[j][3])}};
+            }
         }
 
         // The epilogue in registers (before the state's update: y^T's registers are free

@@ -85,7 +85,7 @@ def test_warp_convolution_kernels_in_emulation():
     # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
     # unfused pass (case 3 left out for CI's time)
     ("run_emu_tf32_bwd.py", ["0", "5"]),
-    # the 16-bit backward as one walk (ssd_mma_bwd, off by default: MMA_BWD_WALK)
+    # the 16-bit backward as one walk (ssd_mma_bwd, where it applies: MMA_BWD_WALK)
     ("run_emu_walk.py", ["5"]),
 ])
 def test_ssd_in_emulation(script, cases):

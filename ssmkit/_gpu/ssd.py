@@ -748,14 +748,15 @@ def uses_mma_bwd(p) -> bool:
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
 
 
-# The 16-bit backward as one walk (ssd_mma_bwd, from the forward's WALK form): True wherever
-# it applies (uses_mma_bwd_walk), False never (the chunked tensor-core backward).
-MMA_BWD_WALK = False
+# The 16-bit backward as one walk (ssd_mma_bwd, from the VJP's forward in its WALK form): True
+# wherever it applies (uses_mma_bwd_walk), False never (the chunked tensor-core backward).
+# ssd's forward is the plain form either way (the WALK form's outputs are the same bits).
+MMA_BWD_WALK = True
 
 
 def uses_mma_bwd_walk(p, out) -> bool:
-    """Whether the backward of problem ``p`` runs as one walk (``ssd_mma_bwd``), its forward
-    then the WALK form of ``ssd_mma_fwd``: where the one-kernel forward runs
+    """Whether the backward of problem ``p`` runs as one walk (``ssd_mma_bwd``), the VJP's
+    forward then the WALK form of ``ssd_mma_fwd``: where the one-kernel forward runs
     (:func:`uses_mma_fwd`; ``out`` its output), without z (the walk reads the forward's
     outputs before D), P <= 64 (a block holds whole rows), dt_softplus and B and C in equal
     groups (dB reads dC's summed blocks, :func:`_shared_blocks`), and ``MMA_BWD_WALK``."""
@@ -1029,12 +1030,12 @@ class _Layout:
         :meth:`state_walk_mma`, returns ``(states, entering)``; with ``final``, only the
         final states are kept, there, and both are None. ``ypre`` (batch, L, H, P), if
         given, receives the outputs before the gate. ``walk`` selects the form that the
-        backward walk differentiates (the state's rounding residuals in its products too;
-        :func:`uses_mma_bwd_walk`), and
-        ``yblob`` (from :meth:`walk_blob`), if given with it, receives its outputs before D
-        and the gate; neither with ``ypre``."""
-        assert not (walk or yblob is not None) or ypre is None
-        assert yblob is None or walk
+        backward walk differentiates (:func:`uses_mma_bwd_walk`): its outputs are the plain
+        form's, bit for bit, and ``yblob`` (from :meth:`walk_blob`, required with it)
+        receives its outputs before D and the gate with the state's rounding residuals in
+        their product; neither with ``ypre``."""
+        assert not walk or ypre is None
+        assert (yblob is not None) == walk
         cp = p.xp
         states = entering = None
         if final is None:
@@ -1305,10 +1306,10 @@ def ssd_forward(p, *, save_checkpoints):
         if uses_mma_fwd(p, y):
             ypre = (cp.empty(p.x.shape, dtype=p.io_dtype)
                     if save_checkpoints and p.z is not None and uses_mma_bwd(p) else None)
-            # the form the backward walk differentiates (ssd's too, so that ssd and ssd_vjp
-            # return the same outputs), with the VJP's outputs before D
-            walk = uses_mma_bwd_walk(p, y)
-            yblob = lay.walk_blob(p) if save_checkpoints and walk else None
+            # the VJP's forward in the form the backward walk differentiates: the same outputs
+            # (ssd and ssd_vjp return the same), and the outputs before D for the walk
+            walk = save_checkpoints and uses_mma_bwd_walk(p, y)
+            yblob = lay.walk_blob(p) if walk else None
             states, entering = lay.fwd_mma(p, y, final=keep, ypre=ypre, walk=walk, yblob=yblob)
             return y, *_forward_result(lay, final, states, entering, save_checkpoints, ypre,
                                        yblob)
