@@ -45,7 +45,7 @@ def accuracy(batch=1, L=1000, H=4, dtype="bfloat16"):
         out[walk] = {f: rel(cp.asnumpy(getattr(g, f).astype(cp.float64)), getattr(gr, f))
                      for f in FIELDS}
         out[walk]["y"] = rel(cp.asnumpy(y.astype(cp.float64)), yr)
-    gssd.MMA_BWD_WALK = False
+    gssd.MMA_BWD_WALK = "auto"
     gssd.MMA_FUSED_FWD = "auto"
     print(f"accuracy, {dtype} batch {batch}, L {L}, H {H}, P 64, N 128, chunk 256, initial "
           "states: rel_err against the float64 reference")
@@ -92,7 +92,7 @@ def speed(dtype="bfloat16", batch=4, L=4096, H=80):
     rows.append(("dC keeping its blocks (ssd_mma_chunk_dc) alone", 0,
                  timing.cuda_median_ms(lambda: lay.dc_mma(p, dy, entering, gs), warmup=3,
                                        reps=20, calls=5)))
-    gssd.MMA_BWD_WALK = False
+    gssd.MMA_BWD_WALK = "auto"
     print(f"{dtype} batch {batch}, L {L}, H {H}, P 64, N 128, chunk 256; commit "
           f"{timing.commit()}; copy {copy:.2f} TB/s")
     print("| what | round | ms |")

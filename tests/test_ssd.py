@@ -12,6 +12,7 @@ checked directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -920,6 +921,36 @@ def test_mma_backward_walk(monkeypatch, dtype_name, case):
                             np.random.default_rng(case))
     assert sum(n.startswith("ssd_mma_bwd<") for n in names) == 1, names
     assert sum(n.startswith("ssd_mma_fwd<") and n.endswith(", true>") for n in names) == 1, names
+
+
+def test_mma_backward_walk_rule(monkeypatch):
+    """Where the 16-bit backward runs as one walk: with ``MMA_BWD_WALK = "auto"`` (the
+    default) only at chunks of at least ``MMA_BWD_WALK_MIN_CHUNK`` steps (shorter chunks
+    measured slower on the H200); with True at any chunk where the kernel applies; with False
+    never; never with z (the walk reads the outputs before D and the gate)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from ssmkit import _ssd
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    assert gpu_ssd.MMA_BWD_WALK == "auto" and gpu_ssd.MMA_BWD_WALK_MIN_CHUNK == 256
+    monkeypatch.delenv("SSMKIT_SSD_MMA", raising=False)
+    monkeypatch.delenv("SSMKIT_SSD_MMA_BWD", raising=False)
+    inputs = make_inputs(np.random.default_rng(5), batch=2, L=300, H=4, P=64, G=1, N=128,
+                         with_z=False)
+    bf = lambda a: None if a is None else a.astype(ml_dtypes.bfloat16)  # noqa: E731
+    rule = {}
+    for chunk in (64, 128, 255, 256, 512):
+        p = _ssd._prepare("ssd", inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
+                          chunk, inputs["D"], None, inputs["dt_bias"], True, (0.0, math.inf),
+                          inputs["initial_state"], None, None)[0]
+        p = dataclasses.replace(p, x=bf(p.x), B=bf(p.B), C=bf(p.C))
+        for mode in ("auto", True, False):
+            monkeypatch.setattr(gpu_ssd, "MMA_BWD_WALK", mode)
+            rule[chunk, mode] = gpu_ssd.uses_mma_bwd_walk(p, p.x)
+        zp = dataclasses.replace(p, z=bf(np.ones(p.x.shape, np.float32)))
+        assert not gpu_ssd.uses_mma_bwd_walk(zp, zp.x)
+    assert rule == {(c, m): (m is True or (m == "auto" and c >= 256))
+                    for c in (64, 128, 255, 256, 512) for m in ("auto", True, False)}, rule
 
 
 def assert_float32_grads_close(grads, base, *, loose=()):

@@ -748,10 +748,15 @@ def uses_mma_bwd(p) -> bool:
             and bc == io and max(p.P, p.N) <= MMA_WIDTHS[-1])
 
 
-# The 16-bit backward as one walk (ssd_mma_bwd, from the VJP's forward in its WALK form): True
-# wherever it applies (uses_mma_bwd_walk), False never (the chunked tensor-core backward).
-# ssd's forward is the plain form either way (the WALK form's outputs are the same bits).
-MMA_BWD_WALK = True
+# The 16-bit backward as one walk (ssd_mma_bwd, from the VJP's forward in its WALK form):
+# "auto" where it applies (uses_mma_bwd_walk) and is the faster, chunks of at least
+# MMA_BWD_WALK_MIN_CHUNK steps; True wherever it applies; False never (the chunked
+# tensor-core backward). ssd's forward is the plain form either way (the WALK form's outputs
+# are the same bits). bfloat16 forward+backward on the H200, walk / chunked
+# (benchmarks/ssd_walk_shapes.py, benchmarks/SSD.md): 0.82-0.97 at chunks of 256 over ten
+# grids, 1.008 at 128 and 1.020 at 64 (more chunk ends per tile of 64 steps).
+MMA_BWD_WALK = "auto"
+MMA_BWD_WALK_MIN_CHUNK = 256
 
 
 def uses_mma_bwd_walk(p, out) -> bool:
@@ -759,7 +764,10 @@ def uses_mma_bwd_walk(p, out) -> bool:
     forward then the WALK form of ``ssd_mma_fwd``: where the one-kernel forward runs
     (:func:`uses_mma_fwd`; ``out`` its output), without z (the walk reads the forward's
     outputs before D), P <= 64 (a block holds whole rows), dt_softplus and B and C in equal
-    groups (dB reads dC's summed blocks, :func:`_shared_blocks`), and ``MMA_BWD_WALK``."""
+    groups (dB reads dC's summed blocks, :func:`_shared_blocks`), and ``MMA_BWD_WALK`` (with
+    "auto", chunks of at least ``MMA_BWD_WALK_MIN_CHUNK`` steps)."""
+    if MMA_BWD_WALK == "auto" and p.chunk_size < MMA_BWD_WALK_MIN_CHUNK:
+        return False
     return (bool(MMA_BWD_WALK) and uses_mma_bwd(p) and p.z is None and p.P <= 64
             and _shared_blocks(p, True) and uses_mma_fwd(p, out))
 
