@@ -941,6 +941,13 @@ __device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, 
 #ifndef SSD_MMA_FWD_BLOCKS
 #define SSD_MMA_FWD_BLOCKS 3  // blocks per SM (the register bound: 168 at 3)
 #endif
+// 1: the 16-bit backward walk (ssd_mma_bwd) prefetches the forward's state at a chunk's start
+// into L2 during the chunk's first tile, for <G, state> after it (read from DRAM there, it
+// stalled the walk: 12% of its stall samples; forward+backward 2.43 -> 2.40 ms at the peer
+// row. The same in ssd_tf32_bwd made float32's 0.6% slower: not there.)
+#ifndef SSD_MMA_BWD_STATE_PREFETCH
+#define SSD_MMA_BWD_STATE_PREFETCH 1
+#endif
 #ifndef SSD_MMA_WALK_FWD_BLOCKS
 // The WALK form's: at 3 ptxas spills about 72 bytes at NW = 128; 2 blocks per SM, without
 // spills, were much slower (0.950 against 0.685 ms for its first form, benchmarks/SSD.md)
@@ -2240,6 +2247,11 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         if (more) {
             copy_c(next, k ^ 1);
             next.advance(64, starts);
+        }
+        if (SSD_MMA_BWD_STATE_PREFETCH && end_part && cur.first() && cur.c > 0) {
+            // <G, states[c]> after this tile: into L2 now
+            const float* st = states + ((b * (nc + 1) + cur.c) * H + h) * PN;
+            for (ssm_i64 o = (ssm_i64)tid * 32; o < PN; o += THREADS * 32) ssm_prefetch_l2(st + o);
         }
         {  // this tile's ycore, read in the epilogue (loaded there, it stalled every warp)
             const float* src = yblob + ssd_mma_blob_at(tile, warp, lane);
