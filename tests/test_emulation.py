@@ -66,27 +66,25 @@ def test_warp_convolution_kernels_in_emulation():
 @needs_gxx
 @pytest.mark.parametrize("script, cases", [
     # bfloat16; packed sequences (cu_seqlens) with initial states, and with a sequence
-    # without steps and no initial state (case 16, whole tiles, left out: CI's 15 minutes)
-    ("run_emu.py", ["0", "8", "4"]),
+    # without steps and no initial state (case 16, whole tiles)
+    ("run_emu.py", ["0", "8", "4", "16"]),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights);
-    # without z (dcum's first half from dC); case 21 (whole tiles) left out for CI's time
-    ("run_emu_bwd.py", ["14", "18", "23"]),
-    # ssd_chunk_mm and ssd_chunk_mm_tc (float and double) and the per-chunk passes, on the
-    # product cases that run in seconds: a length-1 row, chunks of 8 with sequence ends,
-    # float64 with head groups and a sequence end (case 7, 4 tiles per chunk, about 130 s,
-    # cases 1, 2, 3 150 s more, case 9, runs of heads, 110 s, and 6 and 8 were left out for
-    # CI's time: run the script for all)
-    ("run_emu_mm.py", ["--cases", "0,4,5"]),
+    # without z (dcum's first half from dC); whole tiles (case 21)
+    ("run_emu_bwd.py", ["14", "18", "23", "21"]),
+    # ssd_chunk_mm and ssd_chunk_mm_tc (float and double) and the per-chunk passes, on every
+    # product case: a length-1 row, chunks of 8 with sequence ends, float64 with head groups
+    # and a sequence end, 4 tiles per chunk (case 7), runs of heads (case 9)
+    ("run_emu_mm.py", []),
     # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
-    # float32 kernels: a partial column tile with N 68, a slow decay (case 5, chunks of 5
-    # steps, left out for CI's time)
-    ("run_emu_tf32.py", ["3", "7"]),
+    # float32 kernels: a partial column tile with N 68, a slow decay (case 5, chunks of 5 steps)
+    ("run_emu_tf32.py", ["3", "7", "5"]),
     # the float32 backward with its backward walk (ssd_tf32_bwd: NW 64 and 128) and with its
     # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
-    # unfused pass (case 3 left out for CI's time)
-    ("run_emu_tf32_bwd.py", ["0", "5"]),
-    # the 16-bit backward as one walk (ssd_mma_bwd, where it applies: MMA_BWD_WALK)
-    ("run_emu_walk.py", ["5"]),
+    # unfused pass
+    ("run_emu_tf32_bwd.py", ["0", "5", "3"]),
+    # the 16-bit backward as one walk (ssd_mma_bwd, where it applies: MMA_BWD_WALK): chunks of
+    # 32 with initial states, of 64 with four heads, of 256 in float16 without D
+    ("run_emu_walk.py", ["5", "0", "6"]),
 ])
 def test_ssd_in_emulation(script, cases):
     pytest.importorskip("ml_dtypes")
@@ -104,9 +102,7 @@ def test_ssd_in_emulation(script, cases):
 # sub-block states in scratch), also with time split into up to 3 segments (the ring
 # summaries, in 2 sub-segments each where they divide: the backward's walks its tiles last to
 # first); slices: N > 16 as slices of 16 states through the ring backward, time split too
-# (("ring", "1", ""), the ring forward as planned for one SM, left out for CI's time: the
-# bwd_ring and slices runs plan for one SM)
-@pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""),
+@pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
                                            ("bwd_ring", "1", "3"), ("slices", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):

@@ -91,15 +91,25 @@ def replace_all(src, repl):
     return src
 
 
+def _headers():
+    """The text of every header under tests/emulation (emu_common.h, the preludes), which the
+    generated text includes: an edit there must rebuild too."""
+    out = []
+    for d, _, files in sorted(os.walk(HERE)):
+        out += [open(os.path.join(d, f)).read() for f in sorted(files) if f.endswith(".h")]
+    return "".join(out)
+
+
 def compile_so(family, text, *, asan, opt, include_dir, extra_flags=()):
     """Build ``text`` (C++) into a shared library under $TMPDIR/ssmkit_emu/<family>/, named by
-    a hash of everything that goes into it (reused while that is unchanged); its path."""
+    a hash of everything that goes into it (the text, the flags, the emulation's headers;
+    reused while that is unchanged); its path."""
     build_dir = os.path.join(tempfile.gettempdir(), "ssmkit_emu", family)
     flags = ["-std=c++20", opt, "-g", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
              *extra_flags]
     if asan:
         flags = ["-fsanitize=address", "-fno-omit-frame-pointer"] + flags
-    h = hashlib.md5((text + " ".join(flags)).encode()).hexdigest()[:12]
+    h = hashlib.md5((text + " ".join(flags) + _headers()).encode()).hexdigest()[:12]
     os.makedirs(build_dir, exist_ok=True)
     so = os.path.join(build_dir, f"emu_{h}.so")
     if os.path.exists(so):

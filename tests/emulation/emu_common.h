@@ -1,18 +1,27 @@
 // Host emulation of the few CUDA features ssmkit's kernels use: one block at a
-// time, one std::thread per CUDA thread, std::barrier for __syncthreads and for
-// warp shuffles. Test tool only. Shared by every kernel family's prelude (each
-// build passes -I tests/emulation).
+// time, its CUDA threads run as fibers (cooperative user-space contexts) on the
+// calling OS thread, switched at __syncthreads and at the warp barriers of
+// shuffles and mma.sync. Test tool only. Shared by every kernel family's prelude
+// (each build passes -I tests/emulation).
 #pragma once
 #include <math.h>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
-#include <barrier>
 #include <vector>
 #include <memory>
 #include <atomic>
 #include <deque>
+#include <string>
+#include <sys/mman.h>
+#include <unistd.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#include <sanitizer/asan_interface.h>
+#endif
+#if !defined(__x86_64__)
+#error "the emulation's fiber switch (emu_common.h) is written for x86-64"
+#endif
 
 #define __global__
 #define __device__
@@ -21,30 +30,187 @@
 #define __launch_bounds__(...)
 
 struct emu_dim3 { unsigned x = 1, y = 1, z = 1; };
-thread_local emu_dim3 threadIdx;
+emu_dim3 threadIdx;  // the running fiber's (the scheduler sets it at each switch)
 emu_dim3 blockIdx, blockDim, gridDim;
 unsigned emu_dyn_smem = 0;
 unsigned char* emu_smem_ptr = nullptr;
-std::barrier<>* emu_block_barrier = nullptr;
 std::atomic<long> emu_shfl_count{0};
 
-struct EmuWarp { std::barrier<>* bar; double slot[32]; unsigned mask; };
+[[noreturn]] inline void emu_fail(const char* what) { fprintf(stderr, "EMU FAILURE: %s (block %u thread %u)\n", what, blockIdx.x, threadIdx.x); fflush(stderr); abort(); }
+
+// ---- Fibers: a block's CUDA threads, run in turn on one OS thread ----
+//
+// Each CUDA thread is a fiber with its own stack. A fiber runs until it waits at a barrier
+// (or ends), then the scheduler resumes the next one that can run, round robin; a barrier
+// completes when its last thread arrives, which releases every fiber waiting at it.
+
+struct EmuCpCopy { unsigned char* dst; unsigned char data[16]; int n; };  // a cp.async in flight
+
+// A barrier of `expected` threads (the block's, or a warp's for shuffles and mma.sync).
+struct EmuBarrier {
+    unsigned expected = 0, arrived = 0;
+    unsigned long gen = 0;  // completions so far
+    int warp = -1;          // the warp it belongs to (-1: the block's), for the deadlock report
+    void arrive_and_wait();
+};
+
+struct EmuFiber {
+    void* sp = nullptr;              // its stack pointer while suspended (emu_ctx_switch)
+    unsigned char* stack = nullptr;  // its stack's lowest usable byte (a guard page below)
+    EmuBarrier* wait = nullptr;      // the barrier it waits at, and that barrier's generation
+    unsigned long wait_gen = 0;      // then: it may run again once the generation moves on
+    bool done = false;
+    void* asan_fake = nullptr;       // AddressSanitizer's fake stack while suspended
+    std::vector<EmuCpCopy> cp_open;                // cp.async: issued, not yet committed
+    std::deque<std::vector<EmuCpCopy>> cp_groups;  // committed, oldest first
+};
+
+struct EmuSched {
+    std::vector<EmuFiber> fibers;  // the block's threads, by threadIdx.x
+    unsigned cur = 0;              // the running one
+    void* main_sp = nullptr;       // the launch's own context, resumed when every fiber is done
+    void (*fn)(void*) = nullptr;   // the kernel call every fiber runs, and its argument
+    void* arg = nullptr;
+    void* main_asan_fake = nullptr;
+    const void* main_bottom = nullptr;  // the launch's stack, for AddressSanitizer
+    size_t main_size = 0;
+};
+inline EmuSched emu_sched;
+inline EmuFiber& emu_self() { return emu_sched.fibers[emu_sched.cur]; }
+
+// A fiber's stack (mmap'd, reused by every block and launch, pages touched only as used):
+// the kernels' register arrays and the emulated mma fragments live there. The deepest
+// measured was about 8 KiB (the SSD backward under AddressSanitizer's red zones).
+constexpr size_t EMU_FIBER_STACK = size_t(256) << 10;
+
+// emu_ctx_switch(&save, to): save the callee-saved registers (rbx, rbp, r12-r15), MXCSR and
+// the x87 control word on this stack, store the stack pointer in save, then load `to` and
+// restore the same from it. Under the x86-64 System V ABI every other register is
+// caller-saved, so the call itself is a complete switch (no signal mask: no syscall).
+extern "C" __attribute__((visibility("hidden"))) void emu_ctx_switch(void** save, void* to);
+asm(R"(
+    .pushsection .text
+    .globl emu_ctx_switch
+    .hidden emu_ctx_switch
+    .type emu_ctx_switch, @function
+emu_ctx_switch:
+    endbr64
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_ctx_switch, .-emu_ctx_switch
+    .popsection
+)");
+
+// AddressSanitizer must be told of each switch (it checks accesses against the current
+// stack's bounds and keeps per-stack fake frames); no-ops without it.
+#if defined(__SANITIZE_ADDRESS__)
+inline void emu_asan_start(void** fake, const void* bottom, size_t size) { __sanitizer_start_switch_fiber(fake, bottom, size); }
+inline void emu_asan_finish(void* fake, const void** bottom, size_t* size) { __sanitizer_finish_switch_fiber(fake, bottom, size); }
+#else
+inline void emu_asan_start(void**, const void*, size_t) {}
+inline void emu_asan_finish(void*, const void**, size_t*) {}
+#endif
+
+// Every unfinished fiber waits at a barrier that cannot complete (a shuffle, __syncwarp,
+// ldmatrix or mma.sync reached by only some lanes of a warp, a __syncthreads some threads
+// skip or exit before): the hardware's result is undefined, the emulation stops here.
+[[noreturn]] inline void emu_deadlock();
+
+// Leave the running fiber (waiting at a barrier, or done) for the next one that can run,
+// round robin after it; back to the launch once every fiber is done.
+__attribute__((noinline)) inline void emu_switch_next() {
+    EmuSched& S = emu_sched;
+    const unsigned n = (unsigned)S.fibers.size();
+    EmuFiber& self = S.fibers[S.cur];
+    unsigned next = n;  // none found
+    bool left = false;
+    for (unsigned k = 0, i = S.cur; k < n; ++k) {
+        if (++i == n) i = 0;
+        const EmuFiber& f = S.fibers[i];
+        if (f.done) continue;
+        left = true;
+        if (!f.wait || f.wait_gen != f.wait->gen) { next = i; break; }
+    }
+    if (next == S.cur) return;  // (only itself could run: its barrier has completed)
+    if (next == n && left) emu_deadlock();
+    void* to = next == n ? S.main_sp : S.fibers[next].sp;
+    const void* bottom = next == n ? S.main_bottom : S.fibers[next].stack;
+    emu_asan_start(self.done ? nullptr : &self.asan_fake, bottom, next == n ? S.main_size : EMU_FIBER_STACK);
+    if (next < n) { S.cur = next; threadIdx.x = next; }
+    emu_ctx_switch(&self.sp, to);
+    // Resumed: whoever switched here set S.cur and threadIdx to this fiber.
+    emu_asan_finish(self.asan_fake, nullptr, nullptr);
+}
+
+// A barrier of `expected` threads: arriving suspends the fiber until the last one arrives.
+inline void EmuBarrier::arrive_and_wait() {
+    if (++arrived == expected) { arrived = 0; ++gen; return; }
+    EmuFiber& self = emu_self();
+    self.wait = this;
+    self.wait_gen = gen;
+    emu_switch_next();
+    self.wait = nullptr;
+}
+EmuBarrier* emu_block_barrier = nullptr;
+
+struct EmuWarp { EmuBarrier bar; double slot[32]; unsigned mask; };
 EmuWarp* emu_warps = nullptr;
 
-[[noreturn]] inline void emu_fail(const char* what) { fprintf(stderr, "EMU FAILURE: %s (block %u thread %u)\n", what, blockIdx.x, threadIdx.x); fflush(stderr); abort(); }
+[[noreturn]] inline void emu_deadlock() {
+    std::string msg = "deadlock: every unfinished thread waits at a barrier that cannot complete (a shuffle, "
+                      "__syncwarp, ldmatrix or mma.sync reached by only some lanes of a warp, or a "
+                      "__syncthreads not reached by every thread):";
+    const EmuBarrier* seen[64];
+    int nseen = 0;
+    for (const EmuFiber& f : emu_sched.fibers) {
+        if (f.done || !f.wait) continue;
+        bool dup = false;
+        for (int i = 0; i < nseen; ++i) dup = dup || seen[i] == f.wait;
+        if (dup || nseen == 64) continue;
+        seen[nseen++] = f.wait;
+        char line[96];
+        if (f.wait->warp < 0) snprintf(line, sizeof line, " __syncthreads %u of %u arrived;", f.wait->arrived, f.wait->expected);
+        else snprintf(line, sizeof line, " warp %d's barrier %u of %u arrived;", f.wait->warp, f.wait->arrived, f.wait->expected);
+        msg += line;
+    }
+    unsigned done = 0;
+    for (const EmuFiber& f : emu_sched.fibers) done += f.done;
+    msg += " " + std::to_string(done) + " threads finished";
+    emu_fail(msg.c_str());
+}
+
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-std::atomic<int> emu_or_flag{0};
+int emu_or_flag = 0;
 // A barrier that also returns whether any thread's predicate was non-zero.
 inline int __syncthreads_or(int p) {
     emu_block_barrier->arrive_and_wait();  // the previous call's reads are done
-    if (p) emu_or_flag.store(1);
+    if (p) emu_or_flag = 1;
     emu_block_barrier->arrive_and_wait();  // every vote is in
-    const int r = emu_or_flag.load();
+    const int r = emu_or_flag;
     emu_block_barrier->arrive_and_wait();  // every thread has read it
-    if (threadIdx.x == 0) emu_or_flag.store(0);
+    if (threadIdx.x == 0) emu_or_flag = 0;
     return r;
 }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / 32].bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / 32].bar.arrive_and_wait(); }
 [[noreturn]] inline void __trap() { emu_fail("__trap"); }
 
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int m) {
@@ -53,9 +219,9 @@ template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int m) {
     if (mask != W.mask) emu_fail("shuffle mask does not match the warp's lanes");
     if (!((mask >> (lane ^ (unsigned)m)) & 1u)) emu_fail("shuffle partner not in mask");
     W.slot[lane] = (double)v;
-    W.bar->arrive_and_wait();
+    W.bar.arrive_and_wait();
     const double r = W.slot[lane ^ (unsigned)m];
-    W.bar->arrive_and_wait();
+    W.bar.arrive_and_wait();
     emu_shfl_count++;
     return (T)r;
 }
@@ -89,9 +255,7 @@ inline void emu_prefetch(const void* p) { volatile char c = *(const char*)p; (vo
 // destination before the wait (a missing or too shallow wait, a wait after the barrier
 // instead of before it, a read of the buffer being filled) sees NaN and fails the comparison
 // with the reference, instead of seeing the right bytes by luck as a synchronous copy would.
-struct EmuCpCopy { unsigned char* dst; unsigned char data[16]; int n; };
-thread_local std::vector<EmuCpCopy> emu_cp_open;                // issued, not yet committed
-thread_local std::deque<std::vector<EmuCpCopy>> emu_cp_groups;  // committed, oldest first
+// The copies are the issuing thread's (EmuFiber's cp_open, cp_groups).
 
 // One copy of n <= 16 bytes; zeros when src is null (a source size of 0).
 inline void emu_cp_issue(void* dst, const void* src, int n) {
@@ -100,24 +264,26 @@ inline void emu_cp_issue(void* dst, const void* src, int n) {
     c.n = n;
     if (src) memcpy(c.data, src, n); else memset(c.data, 0, n);
     memset(dst, 0xff, n);
-    emu_cp_open.push_back(c);
+    emu_self().cp_open.push_back(c);
 }
 inline void emu_cp_commit() {
-    emu_cp_groups.push_back(std::move(emu_cp_open));
-    emu_cp_open.clear();
+    EmuFiber& f = emu_self();
+    f.cp_groups.push_back(std::move(f.cp_open));
+    f.cp_open.clear();
 }
 // cp.async.wait_group pending: every committed group but the newest `pending` lands (copies
 // not yet committed stay in flight). A destination that no longer holds the 0xff bytes of
 // its issue was stored to while the copy was in flight: on a GPU the copy may land before or
 // after that store (a race), so it fails here.
 inline void emu_cp_wait(int pending) {
-    while ((int)emu_cp_groups.size() > pending) {
-        for (auto& c : emu_cp_groups.front()) {
+    std::deque<std::vector<EmuCpCopy>>& groups = emu_self().cp_groups;
+    while ((int)groups.size() > pending) {
+        for (auto& c : groups.front()) {
             for (int i = 0; i < c.n; ++i)
                 if (c.dst[i] != 0xff) emu_fail("cp.async: a store into the destination of a copy in flight");
             memcpy(c.dst, c.data, c.n);
         }
-        emu_cp_groups.pop_front();
+        groups.pop_front();
     }
 }
 // cp.async.{ca,cg}.shared.global [dst], [src], n (ssm_cp_async: the 4-, 8- and 16-byte
@@ -151,8 +317,90 @@ inline unsigned char* emu_smem_at(unsigned a) { return emu_smem_anchor + (int)a;
 
 // A thread must not leave copies in flight when it exits.
 inline void emu_cp_exit_check() {
-    bool busy = !emu_cp_open.empty();
-    for (auto& g : emu_cp_groups) busy = busy || !g.empty();
+    EmuFiber& f = emu_self();
+    bool busy = !f.cp_open.empty();
+    for (auto& g : f.cp_groups) busy = busy || !g.empty();
     if (busy) emu_fail("cp.async copies still in flight at thread exit");
-    emu_cp_groups.clear();
+    f.cp_groups.clear();
+}
+
+// ---- Running a block ----
+
+// The fibers' stacks, by thread index: each EMU_FIBER_STACK bytes above a PROT_NONE guard
+// page, so that an overflow crashes instead of writing over another stack.
+inline std::vector<unsigned char*> emu_stacks;
+inline unsigned char* emu_stack(unsigned i) {
+    while (emu_stacks.size() <= i) {
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        void* p = mmap(nullptr, page + EMU_FIBER_STACK, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0) emu_fail("no memory for a fiber stack");
+        emu_stacks.push_back((unsigned char*)p + page);
+    }
+    return emu_stacks[i];
+}
+
+// Where every fiber starts: the kernel call, the end-of-thread checks, then the next fiber.
+[[noreturn]] inline void emu_fiber_main() {
+    EmuSched& S = emu_sched;
+    // The first fiber is entered from the launch: keep that stack's bounds for the way back.
+    if (S.main_size == 0) emu_asan_finish(nullptr, &S.main_bottom, &S.main_size);
+    else emu_asan_finish(nullptr, nullptr, nullptr);
+    S.fn(S.arg);
+    emu_cp_exit_check();
+    emu_self().done = true;
+    emu_switch_next();  // never returns here: a done fiber is not resumed
+    __builtin_unreachable();
+}
+
+// A new fiber's stack as emu_ctx_switch leaves a suspended one: MXCSR and the x87 control
+// word (the launch's), six callee-saved registers (zero), then emu_fiber_main as the return
+// address, above it a null one, so that emu_fiber_main starts with the stack aligned as
+// after a call (16-byte aligned plus 8).
+inline void* emu_fiber_frame(unsigned char* top) {
+    unsigned mxcsr;
+    unsigned short fpcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    unsigned long* sp = (unsigned long*)top;
+    *--sp = 0;
+    *--sp = (unsigned long)&emu_fiber_main;
+    for (int i = 0; i < 6; ++i) *--sp = 0;
+    *--sp = mxcsr | ((unsigned long)fpcw << 32);
+    return sp;
+}
+
+// Run one block of `block` threads, each calling call(), to completion: the block's barrier,
+// a barrier per warp (the last one partial when block is not a multiple of 32: its mask has
+// only its lanes), one fiber per thread.
+template <typename F> inline void emu_run_block(F& call, unsigned block) {
+    EmuBarrier bar;
+    bar.expected = block;
+    emu_block_barrier = &bar;
+    const unsigned nw = (block + 31) / 32;
+    std::vector<EmuWarp> warps(nw);
+    for (unsigned w = 0; w < nw; ++w) {
+        const unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
+        warps[w].bar.expected = cnt;
+        warps[w].bar.warp = (int)w;
+        warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
+    }
+    emu_warps = warps.data();
+    EmuSched& S = emu_sched;
+    S.fibers.clear();
+    S.fibers.resize(block);
+    for (unsigned t = 0; t < block; ++t) {
+        S.fibers[t].stack = emu_stack(t);
+        S.fibers[t].sp = emu_fiber_frame(S.fibers[t].stack + EMU_FIBER_STACK);
+    }
+    S.fn = [](void* f) { (*(F*)f)(); };
+    S.arg = &call;
+    S.main_size = 0;
+    S.cur = 0;
+    threadIdx.x = 0;
+    emu_asan_start(&S.main_asan_fake, S.fibers[0].stack, EMU_FIBER_STACK);
+    emu_ctx_switch(&S.main_sp, S.fibers[0].sp);
+    emu_asan_finish(S.main_asan_fake, nullptr, nullptr);
+    emu_block_barrier = nullptr;
+    emu_warps = nullptr;
 }

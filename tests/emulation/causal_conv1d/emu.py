@@ -66,20 +66,9 @@ template <typename F>
 static void emu_launch(F call, unsigned grid, unsigned block) {
     for (unsigned bi = 0; bi < grid; ++bi) {
         blockIdx.x = bi; blockDim.x = block; gridDim.x = grid;
-        std::barrier<> bar(block); emu_block_barrier = &bar;
-        unsigned nw = (block + 31) / 32;
-        std::vector<EmuMmaX> mx(nw);
+        std::vector<EmuMmaX> mx((block + 31) / 32);
         emu_mmax = mx.data();
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        std::vector<EmuWarp> warps(nw);
-        for (unsigned w = 0; w < nw; ++w) {
-            wb.emplace_back(new std::barrier<>(32));
-            warps[w].bar = wb.back().get(); warps[w].mask = 0xffffffffu;
-        }
-        emu_warps = warps.data();
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
-        for (auto& th : ts) th.join();
+        emu_run_block(call, block);
     }
 }
 '''

@@ -57,21 +57,7 @@ static void emu_launch(F call, unsigned grid, unsigned block, unsigned smem) {
         unsigned char* buf = (unsigned char*)malloc(smem ? smem : 1);
         memset(buf, 0xff, smem ? smem : 1);  // NaN: reads of unwritten smem poison results
         emu_smem_ptr = buf; emu_dyn_smem = smem;
-        std::barrier<> bar(block); emu_block_barrier = &bar;
-        unsigned nw = (block + 31) / 32;
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        std::vector<EmuWarp> warps(nw);
-        for (unsigned w = 0; w < nw; ++w) {
-            unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
-            wb.emplace_back(new std::barrier<>(cnt));
-            warps[w].bar = wb.back().get();
-            warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
-        }
-        emu_warps = warps.data();
-        std::vector<std::thread> ts;
-        ts.reserve(block);
-        for (unsigned t = 0; t < block; ++t) ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
-        for (auto& th : ts) th.join();
+        emu_run_block(call, block);
         free(buf);
     }
 }

@@ -70,21 +70,7 @@ static void emu_launch(F call, unsigned gx, unsigned gy, unsigned gz, unsigned b
         blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
         blockDim.x = block; gridDim.x = gx; gridDim.y = gy; gridDim.z = gz;
         memset(emu_dyn_buf, 0xff, emu_dyn_smem);
-        std::barrier<> bar(block); emu_block_barrier = &bar;
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        std::vector<EmuWarp> warps(nw);
-        for (unsigned w = 0; w < nw; ++w) {
-            unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
-            wb.emplace_back(new std::barrier<>(cnt));
-            warps[w].bar = wb.back().get();
-            warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
-        }
-        emu_warps = warps.data();
-        std::vector<std::thread> ts;
-        ts.reserve(block);
-        for (unsigned t = 0; t < block; ++t)
-            ts.emplace_back([call, t] { threadIdx.x = t; call(); emu_cp_exit_check(); });
-        for (auto& th : ts) th.join();
+        emu_run_block(call, block);
     }
 }
 static std::vector<void*> emu_copy_in(EmuBuf* a, int n) {

@@ -25,13 +25,13 @@ inline EmuMmaX& emu_mma_gather(const unsigned (&a)[4], unsigned b0, unsigned b1)
     EmuMmaX& X = emu_mmax[w];
     for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
     X.b[lane][0] = b0; X.b[lane][1] = b1;
-    W.bar->arrive_and_wait();
+    W.bar.arrive_and_wait();
     return X;
 }
 template <int K>
 inline void emu_mma_finish(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) {
     const unsigned tid = threadIdx.x, lane = tid % 32;
-    emu_warps[tid / 32].bar->arrive_and_wait();
+    emu_warps[tid / 32].bar.arrive_and_wait();
     const int g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) {
         const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
@@ -102,13 +102,13 @@ inline void emu_ldsm(unsigned (&r)[4], const unsigned short* p) {
     if (((unsigned long)p) % 16 != 0) emu_fail("ldmatrix row not 16-byte aligned");
     EmuMmaX& X = emu_mmax[w];
     X.rows[lane] = p;
-    W.bar->arrive_and_wait();
+    W.bar.arrive_and_wait();
     const int g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) {
         const unsigned lo = TRANS ? X.rows[8 * i + 2 * t][g] : X.rows[8 * i + g][2 * t];
         const unsigned hi = TRANS ? X.rows[8 * i + 2 * t + 1][g] : X.rows[8 * i + g][2 * t + 1];
         r[i] = lo | (hi << 16);
     }
-    W.bar->arrive_and_wait();  // every lane has read the row addresses before any reuses them
+    W.bar.arrive_and_wait();  // every lane has read the row addresses before any reuses them
 }
 

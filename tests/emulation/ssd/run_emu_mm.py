@@ -1,6 +1,6 @@
 """Host check of ssd.cu's ssd_chunk_mm (the CUDA-core chunk products: register tiles of R
 rows, MR x MR entries per thread) against exact_mm.py's float64 mirror: the kernel text
-compiled for the host (emu_common.h: a std::thread per CUDA thread, std::barrier for
+compiled for the host (emu_common.h: a fiber per CUDA thread, a block barrier for
 __syncthreads), every product kind (y with D and z, ycore, GB, dB, dC), float and double,
 every column-group count VM, on chunk boundaries from ssmkit's own chunk_starts (a length-1
 row, chunks that end inside a tile, sequence ends inside chunks, K and V that are not
