@@ -161,7 +161,7 @@ def mma_bwd_names():
 def test_mma_backward_kernels_compile_for_sm90_without_spills(nvrtc_path):
     names = mma_bwd_names()
     assert len(names) == len(set(names)) == 2 * (6 * len(ssd.MMA_WIDTHS) + 11)
-    # ssd_mma_bwd (the walk, up to 255 registers at 2 blocks per SM) keeps up to 16 bytes in
-    # local memory
-    assert_mma_kernels_compile(names, lambda name: 16 if name.startswith("ssd_mma_bwd<") else 0,
+    # ssd_mma_bwd (the walk, up to 255 registers at 2 blocks per SM) keeps up to 24 bytes in
+    # local memory (float16 at NW 128, with its boundary states' prefetch; 16 without)
+    assert_mma_kernels_compile(names, lambda name: 24 if name.startswith("ssd_mma_bwd<") else 0,
                                nvrtc_path, per_program=-(-len(names) // 2), jobs=2)
