@@ -10,7 +10,10 @@ gradients cast to the user's dtypes, rel_err against the float64 reference.
 
 ``random`` draws L 1..40, chunk 1..16, N 1..8, P 1..4, H 1..3 (G a divisor of H), every
 option (D, z, bias, initial state both ways, seq_idx cuts, softplus, clip), and prints the
-worst rel_err per gradient field against the bound 4 GRAD_RTOL. SSD_EMU_ADJ=cuda runs the
+worst rel_err per gradient field against the bound 4 GRAD_RTOL. As in check_against_reference,
+a field over that bound passes within twice its reference's spread under one rounding of x, B
+and C (``reference_spread``: d dt_bias and dA are sums that can cancel many-fold; random
+120 7's problem #83 sums per-step ddt of 79 in absolute value to 0.0049). SSD_EMU_ADJ=cuda runs the
 adjoint chunk state on the CUDA-core kernel (ssmkit._gpu.ssd.MMA_ADJOINT_STATE = False, its
 NumPy mirror here) instead of the tensor-core one, to compare. Ends with "ALL OK" or
 "SOME FAILED" (exit status 0 or 1).
@@ -22,7 +25,7 @@ from run_emu_bwd import gssd, _ssd, ref
 from helpers import FORWARD_RTOL, GRAD_RTOL, rel_err, as_dtype
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from test_ssd import make_inputs, cast  # noqa: E402  the tests' own input builders
+from test_ssd import make_inputs, cast, reference_spread, UNIT_ROUNDOFF  # noqa: E402  the tests' own
 
 FIELDS = R.FIELDS
 if os.environ.get("SSD_EMU_ADJ") == "cuda":
@@ -36,8 +39,11 @@ REGRESS = [
 ]
 
 
-def run_problem(dtype_name, kw, opts, seed):
-    """Errors of one problem: {"y": .., "final": .., field: rel_err, ...}, as the test measures."""
+def run_problem(dtype_name, kw, opts, seed, spread=None):
+    """Errors of one problem: {"y": .., "final": .., field: rel_err, ...}, as the test measures.
+    With a dict ``spread``, also what check_against_reference allows where a field misses its
+    fixed bound: ``spread[name]``, the reference's own spread under one rounding of x, B and C
+    (``reference_spread``; a field within twice it passes: a sum that cancels many-fold)."""
     os.environ["SSMKIT_SSD_MMA_BWD"] = "1"
     gssd.MMA_SUM_BLOCKS = 2048
     rng = np.random.default_rng(seed)
@@ -71,7 +77,22 @@ def run_problem(dtype_name, kw, opts, seed):
             a = a.sum(axis=1)
         a = a.astype(arrays[name].dtype)  # as the pullback returns it
         errs[name] = rel_err(a, r)
+    if spread is not None and any(v >= _bound(k, dtype_name) for k, v in errs.items()):
+        spread.update(reference_spread(exact, opts, dy_c.astype(np.float64),
+                                       dfin.astype(np.float32), g_r, UNIT_ROUNDOFF[dtype_name]))
     return errs
+
+
+def _bound(name, dtype_name):
+    """The fixed bound of check_against_reference for field ``name`` (or y, final)."""
+    return 4 * (FORWARD_RTOL if name in ("y", "final") else GRAD_RTOL)[dtype_name]
+
+
+def failing(errs, spread, dtype_name, outputs=False):
+    """The fields of ``errs`` (gradients; with ``outputs`` y and final too) that miss both
+    their fixed bound and twice their reference's spread, as check_against_reference asks."""
+    return [k for k, v in errs.items() if (outputs or k not in ("y", "final"))
+            and v >= _bound(k, dtype_name) and v >= 2 * spread.get(k, 0.0)]
 
 
 def sample(rng):
@@ -111,9 +132,12 @@ def main(argv):
         i, count, seed, dtype_name = int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
         rng = np.random.default_rng(seed)
         kw, opts, pseed = [sample(rng) for _ in range(count)][i]
-        errs = run_problem(dtype_name, kw, opts, pseed)
-        allok = all(v < 4 * GRAD_RTOL[dtype_name] for k, v in errs.items() if k not in ("y", "final"))
-        print(dtype_name, kw, opts, pseed, " ".join(f"{k}={v:.3g}" for k, v in errs.items()))
+        spread = {}
+        errs = run_problem(dtype_name, kw, opts, pseed, spread)
+        allok = not failing(errs, spread, dtype_name)
+        print(dtype_name, kw, opts, pseed, " ".join(f"{k}={v:.3g}" for k, v in errs.items()),
+              "| reference spread " + " ".join(f"{k}={v:.3g}" for k, v in spread.items()
+                                               if errs.get(k, 0) >= _bound(k, dtype_name)))
     else:
         count = int(argv[1]) if len(argv) > 1 else 100
         rng = np.random.default_rng(int(argv[2]) if len(argv) > 2 else 0)
@@ -122,15 +146,18 @@ def main(argv):
             worst = {}
             bound = 4 * GRAD_RTOL[dtype_name]
             for i, (kw, opts, seed) in enumerate(probs):
-                errs = run_problem(dtype_name, kw, opts, seed)
+                spread = {}
+                errs = run_problem(dtype_name, kw, opts, seed, spread)
                 for k, v in errs.items():
                     if v > worst.get(k, (-1,))[0]:
                         worst[k] = (v, i)
-                bad = [k for k, v in errs.items() if k not in ("y", "final") and v >= bound]
-                if bad:
-                    allok = False
-                    print(f"  FAIL {dtype_name} #{i} {kw} {opts} seed {seed}: "
-                          + " ".join(f"{k}={errs[k]:.3g}" for k in bad), flush=True)
+                for k in errs:
+                    if k not in ("y", "final") and errs[k] >= bound:
+                        ok = k not in failing(errs, spread, dtype_name)
+                        allok &= ok
+                        print(f"  {'within twice the reference spread' if ok else 'FAIL'} "
+                              f"{dtype_name} #{i} {kw} {opts} seed {seed}: {k}={errs[k]:.3g}, "
+                              f"spread {spread.get(k, 0.0):.3g}", flush=True)
             print(f"{dtype_name}: {count} problems, worst rel_err per field (problem #), bound "
                   f"{bound:g} (grads) / {4 * FORWARD_RTOL[dtype_name]:g} (y, final):", flush=True)
             for k, (v, i) in worst.items():
