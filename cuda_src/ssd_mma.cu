@@ -949,7 +949,7 @@ __device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, 
 #define SSD_MMA_BWD_STATE_PREFETCH 1
 #endif
 #ifndef SSD_MMA_WALK_FWD_BLOCKS
-// The WALK form's: at 3 ptxas spills about 72 bytes at NW = 128; 2 blocks per SM, without
+// The WALK form's: at 3 ptxas spills about 86 bytes at NW = 128; 2 blocks per SM, without
 // spills, were much slower (0.950 against 0.685 ms for its first form, benchmarks/SSD.md)
 #define SSD_MMA_WALK_FWD_BLOCKS 3
 #endif
@@ -1181,6 +1181,8 @@ ssd_mma_fwd(const T* __restrict__ X, const T* __restrict__ Bm, const T* __restri
         // yblob as the accumulators lie and added in (row_f weighted) after the diagonal
         // term. So y itself is the plain form's, bit for bit (ssd and ssd_vjp return the same
         // outputs), and y's accumulators are not live beside the residuals' (no spills).
+        // (This loop and the next one differ only in pack_lo / pack; as one helper taking S by
+        // reference, ptxas spilled 28 / 36 bytes in the plain form, where it spills 8 / 8.)
         float acc[8][4];
         const bool s_lo = WALK && !cur.first;
         float* const yb = WALK ? yblob + ssd_mma_blob_at(tile, warp, lane) : nullptr;

@@ -123,7 +123,7 @@ def test_mma_kernels_compile_for_sm90_without_spills(nvrtc_path):
     # exception: ssd_mma_fwd at NW = 128, where ptxas (168 registers, 3 blocks per SM)
     # spills a few of its walk's invariants before the walk and reloads them once per
     # 64-step tile (seen in its SASS); the form without spills measured 6% slower
-    # (benchmarks/SSD.md). Its WALK form spills more (72 bytes); without spills, at 2
+    # (benchmarks/SSD.md). Its WALK form spills more (86 / 88 bytes); without spills, at 2
     # blocks per SM, its first form took 0.950 ms at the peer bfloat16 row against 0.685.
     def allowed(name):
         if not (name.startswith("ssd_mma_fwd<") and ", 128, " in name):
