@@ -1241,7 +1241,10 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4, "N <= 16: 4 states per thread");
+    // 4 states per lane, NSPLIT lanes per channel: N <= 16 (the backward's summary), N <= 128
+    // (the forward and its summary: one channel per warp at NSPLIT 32)
+    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16 || NSPLIT == 32)),
+                  "4 states per thread: N <= 16, or the forward with N <= 128");
     typedef ssm_math<float> M;
     constexpr int NPT = 4, NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();

@@ -39,8 +39,14 @@ def test_kernel_keys_cover_every_template_value():
     # every state size the planner accepts maps to a listed (NPT, NSPLIT)
     for ct, top in ss.MAX_N.items():
         io = "float64" if ct == "float64" else "float32"
-        splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind not in ("carry", "tile_sum")}
+        splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind not in ("carry", "tile_sum")
+                  and k.kind not in ss._RING_KINDS}
         assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
+    # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 16
+    for kind in ss._RING_KINDS:
+        splits = {(k.npt, k.nsplit) for k in full if k.io == "float32" and k.kind == kind}
+        top = 128 if kind.startswith("fwd") else 16
+        assert {ss.ring_split(n) for n in range(top + 1)} == splits, kind
 
 
 def test_kernels_compile_for_sm90(nvrtc_path):
@@ -59,6 +65,9 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
             for kind in ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_ring", "fwd_sum_ring", "bwd_ring",
                          "bwd_sum_ring")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
+    # the ring forward at N = 128 (32 lanes per channel, one channel per warp)
+    keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(128), True, True) for kind in ("fwd_ring", "fwd_sum_ring")
+             for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
         # and end (offsets of the final writes) or once per tile (the backward's
@@ -137,15 +146,17 @@ def test_backend_runs_on_gpu(dtype):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
 
 
-def test_ring_plans_meet_kernel_preconditions():
+@pytest.mark.parametrize("max_n", [16, 128])
+def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n):
     # The ring kernels trap when these fail (ssm_fwd_ring_body); plan_forward_ring returns
-    # None where they do not apply.
+    # None where they do not apply (the forward: N up to TUNING["fwd_ring_max_n"]).
+    monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", max_n)
     limits = dict(sm_count=132, smem_optin=227 * 1024)
     for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
                    ("float32", "float32")):
         q = ss._ring_quantum(io, bc)
         assert q == max(4, 16 // ss._ITEMSIZE[io], 16 // ss._ITEMSIZE[bc])
-        for N in (1, 3, 4, 5, 16, 17):
+        for N in (1, 3, 4, 5, 16, 17, 33, 64, 100, 128, 129):
             for dim, gb, gc in ((1536, 1, 1), (1536, 0, 1), (96, 3, 2), (7, 7, 1)):
                 for batch, L, chunk in ((8, 2048, 2048), (2, 32768, 256), (1, 40, 8), (1, 37, 7),
                                         (2, 8, 1), (1, 100, 10**9), (1, 16, 4), (8, 2048, 16),
@@ -154,12 +165,13 @@ def test_ring_plans_meet_kernel_preconditions():
                                  io=io, bc=bc, **limits)
                     plan = ss.plan_forward_ring(**shape)
                     cmax = min(chunk, L)
-                    applies = N <= 16 and gb > 0 and gc > 0 and L % q == 0 and cmax % q == 0
+                    applies = N <= max_n and gb > 0 and gc > 0 and L % q == 0 and cmax % q == 0
                     assert (plan is not None) == applies, shape
                     if plan is None:
                         continue
                     ch, tl = plan["ch"], plan["tl"]
-                    assert plan["npt"] == 4 and plan["nsplit"] == ss.state_split(N)[1]
+                    assert plan["npt"] == 4 and plan["nsplit"] == ss.ring_split(N)[1]
+                    assert N <= 4 * plan["nsplit"] < max(8, 2 * N)
                     assert plan["threads"] == ch * plan["nsplit"] <= ss.FWD_MAX_THREADS
                     assert ch & (ch - 1) == 0 and dim % ch == 0
                     assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
@@ -191,7 +203,7 @@ def test_ring_plans_meet_kernel_preconditions():
                     bplan = ss.plan_backward_ring(**shape)
                     nsplit = plan["nsplit"]
                     ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
-                    assert (bplan is not None) == (ch_top >= 32 // nsplit), shape
+                    assert (bplan is not None) == (N <= 16 and ch_top >= 32 // nsplit), shape
                     if bplan is None:
                         continue
                     ch, tl = bplan["ch"], bplan["tl"]
@@ -218,11 +230,17 @@ def test_ring_plans_meet_kernel_preconditions():
                         assert stl % q == 0 and sr["smem"] <= limits["smem_optin"]
                         assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * nsplit, io, bc, kind="bsum")
                         assert sr["seg_len"] * sr["split"] == seg_len and sr["seg_len"] % q == 0
-    # Not for float64, nor for N > 16 or B, C constant in time.
+    # Not for float64, nor for N > 128 (the backward: N > 16) or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
     assert ss.plan_forward_ring(**base, io="float64", bc="float64") is None
-    assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
+    if max_n == 128:
+        assert ss.plan_forward_ring(**dict(base, N=128), io="float32", bc="float32")["nsplit"] == 32
+    else:
+        assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
+    monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", 1000)  # never past 128
+    assert ss.plan_forward_ring(**dict(base, N=129), io="float32", bc="float32") is None
+    assert ss.plan_backward_ring(**dict(base, N=17), io="float32", bc="float32") is None
     assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
     # Steps in 32 bits inside the kernels: L < 2**31.
     assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None

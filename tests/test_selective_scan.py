@@ -381,7 +381,7 @@ def test_gpu_forward_staging_modes_match_reference(monkeypatch, segments, mode, 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
     """The ring forward kernels (shapes they take: L and the chunk multiples of 8 steps, B and
-    C per step, N <= 16; N from 1 to 16, tiny chunks so checkpoints and tiles carry, tiles with
+    C per step, N <= 128; N from 1 to 128, tiny chunks so checkpoints and tiles carry, tiles with
     and without a 16-step block, with and without time segments) equal the reference, and
     they ran; a misaligned view falls back."""
     from ssmkit._gpu import selective_scan as gpu_scan
@@ -389,6 +389,7 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     _force_segments(monkeypatch, gpu_scan, segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_max_n", 128)
     kinds = _record_launches(monkeypatch, gpu_scan)
     cases = [
         (dict(batch=2, dim=6, L=200, N=16, b_form="step", c_form="group", groups=2,
@@ -399,6 +400,12 @@ def test_gpu_ring_forward_matches_reference(monkeypatch, segments, dtype):
         (dict(batch=1, dim=2, L=72, N=3, b_form="step", c_form="step", with_init=True), 24),
         (dict(batch=2, dim=64, L=136, N=9, b_form="step", c_form="step", with_init=True), None),
         (dict(batch=3, dim=8, L=8, N=16, b_form="step", c_form="step", with_init=True), None),
+        # N > 16: 8 to 32 lanes per channel (one channel per warp at N > 64)
+        (dict(batch=2, dim=8, L=96, N=37, b_form="step", c_form="step", with_init=True), 16),
+        (dict(batch=1, dim=4, L=64, N=128, b_form="step", c_form="group", groups=2,
+              with_init=True), 24),
+        (dict(batch=2, dim=6, L=48, N=64, b_form="group", c_form="step", groups=3,
+              with_init=False, with_z=False), None),
     ]
     for seed, (case, chunk) in enumerate(cases):
         kinds.clear()

@@ -122,13 +122,19 @@ TUNING = {
     # 2x1536x32768, split: 3.42 against 2.69 ms; float32: 1-2% slower), benchmarks/NOTES.md.
     # SSMKIT_FWD_ASYNC=1 / 0 in the environment (read at import) sets True / False.
     "fwd_async": {"1": True, "0": False}.get(os.environ.get("SSMKIT_FWD_ASYNC", ""), "auto"),
-    # True: where they apply (float compute, B and C per step, N <= 16, rows 16-byte aligned and
+    # True: where they apply (float compute, B and C per step, N <= fwd_ring_max_n, rows 16-byte aligned and
     # L and the chunk multiples of _ring_quantum), the forward kernels that scan tiles from a
     # ring of two shared stages with all staging and output done per warp
     # (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring; benchmarks/NOTES.md, version 5: 0.65 -> 0.36
     # ms at 8x1536x2048 N 16 in float32); False: always the kernels above.
     # SSMKIT_FWD_RING=0 in the environment (read at import) sets False.
     "fwd_ring": os.environ.get("SSMKIT_FWD_RING", "1") != "0",
+    # The largest N the ring forward takes (4 states per lane, up to 32 lanes per channel:
+    # 16 to 128). With N > 16 it runs 32 / NSPLIT channels per warp (one from N = 65) where
+    # ssm_scan_fwd runs 8 states per lane on 16 lanes. Built and checked in emulation, not yet
+    # timed on a GPU (benchmarks/NOTES.md, "The ring forward for N up to 128"), so 16 until
+    # it is; SSMKIT_FWD_RING_MAX_N in the environment (read at import) sets it.
+    "fwd_ring_max_n": int(os.environ.get("SSMKIT_FWD_RING_MAX_N", "16")),
     # True: where it applies (the ring forward's case, and at least a warp of channels per B/C
     # group), the backward through a ring of tiles with per-warp staging (ssm_scan_bwd_ring,
     # benchmarks/NOTES.md); False: always ssm_scan_bwd. SSMKIT_BWD_RING=0 in the environment
@@ -280,8 +286,8 @@ def kernel_keys(full: bool = True) -> list:
                         keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
-            for npt, nsplit in splits[_COMPUTE[io]]:
-                if _COMPUTE[io] == "float32" and npt == 4:
+            if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 16
+                for npt, nsplit in sorted({ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
@@ -586,16 +592,27 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
                 nseg=nseg, seg_len=seg_len, async_=use_async)
 
 
-def _ring_case(*, L, N, gb, gc, chunk_size, io, bc):
+def ring_split(N: int) -> tuple[int, int]:
+    """``(NPT, NSPLIT)`` of the ring kernels for ``N`` <= 128 states: 4 states per lane on the
+    fewest power-of-two lanes that hold them (N <= 16: as :func:`state_split`)."""
+    nsplit = 1
+    while 4 * nsplit < N:
+        nsplit *= 2
+    return 4, nsplit
+
+
+def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     """``(npt, nsplit, q, cmax)`` where the ring kernels apply (float32 compute, B and C per
-    step, N <= 16, L < 2**31, L and the chunk multiples of :func:`_ring_quantum`), else None."""
-    if _COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > 16 or not 1 <= L < 2**31:
+    step, N <= ``max_n`` (at most 128), L < 2**31, L and the chunk multiples of
+    :func:`_ring_quantum`), else None."""
+    if (_COMPUTE[io] != "float32" or not (gb > 0 and gc > 0) or N > min(max_n, 128)
+            or not 1 <= L < 2**31):
         return None
     q = _ring_quantum(io, bc)
     cmax = max(1, min(chunk_size, L))
     if L % q or cmax % q:
         return None
-    return (*state_split(N, "float32"), q, cmax)
+    return (*ring_split(N), q, cmax)
 
 
 def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
@@ -618,7 +635,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
     They apply with float32 compute (u in float16, bfloat16 or float32), B and C
-    per step (``gb``, ``gc`` > 0), N <= 16, L < 2**31, and L and the chunk (``min(chunk_size,
+    per step (``gb``, ``gc`` > 0), N <= ``TUNING["fwd_ring_max_n"]``, L < 2**31, and L and the chunk (``min(chunk_size,
     L)``) multiples of :func:`_ring_quantum`; the caller also checks that the
     arrays start 16-byte aligned. Parameters and result as :func:`plan_forward`,
     plus ``sum_smem`` (bytes of the summary kernel at the main pass's tiles), ``ring`` True,
@@ -628,7 +645,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     ``smem``, ``split`` (sub-segments per segment) and ``seg_len`` (steps of a sub-segment),
     else None.
     """
-    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
+    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc,
+                      max_n=TUNING["fwd_ring_max_n"])
     if case is None:
         return None
     npt, nsplit, q, cmax = case

@@ -7,7 +7,7 @@ Run one case:  python3 tests/emulation/selective_scan/run.py
 LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
 FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
-the default); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
+the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ring: 128); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
 STATE_SLICES=1 / 0 runs the backward of every N > 16 as slices of 16 states through the ring backward (or none);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
@@ -24,6 +24,7 @@ if os.environ.get("SEGS"): ss.TUNING["force_segments"] = int(os.environ["SEGS"])
 if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"] == "1"
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
+if os.environ.get("FWD_RING_MAX_N"): ss.TUNING["fwd_ring_max_n"] = int(os.environ["FWD_RING_MAX_N"])
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
 def state_slices(on):
     """The backward of every N > 16 by slices of 16 states (on), or of none."""

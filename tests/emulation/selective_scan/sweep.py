@@ -33,8 +33,8 @@ if which == "quick":
         (2, 4, 20, 8, "float32", None, 1, 1, full, 3),
     ]
 elif which == "ring":
-    # Shapes the ring forward kernels take (N <= 16, B and C per step, L and the chunk multiples
-    # of 16 bytes and of 4 steps): every IO/BC pair, chunk carries, segments (SEGS), N 1 to 16,
+    # Shapes the ring forward kernels take (N <= 128, B and C per step, L and the chunk multiples
+    # of 16 bytes and of 4 steps): every IO/BC pair, chunk carries, segments (SEGS), N 1 to 128,
     # blocks of one channel (G = dim) and of several warps.
     for io, bc in (("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", None),
                    ("float16", "float32")):
@@ -53,7 +53,17 @@ elif which == "ring":
         (2, 8, 88, 16, "float32", None, 1, 1, full, 16),
         (1, 8, 104, 7, "bfloat16", None, 1, 1, none, 32),
         (1, 32, 200, 16, "bfloat16", "float32", 1, 1, full, 16),
+        # N > 16 (8 to 32 lanes per channel; one channel per warp from N 65): N past a
+        # multiple of 4 and of a power of two, every IO/BC form, segments with SEGS
+        (2, 8, 48, 17, "float32", None, 1, 1, full, 16),
+        (1, 8, 40, 37, "bfloat16", None, 2, 1, full, 8),
+        (1, 8, 72, 64, "float32", None, 1, 1, none, 1000),
+        (2, 4, 56, 100, "float16", "float32", 1, 2, full, 24),
+        (1, 8, 88, 128, "bfloat16", "float32", 1, 1, full, 16),
+        (2, 16, 64, 128, "float32", None, 1, 1, full, 32),
     ]
+    import run
+    run.ss.TUNING["fwd_ring_max_n"] = 128
 elif which == "bwd_ring":
     # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
     # sub-blocks, every IO/BC pair; run with SM=1 for blocks of several warps and with SEGS.
@@ -125,6 +135,8 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
     for dfin in (True, False) if flags is full else (False,):
         LAUNCHES.clear()
         ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
+        if which == "ring":  # every case of the list through the ring forward
+            assert "fwd_ring" in [k for k, _ in LAUNCHES], label
         if which == "slices":  # every slice through the ring backward, nothing else
             kinds = [k for k, _ in LAUNCHES]
             assert kinds.count("bwd_ring") == -(-N // 16) and "bwd" not in kinds, kinds
