@@ -10,7 +10,9 @@
 # 2. both forwards timed in the same run, forward and forward+backward, two rounds in
 #    alternating order, y and the u, delta, B, C gradients compared: rows 4 and 5 of
 #    bench_selective_scan.TABLE (float32 8x1536x2048 N 64 and 128), the N 16 rows 0 and 6
-#    (unchanged: a control), and N 32 / 64 / 128 at other dtypes and sizes. Full table in
+#    (unchanged: a control), and N 32 / 64 / 128 at other dtypes and sizes. A third variant
+#    also takes the backward by state slices from N 17 (default 65) with the ring forward: the
+#    float32 N 32 / 64 rows' backward as 2 / 4 slices against ssm_scan_bwd. Full table in
 #    OUT_DIR/tune.log; the summary comes last.
 set -u
 out=${1:?usage: benchmarks/ab_ring_large_n.sh OUT_DIR}
@@ -23,7 +25,8 @@ python3 -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 300)
 SSMKIT_FWD_RING_MAX_N=128 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "${par[@]}" \
     tests/test_selective_scan.py tests/test_layers.py > "$out/pytest.log" 2>&1
 tail -3 "$out/pytest.log"
-python3 benchmarks/tune_selective_scan.py '{}' '{"fwd_ring_max_n": 128}' --rows 4 5 0 6 7 8 9 10 \
+python3 benchmarks/tune_selective_scan.py '{}' '{"fwd_ring_max_n": 128}' \
+    '{"fwd_ring_max_n": 128, "bwd_state_slices_from": 17}' --rows 4 5 0 6 7 8 9 10 \
     --shape float32,8,1536,2048,32 --shape bfloat16,8,1536,2048,64 \
     --shape float32,2,1536,2048,128 --shape bfloat16,2,1536,8192,128 \
     --rounds 2 --check --summary > "$out/tune.log" 2>&1
