@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A/B of the selective-scan forward for N > 16 on the GPU: the ring forward (4 states per lane
-# on up to 32 lanes per channel; TUNING["fwd_ring_max_n"] 128) against ssm_scan_fwd (8 states
-# per lane on 16 lanes; the default, fwd_ring_max_n 16).
+# on up to 32 lanes per channel; the default, TUNING["fwd_ring_max_n"] 128) against ssm_scan_fwd
+# (8 states per lane on 16 lanes; fwd_ring_max_n 16).
 #
 #   benchmarks/ab_ring_large_n.sh OUT_DIR
 #
-# 1. the selective-scan and layer GPU tests with the ring forward taking N up to 128
-#    (SSMKIT_FWD_RING_MAX_N=128), log in OUT_DIR/pytest.log;
+# 1. the selective-scan and layer GPU tests (the ring forward taking N up to 128), log in
+#    OUT_DIR/pytest.log;
 # 2. both forwards timed in the same run, forward and forward+backward, two rounds in
 #    alternating order, y and the u, delta, B, C gradients compared: rows 4 and 5 of
 #    bench_selective_scan.TABLE (float32 8x1536x2048 N 64 and 128), the N 16 rows 0 and 6
@@ -22,11 +22,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 par=()
 python3 -c "import xdist" 2>/dev/null && par=(-n "${SSMKIT_TEST_WORKERS:-12}")
 python3 -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 300)
-SSMKIT_FWD_RING_MAX_N=128 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "${par[@]}" \
+python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "${par[@]}" \
     tests/test_selective_scan.py tests/test_layers.py > "$out/pytest.log" 2>&1
 tail -3 "$out/pytest.log"
-python3 benchmarks/tune_selective_scan.py '{}' '{"fwd_ring_max_n": 128}' \
-    '{"fwd_ring_max_n": 128, "bwd_state_slices_from": 17}' --rows 4 5 0 6 7 8 9 10 \
+python3 benchmarks/tune_selective_scan.py '{"fwd_ring_max_n": 16}' '{}' \
+    '{"bwd_state_slices_from": 17}' --rows 4 5 0 6 7 8 9 10 \
     --shape float32,8,1536,2048,32 --shape bfloat16,8,1536,2048,64 \
     --shape float32,2,1536,2048,128 --shape bfloat16,2,1536,8192,128 \
     --rounds 2 --check --summary > "$out/tune.log" 2>&1
