@@ -13,7 +13,7 @@
 #    (unchanged: a control), and N 32 / 64 / 128 at other dtypes and sizes. A third variant
 #    also takes the backward by state slices from N 17 (default 65) with the ring forward: the
 #    float32 N 24 / 32 / 48 / 64 rows' backward as 2 / 2 / 3 / 4 slices against ssm_scan_bwd.
-#    OUT_DIR/tune.log; the summary comes last.
+#    Full table in OUT_DIR/tune.log; the summary comes last.
 set -u
 out=${1:?usage: benchmarks/ab_ring_large_n.sh OUT_DIR}
 mkdir -p "$out"
