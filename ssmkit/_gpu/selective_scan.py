@@ -132,7 +132,7 @@ TUNING = {
     # The largest N the ring forward takes (4 states per lane, up to 32 lanes per channel:
     # 16 to 128). With N > 16 it runs 32 / NSPLIT channels per warp (one from N = 65) where
     # ssm_scan_fwd runs 8 states per lane on 16 lanes. Forward ms against ssm_scan_fwd
-    # (benchmarks/NOTES.md, "The ring forward for N up to 128"): float32 8x1536x2048 N 32
+    # on an H100 (benchmarks/NOTES.md, version 20): float32 8x1536x2048 N 32
     # 0.896 -> 0.417, N 64 0.912 -> 0.798, N 128 2.003 -> 2.017 (the one loss, 0.7%);
     # float32 2x1536x2048 N 128 0.899 -> 0.549. SSMKIT_FWD_RING_MAX_N in the environment
     # (read at import) sets it (16: the ring for N <= 16 only).
