@@ -42,10 +42,13 @@ import ssmkit  # noqa: E402
 
 cuda_median_ms = functools.partial(timing.cuda_median_ms, warmup=2, reps=10)  # this script's repetitions
 
-# (dtype, batch, L, H, P, G, N, chunk, mamba_ssm fwd ms, fwd+bwd ms) from peers-h200.md
+# (dtype, batch, L, H, P, G, N, chunk, mamba_ssm fwd ms, fwd+bwd ms) from peers-h200.md;
+# dtype "float32+tf32": float32 with allow_tf32 (single TF32 products, the precision of
+# mamba_ssm's float32 Triton kernels)
 TABLE = [
     ("bfloat16", 4, 4096, 80, 64, 1, 128, 256, 0.694, 3.67),
     ("float32", 4, 4096, 80, 64, 1, 128, 256, 1.18, 5.20),
+    ("float32+tf32", 4, 4096, 80, 64, 1, 128, 256, 1.18, 5.20),
     ("bfloat16", 4, 4096, 80, 64, 1, 128, 128, None, None),
     ("float16", 4, 4096, 80, 64, 1, 128, 256, None, None),
     ("float32", 1, 4096, 8, 64, 1, 64, 256, None, None),
@@ -102,8 +105,12 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     """Forward and forward+backward milliseconds for one configuration, and the forward and
     the forward+backward with the CUDA-core kernels (16-bit dtypes: the forward, and the
     backward's products; float32: every product; none for float64)."""
+    tf32 = dtype == "float32+tf32"
+    dtype = "float32" if tf32 else dtype
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
+    if tf32:
+        kw["allow_tf32"] = True
     fwd = lambda: ssmkit.ssd(**x, **kw)  # noqa: E731
     fwd_ms = cuda_median_ms(fwd, calls=5)
     fwd_lat_ms = cuda_median_ms(fwd)
@@ -116,7 +123,7 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     fb_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
     fb_lat_ms = cuda_median_ms(fwd_bwd, reps=5)
     fwd_old_ms = fb_old_ms = None
-    if dtype in ("float16", "bfloat16", "float32"):
+    if dtype in ("float16", "bfloat16", "float32") and not tf32:
         sixteen = dtype != "float32"
         with _env("SSMKIT_SSD_TF32", "0"), _env("SSMKIT_SSD_MMA", "0" if sixteen else "1"):
             fwd_old_ms = cuda_median_ms(fwd, calls=5)  # the same forward on CUDA cores
@@ -275,12 +282,12 @@ def run_gpu(args):
     copy_bw = copy_tbps()
     print(f"{gpu}: copy {copy_bw:.2f} TB/s", flush=True)
     rows = []
-    table = TABLE[:2] if args.quick else TABLE
+    table = TABLE[:3] if args.quick else TABLE
     for dtype, batch, L, H, P, G, N, chunk, peer_fwd, peer_fb in table:
         fwd_ms, fb_ms, fwd_old_ms, fb_old_ms, fwd_lat_ms, fb_lat_ms = time_row(
             cupy, dtype, batch, L, H, P, G, N, chunk)
         cupy.get_default_memory_pool().free_all_blocks()
-        fwd_bytes, fb_bytes = compulsory_bytes(dtype, batch, L, H, P, G, N)
+        fwd_bytes, fb_bytes = compulsory_bytes(dtype.split("+")[0], batch, L, H, P, G, N)
         rows.append(dict(
             op="ssd", gpu=gpu, dtype=dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
             N=N, chunk_size=chunk, fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),
@@ -322,7 +329,9 @@ def run_gpu(args):
              "backwards run their chunk products on tensor cores; 'fwd+bwd ms, CUDA-core bwd': "
              "the same call with SSMKIT_SSD_MMA_BWD=0 and SSMKIT_SSD_TF32=0. float32 rows run "
              "their chunk products and chunk states on tensor cores as 3 x TF32 (float32's "
-             "accuracy); their CUDA-core columns: the same calls with SSMKIT_SSD_TF32=0.",
+             "accuracy); their CUDA-core columns: the same calls with SSMKIT_SSD_TF32=0. "
+             "float32+tf32: float32 with allow_tf32=True (each product one TF32 product, "
+             "the precision of mamba_ssm's float32 Triton kernels).",
              "",
              "| dtype | batch | L | H | P | G | N | chunk | fwd ms | latency | of copy | "
              "x mamba_ssm | fwd ms, CUDA cores | fwd+bwd ms | latency | of copy | x mamba_ssm | "
@@ -423,7 +432,7 @@ def walk_sweep():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="time the CPU backend")
-    ap.add_argument("--quick", action="store_true", help="only the peers' two rows")
+    ap.add_argument("--quick", action="store_true", help="only the peers' rows")
     ap.add_argument("--walk-sweep", action="store_true",
                     help="time ssd_mma_state_walk's compile-time variants (WALK_VARIANTS)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -10,7 +10,19 @@
 // The k index may be permuted, alike in A and B: with k slot t <-> k 2t and slot t + 4 <->
 // 2t + 1, an accumulator tile (columns 2t, 2t + 1 in d0, d1) is the A fragment
 // {d0, d2, d1, d3} of the next product.
+//
+// SSM_TF32_PASSES 1 (a module compiled for ssd's allow_tf32) makes every such product one
+// TF32 product a_hi b_hi, the precision of a plain TF32 matrix product: lo is zero, so the
+// compiler drops its splits and its two products, and the same kernels run about a third of
+// their tensor-core work.
 #pragma once
+
+#ifndef SSM_TF32_PASSES
+#define SSM_TF32_PASSES 3
+#endif
+#if SSM_TF32_PASSES != 1 && SSM_TF32_PASSES != 3
+#error "SSM_TF32_PASSES must be 1 or 3"
+#endif
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define SSM_TC_ARCH 1
@@ -24,7 +36,11 @@
 // (exact) cut to TF32, an error of at most 2^-21 |x| (rounding it too would cost more).
 __device__ __forceinline__ void ssm_tf32_split(float x, unsigned& hi, unsigned& lo) {
     hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#if SSM_TF32_PASSES == 3
     lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+#else
+    lo = 0u;
+#endif
 }
 
 // d += a b, one m16n8k8 TF32 product.
@@ -44,10 +60,12 @@ __device__ __forceinline__ void ssm_mma_tf32(float (&d)[4], const unsigned (&a)[
 struct ssm_tc_a { unsigned hi[4], lo[4]; };
 struct ssm_tc_b { unsigned hi0, hi1, lo0, lo1; };
 
-// d += a b in 3 x TF32, the small terms first.
+// d += a b in 3 x TF32, the small terms first (SSM_TF32_PASSES 1: a_hi b_hi only).
 __device__ __forceinline__ void ssm_mma3(float (&d)[4], const ssm_tc_a& a, const ssm_tc_b& b) {
+#if SSM_TF32_PASSES == 3
     ssm_mma_tf32(d, a.lo, b.hi0, b.hi1);
     ssm_mma_tf32(d, a.hi, b.lo0, b.lo1);
+#endif
     ssm_mma_tf32(d, a.hi, b.hi0, b.hi1);
 }
 

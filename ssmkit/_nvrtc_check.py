@@ -224,7 +224,7 @@ def parse_ptxas_report(log: str) -> dict:
 
 def compile_kernels(filename: str, name_expressions, *, arch: str = ARCH, per_program: int = 4,
                     jobs: int | None = None, ptxas_report: bool = True,
-                    nvrtc_path: str | None = None) -> dict:
+                    nvrtc_path: str | None = None, defines: tuple = ()) -> dict:
     """Compile instantiations of ``cuda_src/<filename>`` exactly as the run-time path would.
 
     Parameters
@@ -241,6 +241,11 @@ def compile_kernels(filename: str, name_expressions, *, arch: str = ARCH, per_pr
         Programs compiled at once (threads; NVRTC releases the GIL). Default: CPU count.
     ptxas_report : bool
         Ask ptxas for its resource report and attach it to each result.
+    nvrtc_path : str, optional
+        The NVRTC library (default: :func:`find_nvrtc`).
+    defines : tuple of str, optional
+        ``NAME=VALUE`` macros of a variant the run-time path also compiles
+        (:func:`ssmkit._gpu.compiler.compile_options`).
 
     Returns
     -------
@@ -256,7 +261,7 @@ def compile_kernels(filename: str, name_expressions, *, arch: str = ARCH, per_pr
     from ssmkit._gpu import compiler
 
     nv = load_nvrtc(nvrtc_path)
-    options = list(compiler.compile_options()) + [f"--gpu-architecture={arch}"]
+    options = list(compiler.compile_options(tuple(defines))) + [f"--gpu-architecture={arch}"]
     if ptxas_report:
         options.append("--ptxas-options=-v")
     source = compiler.kernel_source(filename)

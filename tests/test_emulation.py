@@ -64,33 +64,39 @@ def test_warp_convolution_kernels_in_emulation():
 
 
 @needs_gxx
-@pytest.mark.parametrize("script, cases", [
+@pytest.mark.parametrize("script, cases, variant", [
     # bfloat16; packed sequences (cu_seqlens) with initial states, and with a sequence
     # without steps and no initial state (case 16, whole tiles)
-    ("run_emu.py", ["0", "8", "4", "16"]),
+    ("run_emu.py", ["0", "8", "4", "16"], None),
     # float16 seq_idx, initial state, D per channel; head runs; whole tiles (factored weights);
     # without z (dcum's first half from dC); whole tiles (case 21)
-    ("run_emu_bwd.py", ["14", "18", "23", "21"]),
+    ("run_emu_bwd.py", ["14", "18", "23", "21"], None),
     # ssd_chunk_mm and ssd_chunk_mm_tc (float and double) and the per-chunk passes, on every
     # product case: a length-1 row, chunks of 8 with sequence ends, float64 with head groups
     # and a sequence end, 4 tiles per chunk (case 7), runs of heads (case 9)
-    ("run_emu_mm.py", []),
+    ("run_emu_mm.py", [], None),
     # the float32 forward in one kernel (ssd_tf32_fwd) against the reference and the chunked
     # float32 kernels: a partial column tile with N 68, a slow decay (case 5, chunks of 5 steps)
-    ("run_emu_tf32.py", ["3", "7", "5"]),
+    ("run_emu_tf32.py", ["3", "7", "5"], None),
     # the float32 backward with its backward walk (ssd_tf32_bwd: NW 64 and 128) and with its
     # per-step pass in GB's epilogue (8 and 16 n-tiles) against the reference and the
     # unfused pass
-    ("run_emu_tf32_bwd.py", ["0", "5", "3"]),
+    ("run_emu_tf32_bwd.py", ["0", "5", "3"], None),
     # the 16-bit backward as one walk (ssd_mma_bwd, where it applies: MMA_BWD_WALK): chunks of
     # 32 with initial states, of 64 with four heads, of 256 in float16 without D
-    ("run_emu_walk.py", ["5", "0", "6"]),
+    ("run_emu_walk.py", ["5", "0", "6"], None),
+    # allow_tf32: the float32 kernels built with one TF32 product each, forward and backward,
+    # within TF32's bounds and less accurate than 3 x TF32 (so the variant did run)
+    ("run_emu_tf32.py", ["4", "5", "2"], "tf32"),
+    ("run_emu_tf32_bwd.py", ["0", "5", "3"], "tf32"),
 ])
-def test_ssd_in_emulation(script, cases):
+def test_ssd_in_emulation(script, cases, variant):
     pytest.importorskip("ml_dtypes")
+    env = dict(os.environ, ASAN="0")
+    if variant == "tf32":
+        env["SSD_EMU_TF32_PASSES"] = "1"
     run = subprocess.run([sys.executable, os.path.join(HERE, "emulation", "ssd", script), *cases],
-                         capture_output=True, text=True, timeout=900,
-                         env=dict(os.environ, ASAN="0"))
+                         capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import ssmkit
 from ssmkit import reference as ref
 
-from helpers import (FORWARD_RTOL, GRAD_RTOL, as_dtype, backends, gpu_available, rel_err,
-                     ssd_walk_blob_outputs, to_numpy, xp_for)
+from helpers import (FORWARD_RTOL, GRAD_RTOL, TF32_RTOL, TF32_SUM_FIELDS, as_dtype, backends,
+                     gpu_available, rel_err, ssd_walk_blob_outputs, to_numpy, xp_for)
 
 FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
 SEQ_FIELDS = ("x", "dt", "B", "C", "z")  # the per-step arrays, in the dtype under test
@@ -1103,6 +1103,76 @@ def test_float32_backward_walk(monkeypatch, case):
     assert_float32_grads_close(grads[True], grads[False], loose=("A", "dt_bias"))
 
 
+# (batch, L, H, P, G, N, chunk, make_inputs options) for allow_tf32: the one-kernel forward
+# and the backward walk at N 128 and 64 (groups), P past 64 (the chunked backward), restarts
+# (the chunked kernels both ways), heads with their own B and C groups (the chunked forward)
+TF32_ONE_PASS_CASES = [
+    TF32_WALK_CASES[0],
+    TF32_WALK_CASES[1],
+    (1, 130, 4, 100, 2, 68, 256, dict(D_form="channel")),
+    TF32_WALK_CASES[4],
+    (2, 90, 2, 32, 2, 16, 32, dict(with_init=True)),
+]
+
+
+def _on_tf32(name):
+    """Whether kernel ``name`` is one of those built on ssm_tf32.cuh (3 x TF32 products)."""
+    return "_tc<" in name or name.startswith("ssd_tf32_")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("case", range(len(TF32_ONE_PASS_CASES)))
+def test_allow_tf32(monkeypatch, case):
+    """allow_tf32 on float32: every kernel on ssm_tf32.cuh launched from the one-pass module
+    variant (and only those), outputs, final states and gradients within TF32's bounds of
+    the reference (A and dt_bias, sums of cancelling terms, within TF32_RTOL["sums"]), the
+    output further from it than TF32_RTOL["at_least"] (so the products did run as single
+    TF32 products) while the default stays within float32's tolerance; ssd and ssd_vjp
+    return the same output."""
+    from ssmkit._gpu import ssd as gpu_ssd
+
+    batch, L, H, P, G, N, chunk, kw = TF32_ONE_PASS_CASES[case]
+    inputs = make_inputs(np.random.default_rng(1100 + case), batch=batch, L=L, H=H, P=P, G=G,
+                         N=N, **kw)
+    cp = xp_for("gpu")
+    arrays, exact = cast(inputs, "float32", cp)
+    opts = dict(chunk_size=chunk, dt_softplus=True)
+    monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
+    launches = []
+    real = gpu_ssd._launch
+
+    def record(name, *a, defines=(), **k):
+        launches.append((name, tuple(defines)))
+        return real(name, *a, defines=defines, **k)
+
+    monkeypatch.setattr(gpu_ssd, "_launch", record)
+    (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True,
+                                        allow_tf32=True)
+    y_plain = ssmkit.ssd(**arrays, **opts, allow_tf32=True)
+    y_default = ssmkit.ssd(**arrays, **opts)
+    rng = np.random.default_rng(case)
+    dy, dfin = rng.standard_normal(y.shape), rng.standard_normal(fin.shape)
+    g = pullback(cp.asarray(dy, dtype=np.float32), cp.asarray(dfin, dtype=np.float32))
+    assert any(_on_tf32(n) for n, _ in launches), launches
+    for name, defines in launches:
+        assert defines == (gpu_ssd.TF32_ONE_PASS if _on_tf32(name) else ()), (name, defines)
+    assert cp.array_equal(y, y_plain)
+    (y_r, fin_r), pullback_r = ref.ssd_vjp(**exact, **opts, return_final_state=True)
+    err = rel_err(to_numpy(y).astype(np.float64), y_r)
+    assert TF32_RTOL["at_least"] < err < TF32_RTOL["forward"], err
+    assert rel_err(to_numpy(y_default).astype(np.float64), y_r) < FORWARD_RTOL["float32"]
+    assert rel_err(to_numpy(fin).astype(np.float64), fin_r) < TF32_RTOL["forward"]
+    g_r = pullback_r(dy.astype(np.float32).astype(np.float64),
+                     dfin.astype(np.float32).astype(np.float64))
+    for name in FIELDS:
+        r = getattr(g_r, name)
+        if r is None:
+            continue
+        bound = TF32_RTOL["sums" if name in TF32_SUM_FIELDS else "grad"]
+        assert rel_err(to_numpy(getattr(g, name)).astype(np.float64), r) < bound, name
+
+
 def test_float32_backward_walk_where_it_is_faster():
     """ssd_tf32_bwd's rule (TF32_BWD_WALK = "auto") against the H200 (132 multiprocessors)
     forward+backward times of benchmarks/SSD.md: the walk where it was the faster, except
@@ -1630,6 +1700,21 @@ def test_tensor_core_backward_cancelling_dA(monkeypatch):
                             rng)
 
 
+def test_allow_tf32_changes_nothing_on_the_cpu():
+    """allow_tf32 lets GPU products run in TF32; the CPU backend (float32 and float64
+    arithmetic) ignores it: the same bits either way, forward and gradients."""
+    inputs = make_inputs(np.random.default_rng(77), batch=2, L=23, H=2, P=4, G=1, N=8)
+    arrays, _ = cast(inputs, "float32", np)
+    opts = dict(chunk_size=8, dt_softplus=True, return_final_state=True)
+    results = []
+    for allow in (False, True):
+        (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, allow_tf32=allow)
+        g = pullback(np.ones_like(y), np.ones_like(fin))
+        results.append([y, fin] + [getattr(g, f) for f in FIELDS if getattr(g, f) is not None])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
 def test_huge_chunk_size_is_one_chunk():
     rng = np.random.default_rng(16)
     inputs = make_inputs(rng, batch=1, L=30, H=2, P=2, G=1, N=3, with_init=True)
@@ -1684,6 +1769,7 @@ def _good():
     ({}, dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
     ({}, dict(chunk_size=2.0), TypeError, "chunk_size must be an int"),
     ({}, dict(dt_softplus=1), TypeError, "dt_softplus must be a bool"),
+    ({}, dict(allow_tf32="yes"), TypeError, "allow_tf32 must be a bool; got str"),
     ({}, dict(dt_limit=(1.0, 0.5)), ValueError, "dt_limit"),
     ({}, dict(dt_limit=3.0), TypeError, "dt_limit"),
     ({}, dict(seq_idx=np.array([[0, 0, 1, 1, 0, 2, 2, 2, 2, 2]])), ValueError,

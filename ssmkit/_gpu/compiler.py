@@ -116,8 +116,11 @@ def kernel_source(filename: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_options() -> tuple:
+def compile_options(defines: tuple = ()) -> tuple:
     """NVRTC options shared by the run-time path and the CI check (no ``-arch``).
+
+    ``defines`` (``NAME=VALUE`` strings) select a variant of a source, such as
+    ``SSM_TF32_PASSES=1`` (ssd's ``allow_tf32``); they come last.
 
     CuPy picks ``-arch`` for the device at run time; :mod:`ssmkit._nvrtc_check`
     adds ``--gpu-architecture=sm_90``. ``SSMKIT_FWD_PREFETCH=0`` in the
@@ -135,7 +138,7 @@ def compile_options() -> tuple:
     if os.environ.get("SSMKIT_LINEINFO") == "1":
         # source lines in the binary, for profilers (benchmarks/ncu_lines.py)
         opts += ("-lineinfo",)
-    return opts
+    return opts + tuple(f"-D{d}" for d in defines)
 
 
 _lock = threading.Lock()
@@ -143,10 +146,10 @@ _kernels: dict = {}
 _smem_set: dict = {}
 
 
-def get_kernel(filename: str, name_expression: str):
+def get_kernel(filename: str, name_expression: str, defines: tuple = ()):
     """The compiled kernel ``name_expression`` of ``cuda_src/<filename>`` on the current device.
 
-    Compiles on first use per (device, file, name expression); later calls
+    Compiles on first use per (device, file, name expression, defines); later calls
     return the cached ``cupy.RawKernel``.
 
     Parameters
@@ -156,6 +159,8 @@ def get_kernel(filename: str, name_expression: str):
     name_expression : str
         The template instantiation, exactly as :mod:`ssmkit._gpu.selective_scan`
         spells it (also what NVRTC lowers).
+    defines : tuple of str, optional
+        ``NAME=VALUE`` macros of a variant of the source (:func:`compile_options`).
 
     Returns
     -------
@@ -163,7 +168,7 @@ def get_kernel(filename: str, name_expression: str):
     """
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), filename, name_expression)
+    key = (cupy.cuda.runtime.getDevice(), filename, name_expression, tuple(defines))
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -171,7 +176,7 @@ def get_kernel(filename: str, name_expression: str):
             if kernel is None:
                 module = cupy.RawModule(
                     code=kernel_source(filename),
-                    options=compile_options(),
+                    options=compile_options(tuple(defines)),
                     name_expressions=[name_expression],
                 )
                 kernel = module.get_function(name_expression)  # compiles (or loads CuPy's cache)

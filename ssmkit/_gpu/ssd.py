@@ -772,10 +772,15 @@ def uses_mma_bwd_walk(p, out) -> bool:
             and _shared_blocks(p, True) and uses_mma_fwd(p, out))
 
 
-def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS, smem=0):
-    kernel = compiler.get_kernel(source, name)
+# The module variant of ssd's allow_tf32: every 3 x TF32 product as one TF32 product
+# (cuda_src/ssm_tf32.cuh). Only the kernels built on ssm_tf32.cuh are launched from it.
+TF32_ONE_PASS = ("SSM_TF32_PASSES=1",)
+
+
+def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS, smem=0, defines=()):
+    kernel = compiler.get_kernel(source, name, defines)
     if smem:
-        compiler.ensure_dynamic_smem(kernel, (source, name), smem)
+        compiler.ensure_dynamic_smem(kernel, (source, name, defines), smem)
     kernel(grid, (threads,), args, shared_mem=smem)
 
 
@@ -851,6 +856,8 @@ class _Layout:
         """``factor``: also d dt' / d dt (the backward's), else ``self.factor`` is None."""
         cp = p.xp
         self.io, self.bc, self.ct = _check(p)
+        # the float32 tensor-core kernels' variant: one TF32 product each with allow_tf32
+        self.tf32 = TF32_ONE_PASS if p.allow_tf32 and self.io == "float32" else ()
         L = p.L
         self.Q = min(kernel_chunk(p.chunk_size, self.io), L)
         (self.nc, self.max_len, self.starts, self.bslot, self.final_rows, self.final_cols,
@@ -895,7 +902,7 @@ class _Layout:
         _launch(name, grid, (X, Y, self.dte, self.cum, _ptr(p.seq_idx), self.starts, out,
                              np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(Y.shape[2]),
                              np.int32(p.N), np.int64(self.nc)),
-                threads=TC_THREADS if nt else THREADS)
+                threads=TC_THREADS if nt else THREADS, defines=self.tf32 if nt else ())
         return out
 
     def mm(self, p, kind, U, W, Vv, M, out, *, D=None, z=None, cb=None, rows=None):
@@ -923,7 +930,7 @@ class _Layout:
                  out, np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(W.shape[2]),
                  np.int32(Vv.shape[2]), np.int32(K), np.int32(V), np.int64(self.nc),
                  np.int64(m_chunks), np.int32(tiles), _ptr(cb)) + tail + (np.int32(classes),),
-                threads=TC_THREADS if tc else THREADS)
+                threads=TC_THREADS if tc else THREADS, defines=self.tf32 if tc else ())
         return out
 
     def hsum_blocks(self, p, dY):
@@ -940,7 +947,8 @@ class _Layout:
         _launch(hblocks_name(self.io), (blocks * runs,),
                 (dY, p.x, self.dte, self.cum, _ptr(p.seq_idx), self.starts, gs, np.int64(p.L),
                  np.int32(p.H), np.int32(p.P), np.int64(self.nc), np.int32(T),
-                 np.int32(classes), np.int32(runs), np.int64(gs[0].size)), threads=TC_THREADS)
+                 np.int32(classes), np.int32(runs), np.int64(gs[0].size)), threads=TC_THREADS,
+                defines=self.tf32)
         return _sum_runs(cp, gs)
 
     def hsum(self, p, kind, U, Vv, M, gs):
@@ -963,7 +971,7 @@ class _Layout:
                  np.int64(p.L), np.int32(p.H), np.int32(U.shape[2]), np.int32(Vv.shape[2]),
                  np.int32(K), np.int32(V), np.int64(self.nc), np.int64(M.shape[1]), np.int32(T),
                  np.int32(classes), np.int32(runs), np.int64(p.batch * p.L * classes * V)),
-                threads=TC_THREADS)
+                threads=TC_THREADS, defines=self.tf32)
         out = _sum_runs(cp, part)
         if classes > G:  # the classes of each group are consecutive
             out = out.reshape(p.batch, p.L, G, classes // G, V).sum(axis=3)
@@ -1072,7 +1080,8 @@ class _Layout:
                  np.int64(p.L), np.int32(p.H), np.int32(p.P), np.int32(p.B.shape[2]),
                  np.int32(p.C.shape[2]), np.int32(p.N), np.int64(self.nc),
                  np.int32(self.mm_tiles), np.int32(cb.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_fwd_smem(p.N))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_fwd_smem(p.N),
+                defines=self.tf32)
         return states
 
     def _bwd_walk_outputs(self, p, dhx_dtype):
@@ -1103,7 +1112,8 @@ class _Layout:
                  _ptr(rows["dD_part"]), dHx, dinit, end_dot, np.int64(L), np.int32(H),
                  np.int32(P), np.int32(p.B.shape[2]), np.int32(p.C.shape[2]), np.int32(N),
                  np.int64(self.nc), np.int32(self.mm_tiles), np.int32(cb.shape[2])),
-                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_bwd_smem(N))
+                source=MMA_SOURCE_FILE, threads=MMA_THREADS, smem=tf32_bwd_smem(N),
+                defines=self.tf32)
         return rows, dHx, dinit, end_dot
 
     def bwd_mma(self, p, dY, yblob, states, dfinal):

@@ -194,6 +194,20 @@ for T, io in (("ssm_half", "float16"), ("ssm_bf16", "bfloat16")):
             KERNELS[f"rows_{io}_{i}"] = (name, T, ROWS_T, ROWS_S)
 
 
+# SSD_EMU_TF32_PASSES=1: the float32 tensor-core kernels built as ssd's allow_tf32 variant
+# (cuda_src/ssm_tf32.cuh's SSM_TF32_PASSES); default 3, the plain build.
+TF32_PASSES = int(os.environ.get("SSD_EMU_TF32_PASSES", "3"))
+TF32_FLAG = f"-DSSM_TF32_PASSES={TF32_PASSES}"
+
+
+def check_defines(name, defines):
+    """A launch asks for the variant this emulation was built as: ssmkit._gpu.ssd.TF32_ONE_PASS
+    for the kernels on ssm_tf32.cuh when built with one pass, none otherwise."""
+    on_tf32 = "_tc<" in name or name.startswith("ssd_tf32_")
+    want = ("SSM_TF32_PASSES=1",) if TF32_PASSES == 1 and on_tf32 else ()
+    assert tuple(defines) == want, (name, defines, want)
+
+
 def build(asan=False, opt="-O2"):
     src = compiler.kernel_source("ssd_mma.cu")
     mut = os.environ.get("SSD_EMU_MUTATE")  # "old=>new": a deliberate bug, to see the check fail
@@ -208,7 +222,7 @@ def build(asan=False, opt="-O2"):
     text = '#include "prelude_mma.h"\n' + src + LAUNCH + "".join(
         wrapper("emu_" + k, *v) for k, v in KERNELS.items())
     return compile_so("ssd", text, asan=asan, opt=opt, include_dir=HERE,
-                      extra_flags=("-fno-strict-aliasing",))
+                      extra_flags=("-fno-strict-aliasing", TF32_FLAG))
 
 if __name__ == "__main__":
     print(build(asan="--asan" in sys.argv))

@@ -114,7 +114,9 @@ def np_diag_cb(args):
     c = C.astype(np.float32)[:, :, h // (int(H) // int(GC))]
     out[...] = (b * c).sum(axis=-1)
 
-def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS, smem=0):
+def emu_launch(name, grid, args, *, source=gssd.SOURCE_FILE, threads=gssd.THREADS, smem=0,
+               defines=()):
+    build.check_defines(name, defines)
     if name.startswith("ssd_sum_parts"):
         return np_sum_parts(args)
     if name.startswith("ssd_diag_cb"):

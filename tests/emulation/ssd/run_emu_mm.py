@@ -162,7 +162,7 @@ def build_so():
         build.wrapper("emu_" + sym, *v) for sym, v in {**kernels(), **run_kernels()}.items())
         + CHUNK_DT_WRAPPERS + DIAG_CB_WRAPPERS + ADJOINT_WRAPPER)
     return compile_so("ssd_mm", text, asan=os.environ.get("ASAN", "0") == "1", opt="-O1",
-                      include_dir=build.HERE, extra_flags=("-fno-strict-aliasing",))
+                      include_dir=build.HERE, extra_flags=("-fno-strict-aliasing", build.TF32_FLAG))
 
 
 class EmuBuf(ctypes.Structure):

@@ -13,7 +13,9 @@ norm).
     python3 tests/emulation/ssd/run_emu_tf32_bwd.py [case numbers]
 
 SSD_EMU_MUTATE='old=>new' plants a bug in ssd.cu (run_emu_mm.py's build), SSD_EMU_MUTATE_MMA
-one in ssd_mma.cu (the forward and the backward walk). Prints one OK/FAIL line per case and
+one in ssd_mma.cu (the forward and the backward walk). SSD_EMU_TF32_PASSES=1 runs the
+problems with allow_tf32 on that variant's build (run_emu_tf32.py), every gradient within
+TF32_RTOL["grad"] (A and dt_bias: TF32_RTOL["sums"]) and the largest error above TF32_RTOL["at_least"]. Prints one OK/FAIL line per case and
 "ALL OK" or "SOME FAILED" last.
 """
 import math, os, sys, time
@@ -47,11 +49,13 @@ def launch(name, grid, args, **kw):
 
 gssd._launch = launch
 import importlib  # noqa: E402
-from helpers import GRAD_RTOL, rel_err  # noqa: E402
+from helpers import GRAD_RTOL, TF32_RTOL, TF32_SUM_FIELDS, rel_err  # noqa: E402
 ref = importlib.import_module("ssmkit.reference.ssd")
 
 FIELDS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
-ROWS_GAP = 2e-5  # GB's epilogue against GB then ssd_bwd_rows's float64 mirror
+# GB's epilogue against GB then ssd_bwd_rows's float64 mirror (one TF32 pass: the products
+# round their operands at other points)
+ROWS_GAP = 4e-3 if T.ONE_PASS else 2e-5
 
 
 def case(batch, L, H, P, G, N, chunk, *, D=True, z=True, init=False, softplus=True, GC=None,
@@ -71,7 +75,7 @@ def case(batch, L, H, P, G, N, chunk, *, D=True, z=True, init=False, softplus=Tr
     zv = rng.standard_normal((batch, L, H, P)).astype(np.float32) if z else None
     h0 = rng.standard_normal((batch, H, P, N)).astype(np.float32) if init else None
     p, _user, _pass = _ssd._prepare("ssd_vjp", x, dt, A, B, C, chunk, Dv, zv, dt_bias, softplus,
-                                    (0.0, math.inf), h0, None, None)
+                                    (0.0, math.inf), h0, None, None, T.ONE_PASS)
     exact = dict(x=x.astype(np.float64), dt=dt.astype(np.float64), A=A.astype(np.float64),
                  B=B.astype(np.float64), C=C.astype(np.float64), D=Dv,
                  z=None if zv is None else zv.astype(np.float64), dt_bias=dt_bias,
@@ -103,8 +107,14 @@ def case(batch, L, H, P, G, N, chunk, *, D=True, z=True, init=False, softplus=Tr
         n = np.linalg.norm(r)
         errs[k] = max(rel_err(grads[s][k], r) for s in grads)
         gaps[k] = max(np.linalg.norm(grads[s][k] - a) for s in grads) / (n if n > 0 else 1.0)
-    bound = 4 * GRAD_RTOL["float32"]
-    ok = max(errs.values()) <= bound and max(gaps.values()) <= ROWS_GAP
+    def bound(k):
+        if not T.ONE_PASS:
+            return 4 * GRAD_RTOL["float32"]
+        return TF32_RTOL["sums" if k in TF32_SUM_FIELDS else "grad"]
+
+    ok = all(e <= bound(k) for k, e in errs.items()) and max(gaps.values()) <= ROWS_GAP
+    if T.ONE_PASS and not max(errs.values()) > TF32_RTOL["at_least"]:
+        ok = False  # the products did not run as single TF32 products
     return errs, gaps, ok, el
 
 
