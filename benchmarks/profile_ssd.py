@@ -11,6 +11,8 @@ Usage::
 
     python benchmarks/profile_ssd.py [--dtype bfloat16] [--reps 5] [--out DIR]
 
+``--dtype`` is a dtype of ``bench_ssd.TABLE``: ``float32+tf32`` is float32 with allow_tf32.
+
 Prints the timeline of the median run (by total) of the peer configuration of
 ``bench_ssd.py`` (batch 4, L 4096, H 80, P 64, G 1, N 128, chunk 256) and the totals per
 kind; with ``--out`` writes it as ``profile_ssd_<dtype>.json`` too.
@@ -75,8 +77,11 @@ def main():
     import cupy
 
     _, batch, L, H, P, G, N, chunk = next(r for r in TABLE if r[0] == args.dtype)[:8]
-    x = make_inputs(cupy, args.dtype, batch, L, H, P, G, N)
+    # "float32+tf32": float32 with allow_tf32
+    x = make_inputs(cupy, args.dtype.split("+")[0], batch, L, H, P, G, N)
     kw = dict(chunk_size=chunk, dt_softplus=True)
+    if args.dtype.endswith("+tf32"):
+        kw["allow_tf32"] = True
     dy = cupy.ones_like(x["x"])
 
     def run():
