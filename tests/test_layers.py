@@ -264,3 +264,27 @@ def test_from_state_dict_round_trip():
                                             "m.", headdim=p.headdim)
     with pytest.raises(ValueError, match="in_proj_weight has"):
         layers.Mamba2Params.from_state_dict(sd, "m.", headdim=p.headdim + 1, ngroups=p.ngroups)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_mamba2_passes_allow_tf32_to_the_scan(backend, monkeypatch):
+    """mamba2 and mamba2_vjp hand allow_tf32 to ssmkit.ssd / ssd_vjp (seen by the scan), and
+    the float32 output stays within TF32's bound of the reference."""
+    from ssmkit import _ssd
+    from helpers import TF32_RTOL
+
+    seen = []
+    real = _ssd._prepare
+    monkeypatch.setattr(_ssd, "_prepare", lambda *a: (seen.append(a[-1]), real(*a))[1])
+    rng = np.random.default_rng(5)
+    p64 = mamba2_params(rng)
+    hidden = rng.standard_normal((2, 20, p64.d_model))
+    want, _ = mamba2_ref(p64, hidden)
+    xp = xp_for(backend)
+    p = to_xp(p64, xp, "float32")
+    x = xp.asarray(hidden.astype("float32"))
+    out = layers.mamba2(p, x, chunk_size=8, allow_tf32=True)
+    out_vjp, _ = layers.mamba2_vjp(p, x, chunk_size=8, allow_tf32=True)
+    assert seen == [True, True]
+    _close(out, want, TF32_RTOL["forward"])
+    _close(out_vjp, want, TF32_RTOL["forward"])
