@@ -12,6 +12,8 @@ Usage::
     python benchmarks/profile_ssd.py [--dtype bfloat16] [--reps 5] [--out DIR]
 
 ``--dtype`` is a dtype of ``bench_ssd.TABLE``: ``float32+tf32`` is float32 with allow_tf32.
+``--serial`` runs the float32 backward on one stream (``TC_STREAMS`` off): each kernel's row is
+then its own time (with two streams, the rows of kernels that overlap include each other's).
 
 Prints the timeline of the median run (by total) of the peer configuration of
 ``bench_ssd.py`` (batch 4, L 4096, H 80, P 64, G 1, N 128, chunk 256) and the totals per
@@ -73,7 +75,10 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--serial", action="store_true", help="one stream (TC_STREAMS off)")
     args = parser.parse_args()
+    if args.serial:
+        gpu_ssd.TC_STREAMS = False
     import cupy
 
     _, batch, L, H, P, G, N, chunk = next(r for r in TABLE if r[0] == args.dtype)[:8]
@@ -106,8 +111,9 @@ def main():
         print(f"{kind} total: {part:.3f} ms ({part / total:.1%})")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"profile_ssd_{args.dtype}.json"), "w") as f:
-            json.dump(dict(dtype=args.dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
+        stem = args.dtype.replace("+", "_") + ("_serial" if args.serial else "")
+        with open(os.path.join(args.out, f"profile_ssd_{stem}.json"), "w") as f:
+            json.dump(dict(dtype=args.dtype, serial=args.serial, batch=batch, L=L, heads=H, headdim=P, groups=G,
                            N=N, chunk_size=chunk, total_ms=round(total, 4), commit=commit(),
                            rows=[dict(kind=k, what=n, ms=round(ms, 4)) for k, n, ms in rows]),
                       f, indent=1)
