@@ -11,6 +11,8 @@ with ``SSMKIT_SSD_MMA=0`` and ``SSMKIT_SSD_TF32=0`` (the CUDA-core kernels), and
 forward+backward also with ``SSMKIT_SSD_MMA_BWD=0`` and ``SSMKIT_SSD_TF32=0`` (the backward's
 chunk products on CUDA cores; tensor cores by default); float32 rows run their chunk products
 and chunk states on tensor cores as 3 x TF32 and also time both with ``SSMKIT_SSD_TF32=0``; the
+row "float32+tf32" is the float32 peer row with ``allow_tf32=True`` (single TF32 products, the
+precision of mamba_ssm's float32 Triton kernels); the
 peer bfloat16 row's forward is split into its stages (effective dt + chunk sums, chunk states,
 state passing, outputs), and so is its tensor-core backward (products, adjoint chunk state on
 both paths, adjoint passing, the fused per-step pass, the whole backward).
