@@ -962,40 +962,57 @@ ssd_chunk_mm(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __res
 // fragment's hi and lo halves are register pairs as loaded), unit p of row r stored at
 // p ^ rot(r % 8), so that the fragment reads (a quarter warp: 2 rows x 4 units) and the
 // transposed stores (8 rows, one unit each) touch 8 different units of the 32 banks.
+// With one TF32 pass (SSM_TF32_PASSES 1) there is no lo: a unit holds the hi of two pairs,
+// p (x, y) and p + 4 (z, w), so a row is 4 units (half the bytes, half the stores), the
+// fragments of both k8 blocks are the two halves of the same loads, and unit p of row r lies
+// at p ^ ((r / 2) % 4) (a quarter warp's fragment reads are 2 whole rows; its transposed
+// stores, 8 rows at one unit, touch 8 different units).
 // Grid: (batch * H * nc * tiles_per_chunk * ceil(V / 8 NT)), SSD_TC_THREADS threads.
 // --------------------------------------------------------------------------------------
 #define SSD_TC_THREADS 128
 #ifndef SSD_TC_KS  // k (or q) per shared stage: 16 or 32
 #define SSD_TC_KS 16
 #endif
+// pairs of k per 16-byte unit, and units per stage row
+#define SSD_TC_UP (SSM_TF32_PASSES == 1 ? 2 : 1)
+#define SSD_TC_UNITS (SSD_TC_KS / 2 / SSD_TC_UP)
+static_assert(SSD_TC_UNITS == 4 || SSD_TC_UNITS % 8 == 0, "ssd_tc_unit: rows of 4 or 8 k units");
 
 // (the 3 x TF32 primitives ssm_tf32_split, ssm_mma_tf32 and ssm_mma3: ssm_tf32.cuh)
 
-// Where unit p of row r of a stage lies: p ^ rot(r % 8), rot = 0 4 1 5 2 6 3 7.
+// Where unit p of row r of a stage lies: p ^ rot(r % 8), rot = 0 4 1 5 2 6 3 7 (rows of 4
+// units: p ^ ((r / 2) % 4)).
 __device__ __forceinline__ int ssd_tc_unit(int r, int p) {
+    if (SSD_TC_UNITS == 4) return p ^ ((r >> 1) & 3);
     return p ^ (((r >> 1) & 3) | ((r & 1) << 2));
 }
 
 // The fragments of k8 block j (k = 8 j .. 8 j + 7 of the stage) for lane (g, t): A from rows
 // row0 + g and row0 + g + 8, B (the n-tile of rows n0 ..) from row n0 + g; k slot t is
 // k = 8 j + 2t and slot t + 4 is k = 8 j + 2t + 1.
-__device__ __forceinline__ ssm_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_KS / 2], int row0, int j) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
+// (Pair 4 j + t lies in unit (4 j) % SSD_TC_UNITS + t, in its half (4 j) / SSD_TC_UNITS: the
+// half is known where j is unrolled.)
+__device__ __forceinline__ ssm_tc_a ssd_tc_frag_a(const uint4 (*st)[SSD_TC_UNITS], int row0, int j) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, p = (4 * j) % SSD_TC_UNITS + (lane & 3);
     const uint4 x = st[row0 + g][ssd_tc_unit(row0 + g, p)];
     const uint4 y = st[row0 + g + 8][ssd_tc_unit(row0 + g + 8, p)];
-    return {{x.x, y.x, x.y, y.y}, {x.z, y.z, x.w, y.w}};
+    if (SSD_TC_UP == 1) return {{x.x, y.x, x.y, y.y}, {x.z, y.z, x.w, y.w}};
+    if ((4 * j) / SSD_TC_UNITS == 0) return {{x.x, y.x, x.y, y.y}, {0u, 0u, 0u, 0u}};
+    return {{x.z, y.z, x.w, y.w}, {0u, 0u, 0u, 0u}};
 }
-__device__ __forceinline__ ssm_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_KS / 2], int n0, int j) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, p = 4 * j + (lane & 3);
+__device__ __forceinline__ ssm_tc_b ssd_tc_frag_b(const uint4 (*st)[SSD_TC_UNITS], int n0, int j) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, p = (4 * j) % SSD_TC_UNITS + (lane & 3);
     const uint4 x = st[n0 + g][ssd_tc_unit(n0 + g, p)];
-    return {x.x, x.y, x.z, x.w};
+    if (SSD_TC_UP == 1) return {x.x, x.y, x.z, x.w};
+    if ((4 * j) / SSD_TC_UNITS == 0) return {x.x, x.y, 0u, 0u};
+    return {x.z, x.w, 0u, 0u};
 }
 
 // acc[nt] += the stage's product of rows arow0 .. arow0 + 15 of `as` and the NT n-tiles of
 // `bs` (sums over the stage's SSD_TC_KS values of k).
 template <int NT>
-__device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint4 (*as)[SSD_TC_KS / 2],
-                                                 int arow0, const uint4 (*bs)[SSD_TC_KS / 2]) {
+__device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint4 (*as)[SSD_TC_UNITS],
+                                                 int arow0, const uint4 (*bs)[SSD_TC_UNITS]) {
 #pragma unroll
     for (int j = 0; j < SSD_TC_KS / 8; ++j) {
         const ssm_tc_a a = ssd_tc_frag_a(as, arow0, j);
@@ -1008,20 +1025,22 @@ __device__ __forceinline__ void ssd_tc_stage_mma(float (&acc)[NT][4], const uint
 // values into registers, store() splits them into the stage. Value (o, k) of the stage,
 // o < ROWS and k < SSD_TC_KS, is src[o * stride + k0 + k], or with COLS (src read across its
 // rows) src[(k0 + k) * stride + o]; zero where o >= n_out or k0 + k >= n_k. A thread moves
-// pairs k = 2p, 2p + 1, its j-th pair O_STEP rows (or, with COLS, K_STEP values of k) after
-// its first; with COLS consecutive threads take consecutive o (coalesced reads). A stage
-// wholly inside the bounds is loaded without tests.
+// units p: the pairs k = 2p, 2p + 1 (and, with one TF32 pass, k = 2p + KS / 2, 2p + 1 + KS / 2),
+// its j-th unit O_STEP rows (or, with COLS, K_STEP values of k) after its first; with COLS
+// consecutive threads take consecutive o (coalesced reads). A stage wholly inside the bounds
+// is loaded without tests.
 template <int ROWS, bool COLS> struct ssd_tc_stage {
-    static constexpr int PER = ROWS * (SSD_TC_KS / 2) / SSD_TC_THREADS;
-    static constexpr int O_STEP = SSD_TC_THREADS / (SSD_TC_KS / 2);
+    static constexpr int U = SSD_TC_UNITS, UP = SSD_TC_UP, HALF = SSD_TC_KS / 2;
+    static constexpr int PER = ROWS * U / SSD_TC_THREADS;
+    static constexpr int O_STEP = SSD_TC_THREADS / U;
     static constexpr int K_STEP = 2 * (SSD_TC_THREADS / ROWS);
-    static_assert(PER * SSD_TC_THREADS == ROWS * (SSD_TC_KS / 2), "whole pairs per thread");
+    static_assert(PER * SSD_TC_THREADS == ROWS * U, "whole units per thread");
     static_assert(!COLS || SSD_TC_THREADS % ROWS == 0, "a thread's o is fixed");
-    float v[PER][2];
+    float v[PER][2 * UP];  // v[j][2 h + e]: value k = 2p + e + h HALF of the j-th unit
     __device__ __forceinline__ static void where(int j, int& o, int& p) {
         const int i = threadIdx.x + j * SSD_TC_THREADS;
-        o = COLS ? i % ROWS : i / (SSD_TC_KS / 2);
-        p = COLS ? i / ROWS : i % (SSD_TC_KS / 2);
+        o = COLS ? i % ROWS : i / U;
+        p = COLS ? i / ROWS : i % U;
     }
     template <typename T>
     __device__ __forceinline__ void load(const T* __restrict__ src, ssm_i64 stride, int n_out,
@@ -1030,36 +1049,48 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
         where(0, o, p);
         const int k = k0 + 2 * p;
         const T* __restrict__ s = src + (COLS ? (ssm_i64)k * stride + o : (ssm_i64)o * stride + k);
-        const ssm_i64 step = (ssm_i64)(COLS ? K_STEP : O_STEP) * stride;  // to the next pair
+        const ssm_i64 step = (ssm_i64)(COLS ? K_STEP : O_STEP) * stride;  // to the next unit
         const ssm_i64 next = COLS ? stride : 1;                          // to k + 1
         if (n_out >= ROWS && k0 + SSD_TC_KS <= n_k) {
 #pragma unroll
-            for (int j = 0; j < PER; ++j) {
-                v[j][0] = (float)ssm_load(s[j * step]);
-                v[j][1] = (float)ssm_load(s[j * step + next]);
-            }
+            for (int j = 0; j < PER; ++j)
+#pragma unroll
+                for (int e = 0; e < 2 * UP; ++e)
+                    v[j][e] = (float)ssm_load(s[j * step + ((e >> 1) * HALF + (e & 1)) * next]);
         } else {
 #pragma unroll
             for (int j = 0; j < PER; ++j) {
                 const int oj = COLS ? o : o + j * O_STEP, kj = COLS ? k + j * K_STEP : k;
                 const bool live = oj < n_out;
-                v[j][0] = live && kj < n_k ? (float)ssm_load(s[j * step]) : 0.f;
-                v[j][1] = live && kj + 1 < n_k ? (float)ssm_load(s[j * step + next]) : 0.f;
+#pragma unroll
+                for (int e = 0; e < 2 * UP; ++e) {
+                    const int de = (e >> 1) * HALF + (e & 1);
+                    v[j][e] = live && kj + de < n_k ? (float)ssm_load(s[j * step + de * next]) : 0.f;
+                }
             }
         }
     }
     // With w, value (o, k) is stored times w[k] (the stage's weights, in shared memory); with
     // w_row, times w_row[o].
-    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_KS / 2], const float* w = nullptr,
+    __device__ __forceinline__ void store(uint4 (*st)[SSD_TC_UNITS], const float* w = nullptr,
                                           const float* w_row = nullptr) const {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             int o, p;
             where(j, o, p);
             const float f = w_row ? w_row[o] : 1.f;
+            unsigned hi[2 * UP], lo[2 * UP];
+#pragma unroll
+            for (int e = 0; e < 2 * UP; ++e) {
+                const int kk = 2 * p + (e >> 1) * HALF + (e & 1);
+                ssm_tf32_split(w ? w[kk] * v[j][e] : f * v[j][e], hi[e], lo[e]);
+            }
             uint4 u;
-            ssm_tf32_split(w ? w[2 * p] * v[j][0] : f * v[j][0], u.x, u.z);
-            ssm_tf32_split(w ? w[2 * p + 1] * v[j][1] : f * v[j][1], u.y, u.w);
+            if constexpr (UP == 1) {
+                u.x = hi[0], u.y = hi[1], u.z = lo[0], u.w = lo[1];
+            } else {
+                u.x = hi[0], u.y = hi[1], u.z = hi[2 % (2 * UP)], u.w = hi[3 % (2 * UP)];
+            }
             st[o][ssd_tc_unit(o, p)] = u;
         }
     }
@@ -1078,8 +1109,8 @@ struct ssd_tc_unweighted {
 // with ROW_WEIGHTS one per row of A.
 template <int NT, bool ROW_WEIGHTS = false, class LA, class LB, class FA, class FB,
           class FW = ssd_tc_unweighted>
-__device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_TC_KS / 2],
-                                           uint4 (*bs)[SSD_TC_KS / 2], int arow0, LA& la,
+__device__ __forceinline__ void ssd_tc_sum(float (&acc)[NT][4], uint4 (*as)[SSD_TC_UNITS],
+                                           uint4 (*bs)[SSD_TC_UNITS], int arow0, LA& la,
                                            LB& lb, FA load_a, FB load_b, int n_k,
                                            FW weights = FW()) {
     load_a(0);
@@ -1129,7 +1160,7 @@ __device__ __forceinline__ void ssd_tc_block_frags(float (&sacc)[R / 8][4], cons
 // previous reads of bs).
 template <int NT, int R, typename TV>
 __device__ __forceinline__ void ssd_tc_times_v(float (&acc)[NT][4], const float (&sacc)[R / 8][4],
-                                               uint4 (*bs)[SSD_TC_KS / 2], const TV* Vq,
+                                               uint4 (*bs)[SSD_TC_UNITS], const TV* Vq,
                                                ssm_i64 v_stride, int nv, int nq) {
     constexpr int KS = SSD_TC_KS;
     ssd_tc_stage<8 * NT, true> vl;
@@ -1242,7 +1273,7 @@ ssd_chunk_mm_tc(const TU* __restrict__ U, const TW* __restrict__ W, const TV* __
     constexpr int VR = 8 * NT;           // the block's columns of V: NT n-tiles of 8
     constexpr int BR = VR > R ? VR : R;  // rows of the second stage: M, W or Vv^T
     static_assert(R == 16 * (SSD_TC_THREADS / 32), "a warp per 16 rows");
-    __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M, W rows or Vv^T
+    __shared__ uint4 us[R][SSD_TC_UNITS], bs[BR][SSD_TC_UNITS];  // U rows; M, W rows or Vv^T
     __shared__ float cum_r[R], cum_q[R], dt_q[R];
     __shared__ int seq_r[R], seq_q[R];
 
@@ -1383,7 +1414,7 @@ ssd_chunk_hblocks_tc(const TY* __restrict__ dY, const TX* __restrict__ X,
                      float* __restrict__ gs, ssm_i64 L, int H, int P, ssm_i64 nc,
                      int tiles_per_chunk, int classes, int runs, ssm_i64 gs_stride) {
     constexpr int R = ssd_mm_tile<float>::R;
-    __shared__ uint4 us[R][SSD_TC_KS / 2], ws[R][SSD_TC_KS / 2];
+    __shared__ uint4 us[R][SSD_TC_UNITS], ws[R][SSD_TC_UNITS];
     __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R], f_q[R];
     __shared__ int seq_r[R], seq_q[R];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -1468,7 +1499,7 @@ ssd_chunk_hsum_tc(const TU* __restrict__ U, const TV* __restrict__ Vv,
                   ssm_i64 part_stride) {
     constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS;
     constexpr int VR = 8 * NT, BR = VR > R ? VR : R;
-    __shared__ uint4 us[R][KS / 2], bs[BR][KS / 2];  // U rows; M's columns or Vv^T
+    __shared__ uint4 us[R][SSD_TC_UNITS], bs[BR][SSD_TC_UNITS];  // U rows; M's columns or Vv^T
     __shared__ float cum_r[R], cum_q[R], dt_q[R], f_r[R];
     __shared__ int seq_r[R], seq_q[R];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -1552,7 +1583,7 @@ ssd_chunk_state_tc(const TX* __restrict__ X, const TY* __restrict__ Y,
                    const int* __restrict__ seq, const ssm_i64* __restrict__ starts,
                    float* __restrict__ out, ssm_i64 L, int H, int P, int GY, int N, ssm_i64 nc) {
     constexpr int R = ssd_mm_tile<float>::R, KS = SSD_TC_KS, NR = 8 * NT;  // NR columns n
-    __shared__ uint4 xs[R][KS / 2], ys[NR][KS / 2];
+    __shared__ uint4 xs[R][SSD_TC_UNITS], ys[NR][SSD_TC_UNITS];
     __shared__ float w_sh[KS];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wr = 16 * (tid >> 5);  // the warp's first row p
