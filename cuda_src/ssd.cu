@@ -1051,7 +1051,23 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
         const T* __restrict__ s = src + (COLS ? (ssm_i64)k * stride + o : (ssm_i64)o * stride + k);
         const ssm_i64 step = (ssm_i64)(COLS ? K_STEP : O_STEP) * stride;  // to the next unit
         const ssm_i64 next = COLS ? stride : 1;                          // to k + 1
-        if (n_out >= ROWS && k0 + SSD_TC_KS <= n_k) {
+        if constexpr (UP == 1) {  // (the form the 3 x TF32 kernels were tuned with)
+            if (n_out >= ROWS && k0 + SSD_TC_KS <= n_k) {
+#pragma unroll
+                for (int j = 0; j < PER; ++j) {
+                    v[j][0] = (float)ssm_load(s[j * step]);
+                    v[j][1] = (float)ssm_load(s[j * step + next]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < PER; ++j) {
+                    const int oj = COLS ? o : o + j * O_STEP, kj = COLS ? k + j * K_STEP : k;
+                    const bool live = oj < n_out;
+                    v[j][0] = live && kj < n_k ? (float)ssm_load(s[j * step]) : 0.f;
+                    v[j][1] = live && kj + 1 < n_k ? (float)ssm_load(s[j * step + next]) : 0.f;
+                }
+            }
+        } else if (n_out >= ROWS && k0 + SSD_TC_KS <= n_k) {
 #pragma unroll
             for (int j = 0; j < PER; ++j)
 #pragma unroll
@@ -1079,17 +1095,18 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
             int o, p;
             where(j, o, p);
             const float f = w_row ? w_row[o] : 1.f;
-            unsigned hi[2 * UP], lo[2 * UP];
-#pragma unroll
-            for (int e = 0; e < 2 * UP; ++e) {
-                const int kk = 2 * p + (e >> 1) * HALF + (e & 1);
-                ssm_tf32_split(w ? w[kk] * v[j][e] : f * v[j][e], hi[e], lo[e]);
-            }
             uint4 u;
             if constexpr (UP == 1) {
-                u.x = hi[0], u.y = hi[1], u.z = lo[0], u.w = lo[1];
-            } else {
-                u.x = hi[0], u.y = hi[1], u.z = hi[2 % (2 * UP)], u.w = hi[3 % (2 * UP)];
+                ssm_tf32_split(w ? w[2 * p] * v[j][0] : f * v[j][0], u.x, u.z);
+                ssm_tf32_split(w ? w[2 * p + 1] * v[j][1] : f * v[j][1], u.y, u.w);
+            } else {  // hi of k = 2p, 2p + 1, 2p + HALF, 2p + 1 + HALF (lo is zero)
+                unsigned hi[4], lo;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int kk = 2 * p + (e >> 1) * HALF + (e & 1);
+                    ssm_tf32_split(w ? w[kk] * v[j][e % (2 * UP)] : f * v[j][e % (2 * UP)], hi[e], lo);
+                }
+                u.x = hi[0], u.y = hi[1], u.z = hi[2], u.w = hi[3];
             }
             st[o][ssd_tc_unit(o, p)] = u;
         }
