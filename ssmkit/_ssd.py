@@ -409,9 +409,10 @@ _SHARED_DOC = """
         run as single TF32 tensor-core products (operands rounded to 11
         significant bits, float32 sums), as PyTorch's ``allow_tf32`` and
         mamba_ssm's Triton kernels do: faster, with errors of about 1e-3
-        relative instead of float32's 1e-6. Default False: the products run as
-        three TF32 products that keep float32's accuracy. Other dtypes and the
-        CPU ignore it."""
+        relative instead of float32's 1e-6 (the gradients of A and dt_bias,
+        sums of terms that cancel, a few percent). Default False: the products
+        run as three TF32 products that keep float32's accuracy. Other dtypes
+        and the CPU ignore it."""
 
 
 def ssd(x, dt, A, B, C, *, chunk_size=DEFAULT_CHUNK_SIZE, D=None, z=None, dt_bias=None,
