@@ -29,6 +29,15 @@ def test_source_needs_no_include_path():
     assert f"-DSSMKIT_SRC_HASH=0x{compiler.source_hash()}" in compiler.compile_options()
 
 
+def test_compile_options_add_a_variants_defines_last():
+    """A module variant (such as ssd's allow_tf32, SSM_TF32_PASSES=1) is the library's options
+    with its defines appended, so it compiles and caches apart from the plain module."""
+    plain = compiler.compile_options()
+    variant = compiler.compile_options(("SSM_TF32_PASSES=1",))
+    assert variant == plain + ("-DSSM_TF32_PASSES=1",)
+    assert compiler.compile_options(()) == plain
+
+
 def test_kernel_keys_cover_every_template_value():
     full, rep = ss.kernel_keys(full=True), ss.kernel_keys(full=False)
     names = [ss.name_expression(k) for k in full]
