@@ -57,6 +57,13 @@ TABLE = [
 ]
 
 
+def row_dtype(name):
+    """A TABLE dtype as (the arrays' dtype, extra ssd keywords): "float32+tf32" is float32
+    with allow_tf32."""
+    dtype, _, option = name.partition("+")
+    return dtype, ({"allow_tf32": True} if option == "tf32" else {})
+
+
 def make_inputs(xp, dtype, batch, L, H, P, G, N, seed=0):
     """The peers' configuration: D, dt_bias, dt_softplus; no z."""
     rng = np.random.default_rng(seed)
@@ -107,12 +114,9 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     """Forward and forward+backward milliseconds for one configuration, and the forward and
     the forward+backward with the CUDA-core kernels (16-bit dtypes: the forward, and the
     backward's products; float32: every product; none for float64)."""
-    tf32 = dtype == "float32+tf32"
-    dtype = "float32" if tf32 else dtype
+    dtype, options = row_dtype(dtype)
     x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
-    kw = dict(chunk_size=chunk, dt_softplus=True)
-    if tf32:
-        kw["allow_tf32"] = True
+    kw = dict(chunk_size=chunk, dt_softplus=True, **options)
     fwd = lambda: ssmkit.ssd(**x, **kw)  # noqa: E731
     fwd_ms = cuda_median_ms(fwd, calls=5)
     fwd_lat_ms = cuda_median_ms(fwd)
@@ -125,7 +129,7 @@ def time_row(cupy, dtype, batch, L, H, P, G, N, chunk):
     fb_ms = cuda_median_ms(fwd_bwd, reps=5, calls=3)
     fb_lat_ms = cuda_median_ms(fwd_bwd, reps=5)
     fwd_old_ms = fb_old_ms = None
-    if dtype in ("float16", "bfloat16", "float32") and not tf32:
+    if dtype in ("float16", "bfloat16", "float32") and not options:
         sixteen = dtype != "float32"
         with _env("SSMKIT_SSD_TF32", "0"), _env("SSMKIT_SSD_MMA", "0" if sixteen else "1"):
             fwd_old_ms = cuda_median_ms(fwd, calls=5)  # the same forward on CUDA cores
@@ -289,7 +293,7 @@ def run_gpu(args):
         fwd_ms, fb_ms, fwd_old_ms, fb_old_ms, fwd_lat_ms, fb_lat_ms = time_row(
             cupy, dtype, batch, L, H, P, G, N, chunk)
         cupy.get_default_memory_pool().free_all_blocks()
-        fwd_bytes, fb_bytes = compulsory_bytes(dtype.split("+")[0], batch, L, H, P, G, N)
+        fwd_bytes, fb_bytes = compulsory_bytes(row_dtype(dtype)[0], batch, L, H, P, G, N)
         rows.append(dict(
             op="ssd", gpu=gpu, dtype=dtype, batch=batch, L=L, heads=H, headdim=P, groups=G,
             N=N, chunk_size=chunk, fwd_ms=round(fwd_ms, 4), fwd_bwd_ms=round(fb_ms, 4),

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_ssd import TABLE, make_inputs  # noqa: E402
+from bench_ssd import TABLE, make_inputs, row_dtype  # noqa: E402
 from timing import commit  # noqa: E402
 import ssmkit  # noqa: E402
 from ssmkit._gpu import ssd as gpu_ssd  # noqa: E402
@@ -82,11 +82,9 @@ def main():
     import cupy
 
     _, batch, L, H, P, G, N, chunk = next(r for r in TABLE if r[0] == args.dtype)[:8]
-    # "float32+tf32": float32 with allow_tf32
-    x = make_inputs(cupy, args.dtype.split("+")[0], batch, L, H, P, G, N)
-    kw = dict(chunk_size=chunk, dt_softplus=True)
-    if args.dtype.endswith("+tf32"):
-        kw["allow_tf32"] = True
+    dtype, options = row_dtype(args.dtype)
+    x = make_inputs(cupy, dtype, batch, L, H, P, G, N)
+    kw = dict(chunk_size=chunk, dt_softplus=True, **options)
     dy = cupy.ones_like(x["x"])
 
     def run():

@@ -1104,7 +1104,7 @@ template <int ROWS, bool COLS> struct ssd_tc_stage {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int kk = 2 * p + (e >> 1) * HALF + (e & 1);
-                    ssm_tf32_split(w ? w[kk] * v[j][e % (2 * UP)] : f * v[j][e % (2 * UP)], hi[e], lo);
+                    ssm_tf32_split(w ? w[kk] * v[j][e] : f * v[j][e], hi[e], lo);
                 }
                 u.x = hi[0], u.y = hi[1], u.z = hi[2], u.w = hi[3];
             }

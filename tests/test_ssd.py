@@ -871,14 +871,19 @@ def test_float32_forward_in_one_kernel(monkeypatch, case):
                             np.random.default_rng(case))
 
 
-def record_launches(monkeypatch):
-    """The names of the GPU SSD kernels launched from now on, in order (a list that grows)."""
+def record_launches(monkeypatch, with_defines=False):
+    """The names of the GPU SSD kernels launched from now on, in order (a list that grows);
+    ``with_defines``: (name, defines of the module variant) pairs."""
     from ssmkit._gpu import ssd as gpu_ssd
 
     names = []
     real = gpu_ssd._launch
-    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (names.append(name),
-                                                                   real(name, *a, **k))[1])
+
+    def record(name, *a, **k):
+        names.append((name, tuple(k.get("defines", ()))) if with_defines else name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(gpu_ssd, "_launch", record)
     return names
 
 
@@ -1115,11 +1120,6 @@ TF32_ONE_PASS_CASES = [
 ]
 
 
-def _on_tf32(name):
-    """Whether kernel ``name`` is one of those built on ssm_tf32.cuh (3 x TF32 products)."""
-    return "_tc<" in name or name.startswith("ssd_tf32_")
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("case", range(len(TF32_ONE_PASS_CASES)))
@@ -1140,23 +1140,17 @@ def test_allow_tf32(monkeypatch, case):
     opts = dict(chunk_size=chunk, dt_softplus=True)
     monkeypatch.delenv("SSMKIT_SSD_TF32", raising=False)
     y_default = ssmkit.ssd(**arrays, **opts)
-    launches = []
-    real = gpu_ssd._launch
-
-    def record(name, *a, defines=(), **k):
-        launches.append((name, tuple(defines)))
-        return real(name, *a, defines=defines, **k)
-
-    monkeypatch.setattr(gpu_ssd, "_launch", record)
+    launches = record_launches(monkeypatch, with_defines=True)
     (y, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True,
                                         allow_tf32=True)
     y_plain = ssmkit.ssd(**arrays, **opts, allow_tf32=True)
     rng = np.random.default_rng(case)
     dy, dfin = rng.standard_normal(y.shape), rng.standard_normal(fin.shape)
     g = pullback(cp.asarray(dy, dtype=np.float32), cp.asarray(dfin, dtype=np.float32))
-    assert any(_on_tf32(n) for n, _ in launches), launches
+    assert any(gpu_ssd.on_tf32_header(n) for n, _ in launches), launches
     for name, defines in launches:
-        assert defines == (gpu_ssd.TF32_ONE_PASS if _on_tf32(name) else ()), (name, defines)
+        want = gpu_ssd.TF32_ONE_PASS if gpu_ssd.on_tf32_header(name) else ()
+        assert defines == want, (name, defines)
     assert cp.array_equal(y, y_plain)
     (y_r, fin_r), pullback_r = ref.ssd_vjp(**exact, **opts, return_final_state=True)
     err = rel_err(to_numpy(y).astype(np.float64), y_r)

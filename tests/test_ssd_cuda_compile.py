@@ -175,7 +175,7 @@ def test_tf32_one_pass_variant_compiles_for_sm90(nvrtc_path):
     are not bounded here), and ssd_mma.cu's forward and backward walks within the spills
     counted below."""
     names = [n for n in representative_names()
-             if "_tc<" in n and "ssm_half" not in n and "ssm_bf16" not in n]
+             if ssd.on_tf32_header(n) and "ssm_half" not in n and "ssm_bf16" not in n]
     assert {n.split("<")[0] for n in names} == {
         "ssd_chunk_mm_tc", "ssd_chunk_state_tc", "ssd_chunk_hsum_tc", "ssd_chunk_hblocks_tc"}
     report = _nvrtc_check.compile_kernels(ssd.SOURCE_FILE, names, per_program=8,

@@ -777,6 +777,13 @@ def uses_mma_bwd_walk(p, out) -> bool:
 TF32_ONE_PASS = ("SSM_TF32_PASSES=1",)
 
 
+def on_tf32_header(name: str) -> bool:
+    """Whether kernel ``name`` is built on ssm_tf32.cuh (3 x TF32 products): ssd.cu's
+    ``*_tc`` kernels and ssd_mma.cu's ``ssd_tf32_*`` walks, the kernels that
+    ``TF32_ONE_PASS`` changes."""
+    return "_tc<" in name or name.startswith("ssd_tf32_")
+
+
 def _launch(name, grid, args, *, source=SOURCE_FILE, threads=THREADS, smem=0, defines=()):
     kernel = compiler.get_kernel(source, name, defines)
     if smem:

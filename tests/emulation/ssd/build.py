@@ -203,8 +203,10 @@ TF32_FLAG = f"-DSSM_TF32_PASSES={TF32_PASSES}"
 def check_defines(name, defines):
     """A launch asks for the variant this emulation was built as: ssmkit._gpu.ssd.TF32_ONE_PASS
     for the kernels on ssm_tf32.cuh when built with one pass, none otherwise."""
-    on_tf32 = "_tc<" in name or name.startswith("ssd_tf32_")
-    want = ("SSM_TF32_PASSES=1",) if TF32_PASSES == 1 and on_tf32 else ()
+    from ssmkit._gpu import ssd as gssd
+
+    on_tf32 = TF32_PASSES == 1 and gssd.on_tf32_header(name)
+    want = gssd.TF32_ONE_PASS if on_tf32 else ()
     assert tuple(defines) == want, (name, defines, want)
 
 
