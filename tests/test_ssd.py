@@ -1273,10 +1273,7 @@ def test_gate_backward_from_kept_output(monkeypatch, dtype_name, case):
         if kept is not None:
             assert kept.shape == z.shape and kept.dtype == z.dtype
     fused = _count_calls(monkeypatch, "fwd_mma")
-    launches = []
-    launch = gpu_ssd._launch
-    monkeypatch.setattr(gpu_ssd, "_launch", lambda name, *a, **k: (launches.append(name),
-                                                                    launch(name, *a, **k))[1])
+    launches = record_launches(monkeypatch)
     check_against_reference("gpu", dtype_name, inputs, dict(chunk_size=chunk, dt_softplus=True),
                             np.random.default_rng(case))
     assert fused and any(n.startswith("ssd_bwd_gate<") for n in launches), launches
