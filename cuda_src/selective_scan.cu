@@ -1449,6 +1449,17 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD
     ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
+// The same in blocks of up to SSM_RING_FWD_WIDE_THREADS threads, for large N: one block of 16
+// warps per SM shares each B and C tile among the channels of two blocks of 8 (at N 128 the
+// tiles' copies are most of the ring forward's L2 traffic). Its own kernel, so that the
+// launch bound does not change how ptxas builds the 256-thread one. 128 registers either way.
+#define SSM_RING_FWD_WIDE_THREADS 512
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_RING_FWD_WIDE_THREADS) ssm_scan_fwd_ring_wide(SSM_FWD_PARAMS) {
+    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
+}
+
 // Resident blocks of SSM_FWD_MAX_THREADS asked of ptxas for the ring summary kernels (0: none
 // asked). Left to itself ptxas gave them 79-94 registers, spilling in the 16-bit backward's;
 // asked for 2 (up to 128, the planner's estimate, and their shared memory allows 2 blocks

@@ -75,7 +75,8 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
                          "bwd_sum_ring")
             for io, bc in (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))]
     # the ring forward at N = 128 (32 lanes per channel, one channel per warp)
-    keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(128), True, True) for kind in ("fwd_ring", "fwd_sum_ring")
+    keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(n), True, True)
+             for kind, n in (("fwd_ring", 128), ("fwd_sum_ring", 128), ("fwd_ring_wide", 128), ("fwd_ring_wide", 64))
              for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
@@ -155,11 +156,13 @@ def test_backend_runs_on_gpu(dtype):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("max_n", [16, 128])
-def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n):
+@pytest.mark.parametrize("max_n, wide_min_n", [(16, 33), (128, 33), (128, 1)])
+def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
     # The ring kernels trap when these fail (ssm_fwd_ring_body); plan_forward_ring returns
-    # None where they do not apply (the forward: N up to TUNING["fwd_ring_max_n"]).
+    # None where they do not apply (the forward: N up to TUNING["fwd_ring_max_n"]; blocks of
+    # more than FWD_MAX_THREADS, ssm_scan_fwd_ring_wide's, from N = TUNING["fwd_ring_wide_min_n"]).
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", max_n)
+    monkeypatch.setitem(ss.TUNING, "fwd_ring_wide_min_n", wide_min_n)
     limits = dict(sm_count=132, smem_optin=227 * 1024)
     for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
                    ("float32", "float32")):
@@ -181,7 +184,8 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n):
                     ch, tl = plan["ch"], plan["tl"]
                     assert plan["npt"] == 4 and plan["nsplit"] == ss.ring_split(N)[1]
                     assert N <= 4 * plan["nsplit"] < max(8, 2 * N)
-                    assert plan["threads"] == ch * plan["nsplit"] <= ss.FWD_MAX_THREADS
+                    top = ss.RING_FWD_WIDE_THREADS if N >= wide_min_n else ss.FWD_MAX_THREADS
+                    assert plan["threads"] == ch * plan["nsplit"] <= top
                     assert ch & (ch - 1) == 0 and dim % ch == 0
                     assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
                     # chunks of whole 16-step blocks, shorter than L and the longest tile,

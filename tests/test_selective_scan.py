@@ -343,6 +343,43 @@ def _record_launches(monkeypatch, gpu_scan):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dtype):
+    """The ring forward in blocks of more than 256 threads (ssm_scan_fwd_ring_wide): planned
+    for one SM, so that the widest block wins, on shapes whose B/C groups hold 16 to 128
+    channels (N 128 to 16, N past a multiple of 4, chunk carries, time segments): outputs,
+    final states and gradients equal the reference, and the wide kernel ran."""
+    from ssmkit._gpu import compiler
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    _force_segments(monkeypatch, gpu_scan, segments)
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_max_n", 128)
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_wide_min_n", 1)
+    limits = compiler.device_limits()
+    monkeypatch.setattr(compiler, "device_limits", lambda: dict(limits, sm_count=1))
+    launches = []
+    launch = gpu_scan._launch
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (launches.append((key.kind, plan["threads"])),
+                                                                      launch(key, plan, args)))
+    cases = [
+        (dict(batch=1, dim=16, L=72, N=128, b_form="step", c_form="step", with_init=True), 32),
+        (dict(batch=2, dim=32, L=48, N=64, b_form="step", c_form="step", with_init=False), 16),
+        (dict(batch=1, dim=64, L=56, N=61, b_form="step", c_form="group", groups=2, with_init=True,
+              with_z=False, softplus=False), None),
+        (dict(batch=1, dim=128, L=40, N=16, b_form="step", c_form="step", with_init=True), 8),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        launches.clear()
+        _check_forward("gpu", dtype, case, chunk, 750 + seed)
+        assert any(k == "fwd_ring_wide" and t > 256 for k, t in launches), launches
+        _check_vjp("gpu", dtype, case, chunk, 750 + seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("mode", [True, False, "auto"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -89,6 +89,7 @@ _RING_BLOCK = 16  # steps of the ring scan's blocks (ssm_ring_block<4>)
 # and the backward's minimum resident blocks of that size per SM (which caps its
 # registers: 168 per thread in float, 255 in double).
 FWD_MAX_THREADS = 256
+RING_FWD_WIDE_THREADS = 512  # ssm_scan_fwd_ring_wide's launch bound (SSM_RING_FWD_WIDE_THREADS)
 BWD_MAX_THREADS = 128
 # The ring backward (ssm_scan_bwd_ring): at most 128 threads, 3 resident blocks asked of ptxas
 # (at most 168 registers), sub-blocks of 8 steps (SSM_BRING_SUB).
@@ -108,6 +109,13 @@ TUNING = {
     # Measured on the H200 (benchmarks/results/tune_tiles_b98a48e.log): 256 threads beat 128 by
     # ~10% at L 32768, N 64 and batch 64, and lose 3% at batch 8, L 2048; bwd_tl 64 wins 3%.
     "fwd_threads": 256,  # most threads per block the planner tries (CH <= this / NSPLIT)
+    # From this N on (None: never), the ring forward's main pass may take blocks of up to
+    # RING_FWD_WIDE_THREADS (ssm_scan_fwd_ring_wide): one block of 16 warps per SM shares its B
+    # and C tiles among twice the channels. H100, forward ms (benchmarks/NOTES.md, version 21):
+    # float32 8x1536x2048 N 128 2.033 -> 1.692, N 64 0.804 -> 0.781, bfloat16 N 128 1.783 ->
+    # 1.546; at N 16 (64x1536x256) 0.244 -> 0.265, so not there. SSMKIT_FWD_RING_WIDE_MIN_N
+    # (read at import; 0: never) sets it.
+    "fwd_ring_wide_min_n": int(os.environ.get("SSMKIT_FWD_RING_WIDE_MIN_N", "33")) or None,
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
@@ -203,7 +211,8 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only),
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), "fwd_ring_wide"
+(the same forward in blocks of more than FWD_MAX_THREADS: ``TUNING["fwd_ring_wide_min_n"]``),
 "bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
 same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
 ``TUNING["bwd_sum_ring"]``), or
@@ -215,7 +224,7 @@ per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
-_RING_KINDS = ("fwd_ring", "fwd_sum_ring", "bwd_ring", "bwd_sum_ring")
+_RING_KINDS = ("fwd_ring", "fwd_ring_wide", "fwd_sum_ring", "bwd_ring", "bwd_sum_ring")
 _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
@@ -293,7 +302,8 @@ def kernel_keys(full: bool = True) -> list:
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
-    # Representative: per-step B and C for every (kind, dtypes, split); the
+    # Representative: per-step B and C for every (kind, dtypes, split) (the wide ring
+    # forward, the ring forward's body in other blocks, at the splits of N 64 and 128); the
     # other three B/C forms for every (kind, dtypes) at N=16's split and for
     # every (kind, split) in float32. The direct-staging forward kernels (the
     # A/B alternative, the fallback where the cp.async buffers do not fit)
@@ -301,8 +311,10 @@ def kernel_keys(full: bool = True) -> list:
     n16 = state_split(16, "float32")
     f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
     per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
+    wide = {ring_split(64), ring_split(128)}
     return [k for k in keys
-            if k.kind in _SMALL_KINDS or k.kind in _RING_KINDS
+            if k.kind in _SMALL_KINDS or (k.kind in _RING_KINDS and (k.kind != "fwd_ring_wide"
+                                                                    or (k.npt, k.nsplit) in wide))
             or (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
             or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))]
 
@@ -617,7 +629,7 @@ def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     return (*ring_split(N), q, cmax)
 
 
-def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
+def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, **shape):
     """:func:`_choose_tiles` for a kernel of the ring forward's body (``kind`` as in
     :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
     registers, tiles of 32 steps or more in whole 16-step blocks where a chunk holds more
@@ -626,7 +638,8 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, **shape):
     benchmarks/NOTES.md);
     ``shape``: the remaining arguments of :func:`_choose_tiles`."""
     return _choose_tiles(
-        tl_min=TUNING["fwd_min_tl"], max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS),  # nsplit <= 4
+        tl_min=TUNING["fwd_min_tl"],
+        max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if max_threads is None else max_threads,
         warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
         block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
@@ -659,9 +672,12 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     if inside:  # tiles bounded by L only, in whole blocks
         q, cmax, tl_max = _RING_BLOCK, L, _round_up(tl_max, _RING_BLOCK)
 
+    wide = TUNING["fwd_ring_wide_min_n"] is not None and N >= TUNING["fwd_ring_wide_min_n"]
+
     def choose(nseg):
         return _choose_ring_tiles(
             "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}",
+            max_threads=RING_FWD_WIDE_THREADS if wide else None,
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q, tl_max=tl_max, nseg=nseg)
 
     try:
@@ -676,7 +692,10 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         quantum = _ring_quantum(io, bc)
         split = _sum_split(seg_len, quantum)
         sub = seg_len // split
-        sch, stl, sbytes = ch, tl, sum_smem  # the main pass's tiles, unless its own fit
+        # the main pass's tiles (at most FWD_MAX_THREADS: the summary has no wide kernel), unless
+        # its own fit
+        sch = min(ch, FWD_MAX_THREADS // nsplit)
+        stl, sbytes = tl, _ring_smem_bytes(sch, tl, N, npad, io, bc, kind="sum")
         if TUNING["fwd_sum_tiles"]:
             try:
                 sch, stl, sbytes, _, _ = _choose_ring_tiles(
@@ -986,8 +1005,10 @@ def selective_scan_forward(p, *, save_checkpoints):
                 np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
         _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
-    key = KernelKey("fwd_ring" if ring else "fwd" if plan["async_"] else "fwd_direct", io, bc, plan["npt"],
-                    plan["nsplit"], bv, cv)
+    kind = "fwd" if plan["async_"] else "fwd_direct"
+    if ring:
+        kind = "fwd_ring_wide" if plan["threads"] > FWD_MAX_THREADS else "fwd_ring"
+    key = KernelKey(kind, io, bc, plan["npt"], plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
             np.int32(flags),) + _seg_args(plan)

@@ -38,6 +38,7 @@ SIGS = {
     "fwd_direct": FWD_T + SHAPE + SEG,
     "fwd_sum_direct": FWD_T + SHAPE + SEG,
     "fwd_ring": FWD_T + SHAPE + SEG,
+    "fwd_ring_wide": FWD_T + SHAPE + SEG,
     "fwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd_sum_ring": FWD_T + SHAPE + SEG,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,

@@ -7,7 +7,8 @@ Run one case:  python3 tests/emulation/selective_scan/run.py
 LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
 FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
-the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ring: 128); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
+the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ring: 128); FWD_RING_WIDE_MIN_N=n
+lets its blocks grow to 512 threads (ssm_scan_fwd_ring_wide) from N = n (0: never); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
 STATE_SLICES=1 / 0 runs the backward of every N > 16 as slices of 16 states through the ring backward (or none);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
@@ -26,6 +27,7 @@ if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] ==
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("FWD_RING_MAX_N"): ss.TUNING["fwd_ring_max_n"] = int(os.environ["FWD_RING_MAX_N"])
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
+if os.environ.get("FWD_RING_WIDE_MIN_N"): ss.TUNING["fwd_ring_wide_min_n"] = int(os.environ["FWD_RING_WIDE_MIN_N"]) or None
 def state_slices(on):
     """The backward of every N > 16 by slices of 16 states (on), or of none."""
     ss.TUNING["bwd_state_slices_from"] = 17 if on else None
@@ -130,7 +132,7 @@ def check(p, rng, tol, dfinal=True, label=""):
         err("d" + name, a, b)
     bad = {k: v for k, v in errs.items() if not (v <= tol)}
     status = "OK " if not bad else "BAD"
-    fp = ([pl for k, pl in LAUNCHES if k in ("fwd", "fwd_direct", "fwd_ring")] or [{}])[-1]; bp = ([pl for k, pl in LAUNCHES if k in ("bwd", "bwd_ring")] or [{}])[-1]
+    fp = ([pl for k, pl in LAUNCHES if k in ("fwd", "fwd_direct", "fwd_ring", "fwd_ring_wide")] or [{}])[-1]; bp = ([pl for k, pl in LAUNCHES if k in ("bwd", "bwd_ring")] or [{}])[-1]
     desc = (("ring:" if fp.get("ring") else "") + f"{fp.get('ch')},{fp.get('tl')},s{fp.get('nseg',1)}/"
             + ("ring:" if bp.get("ring") else "") + f"{bp.get('ch')},{bp.get('tl')},s{bp.get('nseg',1)}")
     print(f"{status} {label} {desc} max={max(errs.values()):.2e}" + ("" if not bad else f" bad={bad}"), flush=True)

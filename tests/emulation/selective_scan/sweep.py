@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | n | quads | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
 quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
@@ -64,6 +64,20 @@ elif which == "ring":
     ]
     import run
     run.ss.TUNING["fwd_ring_max_n"] = 128
+elif which == "ring_wide":
+    # The ring forward in blocks of up to 512 threads (ssm_scan_fwd_ring_wide; run with SM=1 so
+    # that the planner takes the widest): 16 channels of one warp each at N 128, 32 at N 64
+    # (a B/C group of 32 channels), 128 at N 16, N past a multiple of 4, chunk carries, SEGS.
+    import run
+    run.ss.TUNING["fwd_ring_max_n"] = 128
+    run.ss.TUNING["fwd_ring_wide_min_n"] = 1
+    cases += [
+        (1, 16, 72, 128, "float32", None, 1, 1, full, 32),
+        (2, 32, 48, 64, "bfloat16", None, 1, 1, full, 16),
+        (1, 32, 40, 61, "float16", "float32", 1, 1, none, 1000),
+        (1, 128, 32, 16, "float32", None, 1, 1, full, 8),
+        (1, 32, 56, 100, "bfloat16", "float32", 1, 2, full, 24),
+    ]
 elif which == "bwd_ring":
     # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
     # sub-blocks, every IO/BC pair; run with SM=1 for blocks of several warps and with SEGS.
@@ -137,6 +151,8 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
         ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
         if which == "ring":  # every case of the list through the ring forward
             assert "fwd_ring" in [k for k, _ in LAUNCHES], label
+        if which == "ring_wide":  # ... in blocks of more than 256 threads
+            assert any(k == "fwd_ring_wide" and pl["threads"] > 256 for k, pl in LAUNCHES), label
         if which == "slices":  # every slice through the ring backward, nothing else
             kinds = [k for k, _ in LAUNCHES]
             assert kinds.count("bwd_ring") == -(-N // 16) and "bwd" not in kinds, kinds
