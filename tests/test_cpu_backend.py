@@ -373,36 +373,54 @@ def test_elementary_functions(dtype, ulps):
 
 @given(N=st.integers(17, 70), D=st.booleans(), z=st.booleans(), h0=st.booleans(),
        dfinal=st.booleans(), L=st.sampled_from([1, 5, 23]), chunk=st.sampled_from([1, 4, 16]),
-       seed=st.integers(0, 2**32 - 1))
+       narrow=st.booleans(), seed=st.integers(0, 2**32 - 1))
 @settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
-def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, seed):
+def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow, seed):
     """The GPU backward of N > 16 as slices of 16 states (``_backward_by_state_slices``:
     D in slice 0 only, du / ddelta / dz added up, dA, dB, dC and the initial state's
     gradient placed by state, d delta_bias summed), with the CPU backward standing in for
-    each slice's ring backward: the whole problem's gradients."""
+    each slice's ring backward: the whole problem's gradients. ``narrow``: float16 u, delta,
+    z, B and C, which the slices take as float32 copies (their du, ddelta and dz rounded to
+    float16 at the end): the float32 problem's gradients, those three rounded."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
     p = make_problem(seed, batch=2, dim=8, N=N, L=L, B_form=2, C_form=1, D=D, z=z, h0=h0,
-                     chunk=chunk)
+                     chunk=chunk, **(dict(io=np.float16, compute=np.float32) if narrow else {}))
     dout, dfin = cotangents(p, seed, dfinal)
-    want = cpu.selective_scan_backward(p, None, dout, dfin)
+    if narrow:  # the stand-in: the CPU backward of the float32 problem the slices see
+        f32 = (lambda X: None if X is None else X.astype(np.float32))  # noqa: E731
+        wide = dataclasses.replace(p, u=f32(p.u), delta=f32(p.delta), z=f32(p.z), B=f32(p.B), C=f32(p.C))
+        want = cpu.selective_scan_backward(wide, None, f32(dout), dfin)
+        want.update({k: None if want[k] is None else want[k].astype(np.float16) for k in ("u", "delta", "z")})
+    else:
+        want = cpu.selective_scan_backward(p, None, dout, dfin)
 
     def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
                        ck_pitch=None):
         assert sp.N <= 16 and checkpoints.shape[-1] == sp.N and ck_pitch == p.N
+        assert sp.io_dtype == dout.dtype == du.dtype == (np.float32 if narrow else p.io_dtype)
         g = cpu.selective_scan_backward(sp, None, dout, dfinal_state)
         for name, out in (("u", du), ("delta", ddelta), ("z", dz)):
             if out is not None:
                 out[...] = out + g[name] if accumulate else g[name]
         return dict(g, u=du, delta=ddelta, z=dz)
 
-    outputs = [np.full(p.u.shape, np.nan) for _ in range(2)] + [np.full(p.u.shape, np.nan) if z else None]
+    class NaNEmpty:  # numpy, but empty() is NaN-filled: slice 0 must write every output
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def empty(self, shape, dtype=float):
+            return np.full(shape, np.nan, dtype=dtype)
+
+    p = dataclasses.replace(p, xp=NaNEmpty())
     checkpoints = np.zeros((p.n_chunks, p.batch, p.dim, p.N))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu_scan, "_backward_kernels", slice_backward)
-        got = gpu_scan._backward_by_state_slices(p, checkpoints, dout, dfin, *outputs)
+        got = gpu_scan._backward_by_state_slices(p, checkpoints, dout, dfin)
     for name, w in want.items():
         if w is None:
             assert got[name] is None, name
         else:
-            np.testing.assert_allclose(got[name], w, rtol=1e-12, atol=1e-12, err_msg=name)
+            assert got[name].dtype == w.dtype, name
+            tol = (1e-3 if w.dtype == np.float16 else 1e-5) if narrow else 1e-12
+            np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol * np.abs(w).max(), err_msg=name)

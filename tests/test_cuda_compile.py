@@ -294,17 +294,17 @@ def test_state_slices_where_they_were_faster(monkeypatch):
     # The backward of N > 64 by slices of 16 states (_by_state_slices) against the H200
     # (132 SMs) forward+backward times of benchmarks/NOTES.md, version 19: taken for float32
     # N 96 and 128 at 8 x 1536 x 2048, not for N 64 there, nor for N 128 at batch 4 and
-    # N 256 at batch 2 (one slice's grid 5.8 and 2.9 warps per SM: slower), nor for 16-bit
-    # u; and the VJP's checkpoint interval for them: the fewest whole slice tiles as large
-    # as u.
+    # N 256 at batch 2 (one slice's grid 5.8 and 2.9 warps per SM: slower); 16-bit u alike
+    # (on float32 copies) unless TUNING["bwd_state_slices_16bit"] is off; and the VJP's
+    # checkpoint interval for them: the fewest whole slice tiles as large as u.
     from ssmkit._problem import SelectiveScanProblem
 
     limits = dict(sm_count=132, smem_optin=227 * 1024, smem_per_sm=228 * 1024)
     monkeypatch.setattr(ss.compiler, "device_limits", lambda: limits)
-    monkeypatch.setattr(ss, "_plan", lambda p, which, N=None: ss._cached_plan(
+    monkeypatch.setattr(ss, "_plan", lambda p, which, N=None, dtypes=None: ss._cached_plan(
         which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C),
         p.chunk_size, "float32", 0, tuple(sorted(ss.TUNING.items())),
-        ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))
+        *(dtypes or (ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))))
 
     def problem(batch, N, io=np.float32, dim=1536, L=2048):
         big = np.empty((batch, dim, L), dtype=io)  # (never touched)
@@ -316,9 +316,13 @@ def test_state_slices_where_they_were_faster(monkeypatch):
     faster = {(8, 96): True, (8, 128): True, (8, 64): False, (2, 256): False, (4, 128): False}
     for (batch, N), want in faster.items():
         assert ss._by_state_slices(problem(batch, N)) == want, (batch, N)
-    assert not ss._by_state_slices(problem(8, 128, io=np.float16))
+        assert ss._by_state_slices(problem(batch, N, io=np.float16)) == want, (batch, N)
     assert ss.checkpoint_interval(problem(8, 128)) == 128  # 8 tiles of 16 steps: u's bytes
     assert ss.checkpoint_interval(problem(8, 96)) == 96
+    assert ss.checkpoint_interval(problem(8, 128, io=np.float16)) == 256  # u of 2 bytes a step
+    monkeypatch.setitem(ss.TUNING, "bwd_state_slices_16bit", False)
+    assert not ss._by_state_slices(problem(8, 128, io=np.float16))
+    assert ss._by_state_slices(problem(8, 128))
 
 def _round_up(x, m):
     return (x + m - 1) // m * m

@@ -528,15 +528,18 @@ def test_gpu_ring_backward_matches_reference(monkeypatch, segments, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("segments", [1, 3])
-def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
-    """The float32 backward of N > 16 as slices of 16 states through the ring backward (a
-    last slice of 1 to 16 states; D, z, initial states and a final-state cotangent or not;
-    several tiles per chunk; with and without time segments): each slice's ring backward
-    ran, no other backward did, the gradients equal the reference and those of the backward
-    over all states within float32 rounding; without a chunk_size the VJP keeps a state
-    every few slice tiles."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments, dtype):
+    """The backward of N > 16 as slices of 16 states through the ring backward (a last slice
+    of 1 to 16 states; D, z, initial states and a final-state cotangent or not; several
+    tiles per chunk; with and without time segments; 16-bit u on float32 copies): each
+    slice's ring backward ran, no other backward did, the gradients equal the reference and
+    those of the backward over all states within rounding (float32's, or one rounding to
+    u's 16 bits); without a chunk_size the VJP keeps a state every few slice tiles."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
     _force_segments(monkeypatch, gpu_scan, segments)
     monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", 0)  # small grids too
     kinds = _record_launches(monkeypatch, gpu_scan)
@@ -553,17 +556,18 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
     for seed, (case, chunk) in enumerate(cases):
         monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_from", 17)
         kinds.clear()
-        _check_vjp("gpu", "float32", case, chunk, 880 + seed)
+        _check_vjp("gpu", dtype, case, chunk, 880 + seed)
         slices = -(-case["N"] // 16)
         assert kinds.count("bwd_ring") == slices and "bwd" not in kinds, kinds
         inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(seed), **case),
-                                "float32", xp)
+                                dtype, xp)
         kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
         (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
         if chunk is None:  # checkpoints: the fewest whole slice tiles as large as u
-            tl = gpu_scan._plan(pullback._problem, "bwd_ring", N=16)["tl"]
+            tl = gpu_scan._slice_plan(pullback._problem, 16)["tl"]
             interval = pullback._problem.chunk_size
-            assert interval % tl == 0 and case["N"] <= interval < case["N"] + tl, (interval, tl)
+            least = case["N"] * 4 // inputs["u"].dtype.itemsize  # float32 states, u's bytes
+            assert interval % tl == 0 and least <= interval < least + tl, (interval, tl)
         rng = np.random.default_rng(seed + 1)
         cot = [xp.asarray(rng.standard_normal(a.shape), dtype=np.float32) for a in (y, final)]
         grads = {}
@@ -572,9 +576,10 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
             g = pullback(*cot)
             grads[on] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
                          if getattr(g, f) is not None}
+        tol = 1e-5 if dtype == "float32" else 8e-3
         for f, g0 in grads[False].items():
             scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["u"]))
-            assert np.linalg.norm(grads[True][f] - g0) <= 1e-5 * scale, f
+            assert np.linalg.norm(grads[True][f] - g0) <= tol * scale, f
 
 
 @pytest.mark.gpu
@@ -584,11 +589,12 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments):
        chunk=st.sampled_from([None, 4, 8, 20, 64]), options=st.fixed_dictionaries(dict(
            with_D=st.booleans(), with_z=st.booleans(), with_bias=st.booleans(),
            softplus=st.booleans(), with_init=st.booleans())),
-       seed=st.integers(0, 2**32 - 1))
-def test_gpu_backward_by_state_slices_fuzzed(N, groups, L, chunk, options, seed):
-    """The sliced float32 backward (N > 16, every slice through the ring backward) on fresh
-    random problems: N 17 to 80 (last slices of 1 to 16 states), lengths of one ring quantum
-    to past a chunk, chunks of 4 steps up, every option: the VJP against the reference."""
+       dtype=st.sampled_from(["float32", "bfloat16"]), seed=st.integers(0, 2**32 - 1))
+def test_gpu_backward_by_state_slices_fuzzed(N, groups, L, chunk, options, dtype, seed):
+    """The sliced backward (N > 16, every slice through the ring backward; bfloat16 u on
+    float32 copies) on fresh random problems: N 17 to 80 (last slices of 1 to 16 states),
+    lengths of one ring quantum to past a chunk, chunks of 4 steps up, every option: the VJP
+    against the reference."""
     from ssmkit._gpu import selective_scan as gpu_scan
 
     case = dict(batch=2, dim=32 * groups, L=L, N=N, b_form="group", c_form="step",
@@ -599,7 +605,7 @@ def test_gpu_backward_by_state_slices_fuzzed(N, groups, L, chunk, options, seed)
     gpu_scan.TUNING.update(bwd_state_slices_from=17, bwd_state_slices_min_warps=0)
     gpu_scan._launch = lambda key, plan, args: (kinds.append(key.kind), launch(key, plan, args))
     try:
-        _check_vjp("gpu", "float32", case, chunk, seed)
+        _check_vjp("gpu", dtype, case, chunk, seed)
     finally:
         gpu_scan._launch = launch
         gpu_scan.TUNING.clear()

@@ -153,7 +153,7 @@ TUNING = {
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
-    # The backward of N >= this (float32 u, B and C per step; None: never) as slices of 16
+    # The backward of N >= this (B and C per step; None: never) as slices of 16
     # states, each through the ring backward, which adds its part of du, ddelta and dz into
     # the outputs (_backward_by_state_slices), instead of ssm_scan_bwd over all N states.
     # Forward+backward at float32 8x1536x2048 (benchmarks/NOTES.md, version 19): N 128
@@ -165,6 +165,10 @@ TUNING = {
     # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8)
     # 7.33 -> 9.14 and N 256 at 2x1536x2048 (2.9) 12.79 -> 17.63, slower.
     "bwd_state_slices_min_warps": 8,
+    # True: 16-bit u takes the slices too, on float32 copies of u, delta, z, B, C and dout
+    # (the slices add du, ddelta and dz in float32), its gradients rounded to u's dtype at the
+    # end; False: 16-bit u keeps ssm_scan_bwd.
+    "bwd_state_slices_16bit": True,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
@@ -900,16 +904,17 @@ def _sum_tiles(p, part, G):
     return out
 
 
-def _plan(p, which, N=None):
+def _plan(p, which, N=None, dtypes=None):
     """The launch plan for ``p`` (cached: planning in Python costs more than a short kernel);
     None where ``which`` = "fwd_ring" or "bwd_ring" does not apply to its shape. ``N``: for
-    ``p`` with that many states instead (a slice of them)."""
+    ``p`` with that many states instead (a slice of them); ``dtypes``: the names of u's and
+    B's dtypes instead of ``p``'s (as they will be: float32 copies)."""
     import cupy
 
+    io, bc = dtypes or (_dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
     plan = _cached_plan(which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C),
                         p.chunk_size, _dtype_name(p.compute_dtype),
-                        cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())),
-                        _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype))
+                        cupy.cuda.runtime.getDevice(), tuple(sorted(TUNING.items())), io, bc)
     return None if plan is None else dict(plan)
 
 
@@ -1038,7 +1043,7 @@ def checkpoint_interval(p):
     if p.N > _SLICE_STATES:
         if not _by_state_slices(p):
             return p.chunk_size
-        tl = _plan(p, "bwd_ring", N=_SLICE_STATES)["tl"]
+        tl = _slice_plan(p, _SLICE_STATES)["tl"]
         per = -(-p.N * p.compute_dtype.itemsize // (tl * p.u.dtype.itemsize))
         return tl * per if tl % _RING_BLOCK == 0 and tl * per < min(p.chunk_size, p.L) else p.chunk_size
     plan = _plan(p, "bwd_ring")
@@ -1079,9 +1084,6 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     _check_dtypes(p)
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     cdt = p.compute_dtype
-    du = cp.empty((batch, dim, L), dtype=p.io_dtype)
-    ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
-    dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
 
     if checkpoints is None:
         _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
@@ -1093,8 +1095,11 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     dout = cp.ascontiguousarray(dout, dtype=p.io_dtype)
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
-    if _by_state_slices(p, dout, du, ddelta, dz):
-        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
+    if _by_state_slices(p, dout):
+        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state)
+    du = cp.empty((batch, dim, L), dtype=p.io_dtype)
+    ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
+    dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
     return _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
 
 
@@ -1114,19 +1119,27 @@ def _slice_problem(p, k):
         D=p.D if k == 0 else None, initial_state=cut(p.initial_state)), sl
 
 
+def _slice_plan(p, n):
+    """The ring backward's plan for ``n`` of ``p``'s states in float32 (u, B and C), as the
+    slices run it (None where it does not apply)."""
+    return _plan(p, "bwd_ring", N=n, dtypes=("float32", "float32"))
+
+
 def _by_state_slices(p, *arrays):
     """Whether the backward runs as slices of 16 states through the ring backward: N >=
-    ``TUNING["bwd_state_slices_from"]`` (> 16), float32 u (the slices add their du, ddelta
-    and dz into the outputs in float32), the ring backward applying to every slice with a
-    grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per SM, and the
-    problem's arrays and ``arrays`` (the backward's own) 16-byte aligned."""
+    ``TUNING["bwd_state_slices_from"]`` (> 16), float32 u, or 16-bit u with
+    ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz into the
+    outputs in float32: 16-bit problems run on float32 copies), the ring backward applying to
+    every slice with a grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per
+    SM, and (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
+    io_ok = p.io_dtype == np.float32 or (TUNING["bwd_state_slices_16bit"] and p.io_dtype.itemsize == 2)
     if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
-            and p.io_dtype == np.float32 and p.groups(p.B) and p.groups(p.C)):
+            and io_ok and p.groups(p.B) and p.groups(p.C)):
         return False
-    if not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
+    if p.io_dtype == np.float32 and not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
         return False
-    plans = {n: _plan(p, "bwd_ring", N=n)  # the slices' widths (N > 16: one of them 16)
+    plans = {n: _slice_plan(p, n)  # the slices' widths (N > 16: one of them 16)
              for n in {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}}
     if None in plans.values():
         return False
@@ -1134,15 +1147,29 @@ def _by_state_slices(p, *arrays):
     return warps >= TUNING["bwd_state_slices_min_warps"] * compiler.device_limits()["sm_count"]
 
 
-def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz):
+def _backward_by_state_slices(p, checkpoints, dout, dfinal_state):
     """The backward of an N > 16 problem as ceil(N / 16) ring backwards of 16 states each.
 
     The states are independent but for the sums over them (y's, and du's, ddelta's and dz's
     terms), which are linear in each state's part: slice k's kernel adds its parts of du,
     ddelta and dz into the outputs (``SSM_ACCUMULATE``) after slice 0 wrote them, with D's
     terms in slice 0 only. dA, dB, dC and the initial state's gradient are per state: each
-    slice's goes into its states' columns; d delta_bias adds up."""
+    slice's goes into its states' columns; d delta_bias adds up.
+
+    16-bit u: the slices run on float32 copies of u, delta, z, B, C and dout and add float32
+    du, ddelta and dz, rounded to u's dtype once at the end (so no sum over the slices is
+    rounded on the way)."""
     cp = p.xp
+    io = p.io_dtype
+    narrow = io.itemsize == 2
+    if narrow:
+        f32 = np.dtype(np.float32)
+        wide = (lambda X: None if X is None else X.astype(f32, copy=False))  # noqa: E731
+        p = dataclasses.replace(p, u=wide(p.u), delta=wide(p.delta), z=wide(p.z), B=wide(p.B), C=wide(p.C))
+        dout = wide(dout)
+    du = cp.empty(p.u.shape, dtype=p.io_dtype)
+    ddelta = cp.empty(p.u.shape, dtype=p.io_dtype)
+    dz = cp.empty(p.u.shape, dtype=p.io_dtype) if p.z is not None else None
     ck = checkpoints.reshape(p.n_chunks, p.batch, p.dim, p.N)
     dA = cp.empty(p.A.shape, dtype=p.compute_dtype)
     dB = cp.empty(p.B.shape, dtype=p.compute_dtype)
@@ -1165,6 +1192,8 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, du, ddelta, dz
         elif g["delta_bias"] is not None:
             out["delta_bias"] += g["delta_bias"]
     out.update(A=dA, B=dB, C=dC, initial_state=dh0)
+    if narrow:
+        out.update({k: None if out[k] is None else out[k].astype(io) for k in ("u", "delta", "z")})
     return out
 
 

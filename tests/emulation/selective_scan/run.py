@@ -68,10 +68,10 @@ def emu_launch(key, plan, args):
     getattr(lib, build.symbol(key))(bufs, s, ctypes.c_uint(plan["blocks"]), ctypes.c_uint(plan["threads"]), ctypes.c_uint(plan["smem"]))
 
 ss._launch = emu_launch
-def _emu_plan(p, which, N=None):
+def _emu_plan(p, which, N=None, dtypes=None):
+    io, bc = dtypes or (ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype))
     plan = (ss._cached_plan(which, p.batch, p.dim, p.L, p.N if N is None else N, p.groups(p.B), p.groups(p.C), p.chunk_size,
-                                ss._dtype_name(p.compute_dtype), 0, tuple(sorted(ss.TUNING.items())),
-                                ss._dtype_name(p.io_dtype), ss._dtype_name(p.bc_dtype)))
+                                ss._dtype_name(p.compute_dtype), 0, tuple(sorted(ss.TUNING.items())), io, bc))
     return None if plan is None else dict(plan)
 ss._plan = _emu_plan
 

@@ -93,13 +93,16 @@ elif which == "bwd_ring":
 elif which == "slices":
     # N > 16 as slices of 16 states through the ring backward (as STATE_SLICES=1):
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
-    # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz.
+    # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz; 16-bit u
+    # (with 16-bit or float32 B and C) on float32 copies, its gradients rounded at the end.
     from run import state_slices
     state_slices(True)
     cases += [
         (1, 32, 96, 37, "float32", None, 1, 2, full, 48),
         (2, 32, 40, 17, "float32", None, 1, 1, none, 8),
         (1, 16, 64, 32, "float32", None, 2, 1, full, 1000),
+        (1, 32, 72, 33, "bfloat16", None, 1, 1, full, 24),
+        (1, 32, 48, 21, "float16", "float32", 1, 2, none, 1000),
     ]
 elif which == "n":
     for N in (17, 32, 33, 64, 100, 128, 129, 200, 256, 300, 512):
