@@ -577,9 +577,15 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments, d
             grads[on] = {f: to_numpy(getattr(g, f)).astype(np.float64) for f in FIELDS
                          if getattr(g, f) is not None}
         tol = 1e-5 if dtype == "float32" else 8e-3
+        # (float16's du may overflow where ssm_scan_bwd's does too: the same entries, then
+        # the finite ones compared)
+        live = np.isfinite(grads[False]["u"])
         for f, g0 in grads[False].items():
-            scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["u"]))
-            assert np.linalg.norm(grads[True][f] - g0) <= tol * scale, f
+            g1 = grads[True][f]
+            assert np.array_equal(np.isfinite(g1), np.isfinite(g0)), f
+            g0, g1 = (np.where(np.isfinite(g0), g0, 0.0), np.where(np.isfinite(g1), g1, 0.0))
+            scale = max(np.linalg.norm(g0), 1e-2 * np.linalg.norm(grads[False]["u"][live]))
+            assert np.linalg.norm(g1 - g0) <= tol * scale, f
 
 
 @pytest.mark.gpu
