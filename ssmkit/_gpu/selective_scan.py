@@ -169,6 +169,12 @@ TUNING = {
     # (the slices add du, ddelta and dz in float32), its gradients rounded to u's dtype at the
     # end; False: 16-bit u keeps ssm_scan_bwd.
     "bwd_state_slices_16bit": True,
+    # From this N on (None: never), float32 u takes the slices below bwd_state_slices_from too
+    # where they are fewer than ssm_scan_bwd's states rounded up to its lanes (state_split),
+    # in 16s: N 33-48, 3 slices against 64 padded states. H100 (NOTES.md, version 22): float32
+    # 8x1536x2048 N 48 5.170 -> 4.292 ms forward+backward; at N 64 (4 against 4) 5.376 ->
+    # 5.649, and 16-bit u (float32 copies) 5.258 -> 5.352 at N 48: not there.
+    "bwd_state_slices_padded_from": 33,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
@@ -1127,13 +1133,21 @@ def _slice_plan(p, n):
 
 def _by_state_slices(p, *arrays):
     """Whether the backward runs as slices of 16 states through the ring backward: N >=
-    ``TUNING["bwd_state_slices_from"]`` (> 16), float32 u, or 16-bit u with
+    ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
+    ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer than
+    ``ssm_scan_bwd``'s padded states in 16s), float32 u, or 16-bit u with
     ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz into the
     outputs in float32: 16-bit problems run on float32 copies), the ring backward applying to
     every slice with a grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per
     SM, and (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
-    io_ok = p.io_dtype == np.float32 or (TUNING["bwd_state_slices_16bit"] and p.io_dtype.itemsize == 2)
+    padded = TUNING["bwd_state_slices_padded_from"]
+    f32 = p.io_dtype == np.float32
+    io_ok = f32 or (TUNING["bwd_state_slices_16bit"] and p.io_dtype.itemsize == 2)
+    if f32 and padded and max(padded, _SLICE_STATES + 1) <= p.N < (least or p.N + 1):
+        npt, nsplit = state_split(p.N, "float32")
+        if -(-p.N // _SLICE_STATES) < npt * nsplit // _SLICE_STATES:
+            least = p.N
     if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
             and io_ok and p.groups(p.B) and p.groups(p.C)):
         return False
