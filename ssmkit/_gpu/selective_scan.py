@@ -171,10 +171,11 @@ TUNING = {
     "bwd_state_slices_16bit": True,
     # From this N on (None: never), float32 u takes the slices below bwd_state_slices_from too
     # where they are fewer than ssm_scan_bwd's states rounded up to its lanes (state_split),
-    # in 16s: N 33-48, 3 slices against 64 padded states. H100 (NOTES.md, version 22): float32
-    # 8x1536x2048 N 48 5.170 -> 4.292 ms forward+backward; at N 64 (4 against 4) 5.376 ->
-    # 5.649, and 16-bit u (float32 copies) 5.258 -> 5.352 at N 48: not there.
-    "bwd_state_slices_padded_from": 33,
+    # in 16s: N 40-48, 3 slices against 64 padded states. H100 forward+backward ms at float32
+    # 8x1536x2048 (NOTES.md, version 22): N 48 5.134 -> 4.258, N 40 5.070 -> 4.540, but N 33
+    # (a last slice of one state) 5.004 -> 5.116; at N 64 (4 against 4) 5.376 -> 5.649, and
+    # 16-bit u (float32 copies) 5.258 -> 5.352 at N 48: not there.
+    "bwd_state_slices_padded_from": 40,
     # The ring summary passes (ssm_scan_fwd_sum_ring, ssm_scan_bwd_sum_ring) split each time
     # segment into this many sub-segments (each a summary of its own, all joined by the
     # carry): more, shorter blocks, so that the last wave of resident blocks is less of the
