@@ -330,10 +330,12 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     ``chunk_size`` the backend picks it: 256 steps, but for the GPU's ring kernels
     (N <= 16, B and C per step) the backward's time tile (16 to 64 steps) where those
     states take no more memory than ``u``, so that the backward recomputes no tile
-    twice; for float32 ``u`` with N > 64 (its backward then runs as slices of 16 states
-    through those kernels) the fewest whole tiles whose states take no more memory than
-    ``u`` (128 steps at N = 128; a ``chunk_size`` of 16 is faster, with 8 times that
-    memory). The
+    twice; where the GPU backward runs as slices of 16 states through those kernels (N >
+    64, and N 40 to 48 for float32 ``u``) the fewest whole tiles whose states take no more
+    memory than ``u`` (128 steps at N = 128 in float32; a ``chunk_size`` of 16 is faster,
+    with 8 times that memory). For 16-bit ``u`` those slices run on float32 copies of
+    ``u``, ``delta``, ``z``, ``B``, ``C`` and the cotangent, held while the backward runs,
+    and round the gradients of ``u``, ``delta`` and ``z`` once at the end. The
     backward walks the chunks in reverse, recomputes each chunk's states from
     its saved state and runs the adjoint recurrence through it::
 
