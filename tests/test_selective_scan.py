@@ -590,6 +590,51 @@ def test_gpu_backward_by_state_slices_matches_reference(monkeypatch, segments, d
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_backward_by_state_slices_in_two_lanes(monkeypatch, dtype):
+    """The slices in two lanes (odd slices on a second stream, adding into buffers of their
+    own): the gradients equal the reference, those of one lane within rounding, and the same
+    bit for bit from call to call (the lanes' work and sums fixed by the problem)."""
+    from ssmkit._gpu import selective_scan as gpu_scan
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_from", 17)
+    xp = xp_for("gpu")
+    cases = [
+        (dict(batch=2, dim=32, L=200, N=37, b_form="step", c_form="group", groups=2,
+              with_init=True), 96),
+        (dict(batch=1, dim=64, L=136, N=128, b_form="step", c_form="step", with_D=False,
+              with_init=False), None),
+    ]
+    for seed, (case, chunk) in enumerate(cases):
+        inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(seed), **case), dtype, xp)
+        kw = dict(delta_softplus=True, return_final_state=True)
+        grads = {}
+        for lanes in (2, 2, 1):
+            if lanes == 2:  # two lanes wherever the slices run
+                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", float("inf"))
+                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_pair_min_warps", 0)
+            else:
+                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", 0)
+            (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
+            assert gpu_scan._slice_lanes(pullback._problem) == lanes
+            rng = np.random.default_rng(seed + 1)
+            cot = [xp.asarray(rng.standard_normal(a.shape), dtype=np.float32) for a in (y, final)]
+            g = pullback(*cot)
+            grads.setdefault(lanes, []).append({f: to_numpy(getattr(g, f)).astype(np.float64)
+                                                for f in FIELDS if getattr(g, f) is not None})
+        for f, g2 in grads[2][0].items():
+            assert np.array_equal(g2, grads[2][1][f]), f
+            g1 = grads[1][0][f]
+            scale = max(np.linalg.norm(g1), 1e-2 * np.linalg.norm(grads[1][0]["u"]))
+            assert np.linalg.norm(g2 - g1) <= (1e-5 if dtype == "float32" else 8e-3) * scale, f
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", float("inf"))
+        _check_vjp("gpu", dtype, case, chunk, 890 + seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @settings(max_examples=12, **SETTINGS)
 @given(N=st.integers(17, 80), groups=st.sampled_from([1, 2]), L=st.sampled_from([4, 8, 36, 132]),
        chunk=st.sampled_from([None, 4, 8, 20, 64]), options=st.fixed_dictionaries(dict(

@@ -43,6 +43,7 @@ Checkpoints: the state entering chunk ``i`` (steps ``i*chunk_size ...``) of row
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import math
@@ -52,6 +53,7 @@ import numpy as np
 
 from .. import _arrays
 from . import compiler
+from .streams import fork, join
 
 __all__ = [
     "selective_scan_forward",
@@ -165,6 +167,11 @@ TUNING = {
     # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8)
     # 7.33 -> 9.14 and N 256 at 2x1536x2048 (2.9) 12.79 -> 17.63, slower.
     "bwd_state_slices_min_warps": 8,
+    # ... or, below that, at least this many (None: never), with the slices in two lanes: odd
+    # slices on a second stream beside the even ones, each lane adding into its own du, ddelta
+    # and dz (the second lane's summed into the first at the end), so that two slices' grids
+    # share the GPU.
+    "bwd_state_slices_pair_min_warps": 4,
     # True: 16-bit u takes the slices too, on float32 copies of u, delta, z, B, C and dout
     # (the slices add du, ddelta and dz in float32), its gradients rounded to u's dtype at the
     # end; False: 16-bit u keeps ssm_scan_bwd.
@@ -1102,8 +1109,9 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     dout = cp.ascontiguousarray(dout, dtype=p.io_dtype)
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
-    if _by_state_slices(p, dout):
-        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state)
+    lanes = _slice_lanes(p, dout)
+    if lanes:
+        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=lanes)
     du = cp.empty((batch, dim, L), dtype=p.io_dtype)
     ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
     dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
@@ -1133,14 +1141,21 @@ def _slice_plan(p, n):
 
 
 def _by_state_slices(p, *arrays):
-    """Whether the backward runs as slices of 16 states through the ring backward: N >=
+    """Whether the backward runs as slices of 16 states (:func:`_slice_lanes` > 0)."""
+    return _slice_lanes(p, *arrays) > 0
+
+
+def _slice_lanes(p, *arrays):
+    """In how many lanes the backward runs as slices of 16 states through the ring backward
+    (0: not by slices; 1: one after another; 2: two at a time on two streams): N >=
     ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
     ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer than
     ``ssm_scan_bwd``'s padded states in 16s), float32 u, or 16-bit u with
     ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz into the
     outputs in float32: 16-bit problems run on float32 copies), the ring backward applying to
     every slice with a grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per
-    SM, and (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
+    SM (1 lane; 2 with at least ``TUNING["bwd_state_slices_pair_min_warps"]``), and
+    (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
     padded = TUNING["bwd_state_slices_padded_from"]
     f32 = p.io_dtype == np.float32
@@ -1151,18 +1166,22 @@ def _by_state_slices(p, *arrays):
             least = p.N
     if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
             and io_ok and p.groups(p.B) and p.groups(p.C)):
-        return False
+        return 0
     if p.io_dtype == np.float32 and not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
-        return False
+        return 0
     plans = {n: _slice_plan(p, n)  # the slices' widths (N > 16: one of them 16)
              for n in {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}}
     if None in plans.values():
-        return False
-    warps = plans[_SLICE_STATES]["blocks"] * plans[_SLICE_STATES]["threads"] // 32
-    return warps >= TUNING["bwd_state_slices_min_warps"] * compiler.device_limits()["sm_count"]
+        return 0
+    per_sm = (plans[_SLICE_STATES]["blocks"] * plans[_SLICE_STATES]["threads"] // 32
+              / compiler.device_limits()["sm_count"])
+    if per_sm >= TUNING["bwd_state_slices_min_warps"]:
+        return 1
+    pair = TUNING["bwd_state_slices_pair_min_warps"]
+    return 2 if pair is not None and per_sm >= pair else 0
 
 
-def _backward_by_state_slices(p, checkpoints, dout, dfinal_state):
+def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
     """The backward of an N > 16 problem as ceil(N / 16) ring backwards of 16 states each.
 
     The states are independent but for the sums over them (y's, and du's, ddelta's and dz's
@@ -1173,7 +1192,12 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state):
 
     16-bit u: the slices run on float32 copies of u, delta, z, B, C and dout and add float32
     du, ddelta and dz, rounded to u's dtype once at the end (so no sum over the slices is
-    rounded on the way)."""
+    rounded on the way).
+
+    ``lanes`` 2: even slices add into du, ddelta and dz, odd ones (on a second stream, on
+    the GPU) into a copy of their own, added to the first at the end; d delta_bias is summed
+    slice by slice after both lanes. Deterministic either way: which slice adds where, and in
+    what order, depends only on the problem."""
     cp = p.xp
     io = p.io_dtype
     narrow = io.itemsize == 2
@@ -1190,21 +1214,36 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state):
     dB = cp.empty(p.B.shape, dtype=p.compute_dtype)
     dC = cp.empty(p.C.shape, dtype=p.compute_dtype)
     dh0 = None if p.initial_state is None else cp.empty(p.initial_state.shape, dtype=p.compute_dtype)
-    out = None
-    for k in range(-(-p.N // _SLICE_STATES)):
-        sp, sl = _slice_problem(p, k)
-        g = _backward_kernels(
-            sp, ck[..., sl], dout,
-            None if dfinal_state is None else cp.ascontiguousarray(dfinal_state[..., sl]),
-            du, ddelta, dz, accumulate=k > 0, ck_pitch=p.N)
-        dA[:, sl] = g["A"]
-        dB[:, :, sl] = g["B"]
-        dC[:, :, sl] = g["C"]
-        if dh0 is not None:
-            dh0[..., sl] = g["initial_state"]
-        if out is None:
-            out = g
-        elif g["delta_bias"] is not None:
+    nslices = -(-p.N // _SLICE_STATES)
+    lanes = max(1, min(lanes, nslices))
+    acc = [(du, ddelta, dz)]
+    if lanes == 2:
+        acc.append(tuple(None if a is None else cp.empty(a.shape, dtype=a.dtype) for a in acc[0]))
+    side = fork(cp) if lanes == 2 and cp.__name__ == "cupy" else None
+    parts = []
+    for k in range(nslices):
+        lane = k % lanes
+        with side if lane and side is not None else contextlib.nullcontext():
+            sp, sl = _slice_problem(p, k)
+            g = _backward_kernels(
+                sp, ck[..., sl], dout,
+                None if dfinal_state is None else cp.ascontiguousarray(dfinal_state[..., sl]),
+                *acc[lane], accumulate=k >= lanes, ck_pitch=p.N)
+            dA[:, sl] = g["A"]
+            dB[:, :, sl] = g["B"]
+            dC[:, :, sl] = g["C"]
+            if dh0 is not None:
+                dh0[..., sl] = g["initial_state"]
+        parts.append(g)
+    if side is not None:
+        join(cp, side)
+    if lanes == 2:
+        for a, b in zip(*acc):
+            if a is not None:
+                a += b
+    out = parts[0]
+    if out["delta_bias"] is not None:
+        for g in parts[1:]:
             out["delta_bias"] += g["delta_bias"]
     out.update(A=dA, B=dB, C=dC, initial_state=dh0)
     if narrow:

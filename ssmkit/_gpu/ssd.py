@@ -101,12 +101,12 @@ import contextlib
 import dataclasses
 import math
 import os
-import threading
 
 import numpy as np
 
 from .. import _arrays
 from . import compiler
+from .streams import fork, join
 
 __all__ = ["ssd_forward", "ssd_backward", "warmup", "chunk_starts", "kernel_names", "MAX_DIM",
            "SOURCE_FILE", "DTYPE_PAIRS", "MMA_SOURCE_FILE", "mma_kernel_names", "uses_mma",
@@ -705,26 +705,6 @@ TC_STREAMS = True
 # measured no gain (0.739-0.805 against 0.731-0.790 ms) and stays on one stream. False:
 # everything on the caller's stream, in the same order (to compare).
 MMA_STREAMS = True
-_SIDE_STREAMS = threading.local()  # per thread: {device: its second stream}
-
-
-def _fork(cp):
-    """A second stream of the current device and host thread (one each, kept) that starts
-    after everything enqueued on the current stream so far. Its work joins the current stream
-    through :func:`_join`. Memory it allocates returns to its own pool, so only later forks of
-    the same thread reuse it, and they wait for the current stream again first."""
-    streams = _SIDE_STREAMS.__dict__.setdefault("by_device", {})
-    device = cp.cuda.Device().id
-    side = streams.get(device)
-    if side is None:
-        side = streams[device] = cp.cuda.Stream(non_blocking=True)
-    side.wait_event(cp.cuda.get_current_stream().record())
-    return side
-
-
-def _join(cp, side):
-    """The current stream waits for everything enqueued on ``side`` so far."""
-    cp.cuda.get_current_stream().wait_event(side.record())
 
 
 def head_splits(blocks_per_split: int, heads_per_out: int, target: int | None = None) -> int:
@@ -1508,7 +1488,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
         nonlocal side
         if not streams:
             return adjoint(dY16)
-        side = _fork(cp)
+        side = fork(cp)
         with side:
             return adjoint(dY16)
 
@@ -1538,7 +1518,7 @@ def _backward_mma(p, lay, states, entering, dy, dfinal):
     else:
         dC = lay.mm_mma(p, "dC", dY16, p.x, p.B, entering, groups=p.C.shape[2])
     if side is not None:
-        _join(cp, side)
+        join(cp, side)
     dinit, dHx16, end_dot = adj
     # "GB" gives dt'_s (G B)_s, its block entries equal to the recomputed output's (see
     # ssd_mma_chunk_mm), so that the pairs of terms that cancel in dcum are rounded alike.
@@ -1571,12 +1551,12 @@ def _backward_walk(p, lay, states, entering, yblob, dy, dfinal):
     the walk's adjoint states. Returns them as :func:`_backward_mma` does."""
     cp = p.xp
     gs = lay.shared_blocks(p)
-    side = _fork(cp) if MMA_STREAMS and cp.__name__ == "cupy" else None
+    side = fork(cp) if MMA_STREAMS and cp.__name__ == "cupy" else None
     with side or contextlib.nullcontext():
         dC = lay.dc_mma(p, dy, entering, gs)
     rows, dHx16, dinit, end_dot = lay.bwd_mma(p, dy, yblob, states, dfinal)
     if side is not None:
-        _join(cp, side)
+        join(cp, side)
     dB = lay.db_mma(p, dy, dHx16, None, None, gs)
     dD = None if p.D is None else _sum_runs(cp, rows["dD_part"])
     return dict(dx=rows["dx"], dD=dD, dB=dB, dC=dC, xGB=rows["xGB"], dcum=rows["dcum"],
@@ -1628,13 +1608,13 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             # one backward walk gives the adjoint states, dx and the per-step sums; the blocks
             # summed over heads and dC (which need none of it) on a second stream beside it
             # (the walk launched first measured the same: 4.86-4.89 ms either way)
-            side = _fork(cp) if TC_STREAMS and cp.__name__ == "cupy" else None
+            side = fork(cp) if TC_STREAMS and cp.__name__ == "cupy" else None
             with side or contextlib.nullcontext():
                 gs = lay.hsum_blocks(p, dY)
                 dC = lay.hsum(p, "dC", dY, p.B, states, gs)
             rows, dHx, dinit, end_dot = lay.bwd_tf32(p, dY, ycore, states, dfinal, cbc)
             if side is not None:
-                _join(cp, side)
+                join(cp, side)
         else:  # the chunked kernels
             def adjoint():  # the adjoint chunk states and their walk: dHx, dinit, end_dot
                 K = lay.chunk_state(p, dY, p.C, adjoint=True)
@@ -1643,13 +1623,13 @@ def ssd_backward(p, checkpoints, dy, dfinal):
             if hsum_tc and TC_STREAMS:
                 # the adjoint chain on a second stream, dC (which needs no dHx) beside it (the
                 # host emulation, on NumPy, runs them in this order on no stream)
-                side = _fork(cp) if cp.__name__ == "cupy" else None
+                side = fork(cp) if cp.__name__ == "cupy" else None
                 with side or contextlib.nullcontext():
                     dHx, dinit, end_dot = adjoint()
                 gs = lay.hsum_blocks(p, dY)
                 dC = lay.hsum(p, "dC", dY, p.B, states, gs)
                 if side is not None:
-                    _join(cp, side)
+                    join(cp, side)
             else:
                 dHx, dinit, end_dot = adjoint()
                 gs = dC = None
