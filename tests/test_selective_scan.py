@@ -612,11 +612,8 @@ def test_gpu_backward_by_state_slices_in_two_lanes(monkeypatch, dtype):
         kw = dict(delta_softplus=True, return_final_state=True)
         grads = {}
         for lanes in (2, 2, 1):
-            if lanes == 2:  # two lanes wherever the slices run
-                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", float("inf"))
-                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_pair_min_warps", 0)
-            else:
-                monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", 0)
+            monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", 0)
+            monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_lanes", lanes)
             (y, final), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
             assert gpu_scan._slice_lanes(pullback._problem) == lanes
             rng = np.random.default_rng(seed + 1)
@@ -629,7 +626,7 @@ def test_gpu_backward_by_state_slices_in_two_lanes(monkeypatch, dtype):
             g1 = grads[1][0][f]
             scale = max(np.linalg.norm(g1), 1e-2 * np.linalg.norm(grads[1][0]["u"]))
             assert np.linalg.norm(g2 - g1) <= (1e-5 if dtype == "float32" else 8e-3) * scale, f
-        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_min_warps", float("inf"))
+        monkeypatch.setitem(gpu_scan.TUNING, "bwd_state_slices_lanes", 2)
         _check_vjp("gpu", dtype, case, chunk, 890 + seed)
 
 

@@ -162,16 +162,18 @@ TUNING = {
     # 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42 against
     # 5.46 at best (every 16 steps), so from N 65.
     "bwd_state_slices_from": 65,
-    # ... and only where a slice's ring backward has at least this many warps per SM (its
-    # blocks run one after the other, state slice by slice): N 96 and 128 at 8x1536x2048
-    # (11.6 warps per SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8)
-    # 7.33 -> 9.14 and N 256 at 2x1536x2048 (2.9) 12.79 -> 17.63, slower.
-    "bwd_state_slices_min_warps": 8,
-    # ... or, below that, at least this many (None: never), with the slices in two lanes: odd
-    # slices on a second stream beside the even ones, each lane adding into its own du, ddelta
-    # and dz (the second lane's summed into the first at the end), so that two slices' grids
-    # share the GPU.
-    "bwd_state_slices_pair_min_warps": 4,
+    # ... and only where a slice's ring backward has at least this many warps per SM. One
+    # lane at a time (H200, NOTES.md version 19): N 96 and 128 at 8x1536x2048 (11.6 warps per
+    # SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8) 7.33 -> 9.14 and N
+    # 256 at 2x1536x2048 (2.9) 12.79 -> 17.63, slower. In two lanes (H100, version 22):
+    # float32 N 128 at 4x1536x2048 7.719 -> 7.352, bfloat16 8.046 -> 7.970; at 2x1536x2048
+    # 4.100 -> 6.418, slower: so from 4.
+    "bwd_state_slices_min_warps": 4,
+    # Slices at a time: 2, odd slices on a second stream beside the even ones, each lane
+    # adding into its own du, ddelta and dz (the second lane's summed into the first at the
+    # end), so that two slices' grids share the GPU: float32 8x1536x2048 N 128 11.984 ->
+    # 11.506 ms against 1 (one after another; H100, version 22).
+    "bwd_state_slices_lanes": 2,
     # True: 16-bit u takes the slices too, on float32 copies of u, delta, z, B, C and dout
     # (the slices add du, ddelta and dz in float32), its gradients rounded to u's dtype at the
     # end; False: 16-bit u keeps ssm_scan_bwd.
@@ -1147,14 +1149,15 @@ def _by_state_slices(p, *arrays):
 
 def _slice_lanes(p, *arrays):
     """In how many lanes the backward runs as slices of 16 states through the ring backward
-    (0: not by slices; 1: one after another; 2: two at a time on two streams): N >=
+    (0: not by slices; else ``TUNING["bwd_state_slices_lanes"]``, 1: one after another, 2: two
+    at a time on two streams): N >=
     ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
     ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer than
     ``ssm_scan_bwd``'s padded states in 16s), float32 u, or 16-bit u with
     ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz into the
     outputs in float32: 16-bit problems run on float32 copies), the ring backward applying to
     every slice with a grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per
-    SM (1 lane; 2 with at least ``TUNING["bwd_state_slices_pair_min_warps"]``), and
+    SM, and
     (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
     padded = TUNING["bwd_state_slices_padded_from"]
@@ -1175,10 +1178,7 @@ def _slice_lanes(p, *arrays):
         return 0
     per_sm = (plans[_SLICE_STATES]["blocks"] * plans[_SLICE_STATES]["threads"] // 32
               / compiler.device_limits()["sm_count"])
-    if per_sm >= TUNING["bwd_state_slices_min_warps"]:
-        return 1
-    pair = TUNING["bwd_state_slices_pair_min_warps"]
-    return 2 if pair is not None and per_sm >= pair else 0
+    return max(1, int(TUNING["bwd_state_slices_lanes"])) if per_sm >= TUNING["bwd_state_slices_min_warps"] else 0
 
 
 def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):

@@ -11,7 +11,7 @@ the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ri
 lets its blocks grow to 512 threads (ssm_scan_fwd_ring_wide) from N = n (0: never); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
 STATE_SLICES=1 / 0 runs the backward of every N > 16 as slices of 16 states through the ring backward (or none;
-SLICE_LANES=2: in two lanes);
+SLICE_LANES=1: one slice at a time, not the default two lanes);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -30,12 +30,11 @@ if os.environ.get("FWD_RING_MAX_N"): ss.TUNING["fwd_ring_max_n"] = int(os.enviro
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
 if os.environ.get("FWD_RING_WIDE_MIN_N"): ss.TUNING["fwd_ring_wide_min_n"] = int(os.environ["FWD_RING_WIDE_MIN_N"]) or None
 def state_slices(on):
-    """The backward of every N > 16 by slices of 16 states (on), or of none; SLICE_LANES=2: in
-    two lanes (odd slices adding into buffers of their own)."""
+    """The backward of every N > 16 by slices of 16 states (on), or of none; in two lanes (odd
+    slices adding into buffers of their own), SLICE_LANES=1: one."""
     ss.TUNING["bwd_state_slices_from"] = 17 if on else None
-    two = os.environ.get("SLICE_LANES") == "2"
-    ss.TUNING["bwd_state_slices_min_warps"] = float("inf") if two else 0
-    ss.TUNING["bwd_state_slices_pair_min_warps"] = 0
+    ss.TUNING["bwd_state_slices_min_warps"] = 0
+    ss.TUNING["bwd_state_slices_lanes"] = int(os.environ.get("SLICE_LANES", "2"))
 if os.environ.get("STATE_SLICES"): state_slices(os.environ["STATE_SLICES"] == "1")
 if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
