@@ -1150,15 +1150,15 @@ def _by_state_slices(p, *arrays):
 def _slice_lanes(p, *arrays):
     """In how many lanes the backward runs as slices of 16 states through the ring backward
     (0: not by slices; else ``TUNING["bwd_state_slices_lanes"]``, 1: one after another, 2: two
-    at a time on two streams): N >=
-    ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
+    at a time on two streams).
+
+    By slices where: N >= ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
     ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer than
-    ``ssm_scan_bwd``'s padded states in 16s), float32 u, or 16-bit u with
-    ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz into the
-    outputs in float32: 16-bit problems run on float32 copies), the ring backward applying to
-    every slice with a grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per
-    SM, and
-    (float32) the problem's arrays and ``arrays`` 16-byte aligned."""
+    ``ssm_scan_bwd``'s padded states in 16s); u is float32, or 16-bit with
+    ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz in float32:
+    16-bit problems run on float32 copies); the ring backward applies to every slice with a
+    grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per SM; and (float32) the
+    problem's arrays and ``arrays`` are 16-byte aligned."""
     least = TUNING["bwd_state_slices_from"]
     padded = TUNING["bwd_state_slices_padded_from"]
     f32 = p.io_dtype == np.float32
