@@ -333,9 +333,11 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     twice; where the GPU backward runs as slices of 16 states through those kernels (N >
     64, and N 40 to 48 for float32 ``u``) the fewest whole tiles whose states take no more
     memory than ``u`` (128 steps at N = 128 in float32; a ``chunk_size`` of 16 is faster,
-    with 8 times that memory). For 16-bit ``u`` those slices run on float32 copies of
-    ``u``, ``delta``, ``z``, ``B``, ``C`` and the cotangent, held while the backward runs,
-    and round the gradients of ``u``, ``delta`` and ``z`` once at the end. The
+    with 8 times that memory). The slices run two at a time, the second lane adding into
+    float32 buffers of its own for the gradients of ``u``, ``delta`` and ``z``; for 16-bit
+    ``u`` they run on float32 copies of ``u``, ``delta``, ``z``, ``B``, ``C`` and the
+    cotangent and round those gradients once at the end. Both are held while the backward
+    runs. The
     backward walks the chunks in reverse, recomputes each chunk's states from
     its saved state and runs the adjoint recurrence through it::
 
