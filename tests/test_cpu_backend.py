@@ -228,7 +228,8 @@ def test_many_channels(io, batch, dim, B_form, C_form, L, chunk):
 
 @pytest.mark.parametrize("io", [np.float32, np.float64])
 @pytest.mark.parametrize("L, chunk", [(1, 1), (1, 256), (2, 1), (64, 64), (65, 64),
-                                      (200, 64), (67, 5)])
+                                      (200, 64), (67, 5),
+                                      (600, 512), (300, 4096)])  # tiles of 256 in a chunk
 def test_lengths_and_chunks(io, L, chunk):
     p = make_problem(L * 1000 + chunk, batch=1, dim=5, N=4, L=L, io=io,
                      B_form=1, C_form=CONST, chunk=chunk)

@@ -58,12 +58,13 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 __all__ = ["selective_scan_forward", "selective_scan_backward"]
 
 _LANES = 64  # channels per block (a power of two): the vector loops' trip count
-_TILE = 64  # forward steps staged at once
+_TILE = 256  # forward steps staged at once
 _TARGET_UNITS = 32  # backward: split groups into slices until there are this many units
 
 _KERNEL_OPTIONS = dict(cache=True, fastmath=False, error_model="numpy")
@@ -325,6 +326,56 @@ def _lane_params(d0, kk, A, B4, C4, D, bias, b_step, c_step, has_D, A_l, B_l, C_
         bias_l[k] = bias[d]
 
 
+# --------------------------------------------------------------------------------------
+# Prefetch
+# --------------------------------------------------------------------------------------
+
+def _prefetch_intrinsic(write):
+    """An intrinsic ``f(arr, offset)``: prefetch the cache line ``offset`` bytes into ``arr``.
+
+    The staging reads and writes rows of up to 64 channels at once, more streams than the
+    hardware prefetchers follow; the kernels name the next tile's lines ahead of time
+    instead. A prefetch never faults, so any offset is safe.
+    """
+    @intrinsic
+    def prefetch(typingctx, arr, offset):
+        if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            ptr = builder.gep(builder.bitcast(data, i8p), [args[1]])
+            # (address, read 0 / write 1, locality 3: keep in all levels, data cache)
+            builder.call(fn, [ptr, ir.Constant(i32, int(write)), ir.Constant(i32, 3),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return types.none(arr, offset), codegen
+    return prefetch
+
+
+_prefetch_read = _prefetch_intrinsic(False)
+_prefetch_write = _prefetch_intrinsic(True)
+
+
+@njit(**_KERNEL_OPTIONS)
+def _prefetch_rows(src, b, d0, kk, t0, tt, write):
+    """Prefetch ``src[b, d0 + k, t0 : t0 + tt]`` for ``k < kk``, a cache line at a time."""
+    sb, sd, st = src.strides
+    per_line = max(1, 64 // st) if st > 0 else 1
+    for k in range(kk):
+        row = b * sb + (d0 + k) * sd + t0 * st
+        for j in range(0, tt, per_line):
+            if write:
+                _prefetch_write(src, row + j * st)
+            else:
+                _prefetch_read(src, row + j * st)
+
+
 @njit(**_KERNEL_OPTIONS)
 def _stage_rows(src, b, d0, kk, t0, tt, dst):
     """``dst[j, k] = src[b, d0 + k, t0 + j]`` for lanes ``k < kk``, 0 on the others.
@@ -460,6 +511,13 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                 _stage_bc(B4, b, g_b, t0, tt, B_s)
             if c_step:
                 _stage_bc(C4, b, g_c, t0, tt, C_s)
+            # the next tile's rows, on their way while this one's scan runs
+            t1, t2 = t0 + tt, min(L, t0 + tt + T)
+            _prefetch_rows(u, b, d0, kk, t1, t2 - t1, False)
+            _prefetch_rows(delta, b, d0, kk, t1, t2 - t1, False)
+            if has_z:
+                _prefetch_rows(z, b, d0, kk, t1, t2 - t1, False)
+            _prefetch_rows(y, b, d0, kk, t1, t2 - t1, True)
             for j in range(tt):
                 for k in range(lanes):
                     acc[k] = zero
@@ -586,6 +644,16 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
             _stage_bc(B4, b, g_b, t0, tt, B_s)
         if c_step:
             _stage_bc(C4, b, g_c, t0, tt, C_s)
+        if c > 0:  # the previous chunk's rows, on their way while this one's runs
+            tp = t0 - chunk
+            _prefetch_rows(u, b, d0, kk, tp, chunk, False)
+            _prefetch_rows(delta, b, d0, kk, tp, chunk, False)
+            _prefetch_rows(dout, b, d0, kk, tp, chunk, False)
+            _prefetch_rows(du, b, d0, kk, tp, chunk, True)
+            _prefetch_rows(ddelta, b, d0, kk, tp, chunk, True)
+            if has_z:
+                _prefetch_rows(z, b, d0, kk, tp, chunk, False)
+                _prefetch_rows(dz, b, d0, kk, tp, chunk, True)
 
         # recompute the chunk's states, and y_pre = sum_n C h where the z gate needs it
         for k in range(lanes):
