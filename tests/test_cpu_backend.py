@@ -341,6 +341,29 @@ def test_deterministic_over_runs_and_thread_counts(B_form, C_form):
             np.testing.assert_array_equal(g[name], g0[name], err_msg=name)
 
 
+@pytest.mark.parametrize("batch, dim, B_form", [(1, 64, 1), (1, 40, CONST), (2, 16, 2)])
+def test_forward_narrows_blocks_for_threads(batch, dim, B_form):
+    # fewer blocks than threads: the forward halves its block width (_forward_lanes);
+    # the results must not move by a bit
+    p = make_problem(batch * dim, batch=batch, dim=dim, N=5, L=70, io=np.float32,
+                     B_form=B_form, C_form=1, chunk=16)
+    *_, fine, _, lanes = cpu._blocking(p)
+    assert cpu._forward_lanes(batch, dim, fine, lanes, 1) == lanes
+    assert cpu._forward_lanes(batch, dim, fine, lanes, 64) == 8
+    before = numba.get_num_threads()
+    outputs = []
+    try:
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            outputs.append(cpu.selective_scan_forward(p, save_checkpoints=True))
+    finally:
+        numba.set_num_threads(before)
+    for out in outputs[1:]:
+        for a, b in zip(out, outputs[0]):
+            np.testing.assert_array_equal(a, b)
+    check_against_reference(p)
+
+
 def test_backward_without_checkpoints_recomputes_them():
     p = make_problem(11, B_form=1, C_form=2, L=13, chunk=4)
     dout, dfin = cotangents(p, 11)

@@ -57,6 +57,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
+import numba
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
@@ -877,6 +878,19 @@ def _blocking(p):
     return bool(G_b), bool(G_c), cpg_b, cpg_c, fine, coarse, lanes
 
 
+def _forward_lanes(batch, dim, fine, lanes, threads):
+    """The forward's block width: ``lanes``, halved (down to 8) while there are fewer
+    blocks than threads, so that a few long rows still use every core.
+
+    Each channel's arithmetic is the same at any width (the lanes never meet in the
+    forward), so the results do not depend on the thread count; the backward keeps
+    the width of :func:`_blocking`, since its sums over lanes do.
+    """
+    while lanes > 8 and batch * (dim // fine) * -(-fine // lanes) < threads:
+        lanes //= 2
+    return lanes
+
+
 def _slices(p, coarse, fine, lanes):
     """Slices per coarse run, so that the backward has enough units for the cores.
 
@@ -939,6 +953,7 @@ def selective_scan_forward(p, *, save_checkpoints):
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     cd = p.compute_dtype
     b_step, c_step, cpg_b, cpg_c, fine, _, lanes = _blocking(p)
+    lanes = _forward_lanes(batch, dim, fine, lanes, numba.get_num_threads())
     y = np.empty((batch, dim, L), dtype=cd)
     final = np.empty((batch, dim, N), dtype=cd)
     ckpt = (np.empty((batch, dim, p.n_chunks, N), dtype=cd) if save_checkpoints
