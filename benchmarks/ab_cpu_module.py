@@ -5,7 +5,9 @@ so that both see the same machine (the 2-core machines here drift by up to 2x ov
 Float32 2 x 256 x 2048, N 16, D, z, delta_bias, softplus: the shape of ``bench_selective_scan.py
 --cpu``. Prints each round's forward ms (median of 5 calls) and one forward+backward ms.
 
-    python benchmarks/ab_cpu_module.py HEAD 2 [rounds]
+    python benchmarks/ab_cpu_module.py HEAD 2 [rounds [dtype]]
+
+With dtype float64 the same inputs are cast to float64 first.
 """
 import importlib.util
 import os
@@ -38,11 +40,12 @@ def load(name, source, tmp):
     return module
 
 
-def main(rev, threads, rounds=6):
+def main(rev, threads, rounds=6, dtype="float32"):
     numba.set_num_threads(int(threads))
     sources = {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{PATH}"]).decode(),
                "work": open(os.path.join(ROOT, PATH)).read()}
     x = make_inputs(np, "float32", 2, 256, 2048, 16)
+    x = {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in x.items()}
 
     def forward_backward():
         _, pullback = ssmkit.selective_scan_vjp(**x, delta_softplus=True)

@@ -173,28 +173,28 @@ def _exp32(x):
 
 @njit(forceinline=True, **_KERNEL_OPTIONS)
 def _exp64(x):
-    # As _exp32: the shift 1.5 * 2^52, the fdlibm split of ln2, the Taylor series to
-    # r^13 (next term < 2^-57 relative), the clamp to [-1022 ln2, log(max double)].
+    # As _exp32: the shift 1.5 * 2^52, the fdlibm split of ln2, the clamp to
+    # [-1022 ln2, log(max double)], and exp(r) = 1 + r q(r) with q of degree 10 fitted
+    # (Chebyshev, mpmath; 1.8e-17 relative on [-ln2/2, ln2/2]): two FMAs less than the
+    # Taylor series to r^13.
     xc = -708.3964185322641 if x < -708.3964185322641 else x
     xc = 709.782712893384 if xc > 709.782712893384 else xc
     shifted = _fma(xc, 1.4426950408889634, 6755399441055744.0)
     kf = shifted - 6755399441055744.0
     r = _fma(kf, -6.93147180369123816490e-01, xc)
     r = _fma(kf, -1.90821492927058770002e-10, r)
-    p = 1.0 / 6227020800.0
-    p = _fma(p, r, 1.0 / 479001600.0)
-    p = _fma(p, r, 1.0 / 39916800.0)
-    p = _fma(p, r, 1.0 / 3628800.0)
-    p = _fma(p, r, 1.0 / 362880.0)
-    p = _fma(p, r, 1.0 / 40320.0)
-    p = _fma(p, r, 1.0 / 5040.0)
-    p = _fma(p, r, 1.0 / 720.0)
-    p = _fma(p, r, 1.0 / 120.0)
-    p = _fma(p, r, 1.0 / 24.0)
-    p = _fma(p, r, 1.0 / 6.0)
-    p = _fma(p, r, 0.5)
-    p = _fma(p, r, 1.0)
-    p = _fma(p, r, 1.0)
+    q = 2.5105312729622103e-08
+    q = _fma(q, r, 2.7626495546432196e-07)
+    q = _fma(q, r, 2.755725517000089e-06)
+    q = _fma(q, r, 2.4801504014426906e-05)
+    q = _fma(q, r, 0.0001984126987500228)
+    q = _fma(q, r, 0.0013888888932751)
+    q = _fma(q, r, 0.008333333333326084)
+    q = _fma(q, r, 0.04166666666657239)
+    q = _fma(q, r, 0.1666666666666667)
+    q = _fma(q, r, 0.5000000000000006)
+    q = _fma(q, r, 1.0)
+    p = _fma(q, r, 1.0)
     y = _bits_to_float64(_float_bits(p) + (_float_bits(shifted) << 52))
     pos = 0.0 if x < 0.0 else x
     return y if x == xc else pos * 8.98846567431158e307
