@@ -5,7 +5,6 @@ the first round of each shape compiles and is not printed.
 
     python benchmarks/results/cpu_prefetch/few_long_rows.py
 """
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,25 +17,15 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 import ssmkit  # noqa: E402
 import ssmkit._cpu.selective_scan as live  # noqa: E402
+from ab_cpu_module import PATH, load  # noqa: E402
 from bench_selective_scan import make_inputs  # noqa: E402
-
-PATH = "ssmkit/_cpu/selective_scan.py"
-
-
-def load(name, source):
-    fn = os.path.join(tempfile.gettempdir(), f"few_long_rows_{name}.py")
-    with open(fn, "w") as f:
-        f.write(source.replace("cache=True", "cache=False"))
-    spec = importlib.util.spec_from_file_location(f"few_long_rows_{name}", fn)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main():
+    tmp = tempfile.gettempdir()
     modules = {
-        "HEAD": load("HEAD", subprocess.check_output(["git", "-C", ROOT, "show", f"HEAD:{PATH}"]).decode()),
-        "work": load("work", open(os.path.join(ROOT, PATH)).read()),
+        "HEAD": load("HEAD", subprocess.check_output(["git", "-C", ROOT, "show", f"HEAD:{PATH}"]).decode(), tmp),
+        "work": load("work", open(os.path.join(ROOT, PATH)).read(), tmp),
     }
     for shape in [(1, 64, 32768, 16), (1, 16, 131072, 16), (2, 64, 16384, 16)]:
         x = make_inputs(np, "float32", *shape)
