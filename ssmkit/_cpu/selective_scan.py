@@ -488,6 +488,7 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
     B_s = np.zeros((T, N), cd)  # stays zero for a constant B
     C_s = np.zeros((T, N), cd)
     acc = np.empty(lanes, cd)
+    acc2 = np.empty(lanes, cd)
     _lane_params(d0, kk, A, B4, C4, D, bias, b_step, c_step, has_D, A_l, B_l, C_l, D_l,
                  bias_l)
     if has_h0:
@@ -520,7 +521,27 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
             if has_z:
                 _prefetch_rows(z, b, d0, kk, t1, t2 - t1, False)
             _prefetch_rows(y, b, d0, kk, t1, t2 - t1, True)
-            for j in range(tt):
+            j0 = 0
+            if b_step and c_step:  # the common form: two steps per pass over the states
+                for j0 in range(0, tt - 1, 2):
+                    j1 = j0 + 1
+                    for k in range(lanes):
+                        acc[k] = zero
+                        acc2[k] = zero
+                    for n in range(N):
+                        bs, cs = B_s[j0, n], C_s[j0, n]
+                        bs1, cs1 = B_s[j1, n], C_s[j1, n]
+                        for k in range(lanes):
+                            a = _fma(_exp(dt_s[j0, k] * A_l[n, k]), h[n, k], du_s[j0, k] * bs)
+                            acc[k] = _fma(cs, a, acc[k])
+                            a = _fma(_exp(dt_s[j1, k] * A_l[n, k]), a, du_s[j1, k] * bs1)
+                            acc2[k] = _fma(cs1, a, acc2[k])
+                            h[n, k] = a
+                    for k in range(lanes):
+                        y_s[j0, k] = acc[k]
+                        y_s[j1, k] = acc2[k]
+                j0 = tt - tt % 2
+            for j in range(j0, tt):
                 for k in range(lanes):
                     acc[k] = zero
                 for n in range(N):
