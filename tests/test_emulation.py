@@ -123,15 +123,3 @@ def test_selective_scan_in_emulation(which, sm, segs):
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
-
-
-@needs_gxx
-def test_ring_forward_8_states_per_lane_in_emulation():
-    # The ring forward and its summary at 8 states per lane on 2 lanes a channel
-    # (TUNING["fwd_ring_npt"] 8: N 9-16), time split into up to 3 segments.
-    pytest.importorskip("ml_dtypes")
-    env = dict(os.environ, ASAN="0", SM="1", SEGS="3", MINSEG="1", SUM_SPLIT="2", SSMKIT_FWD_RING_NPT="8")
-    script = os.path.join(HERE, "emulation", "selective_scan", "sweep.py")
-    run = subprocess.run([sys.executable, script, "ring"], capture_output=True, text=True,
-                         timeout=900, env=env)
-    assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

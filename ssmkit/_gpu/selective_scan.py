@@ -118,10 +118,6 @@ TUNING = {
     # 1.546; at N 16 (64x1536x256) 0.244 -> 0.265, so not there. SSMKIT_FWD_RING_WIDE_MIN_N
     # (read at import; 0: never) sets it.
     "fwd_ring_wide_min_n": int(os.environ.get("SSMKIT_FWD_RING_WIDE_MIN_N", "33")) or None,
-    # States per lane of the ring forward (and its summary) for 8 < N <= 16: 4 (4 lanes a
-    # channel) or 8 (2 lanes: half the output's reduce-scatter and of the {dt, dt u} loads
-    # per state, half the warps). SSMKIT_FWD_RING_NPT in the environment (read at import).
-    "fwd_ring_npt": int(os.environ.get("SSMKIT_FWD_RING_NPT", "4")),
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
@@ -235,8 +231,7 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4, or 8 on 2 lanes:
-``TUNING["fwd_ring_npt"]``), "fwd_ring_wide"
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), "fwd_ring_wide"
 (the same forward in blocks of more than FWD_MAX_THREADS: ``TUNING["fwd_ring_wide_min_n"]``),
 "bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
 same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
@@ -255,8 +250,6 @@ _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
 # an SM.
 _RING_REGS = 128
-# ... and of the ring forward at 8 states per lane (TUNING["fwd_ring_npt"]: 148-151).
-_RING_REGS_NPT8 = 152
 
 
 def _dtype_name(dt) -> str:
@@ -325,10 +318,7 @@ def kernel_keys(full: bool = True) -> list:
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 16
-                rsplits = {ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}
-                if kind in ("fwd_ring", "fwd_sum_ring"):
-                    rsplits.add((8, 2))  # TUNING["fwd_ring_npt"] 8
-                for npt, nsplit in sorted(rsplits):
+                for npt, nsplit in sorted({ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
@@ -645,14 +635,6 @@ def ring_split(N: int) -> tuple[int, int]:
     return 4, nsplit
 
 
-def _fwd_ring_split(N: int) -> tuple[int, int]:
-    """``(NPT, NSPLIT)`` of the ring forward and its summary: :func:`ring_split`, or with
-    ``TUNING["fwd_ring_npt"]`` 8, 8 states per lane on 2 lanes for 8 < N <= 16."""
-    if TUNING["fwd_ring_npt"] == 8 and 8 < N <= 16:
-        return 8, 2
-    return ring_split(N)
-
-
 def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     """``(npt, nsplit, q, cmax)`` where the ring kernels apply (float32 compute, B and C per
     step, N <= ``max_n`` (at most 128), L < 2**31, L and the chunk multiples of
@@ -667,7 +649,7 @@ def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     return (*ring_split(N), q, cmax)
 
 
-def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, npt=4, **shape):
+def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, **shape):
     """:func:`_choose_tiles` for a kernel of the ring forward's body (``kind`` as in
     :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
     registers, tiles of 32 steps or more in whole 16-step blocks where a chunk holds more
@@ -678,7 +660,7 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, np
     return _choose_tiles(
         tl_min=TUNING["fwd_min_tl"],
         max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if max_threads is None else max_threads,
-        warps_by_regs=lim["regs_per_sm"] // ((_RING_REGS_NPT8 if npt == 8 else _RING_REGS) * 32),
+        warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
         block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
         else None, **shape)
@@ -702,8 +684,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
                       max_n=TUNING["fwd_ring_max_n"])
     if case is None:
         return None
-    _, _, q, cmax = case
-    npt, nsplit = _fwd_ring_split(N)
+    npt, nsplit, q, cmax = case
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npad = npt * nsplit
     tl_max = _round_up(max(TUNING["fwd_tl"], q), q)
@@ -715,7 +696,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
 
     def choose(nseg):
         return _choose_ring_tiles(
-            "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}", npt=npt,
+            "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}",
             max_threads=RING_FWD_WIDE_THREADS if wide else None,
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q, tl_max=tl_max, nseg=nseg)
 
@@ -738,7 +719,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         if TUNING["fwd_sum_tiles"]:
             try:
                 sch, stl, sbytes, _, _ = _choose_ring_tiles(
-                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}", npt=npt,
+                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}",
                     batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=quantum,
                     tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
             except NotImplementedError:

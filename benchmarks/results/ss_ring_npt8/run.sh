@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran at c42f8d3 (the knob fwd_ring_npt existed there; npt8.patch is its code, reverted after:
+# slower on every row).
 # The ring forward at 8 states per lane (TUNING fwd_ring_npt 8, 2 lanes a channel at N 16)
 # against 4 (4 lanes), one process, 2 rounds, outputs compared; then the selective-scan
 # GPU tests with SSMKIT_FWD_RING_NPT=8.   run.sh OUT_DIR
