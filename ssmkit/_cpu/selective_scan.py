@@ -546,19 +546,14 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                     acc[k] = zero
                 for n in range(N):
                     # one of B_l[n] and B_s[j, n] is zero: the constant or the per-step form
+                    # (here, the per-step form only for a tile's odd last step)
                     bs = B_s[j, n]
                     cs = C_s[j, n]
-                    if b_step and c_step:  # the common form, without adding the zeros
-                        for k in range(lanes):
-                            hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k], du_s[j, k] * bs)
-                            h[n, k] = hv
-                            acc[k] = _fma(cs, hv, acc[k])
-                    else:
-                        for k in range(lanes):
-                            hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
-                                      du_s[j, k] * (B_l[n, k] + bs))
-                            h[n, k] = hv
-                            acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
+                    for k in range(lanes):
+                        hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
+                                  du_s[j, k] * (B_l[n, k] + bs))
+                        h[n, k] = hv
+                        acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
                 for k in range(lanes):
                     y_s[j, k] = acc[k]
             # y = (sum_n C h + D u) * silu(z)
