@@ -1119,17 +1119,17 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
 }
 
 // One block of the ring scan: NG groups of 4 steps of one channel, this
-// lane's 4 states (h, A2 = A log2 e); then the block's output sums reduce-
+// lane's NPT states (h, A2 = A log2 e); then the block's output sums reduce-
 // scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
 // added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
-// the first group ([g][slot][4], ssm_ring_gpitch(4 NSPLIT) slots per group); all four pointers
+// the first group ([g][slot][4], ssm_ring_gpitch(NPT NSPLIT) slots per group); all four pointers
 // are moved past the block.
-template <int NG, int NSPLIT, bool SUM>
+template <int NG, int NPT, int NSPLIT, bool SUM>
 __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
-                                               float*& yrow, float (&h)[4], const float (&A2)[4], float& sdt,
+                                               float*& yrow, float (&h)[NPT], const float (&A2)[NPT], float& sdt,
                                                int s, unsigned wmask) {
     typedef ssm_math<float> M;
-    constexpr int S = 4 * NG, NPG = ssm_ring_gpitch(4 * NSPLIT);
+    constexpr int S = 4 * NG, NPG = ssm_ring_gpitch(NPT * NSPLIT);
     float acc[S];
 #pragma unroll
     for (int j = 0; j < S; ++j) acc[j] = 0.0f;
@@ -1139,7 +1139,7 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
         ssm_ld4(pr, drow + 8 * q);
         ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NPT; ++k) {
             float bv[4], cv[4];
             ssm_ld4(bv, Bq + (q * NPG + k) * 4);
             if constexpr (!SUM) ssm_ld4(cv, Cq + (q * NPG + k) * 4);
@@ -1197,13 +1197,14 @@ __device__ __forceinline__ void ssm_ring_block_rev(const float* drow, const floa
     }
 }
 
-// At step t of the scan, if t starts the next chunk (ck_next), this lane's NPT = 4 states
+// At step t of the scan, if t starts the next chunk (ck_next), this lane's NPT states
 // of the state entering it go to dst (then moved to the next chunk's).
-__device__ __forceinline__ void ssm_ring_ckpt(float*& dst, ssm_i64 dst_step, const float (&h)[4], int t,
+template <int NPT>
+__device__ __forceinline__ void ssm_ring_ckpt(float*& dst, ssm_i64 dst_step, const float (&h)[NPT], int t,
                                               int& ck_next, int chunk, int nk) {
     if (t == ck_next) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
+        for (int k = 0; k < NPT; ++k)
             if (k < nk) dst[k] = h[k];
         ck_next += chunk;
         dst += dst_step;
@@ -1234,7 +1235,7 @@ __device__ __forceinline__ auto ssm_ring_walk(ssm_i64 t_begin, ssm_i64 t_end, ss
     else return ssm_ring_tiles(t_begin, t_end, bound, TL);
 }
 
-template <typename IO, typename BC, int NSPLIT, int KIND, typename CT = float>
+template <typename IO, typename BC, int NPT, int NSPLIT, int KIND, typename CT = float>
 __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     constexpr bool SUM = KIND != SSM_RING_FWD;  // a summary pass: no y, C only as BSUM's B
     constexpr bool REV = KIND == SSM_RING_BSUM;
@@ -1242,11 +1243,14 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
     // 4 states per lane, NSPLIT lanes per channel: N <= 16 (the backward's summary), N <= 128
-    // (the forward and its summary: one channel per warp at NSPLIT 32)
-    static_assert(NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16 || NSPLIT == 32)),
-                  "4 states per thread: N <= 16, or the forward with N <= 128");
+    // (the forward and its summary: one channel per warp at NSPLIT 32); or 8 states per lane
+    // on up to 16 lanes (the forward and its summary, N <= 128)
+    static_assert((NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 ||
+                                (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16 || NSPLIT == 32)))) ||
+                      (NPT == 8 && KIND != SSM_RING_BSUM && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || NSPLIT == 8 || NSPLIT == 16)),
+                  "4 states per thread: N <= 16, or the forward with N <= 128; 8: the forward, N <= 128");
     typedef ssm_math<float> M;
-    constexpr int NPT = 4, NPAD = NPT * NSPLIT;
+    constexpr int NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
     constexpr int CPW = 32 / NSPLIT;       // channels per warp
     constexpr int VIO = 16 / sizeof(IO);   // steps per 16-byte piece of IO
@@ -1397,13 +1401,13 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
 #pragma unroll 1
             for (; g0 + 16 <= tl; g0 += 16) {
                 if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
-                ssm_ring_block<4, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+                ssm_ring_block<4, NPT, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
             }
             // (a chunk may start at the tail's first group only: at a tile's start, or a
             // whole number of blocks into it)
             if (ck && g0 < tl) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
 #pragma unroll 1
-            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
+            for (; g0 < tl; g0 += 4) ssm_ring_block<1, NPT, NSPLIT, SUM>(drow, Bq, Cq, yrow, h, A2, sdt, s, wmask);
         }
 
         if constexpr (!SUM) {
@@ -1445,19 +1449,22 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
 
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
 // The same in blocks of up to SSM_RING_FWD_WIDE_THREADS threads, for large N: one block of 16
 // warps per SM shares each B and C tile among the channels of two blocks of 8 (at N 128 the
 // tiles' copies are most of the ring forward's L2 traffic). Its own kernel, so that the
-// launch bound does not change how ptxas builds the 256-thread one. 128 registers either way.
+// launch bound does not change how ptxas builds the 256-thread one. 128 registers either way
+// at 4 states per lane; at 8 (about 150 registers) blocks of up to 384 threads, 12 warps.
 #define SSM_RING_FWD_WIDE_THREADS 512
+#define SSM_RING_FWD_WIDE_THREADS_NPT8 384
+template <int NPT> struct ssm_ring_wide_threads {
+    static constexpr int value = NPT == 8 ? SSM_RING_FWD_WIDE_THREADS_NPT8 : SSM_RING_FWD_WIDE_THREADS;
+};
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void __launch_bounds__(SSM_RING_FWD_WIDE_THREADS) ssm_scan_fwd_ring_wide(SSM_FWD_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
+__global__ void __launch_bounds__(ssm_ring_wide_threads<NPT>::value) ssm_scan_fwd_ring_wide(SSM_FWD_PARAMS) {
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
 // Resident blocks of SSM_FWD_MAX_THREADS asked of ptxas for the ring summary kernels (0: none
@@ -1477,8 +1484,7 @@ __global__ void __launch_bounds__(SSM_RING_FWD_WIDE_THREADS) ssm_scan_fwd_ring_w
 // same parameters; z, C, D, h0, y, hfinal, ckpt unused.
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void SSM_RING_SUM_BOUNDS ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_SUM>(SSM_FWD_ARGS);
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_SUM>(SSM_FWD_ARGS);
 }
 
 // Summary pass of a split backward through the ring (ssm_scan_bwd_sum's work, staged as
@@ -1489,8 +1495,8 @@ __global__ void SSM_RING_SUM_BOUNDS ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
 // hfinal and ckpt are unused.
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void SSM_RING_SUM_BOUNDS ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
-    static_assert(NPT == 4, "the ring kernels keep 4 states per thread");
-    ssm_fwd_ring_body<IO, BC, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
+    static_assert(NPT == 4, "the backward's summary keeps 4 states per thread");
+    ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
 }
 
 // Carry across segments, one thread per (b, d, n), sequential over segments:

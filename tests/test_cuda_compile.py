@@ -51,11 +51,20 @@ def test_kernel_keys_cover_every_template_value():
         splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind not in ("carry", "tile_sum")
                   and k.kind not in ss._RING_KINDS}
         assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
-    # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 16
+    # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 16; the
+    # ring forward and its summary also at 8 states per lane (TUNING["fwd_ring_npt8_min_n"])
     for kind in ss._RING_KINDS:
         splits = {(k.npt, k.nsplit) for k in full if k.io == "float32" and k.kind == kind}
         top = 128 if kind.startswith("fwd") else 16
-        assert {ss.ring_split(n) for n in range(top + 1)} == splits, kind
+        want = {ss.ring_split(n) for n in range(top + 1)}
+        if kind in ("fwd_ring_wide", "fwd_sum_ring"):  # (8 states: always the wide kernel)
+            saved = ss.TUNING["fwd_ring_npt8_min_n"]
+            try:
+                ss.TUNING["fwd_ring_npt8_min_n"] = 1
+                want |= {ss._fwd_ring_split(n) for n in range(top + 1)}
+            finally:
+                ss.TUNING["fwd_ring_npt8_min_n"] = saved
+        assert want == splits, kind
 
 
 def test_kernels_compile_for_sm90(nvrtc_path):
@@ -77,6 +86,11 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # the ring forward at N = 128 (32 lanes per channel, one channel per warp)
     keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(n), True, True)
              for kind, n in (("fwd_ring", 128), ("fwd_sum_ring", 128), ("fwd_ring_wide", 128), ("fwd_ring_wide", 64))
+             for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
+    # ... and at 8 states per lane (16, 8 and 4 lanes per channel)
+    keys += [ss.KernelKey(kind, io, bc, 8, nsplit, True, True)
+             for kind, nsplit in (("fwd_ring_wide", 16), ("fwd_ring_wide", 8), ("fwd_ring_wide", 4),
+                                  ("fwd_sum_ring", 16))
              for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
     for r in _nvrtc_check.check_kernels(keys, nvrtc_path=nvrtc_path):
         # ptxas may park a few values that are needed only at a kernel's start
@@ -156,19 +170,23 @@ def test_backend_runs_on_gpu(dtype):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("max_n, wide_min_n", [(16, 33), (128, 33), (128, 1)])
-def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
+@pytest.mark.parametrize("max_n, wide_min_n, npt8_min_n",
+                         [(16, 33, None), (128, 33, None), (128, 1, None), (128, 33, 9), (128, 1, 33)])
+def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, npt8_min_n):
     # The ring kernels trap when these fail (ssm_fwd_ring_body); plan_forward_ring returns
     # None where they do not apply (the forward: N up to TUNING["fwd_ring_max_n"]; blocks of
-    # more than FWD_MAX_THREADS, ssm_scan_fwd_ring_wide's, from N = TUNING["fwd_ring_wide_min_n"]).
+    # more than FWD_MAX_THREADS, ssm_scan_fwd_ring_wide's, from N = TUNING["fwd_ring_wide_min_n"];
+    # 8 states per lane from N = TUNING["fwd_ring_npt8_min_n"], and N > 8, in wide blocks of at
+    # most RING_FWD_WIDE_THREADS_NPT8 threads, not always a power of two).
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", max_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_wide_min_n", wide_min_n)
+    monkeypatch.setitem(ss.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
     limits = dict(sm_count=132, smem_optin=227 * 1024)
     for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
                    ("float32", "float32")):
         q = ss._ring_quantum(io, bc)
         assert q == max(4, 16 // ss._ITEMSIZE[io], 16 // ss._ITEMSIZE[bc])
-        for N in (1, 3, 4, 5, 16, 17, 33, 64, 100, 128, 129):
+        for N in (1, 3, 4, 5, 9, 16, 17, 33, 64, 100, 128, 129):
             for dim, gb, gc in ((1536, 1, 1), (1536, 0, 1), (96, 3, 2), (7, 7, 1)):
                 for batch, L, chunk in ((8, 2048, 2048), (2, 32768, 256), (1, 40, 8), (1, 37, 7),
                                         (2, 8, 1), (1, 100, 10**9), (1, 16, 4), (8, 2048, 16),
@@ -182,11 +200,17 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
                     if plan is None:
                         continue
                     ch, tl = plan["ch"], plan["tl"]
-                    assert plan["npt"] == 4 and plan["nsplit"] == ss.ring_split(N)[1]
-                    assert N <= 4 * plan["nsplit"] < max(8, 2 * N)
-                    top = ss.RING_FWD_WIDE_THREADS if N >= wide_min_n else ss.FWD_MAX_THREADS
+                    npad = plan["npt"] * plan["nsplit"]
+                    npt8 = npt8_min_n is not None and N >= max(9, npt8_min_n)
+                    assert plan["npt"] == (8 if npt8 else 4)
+                    assert plan["nsplit"] & (plan["nsplit"] - 1) == 0
+                    assert N <= npad < max(8 if npt8 else 4, 2 * N) and npad >= 16 if npt8 else True
+                    top = ((ss.RING_FWD_WIDE_THREADS_NPT8 if npt8 else ss.RING_FWD_WIDE_THREADS)
+                           if N >= wide_min_n else ss.FWD_MAX_THREADS)
                     assert plan["threads"] == ch * plan["nsplit"] <= top
-                    assert ch & (ch - 1) == 0 and dim % ch == 0
+                    assert plan["threads"] % 32 == 0 or plan["threads"] < 32
+                    assert ch & (ch - 1) == 0 or plan["threads"] == ss.RING_FWD_WIDE_THREADS_NPT8
+                    assert dim % ch == 0
                     assert (dim // gb) % ch == 0 and (dim // gc) % ch == 0
                     # chunks of whole 16-step blocks, shorter than L and the longest tile,
                     # do not shorten the tiles: the kernel writes their states between blocks
@@ -196,7 +220,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
                     # tiles of two 16-step blocks or more that a chunk repeats: whole blocks
                     assert tl < 32 or cmax <= tl or tl % 16 == 0, shape
                     assert plan["sum_smem"] <= plan["smem"] <= limits["smem_optin"]
-                    assert plan["smem"] == ss._ring_smem_bytes(ch, tl, N, 4 * plan["nsplit"], io, bc)
+                    assert plan["smem"] == ss._ring_smem_bytes(ch, tl, N, npad, io, bc)
                     nseg, seg_len = plan["nseg"], plan["seg_len"]
                     assert plan["blocks"] == batch * (dim // ch) * nseg
                     assert seg_len % cmax == 0 and (nseg - 1) * seg_len < L <= nseg * seg_len
@@ -210,11 +234,10 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and fr["smem"] <= limits["smem_optin"]
                         assert stl < 32 or fr["seg_len"] <= stl or stl % 16 == 0, shape
-                        assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * plan["nsplit"], io, bc,
-                                                                 kind="sum")
+                        assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, npad, io, bc, kind="sum")
                     # The ring backward: the same case, and whole warps of channels.
                     bplan = ss.plan_backward_ring(**shape)
-                    nsplit = plan["nsplit"]
+                    nsplit = ss.ring_split(N)[1]  # (4 states per lane, whatever the forward's)
                     ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
                     assert (bplan is not None) == (N <= 16 and ch_top >= 32 // nsplit), shape
                     if bplan is None:
@@ -248,7 +271,8 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n):
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
     assert ss.plan_forward_ring(**base, io="float64", bc="float64") is None
     if max_n == 128:
-        assert ss.plan_forward_ring(**dict(base, N=128), io="float32", bc="float32")["nsplit"] == 32
+        assert ss.plan_forward_ring(**dict(base, N=128), io="float32", bc="float32")["nsplit"] == (
+            16 if npt8_min_n else 32)
     else:
         assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", 1000)  # never past 128

@@ -18,7 +18,7 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   list of ``tests/emulation/selective_scan/sweep.py`` (groups, chunks of 1 to 1000 steps,
   small N, every option), its ring list (the shapes the ring forward kernels take, also as
   planned for a one-SM device: blocks of several warps; its ring_wide list, blocks of up to 512
-  threads), its quads and n lists (N > 16) and
+  threads; its ring_npt8 list, 8 states per lane), its quads and n lists (N > 16) and
   its bwd_ring list (the ring backward over several tiles per chunk).
 """
 
@@ -109,9 +109,11 @@ def test_ssd_in_emulation(script, cases, variant):
 # sub-block states in scratch), also with time split into up to 3 segments (the ring
 # summaries, in 2 sub-segments each where they divide: the backward's walks its tiles last to
 # first); slices: N > 16 as slices of 16 states through the ring backward, time split too;
-# ring_wide: the ring forward in blocks of up to 512 threads, time split too
+# ring_wide: the ring forward in blocks of up to 512 threads, time split too; ring_npt8: the
+# ring forward and its summary at 8 states per lane (2 to 16 lanes a channel, blocks of 384
+# threads), time split too
 @pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
-                                           ("ring_wide", "1", "2"),
+                                           ("ring_wide", "1", "2"), ("ring_npt8", "1", "3"),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
                                            ("bwd_ring", "1", "3"), ("slices", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):
@@ -123,3 +125,4 @@ def test_selective_scan_in_emulation(which, sm, segs):
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+

@@ -343,13 +343,16 @@ def _record_launches(monkeypatch, gpu_scan):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("npt8_min_n", [None, 9])
 @pytest.mark.parametrize("segments", [1, 2])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dtype):
+def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dtype, npt8_min_n):
     """The ring forward in blocks of more than 256 threads (ssm_scan_fwd_ring_wide): planned
     for one SM, so that the widest block wins, on shapes whose B/C groups hold 16 to 128
-    channels (N 128 to 16, N past a multiple of 4, chunk carries, time segments): outputs,
-    final states and gradients equal the reference, and the wide kernel ran."""
+    channels (N 128 to 16, N past a multiple of 4, chunk carries, time segments), at 4 states
+    per lane (blocks of 512 threads) and at 8 (TUNING["fwd_ring_npt8_min_n"]: 384 threads, 24
+    and 48 channels, where the channels of a B/C group allow): outputs, final states and
+    gradients equal the reference, and the kernel asked for ran."""
     from ssmkit._gpu import compiler
     from ssmkit._gpu import selective_scan as gpu_scan
 
@@ -358,23 +361,26 @@ def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dty
     _force_segments(monkeypatch, gpu_scan, segments)
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_max_n", 128)
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_wide_min_n", 1)
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
     limits = compiler.device_limits()
     monkeypatch.setattr(compiler, "device_limits", lambda: dict(limits, sm_count=1))
     launches = []
     launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (launches.append((key.kind, plan["threads"])),
-                                                                      launch(key, plan, args)))
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (
+        launches.append((key.kind, plan["threads"], key.npt)), launch(key, plan, args)))
+    # (case, chunk, the main pass's threads at 4 states per lane, at 8)
     cases = [
-        (dict(batch=1, dim=16, L=72, N=128, b_form="step", c_form="step", with_init=True), 32),
-        (dict(batch=2, dim=32, L=48, N=64, b_form="step", c_form="step", with_init=False), 16),
+        (dict(batch=1, dim=48, L=72, N=128, b_form="step", c_form="step", with_init=True), 32, 512, 384),
+        (dict(batch=2, dim=96, L=48, N=64, b_form="step", c_form="step", with_init=False), 16, 512, 384),
         (dict(batch=1, dim=64, L=56, N=61, b_form="step", c_form="group", groups=2, with_init=True,
-              with_z=False, softplus=False), None),
-        (dict(batch=1, dim=128, L=40, N=16, b_form="step", c_form="step", with_init=True), 8),
+              with_z=False, softplus=False), None, 512, 256),
+        (dict(batch=1, dim=128, L=40, N=16, b_form="step", c_form="step", with_init=True), 8, 512, 256),
     ]
-    for seed, (case, chunk) in enumerate(cases):
+    for seed, (case, chunk, threads4, threads8) in enumerate(cases):
         launches.clear()
         _check_forward("gpu", dtype, case, chunk, 750 + seed)
-        assert any(k == "fwd_ring_wide" and t > 256 for k, t in launches), launches
+        want = (threads8, 8) if npt8_min_n is not None else (threads4, 4)
+        assert ("fwd_ring_wide", *want) in launches, launches
         _check_vjp("gpu", dtype, case, chunk, 750 + seed)
 
 

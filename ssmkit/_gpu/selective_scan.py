@@ -92,6 +92,7 @@ _RING_BLOCK = 16  # steps of the ring scan's blocks (ssm_ring_block<4>)
 # registers: 168 per thread in float, 255 in double).
 FWD_MAX_THREADS = 256
 RING_FWD_WIDE_THREADS = 512  # ssm_scan_fwd_ring_wide's launch bound (SSM_RING_FWD_WIDE_THREADS)
+RING_FWD_WIDE_THREADS_NPT8 = 384  # ... at 8 states per lane (SSM_RING_FWD_WIDE_THREADS_NPT8)
 BWD_MAX_THREADS = 128
 # The ring backward (ssm_scan_bwd_ring): at most 128 threads, 3 resident blocks asked of ptxas
 # (at most 168 registers), sub-blocks of 8 steps (SSM_BRING_SUB).
@@ -118,6 +119,12 @@ TUNING = {
     # 1.546; at N 16 (64x1536x256) 0.244 -> 0.265, so not there. SSMKIT_FWD_RING_WIDE_MIN_N
     # (read at import; 0: never) sets it.
     "fwd_ring_wide_min_n": int(os.environ.get("SSMKIT_FWD_RING_WIDE_MIN_N", "33")) or None,
+    # From this N on (None: never; at least 9), the ring forward and its summary keep 8 states
+    # per lane instead of 4, on half the lanes: per state half the output's reduce-scatter and
+    # of the {dt, dt u} loads, twice the independent chains per lane, half the warps (wide
+    # blocks of up to RING_FWD_WIDE_THREADS_NPT8). SSMKIT_FWD_RING_NPT8_MIN_N (read at import;
+    # 0: never) sets it.
+    "fwd_ring_npt8_min_n": int(os.environ.get("SSMKIT_FWD_RING_NPT8_MIN_N", "17")) or None,
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
@@ -231,7 +238,8 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4 only), "fwd_ring_wide"
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4, or 8 on 2 lanes:
+``TUNING["fwd_ring_npt8_min_n"]``), "fwd_ring_wide"
 (the same forward in blocks of more than FWD_MAX_THREADS: ``TUNING["fwd_ring_wide_min_n"]``),
 "bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
 same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
@@ -250,6 +258,8 @@ _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
 # an SM.
 _RING_REGS = 128
+# ... and of the ring forward at 8 states per lane (TUNING["fwd_ring_npt8_min_n"]: 144-158 at NSPLIT 8 and 16).
+_RING_REGS_NPT8 = 160
 
 
 def _dtype_name(dt) -> str:
@@ -318,7 +328,10 @@ def kernel_keys(full: bool = True) -> list:
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 16
-                for npt, nsplit in sorted({ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}):
+                rsplits = {ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}
+                if kind in ("fwd_ring_wide", "fwd_sum_ring"):  # TUNING["fwd_ring_npt8_min_n"]
+                    rsplits |= {(8, ns) for ns in (2, 4, 8, 16)}
+                for npt, nsplit in sorted(rsplits):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
         return keys
@@ -331,7 +344,7 @@ def kernel_keys(full: bool = True) -> list:
     n16 = state_split(16, "float32")
     f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
     per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
-    wide = {ring_split(64), ring_split(128)}
+    wide = {ring_split(64), ring_split(128), (8, 4), (8, 8), (8, 16)}
     return [k for k in keys
             if k.kind in _SMALL_KINDS or (k.kind in _RING_KINDS and (k.kind != "fwd_ring_wide"
                                                                     or (k.npt, k.nsplit) in wide))
@@ -483,8 +496,18 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
         tl_top = 1 << (tl_top - 1).bit_length()
         tl_floor = min(tl_top, 1 << (tl_floor - 1).bit_length())
     cands = []
+    chs = []
     ch = ch_top
     while ch >= max(1, ch_min):
+        chs.append(ch)
+        ch //= 2
+    # and, where max_threads is not a power of two (the wide ring forward at 8 states per lane:
+    # 384), as many whole warps of channels as it allows (CH 24 at NSPLIT 16)
+    ch_odd = max_threads // nsplit
+    if (ch_odd > ch_top and ch_odd & (ch_odd - 1) and ch_odd * nsplit % 32 == 0
+            and _group_size(dim, gb, gc) % ch_odd == 0):
+        chs.insert(0, ch_odd)
+    for ch in chs:
         warps = -(-(ch * nsplit) // 32)
         blocks = batch * (dim // ch) * nseg
         cap = max(1, min(lim["max_blocks_per_sm"], lim["max_warps_per_sm"] // warps,
@@ -505,7 +528,6 @@ def _choose_tiles(*, batch, dim, gb, gc, cmax, nsplit, step, tl_max, tl_min, max
                 tl -= tl % block
                 nbytes = size(ch, tl)
             cands.append((waves, busiest, ch, tl, nbytes, blocks, occ_max))
-        ch //= 2
     if not cands:
         raise NotImplementedError(
             f"ssmkit GPU selective_scan: {what} needs more shared memory per block than this "
@@ -635,6 +657,19 @@ def ring_split(N: int) -> tuple[int, int]:
     return 4, nsplit
 
 
+def _fwd_ring_split(N: int) -> tuple[int, int]:
+    """``(NPT, NSPLIT)`` of the ring forward and its summary: :func:`ring_split`, or from
+    ``TUNING["fwd_ring_npt8_min_n"]`` (and N > 8) 8 states per lane on the fewest
+    power-of-two lanes that hold them."""
+    top = TUNING["fwd_ring_npt8_min_n"]
+    if top is None or N < max(9, top):
+        return ring_split(N)
+    nsplit = 2
+    while 8 * nsplit < N:
+        nsplit *= 2
+    return 8, nsplit
+
+
 def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     """``(npt, nsplit, q, cmax)`` where the ring kernels apply (float32 compute, B and C per
     step, N <= ``max_n`` (at most 128), L < 2**31, L and the chunk multiples of
@@ -649,7 +684,7 @@ def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
     return (*ring_split(N), q, cmax)
 
 
-def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, **shape):
+def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, npt=4, **shape):
     """:func:`_choose_tiles` for a kernel of the ring forward's body (``kind`` as in
     :func:`_ring_smem_bytes`): the forward's thread and tile-length knobs, the ring kernels'
     registers, tiles of 32 steps or more in whole 16-step blocks where a chunk holds more
@@ -660,7 +695,7 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, **
     return _choose_tiles(
         tl_min=TUNING["fwd_min_tl"],
         max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if max_threads is None else max_threads,
-        warps_by_regs=lim["regs_per_sm"] // (_RING_REGS * 32),
+        warps_by_regs=lim["regs_per_sm"] // ((_RING_REGS_NPT8 if npt == 8 else _RING_REGS) * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
         block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
         else None, **shape)
@@ -684,7 +719,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
                       max_n=TUNING["fwd_ring_max_n"])
     if case is None:
         return None
-    npt, nsplit, q, cmax = case
+    _, _, q, cmax = case
+    npt, nsplit = _fwd_ring_split(N)
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npad = npt * nsplit
     tl_max = _round_up(max(TUNING["fwd_tl"], q), q)
@@ -696,8 +732,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
 
     def choose(nseg):
         return _choose_ring_tiles(
-            "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}",
-            max_threads=RING_FWD_WIDE_THREADS if wide else None,
+            "fwd", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward with N={N}", npt=npt,
+            max_threads=(RING_FWD_WIDE_THREADS_NPT8 if npt == 8 else RING_FWD_WIDE_THREADS) if wide else None,
             batch=batch, dim=dim, gb=gb, gc=gc, cmax=cmax, nsplit=nsplit, step=q, tl_max=tl_max, nseg=nseg)
 
     try:
@@ -719,7 +755,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         if TUNING["fwd_sum_tiles"]:
             try:
                 sch, stl, sbytes, _, _ = _choose_ring_tiles(
-                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}",
+                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}", npt=npt,
                     batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=quantum,
                     tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
             except NotImplementedError:
@@ -1028,7 +1064,10 @@ def selective_scan_forward(p, *, save_checkpoints):
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
     kind = "fwd" if plan["async_"] else "fwd_direct"
     if ring:
-        kind = "fwd_ring_wide" if plan["threads"] > FWD_MAX_THREADS else "fwd_ring"
+        # (at 8 states per lane always the wide kernel: its launch bound of 384 threads lets
+        # ptxas keep ~150 registers, where the 256-thread kernel's instances may cap at 128
+        # and spill 70-100 bytes)
+        kind = "fwd_ring_wide" if plan["threads"] > FWD_MAX_THREADS or plan["npt"] == 8 else "fwd_ring"
     key = KernelKey(kind, io, bc, plan["npt"], plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (

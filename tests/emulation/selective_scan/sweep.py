@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | n | quads | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
 quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
@@ -64,6 +64,7 @@ elif which == "ring":
     ]
     import run
     run.ss.TUNING["fwd_ring_max_n"] = 128
+    run.ss.TUNING["fwd_ring_npt8_min_n"] = None  # 4 states per lane (8: the ring_npt8 list)
 elif which == "ring_wide":
     # The ring forward in blocks of up to 512 threads (ssm_scan_fwd_ring_wide; run with SM=1 so
     # that the planner takes the widest): 16 channels of one warp each at N 128, 32 at N 64
@@ -71,12 +72,30 @@ elif which == "ring_wide":
     import run
     run.ss.TUNING["fwd_ring_max_n"] = 128
     run.ss.TUNING["fwd_ring_wide_min_n"] = 1
+    run.ss.TUNING["fwd_ring_npt8_min_n"] = None
     cases += [
         (1, 16, 72, 128, "float32", None, 1, 1, full, 32),
         (2, 32, 48, 64, "bfloat16", None, 1, 1, full, 16),
         (1, 32, 40, 61, "float16", "float32", 1, 1, none, 1000),
         (1, 128, 32, 16, "float32", None, 1, 1, full, 8),
         (1, 32, 56, 100, "bfloat16", "float32", 1, 2, full, 24),
+    ]
+elif which == "ring_npt8":
+    # The ring forward and its summary at 8 states per lane (TUNING["fwd_ring_npt8_min_n"]):
+    # 2 to 16 lanes a channel (N 9 to 128, past multiples of 8), wide blocks of 384 threads
+    # (24 channels at N 128, 48 at N 64; run with SM=1 so that the planner takes the widest),
+    # every IO/BC form, chunk carries, segments with SEGS.
+    import run
+    run.ss.TUNING["fwd_ring_max_n"] = 128
+    run.ss.TUNING["fwd_ring_npt8_min_n"] = 9
+    cases += [
+        (1, 48, 72, 128, "float32", None, 1, 1, full, 32),
+        (2, 96, 48, 64, "bfloat16", None, 1, 1, full, 16),
+        (1, 48, 40, 100, "float16", "float32", 1, 1, none, 1000),
+        (1, 16, 56, 16, "float32", None, 1, 1, full, 8),
+        (2, 8, 48, 9, "bfloat16", "float32", 1, 2, full, 24),
+        (1, 16, 64, 17, "float32", None, 2, 1, full, 16),
+        (1, 8, 40, 37, "float16", None, 1, 1, none, 8),
     ]
 elif which == "bwd_ring":
     # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
@@ -154,6 +173,8 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
         ok &= check(p, rng, TOL[io], dfinal=dfin, label=label + f" dfin={dfin}")
         if which == "ring":  # every case of the list through the ring forward
             assert {"fwd_ring", "fwd_ring_wide"} & {k for k, _ in LAUNCHES}, label
+        if which == "ring_npt8":  # ... at 8 states per lane
+            assert any(k.startswith("fwd_ring") and pl["npt"] == 8 for k, pl in LAUNCHES), label
         if which == "ring_wide":  # ... in blocks of more than 256 threads
             assert any(k == "fwd_ring_wide" and pl["threads"] > 256 for k, pl in LAUNCHES), label
         if which == "slices":  # every slice through the ring backward, nothing else
