@@ -181,6 +181,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", max_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_wide_min_n", wide_min_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
+    monkeypatch.setitem(ss.TUNING, "fwd_sum_npt8_min_n", npt8_min_n)
     limits = dict(sm_count=132, smem_optin=227 * 1024)
     for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
                    ("float32", "float32")):
@@ -230,11 +231,15 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     if fr is not None:
                         sch, stl = fr["ch"], fr["tl"]
                         assert fr["seg_len"] * fr["split"] == seg_len and fr["seg_len"] % q == 0
-                        assert fr["threads"] == sch * plan["nsplit"] <= ss.FWD_MAX_THREADS
+                        snpt8 = npt8_min_n is not None and N >= max(9, npt8_min_n)
+                        assert (fr["npt"], fr["nsplit"]) == ss._fwd_ring_split(N, npt8_min_n)
+                        assert fr["npt"] == (8 if snpt8 else 4)
+                        assert fr["threads"] == sch * fr["nsplit"] <= ss.FWD_MAX_THREADS
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and fr["smem"] <= limits["smem_optin"]
                         assert stl < 32 or fr["seg_len"] <= stl or stl % 16 == 0, shape
-                        assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, npad, io, bc, kind="sum")
+                        assert fr["smem"] == ss._ring_smem_bytes(sch, stl, N, fr["npt"] * fr["nsplit"], io, bc,
+                                                                 kind="sum")
                     # The ring backward: the same case, and whole warps of channels.
                     bplan = ss.plan_backward_ring(**shape)
                     nsplit = ss.ring_split(N)[1]  # (4 states per lane, whatever the forward's)

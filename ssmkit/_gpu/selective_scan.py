@@ -125,6 +125,9 @@ TUNING = {
     # blocks of up to RING_FWD_WIDE_THREADS_NPT8). SSMKIT_FWD_RING_NPT8_MIN_N (read at import;
     # 0: never) sets it.
     "fwd_ring_npt8_min_n": int(os.environ.get("SSMKIT_FWD_RING_NPT8_MIN_N", "17")) or None,
+    # ... and in the forward's summary pass (with time split), on its own: it reduces nothing
+    # over the lanes, and its blocks are many. SSMKIT_FWD_SUM_NPT8_MIN_N (0: never).
+    "fwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_FWD_SUM_NPT8_MIN_N", "17")) or None,
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
@@ -657,11 +660,13 @@ def ring_split(N: int) -> tuple[int, int]:
     return 4, nsplit
 
 
-def _fwd_ring_split(N: int) -> tuple[int, int]:
-    """``(NPT, NSPLIT)`` of the ring forward and its summary: :func:`ring_split`, or from
-    ``TUNING["fwd_ring_npt8_min_n"]`` (and N > 8) 8 states per lane on the fewest
-    power-of-two lanes that hold them."""
-    top = TUNING["fwd_ring_npt8_min_n"]
+def _fwd_ring_split(N: int, top="main") -> tuple[int, int]:
+    """``(NPT, NSPLIT)`` of the ring forward (and of its summary, with ``top``
+    ``TUNING["fwd_sum_npt8_min_n"]``): :func:`ring_split`, or from N = ``top`` (the main
+    pass: ``TUNING["fwd_ring_npt8_min_n"]``; None: never), and N > 8, 8 states per lane on the
+    fewest power-of-two lanes that hold them."""
+    if top == "main":
+        top = TUNING["fwd_ring_npt8_min_n"]
     if top is None or N < max(9, top):
         return ring_split(N)
     nsplit = 2
@@ -695,7 +700,8 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, np
     return _choose_tiles(
         tl_min=TUNING["fwd_min_tl"],
         max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if max_threads is None else max_threads,
-        warps_by_regs=lim["regs_per_sm"] // ((_RING_REGS_NPT8 if npt == 8 else _RING_REGS) * 32),
+        # (the summary kernels are bounded to 128 registers at either NPT)
+        warps_by_regs=lim["regs_per_sm"] // ((_RING_REGS_NPT8 if npt == 8 and kind == "fwd" else _RING_REGS) * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
         block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
         else None, **shape)
@@ -748,19 +754,23 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         quantum = _ring_quantum(io, bc)
         split = _sum_split(seg_len, quantum)
         sub = seg_len // split
+        # its states per lane (its results do not depend on them: one value per state)
+        snpt, snsplit = _fwd_ring_split(N, TUNING["fwd_sum_npt8_min_n"])
+        snpad = snpt * snsplit
         # the main pass's tiles (at most FWD_MAX_THREADS: the summary has no wide kernel), unless
         # its own fit
-        sch = min(ch, FWD_MAX_THREADS // nsplit)
-        stl, sbytes = tl, _ring_smem_bytes(sch, tl, N, npad, io, bc, kind="sum")
+        sch = _pow2_divisor(ch, FWD_MAX_THREADS // snsplit)
+        stl, sbytes = tl, _ring_smem_bytes(sch, tl, N, snpad, io, bc, kind="sum")
         if TUNING["fwd_sum_tiles"]:
             try:
                 sch, stl, sbytes, _, _ = _choose_ring_tiles(
-                    "sum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}", npt=npt,
-                    batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=nsplit, step=quantum,
+                    "sum", N=N, npad=snpad, io=io, bc=bc, lim=lim, what=f"the forward's summary with N={N}",
+                    npt=snpt, batch=batch, dim=dim, gb=gb, gc=gc, cmax=sub, nsplit=snsplit, step=quantum,
                     tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
             except NotImplementedError:
                 pass
-        sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes, split=split, seg_len=sub)
+        sum_ring = dict(npt=snpt, nsplit=snsplit, ch=sch, tl=stl, threads=sch * snsplit, smem=sbytes,
+                        split=split, seg_len=sub)
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, threads=ch * nsplit, blocks=blocks, smem=nbytes,
                 nseg=nseg, seg_len=seg_len, async_=True, ring=True, inside=inside,
                 sum_smem=sum_smem, sum_ring=sum_ring)
@@ -1044,7 +1054,7 @@ def selective_scan_forward(p, *, save_checkpoints):
         splan = dict(plan, **sr, nseg=nsub + 1, blocks=batch * (dim // sr["ch"]) * nsub)
         local = cp.empty((nsub + 1, batch, dim, N), dtype=p.compute_dtype)
         sumdt = cp.empty((nsub + 1, batch, dim), dtype=p.compute_dtype)
-        key = KernelKey("fwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], bv, cv)
+        key = KernelKey("fwd_sum_ring", io, bc, sr["npt"], sr["nsplit"], bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
                 np.int32(flags & ~(_SAVE_CKPT | _CKPT_INSIDE)),) + _seg_args(splan)
