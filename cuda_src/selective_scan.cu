@@ -1174,20 +1174,20 @@ __device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*&
 
 // One block of the backward summary's scan (SSM_RING_BSUM), time reversed: the NG
 // groups of 4 steps at drow ({dt, dy} pairs) and Cq (this lane's states of C, laid out
-// as Bq above), last step first: g <- (g + C dy) exp(dt A) for this lane's 4 states
+// as Bq above), last step first: g <- (g + C dy) exp(dt A) for this lane's NPT states
 // (the order and arithmetic of ssm_scan_bwd_sum); dt added to sdt.
-template <int NG, int NSPLIT>
-__device__ __forceinline__ void ssm_ring_block_rev(const float* drow, const float* Cq, float (&g)[4],
-                                                   const float (&A2)[4], float& sdt) {
+template <int NG, int NPT, int NSPLIT>
+__device__ __forceinline__ void ssm_ring_block_rev(const float* drow, const float* Cq, float (&g)[NPT],
+                                                   const float (&A2)[NPT], float& sdt) {
     typedef ssm_math<float> M;
-    constexpr int NPG = ssm_ring_gpitch(4 * NSPLIT);
+    constexpr int NPG = ssm_ring_gpitch(NPT * NSPLIT);
 #pragma unroll
     for (int q = NG - 1; q >= 0; --q) {
         float pr[8];
         ssm_ld4(pr, drow + 8 * q);
         ssm_ld4(pr + 4, drow + 8 * q + 4);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NPT; ++k) {
             float cv[4];
             ssm_ld4(cv, Cq + (q * NPG + k) * 4);
 #pragma unroll
@@ -1244,11 +1244,12 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
     // 4 states per lane, NSPLIT lanes per channel: N <= 16 (the backward's summary), N <= 128
     // (the forward and its summary: one channel per warp at NSPLIT 32); or 8 states per lane
-    // on up to 16 lanes (the forward and its summary, N <= 128)
+    // on up to 16 lanes (the forward and its summary, N <= 128; the backward's summary, N <= 16)
     static_assert((NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 ||
                                 (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16 || NSPLIT == 32)))) ||
-                      (NPT == 8 && KIND != SSM_RING_BSUM && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || NSPLIT == 8 || NSPLIT == 16)),
-                  "4 states per thread: N <= 16, or the forward with N <= 128; 8: the forward, N <= 128");
+                      (NPT == 8 && (NSPLIT == 1 || NSPLIT == 2 ||
+                                    (KIND != SSM_RING_BSUM && (NSPLIT == 4 || NSPLIT == 8 || NSPLIT == 16)))),
+                  "4 or 8 states per thread: N <= 16, or the forward with N <= 128");
     typedef ssm_math<float> M;
     constexpr int NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
@@ -1385,12 +1386,12 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
 #pragma unroll 1
             while (g0 % 16 != 0) {
                 g0 -= 4;
-                ssm_ring_block_rev<1, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
+                ssm_ring_block_rev<1, NPT, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
             }
 #pragma unroll 1
             while (g0 > 0) {
                 g0 -= 16;
-                ssm_ring_block_rev<4, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
+                ssm_ring_block_rev<4, NPT, NSPLIT>(drow + 2 * g0, Cq + g0 * NPG, h, A2, sdt);
             }
         } else {
             const float* drow = dtu + c * (2 * TL + 4);
@@ -1495,7 +1496,6 @@ __global__ void SSM_RING_SUM_BOUNDS ssm_scan_fwd_sum_ring(SSM_FWD_PARAMS) {
 // hfinal and ckpt are unused.
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
 __global__ void SSM_RING_SUM_BOUNDS ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
-    static_assert(NPT == 4, "the backward's summary keeps 4 states per thread");
     ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
 }
 

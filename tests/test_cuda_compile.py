@@ -57,13 +57,8 @@ def test_kernel_keys_cover_every_template_value():
         splits = {(k.npt, k.nsplit) for k in full if k.io == "float32" and k.kind == kind}
         top = 128 if kind.startswith("fwd") else 16
         want = {ss.ring_split(n) for n in range(top + 1)}
-        if kind in ("fwd_ring_wide", "fwd_sum_ring"):  # (8 states: always the wide kernel)
-            saved = ss.TUNING["fwd_ring_npt8_min_n"]
-            try:
-                ss.TUNING["fwd_ring_npt8_min_n"] = 1
-                want |= {ss._fwd_ring_split(n) for n in range(top + 1)}
-            finally:
-                ss.TUNING["fwd_ring_npt8_min_n"] = saved
+        if kind in ("fwd_ring_wide", "fwd_sum_ring", "bwd_sum_ring"):  # (8 states: the wide kernel)
+            want |= {ss._fwd_ring_split(n, 1) for n in range(top + 1)}
         assert want == splits, kind
 
 
@@ -182,6 +177,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
     monkeypatch.setitem(ss.TUNING, "fwd_ring_wide_min_n", wide_min_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
     monkeypatch.setitem(ss.TUNING, "fwd_sum_npt8_min_n", npt8_min_n)
+    monkeypatch.setitem(ss.TUNING, "bwd_sum_npt8_min_n", npt8_min_n)
     limits = dict(sm_count=132, smem_optin=227 * 1024)
     for io, bc in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
                    ("float32", "float32")):
@@ -266,10 +262,12 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     assert (sr is not None) == (nseg > 1), shape
                     if sr is not None:
                         sch, stl = sr["ch"], sr["tl"]
-                        assert sr["threads"] == sch * nsplit <= ss.FWD_MAX_THREADS
+                        assert (sr["npt"], sr["nsplit"]) == ss._fwd_ring_split(N, npt8_min_n)
+                        assert sr["threads"] == sch * sr["nsplit"] <= ss.FWD_MAX_THREADS
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and sr["smem"] <= limits["smem_optin"]
-                        assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, 4 * nsplit, io, bc, kind="bsum")
+                        assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, sr["npt"] * sr["nsplit"], io, bc,
+                                                                 kind="bsum")
                         assert sr["seg_len"] * sr["split"] == seg_len and sr["seg_len"] % q == 0
     # Not for float64, nor for N > 128 (the backward: N > 16) or B, C constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)

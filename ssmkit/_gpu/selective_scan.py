@@ -128,6 +128,9 @@ TUNING = {
     # ... and in the forward's summary pass (with time split), on its own: it reduces nothing
     # over the lanes, and its blocks are many. SSMKIT_FWD_SUM_NPT8_MIN_N (0: never).
     "fwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_FWD_SUM_NPT8_MIN_N", "17")) or None,
+    # ... and in the ring backward's summary pass (N <= 16: 2 lanes a channel at N 9-16).
+    # SSMKIT_BWD_SUM_NPT8_MIN_N (0: never).
+    "bwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_BWD_SUM_NPT8_MIN_N", "0")) or None,
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
     "bwd_tl": 64,
@@ -334,6 +337,8 @@ def kernel_keys(full: bool = True) -> list:
                 rsplits = {ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}
                 if kind in ("fwd_ring_wide", "fwd_sum_ring"):  # TUNING["fwd_ring_npt8_min_n"]
                     rsplits |= {(8, ns) for ns in (2, 4, 8, 16)}
+                if kind == "bwd_sum_ring":  # TUNING["bwd_sum_npt8_min_n"]
+                    rsplits.add((8, 2))
                 for npt, nsplit in sorted(rsplits):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
@@ -820,13 +825,15 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     sum_ring = None
     if nseg > 1:  # the summary's own tiles, as the ring forward picks them, for its nseg - 1 segments
         split = _sum_split(seg_len, q)  # in sub-segments
+        snpt, snsplit = _fwd_ring_split(N, TUNING["bwd_sum_npt8_min_n"])  # (one value per state)
         try:
             sch, stl, sbytes, _, _ = _choose_ring_tiles(
-                "bsum", N=N, npad=npad, io=io, bc=bc, lim=lim, what=f"the backward's summary with N={N}",
-                batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len // split, nsplit=nsplit, step=q,
+                "bsum", N=N, npad=snpt * snsplit, io=io, bc=bc, lim=lim, npt=snpt,
+                what=f"the backward's summary with N={N}",
+                batch=batch, dim=dim, gb=gb, gc=gc, cmax=seg_len // split, nsplit=snsplit, step=q,
                 tl_max=_round_up(max(TUNING["fwd_tl"], q), q), nseg=(nseg - 1) * split)
-            sum_ring = dict(ch=sch, tl=stl, threads=sch * nsplit, smem=sbytes, split=split,
-                            seg_len=seg_len // split)
+            sum_ring = dict(npt=snpt, nsplit=snsplit, ch=sch, tl=stl, threads=sch * snsplit, smem=sbytes,
+                            split=split, seg_len=seg_len // split)
         except NotImplementedError:
             pass
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
@@ -1350,7 +1357,7 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
             # every sub-segment from split - 1 on (it never reads its first one's summary), of
             # which every split-th leaves a segment
             splan = dict(plan, **sr, nseg=nseg * split, blocks=batch * (dim // sr["ch"]) * (nseg - 1) * split)
-            key = KernelKey("bwd_sum_ring", io, bc, plan["npt"], plan["nsplit"], True, True)
+            key = KernelKey("bwd_sum_ring", io, bc, sr["npt"], sr["nsplit"], True, True)
             args = (dout, p.delta, _ptr(p.z), p.A, _NULL, p.C, _NULL, _ptr(p.delta_bias), _NULL, _NULL, _NULL,
                     _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
                     np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=split)

@@ -8,8 +8,9 @@
 #    alternating order, outputs compared (tune.log): rows 4, 5, 0 (control), float32 N 24 and
 #    32, bfloat16 N 128, float32 2x1536x8192 N 128 and 2x1536x32768 N 64 (time split: the
 #    summary pass at 8 states per lane);
-# 3. the forward's summary at 8 states per lane at N 16 (2 lanes a channel; the main pass at 4):
-#    '{}' against '{"fwd_sum_npt8_min_n": 9}', the long rows 2 and 3 (tune_sum.log);
+# 3. the summaries at 8 states per lane at N 16 (2 lanes a channel; the main passes at 4): '{}'
+#    against the forward's ('{"fwd_sum_npt8_min_n": 9}'), the backward's and both, the long
+#    rows 2 and 3 (tune_sum.log);
 # 4. bench_selective_scan.py, the whole table (bench_selective_scan.log; its .json and .md
 #    into OUT_DIR).
 set -u
@@ -25,7 +26,8 @@ timeout 220 python3 benchmarks/tune_selective_scan.py '{"fwd_ring_npt8_min_n": n
     --rows 4 5 0 7 8 9 10 11 --shape float32,8,1536,2048,24 --shape float32,8,1536,2048,32 \
     --shape bfloat16,8,1536,2048,128 --shape float32,2,1536,8192,128 --shape float32,2,1536,32768,64 \
     --rounds 2 --check --summary > "$O/tune.log" 2>&1
-timeout 100 python3 benchmarks/tune_selective_scan.py '{}' '{"fwd_sum_npt8_min_n": 9}' --rows 2 3 \
+timeout 100 python3 benchmarks/tune_selective_scan.py '{}' '{"fwd_sum_npt8_min_n": 9}' '{"bwd_sum_npt8_min_n": 9}' \
+    '{"fwd_sum_npt8_min_n": 9, "bwd_sum_npt8_min_n": 9}' --rows 2 3 \
     --rounds 2 --check --summary > "$O/tune_sum.log" 2>&1
 timeout 150 python3 benchmarks/bench_selective_scan.py --out "$O" > "$O/bench_selective_scan.log" 2>&1
 sed -n '/^Fastest round/,/^variants/p' "$O/tune.log" "$O/tune_sum.log"; tail -n 12 "$O"/selective_scan_*.md

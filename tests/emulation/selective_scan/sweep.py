@@ -101,7 +101,11 @@ elif which == "ring_npt8":
     ]
 elif which == "bwd_ring":
     # The ring backward: several tiles per chunk (A tiles, scratch), chunks ending in half
-    # sub-blocks, every IO/BC pair; run with SM=1 for blocks of several warps and with SEGS.
+    # sub-blocks, every IO/BC pair; run with SM=1 for blocks of several warps and with SEGS
+    # (BSUM_NPT8=1: its summary at 8 states per lane from N 9).
+    if os.environ.get("BSUM_NPT8") == "1":
+        import run
+        run.ss.TUNING["bwd_sum_npt8_min_n"] = 9
     for io, bc in (("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", None)):
         cases.append((1, 32, 200, 16, io, bc, 1, 1, full, 200))
     cases += [
