@@ -784,7 +784,8 @@ __global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_sum_direct(S
 // Forward through a ring of tiles (ssm_scan_fwd_ring, ssm_scan_fwd_sum_ring).
 // The same work and parameters as ssm_scan_fwd / ssm_scan_fwd_sum, for the
 // common Mamba-1 case only: float compute (IO float, half or bfloat16), B and C
-// given per step, N <= 16 (NPT 4), L < 2^31, every row and tile 16-byte aligned
+// given per step, N <= 128 (NPT 4 on up to 32 lanes a channel, or 8 on up to 16: the host's
+// TUNING["fwd_ring_npt8_min_n"]), L < 2^31, every row and tile 16-byte aligned
 // (the host checks: base pointers 16-byte aligned; L, the chunk and TL multiples
 // of ssm_ring_quantum). Where the other kernels spend most of their instructions
 // (about 22 per state and step at N = 16, bfloat16) in block-wide staging and
