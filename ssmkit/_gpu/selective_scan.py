@@ -352,12 +352,15 @@ def kernel_keys(full: bool = True) -> list:
     n16 = state_split(16, "float32")
     f32 = lambda k: k.io == "float32" and k.bc == "float32"  # noqa: E731
     per_step = lambda k: k.b_per_step and k.c_per_step  # noqa: E731
-    wide = {ring_split(64), ring_split(128), (8, 4), (8, 8), (8, 16)}
+    # ... and at 8 states per lane, the wide forward at N 64's and 128's splits, the other
+    # 8-state instances in float32 only
+    wide = {ring_split(64), ring_split(128), (8, 8), (8, 16)}
+    ring = lambda k: ((k.npt, k.nsplit) in wide or (k.npt == 4 and k.kind != "fwd_ring_wide")  # noqa: E731
+                      or (k.npt == 8 and f32(k)))
     return [k for k in keys
-            if k.kind in _SMALL_KINDS or (k.kind in _RING_KINDS and (k.kind != "fwd_ring_wide"
-                                                                    or (k.npt, k.nsplit) in wide))
-            or (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
-            or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))]
+            if k.kind in _SMALL_KINDS or (ring(k) if k.kind in _RING_KINDS else (
+                (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
+                or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))))]
 
 
 def name_expression(key: KernelKey) -> str:
