@@ -199,10 +199,17 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     ch, tl = plan["ch"], plan["tl"]
                     npad = plan["npt"] * plan["nsplit"]
                     npt8 = npt8_min_n is not None and N >= max(9, npt8_min_n)
-                    assert plan["npt"] == (8 if npt8 else 4)
+                    # (8 states per lane only where their grid fills the SMs)
+                    warps = lambda pl: pl["blocks"] * -(-pl["threads"] // 32)  # noqa: E731
+                    thin = ss.TUNING["fwd_ring_npt8_min_warps"] * limits["sm_count"]
+                    if plan["npt"] == 8:
+                        assert npt8 and warps(plan) >= thin, shape
+                    elif npt8:
+                        plan8 = ss.plan_forward_ring(**shape, _split=ss._fwd_ring_split(N))
+                        assert plan8 is None or warps(plan8) < thin, shape
                     assert plan["nsplit"] & (plan["nsplit"] - 1) == 0
-                    assert N <= npad < max(8 if npt8 else 4, 2 * N) and npad >= 16 if npt8 else True
-                    top = ((ss.RING_FWD_WIDE_THREADS_NPT8 if npt8 else ss.RING_FWD_WIDE_THREADS)
+                    assert N <= npad < max(2 * plan["npt"], 2 * N)
+                    top = ((ss.RING_FWD_WIDE_THREADS_NPT8 if plan["npt"] == 8 else ss.RING_FWD_WIDE_THREADS)
                            if N >= wide_min_n else ss.FWD_MAX_THREADS)
                     assert plan["threads"] == ch * plan["nsplit"] <= top
                     assert plan["threads"] % 32 == 0 or plan["threads"] < 32
@@ -227,9 +234,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     if fr is not None:
                         sch, stl = fr["ch"], fr["tl"]
                         assert fr["seg_len"] * fr["split"] == seg_len and fr["seg_len"] % q == 0
-                        snpt8 = npt8_min_n is not None and N >= max(9, npt8_min_n)
                         assert (fr["npt"], fr["nsplit"]) == ss._fwd_ring_split(N, npt8_min_n)
-                        assert fr["npt"] == (8 if snpt8 else 4)
                         assert fr["threads"] == sch * fr["nsplit"] <= ss.FWD_MAX_THREADS
                         assert sch & (sch - 1) == 0 and (dim // gb) % sch == 0 and (dim // gc) % sch == 0
                         assert stl % q == 0 and fr["smem"] <= limits["smem_optin"]

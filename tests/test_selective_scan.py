@@ -362,6 +362,7 @@ def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dty
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_max_n", 128)
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_wide_min_n", 1)
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
+    monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_npt8_min_warps", 0)  # (one SM: thin grids)
     limits = compiler.device_limits()
     monkeypatch.setattr(compiler, "device_limits", lambda: dict(limits, sm_count=1))
     launches = []

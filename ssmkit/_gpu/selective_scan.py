@@ -125,11 +125,18 @@ TUNING = {
     # blocks of up to RING_FWD_WIDE_THREADS_NPT8). SSMKIT_FWD_RING_NPT8_MIN_N (read at import;
     # 0: never) sets it.
     "fwd_ring_npt8_min_n": int(os.environ.get("SSMKIT_FWD_RING_NPT8_MIN_N", "17")) or None,
-    # ... and in the forward's summary pass (with time split), on its own: it reduces nothing
-    # over the lanes, and its blocks are many. SSMKIT_FWD_SUM_NPT8_MIN_N (0: never).
-    "fwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_FWD_SUM_NPT8_MIN_N", "17")) or None,
-    # ... and in the ring backward's summary pass (N <= 16: 2 lanes a channel at N 9-16).
-    # SSMKIT_BWD_SUM_NPT8_MIN_N (0: never).
+    # ... where the grid at 8 states per lane has at least this many warps per SM (resident at
+    # most 12: their registers). H100 forward ms, 4 -> 8 states per lane: float32 8x1536x2048
+    # N 32 0.421 -> 0.381 (11.6 warps per SM at 8), N 64 0.782 -> 0.696 (23), N 128 1.692 ->
+    # 1.519 (46), 2x1536x8192 N 128 2.142 -> 1.513 (11.6); 2x1536x32768 N 64 3.817 -> 4.707
+    # (5.8) (benchmarks/NOTES.md, version 23).
+    "fwd_ring_npt8_min_warps": 10,
+    # ... and in the forward's summary pass (with time split), on its own: its results are one
+    # value per state. At N 16 (2 lanes a channel) 2-4% slower on the long rows, and not timed
+    # at N > 16: off. SSMKIT_FWD_SUM_NPT8_MIN_N (0: never).
+    "fwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_FWD_SUM_NPT8_MIN_N", "0")) or None,
+    # ... and in the ring backward's summary pass (N <= 16: 2 lanes a channel at N 9-16): 1-2%
+    # slower on the long rows (H100). SSMKIT_BWD_SUM_NPT8_MIN_N (0: never).
     "bwd_sum_npt8_min_n": int(os.environ.get("SSMKIT_BWD_SUM_NPT8_MIN_N", "0")) or None,
     "fwd_tl": 64,        # longest time tile (steps)
     "bwd_threads": 128,  # 64: 16-21% slower at N = 64 and 128 (more per-block dB/dC partials)
@@ -715,7 +722,8 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, np
         else None, **shape)
 
 
-def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, **device):
+def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count, smem_optin, _split=None,
+                      **device):
     """Launch shape of the ring forward kernels, or None where they do not apply.
 
     They apply with float32 compute (u in float16, bfloat16 or float32), B and C
@@ -734,7 +742,14 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     if case is None:
         return None
     _, _, q, cmax = case
-    npt, nsplit = _fwd_ring_split(N)
+    npt, nsplit = _fwd_ring_split(N) if _split is None else _split
+    if npt == 8 and _split is None:
+        # 8 states per lane halve the warps: only where the grid still fills the SMs
+        plan = plan_forward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io,
+                                 bc=bc, sm_count=sm_count, smem_optin=smem_optin, _split=(npt, nsplit), **device)
+        if plan is not None and plan["blocks"] * -(-plan["threads"] // 32) >= TUNING["fwd_ring_npt8_min_warps"] * sm_count:
+            return plan
+        npt, nsplit = ring_split(N)
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
     npad = npt * nsplit
     tl_max = _round_up(max(TUNING["fwd_tl"], q), q)

@@ -90,6 +90,7 @@ elif which == "ring_npt8":
     run.ss.TUNING["fwd_ring_max_n"] = 128
     run.ss.TUNING["fwd_ring_npt8_min_n"] = None if os.environ.get("SUM_ONLY") == "1" else 9
     run.ss.TUNING["fwd_sum_npt8_min_n"] = 9
+    run.ss.TUNING["fwd_ring_npt8_min_warps"] = 0  # (however thin the grid)
     cases += [
         (1, 48, 72, 128, "float32", None, 1, 1, full, 32),
         (2, 96, 48, 64, "bfloat16", None, 1, 1, full, 16),
