@@ -6,6 +6,7 @@
 # 2. tune_selective_scan.py '{}': float32 2x1536x32768 N 64 (now 4 states per lane, as before
 #    the change) and row 5 (N 128, 8), one call (tune.log);
 # 3. on an H200 only, bench_selective_scan.py, the whole table.
+# (Not yet run: no device time was left when it was written.)
 set -u
 O=${1:?usage: run3.sh OUT_DIR}; mkdir -p "$O"
 cd "$(dirname "$0")/../../.."
