@@ -31,7 +31,10 @@ row and ``CH`` consecutive channels of one B group and one C group; a thread
 owns ``NPT`` states of one channel, ``NSPLIT`` consecutive lanes cover the
 ``N`` states of a channel (``NPT * NSPLIT >= N``). Time goes in tiles of ``TL``
 steps staged in shared memory. The host picks ``NPT``/``NSPLIT`` from ``N``
-(:func:`state_split`) and ``CH``/``TL`` from the shapes and the device's limits
+(:func:`state_split`; the ring kernels: :func:`ring_split`, and the ring forward 8 states per
+lane from N 17 where its grid is large, :func:`_fwd_ring_split`) and ``CH``/``TL`` (``CH`` a
+power of two, or 24 and 48 in the 8-state forward's blocks of 384 threads) from the shapes
+and the device's limits
 (:func:`plan_forward`, :func:`plan_backward`), and with them the number of
 time segments ``nseg`` (block index ``(seg * batch + b) * (dim / CH) + tile``).
 
