@@ -122,7 +122,7 @@ TUNING = {
     # 1.546; at N 16 (64x1536x256) 0.244 -> 0.265, so not there. SSMKIT_FWD_RING_WIDE_MIN_N
     # (read at import; 0: never) sets it.
     "fwd_ring_wide_min_n": int(os.environ.get("SSMKIT_FWD_RING_WIDE_MIN_N", "33")) or None,
-    # From this N on (None: never; at least 9), the ring forward and its summary keep 8 states
+    # From this N on (None: never; at least 9), the ring forward's main pass keeps 8 states
     # per lane instead of 4, on half the lanes: per state half the output's reduce-scatter and
     # of the {dt, dt u} loads, twice the independent chains per lane, half the warps (wide
     # blocks of up to RING_FWD_WIDE_THREADS_NPT8). SSMKIT_FWD_RING_NPT8_MIN_N (read at import;
@@ -254,9 +254,10 @@ kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
 "fwd_direct", "fwd_sum_direct" (the forward kernels staging straight from
 global memory instead of through cp.async copies: ``TUNING["fwd_async"]``
 False), "fwd_ring", "fwd_sum_ring" (the forward through a ring of tiles:
-``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4, or 8 on 2 lanes:
-``TUNING["fwd_ring_npt8_min_n"]``), "fwd_ring_wide"
-(the same forward in blocks of more than FWD_MAX_THREADS: ``TUNING["fwd_ring_wide_min_n"]``),
+``TUNING["fwd_ring"]``; float compute, per-step B and C, NPT 4; the summary also 8:
+``TUNING["fwd_sum_npt8_min_n"]``), "fwd_ring_wide"
+(the same forward in blocks of more than FWD_MAX_THREADS: ``TUNING["fwd_ring_wide_min_n"]``;
+and every ring forward at 8 states per lane: ``TUNING["fwd_ring_npt8_min_n"]``),
 "bwd_ring" (the backward through a ring of tiles: ``TUNING["bwd_ring"]``; the
 same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
 ``TUNING["bwd_sum_ring"]``), or
@@ -274,7 +275,8 @@ _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
 # an SM.
 _RING_REGS = 128
-# ... and of the ring forward at 8 states per lane (TUNING["fwd_ring_npt8_min_n"]: 144-158 at NSPLIT 8 and 16).
+# ... and of the ring forward at 8 states per lane (TUNING["fwd_ring_npt8_min_n"]: 144-158 at
+# NSPLIT 8 and 16; its summary's are bounded to 128 as at 4).
 _RING_REGS_NPT8 = 160
 
 
@@ -719,7 +721,8 @@ def _choose_ring_tiles(kind, *, N, npad, io, bc, lim, what, max_threads=None, np
         tl_min=TUNING["fwd_min_tl"],
         max_threads=min(TUNING["fwd_threads"], FWD_MAX_THREADS) if max_threads is None else max_threads,
         # (the summary kernels are bounded to 128 registers at either NPT)
-        warps_by_regs=lim["regs_per_sm"] // ((_RING_REGS_NPT8 if npt == 8 and kind == "fwd" else _RING_REGS) * 32),
+        warps_by_regs=lim["regs_per_sm"] // (
+            (_RING_REGS_NPT8 if npt == 8 and kind == "fwd" else _RING_REGS) * 32),
         size=lambda c, t: _ring_smem_bytes(c, t, N, npad, io, bc, kind=kind), lim=lim, what=what,
         block=_RING_BLOCK if TUNING["ring_whole_blocks"] and _RING_BLOCK % shape["step"] == 0
         else None, **shape)
@@ -736,9 +739,13 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     plus ``sum_smem`` (bytes of the summary kernel at the main pass's tiles), ``ring`` True,
     ``inside``: chunks shorter than the longest tile and a multiple of 16 steps do not shorten
     the tiles (then multiples of 16 steps), the kernel writes their states between its 16-step
-    blocks; and ``sum_ring``, with time split, the summary pass's ``ch``, ``tl``, ``threads``,
-    ``smem``, ``split`` (sub-segments per segment) and ``seg_len`` (steps of a sub-segment),
-    else None.
+    blocks; and ``sum_ring``, with time split, the summary pass's ``npt``, ``nsplit``, ``ch``,
+    ``tl``, ``threads``, ``smem``, ``split`` (sub-segments per segment) and ``seg_len`` (steps
+    of a sub-segment), else None.
+
+    ``npt``/``nsplit``: :func:`_fwd_ring_split`, but 4 states per lane where the 8-state plan's
+    grid has fewer than ``TUNING["fwd_ring_npt8_min_warps"]`` warps per SM (``_split`` forces
+    a split, for that comparison and the tests).
     """
     case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc,
                       max_n=TUNING["fwd_ring_max_n"])
@@ -750,7 +757,8 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
         # 8 states per lane halve the warps: only where the grid still fills the SMs
         plan = plan_forward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io,
                                  bc=bc, sm_count=sm_count, smem_optin=smem_optin, _split=(npt, nsplit), **device)
-        if plan is not None and plan["blocks"] * -(-plan["threads"] // 32) >= TUNING["fwd_ring_npt8_min_warps"] * sm_count:
+        warps = None if plan is None else plan["blocks"] * -(-plan["threads"] // 32)
+        if warps is not None and warps >= TUNING["fwd_ring_npt8_min_warps"] * sm_count:
             return plan
         npt, nsplit = ring_split(N)
     lim = _limits(dict(device, sm_count=sm_count, smem_optin=smem_optin))
