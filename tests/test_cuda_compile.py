@@ -205,7 +205,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     if plan["npt"] == 8:
                         assert npt8 and warps(plan) >= thin, shape
                     elif npt8:
-                        plan8 = ss.plan_forward_ring(**shape, _split=ss._fwd_ring_split(N))
+                        plan8 = ss.plan_forward_ring(**shape, _split=ss._fwd_ring_split(N, npt8_min_n))
                         assert plan8 is None or warps(plan8) < thin, shape
                     assert plan["nsplit"] & (plan["nsplit"] - 1) == 0
                     assert N <= npad < max(2 * plan["npt"], 2 * N)

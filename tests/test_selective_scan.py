@@ -332,11 +332,12 @@ def _force_segments(monkeypatch, gpu_scan, segments):
     monkeypatch.setitem(gpu_scan.TUNING, "bwd_min_seg_steps", 1)
 
 
-def _record_launches(monkeypatch, gpu_scan):
-    """The kinds of the GPU kernels launched from here on, in a list that grows."""
+def _record_launches(monkeypatch, gpu_scan, entry=lambda key, plan: key.kind):
+    """``entry(key, plan)`` (the kind) of each GPU kernel launched from here on, in a list that
+    grows."""
     kinds = []
     launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(key.kind),
+    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (kinds.append(entry(key, plan)),
                                                                       launch(key, plan, args)))
     return kinds
 
@@ -365,10 +366,7 @@ def test_gpu_ring_forward_wide_blocks_match_reference(monkeypatch, segments, dty
     monkeypatch.setitem(gpu_scan.TUNING, "fwd_ring_npt8_min_warps", 0)  # (one SM: thin grids)
     limits = compiler.device_limits()
     monkeypatch.setattr(compiler, "device_limits", lambda: dict(limits, sm_count=1))
-    launches = []
-    launch = gpu_scan._launch
-    monkeypatch.setattr(gpu_scan, "_launch", lambda key, plan, args: (
-        launches.append((key.kind, plan["threads"], key.npt)), launch(key, plan, args)))
+    launches = _record_launches(monkeypatch, gpu_scan, lambda key, plan: (key.kind, plan["threads"], key.npt))
     # (case, chunk, the main pass's threads at 4 states per lane, at 8)
     cases = [
         (dict(batch=1, dim=48, L=72, N=128, b_form="step", c_form="step", with_init=True), 32, 512, 384),

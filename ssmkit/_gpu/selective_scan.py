@@ -346,11 +346,11 @@ def kernel_keys(full: bool = True) -> list:
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
             if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 16
-                rsplits = {ring_split(n) for n in range(129 if kind.startswith("fwd") else 17)}
-                if kind in ("fwd_ring_wide", "fwd_sum_ring"):  # TUNING["fwd_ring_npt8_min_n"]
-                    rsplits |= {(8, ns) for ns in (2, 4, 8, 16)}
-                if kind == "bwd_sum_ring":  # TUNING["bwd_sum_npt8_min_n"]
-                    rsplits.add((8, 2))
+                top = 129 if kind.startswith("fwd") else 17
+                rsplits = {ring_split(n) for n in range(top)}
+                if kind in ("fwd_ring_wide", "fwd_sum_ring", "bwd_sum_ring"):  # 8 states per lane
+                    # (the TUNING "..._npt8_min_n" knobs; the main pass only in the wide kernel)
+                    rsplits |= {ring_split(n, 8) for n in range(9, top)}
                 for npt, nsplit in sorted(rsplits):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
     if full:
@@ -671,28 +671,21 @@ def plan_forward(*, batch, dim, L, N, gb, gc, chunk_size, compute, sm_count, sme
                 nseg=nseg, seg_len=seg_len, async_=use_async)
 
 
-def ring_split(N: int) -> tuple[int, int]:
-    """``(NPT, NSPLIT)`` of the ring kernels for ``N`` <= 128 states: 4 states per lane on the
-    fewest power-of-two lanes that hold them (N <= 16: as :func:`state_split`)."""
+def ring_split(N: int, npt: int = 4) -> tuple[int, int]:
+    """``(NPT, NSPLIT)`` of the ring kernels for ``N`` <= 128 states: ``npt`` (4 or 8) states
+    per lane on the fewest power-of-two lanes that hold them (4, N <= 16: as
+    :func:`state_split`)."""
     nsplit = 1
-    while 4 * nsplit < N:
+    while npt * nsplit < N:
         nsplit *= 2
-    return 4, nsplit
+    return npt, nsplit
 
 
-def _fwd_ring_split(N: int, top="main") -> tuple[int, int]:
-    """``(NPT, NSPLIT)`` of the ring forward (and of its summary, with ``top``
-    ``TUNING["fwd_sum_npt8_min_n"]``): :func:`ring_split`, or from N = ``top`` (the main
-    pass: ``TUNING["fwd_ring_npt8_min_n"]``; None: never), and N > 8, 8 states per lane on the
-    fewest power-of-two lanes that hold them."""
-    if top == "main":
-        top = TUNING["fwd_ring_npt8_min_n"]
-    if top is None or N < max(9, top):
-        return ring_split(N)
-    nsplit = 2
-    while 8 * nsplit < N:
-        nsplit *= 2
-    return 8, nsplit
+def _fwd_ring_split(N: int, top) -> tuple[int, int]:
+    """``(NPT, NSPLIT)`` of a ring forward pass that keeps 8 states per lane from N = ``top``
+    (``TUNING["fwd_ring_npt8_min_n"]``, ``"fwd_sum_npt8_min_n"`` or ``"bwd_sum_npt8_min_n"``;
+    None: never) and N > 8, else 4: :func:`ring_split`."""
+    return ring_split(N, 8 if top is not None and N >= max(9, top) else 4)
 
 
 def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
@@ -752,7 +745,7 @@ def plan_forward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count,
     if case is None:
         return None
     _, _, q, cmax = case
-    npt, nsplit = _fwd_ring_split(N) if _split is None else _split
+    npt, nsplit = _fwd_ring_split(N, TUNING["fwd_ring_npt8_min_n"]) if _split is None else _split
     if npt == 8 and _split is None:
         # 8 states per lane halve the warps: only where the grid still fills the SMs
         plan = plan_forward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io,
