@@ -125,4 +125,3 @@ def test_selective_scan_in_emulation(which, sm, segs):
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
-
