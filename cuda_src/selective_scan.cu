@@ -1243,14 +1243,14 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    // 4 states per lane, NSPLIT lanes per channel: N <= 16 (the backward's summary), N <= 128
+    // 4 states per lane, NSPLIT lanes per channel: N <= 32 (the backward's summary), N <= 128
     // (the forward and its summary: one channel per warp at NSPLIT 32); or 8 states per lane
-    // on up to 16 lanes (the forward and its summary, N <= 128; the backward's summary, N <= 16)
-    static_assert((NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 ||
-                                (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16 || NSPLIT == 32)))) ||
-                      (NPT == 8 && (NSPLIT == 1 || NSPLIT == 2 ||
-                                    (KIND != SSM_RING_BSUM && (NSPLIT == 4 || NSPLIT == 8 || NSPLIT == 16)))),
-                  "4 or 8 states per thread: N <= 16, or the forward with N <= 128");
+    // on up to 16 lanes (the forward and its summary, N <= 128; the backward's summary, N <= 32)
+    static_assert((NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || NSPLIT == 8 ||
+                                (KIND != SSM_RING_BSUM && (NSPLIT == 16 || NSPLIT == 32)))) ||
+                      (NPT == 8 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 ||
+                                    (KIND != SSM_RING_BSUM && (NSPLIT == 8 || NSPLIT == 16)))),
+                  "4 or 8 states per thread: N <= 32, or the forward with N <= 128");
     typedef ssm_math<float> M;
     constexpr int NPAD = NPT * NSPLIT;
     constexpr int Q = ssm_ring_quantum<IO, BC>();
@@ -2167,7 +2167,8 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
-    static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4), "N <= 16: 4 states per thread");
+    static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || NSPLIT == 8),
+                  "N <= 32: 4 states per thread");
     typedef ssm_math<float> M;
     constexpr int NPAD = 4 * NSPLIT;
     constexpr int NPG = ssm_ring_gpitch(NPAD);  // B, C stage slots per group of 4 steps
@@ -2413,11 +2414,18 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         vals[3 * j] = yp;
                         vals[3 * j + 1] = gb;
                         vals[3 * j + 2] = sa;
-                        // dB, dC of this step summed over the warp's channels: one value per lane.
+                        // dB, dC of this step summed over the warp's channels: RB values per
+                        // lane (1 at N <= 16: 8 channels a warp; 2 at N 17-32: 4).
                         int off = 0;
                         bool own = true;
                         ssm_reduce_scatter<8, CPW / 2, NSPLIT>::run(v, cl, wmask, off, own);
-                        if (own) accw[(j0 + j) * P + (off >> 2) * NPAD + s * 4 + (off & 3)] = v[0];
+                        constexpr int RB = ssm_rs_len(8, CPW / 2);
+                        static_assert(RB <= 4, "a lane's sums stay within dB's or dC's quad");
+                        if (own) {
+#pragma unroll
+                            for (int r = 0; r < RB; ++r)
+                                accw[(j0 + j) * P + (off >> 2) * NPAD + s * 4 + (off & 3) + r] = v[r];
+                        }
                     }
                 }
                 // Sums over the states; the owning lane finishes its steps.

@@ -421,12 +421,14 @@ def test_elementary_functions(dtype, ulps):
 # The GPU backward's decomposition into slices of states, checked with CPU stand-ins
 # --------------------------------------------------------------------------------------
 
-@given(N=st.integers(17, 70), D=st.booleans(), z=st.booleans(), h0=st.booleans(),
+@given(N=st.integers(17, 80), D=st.booleans(), z=st.booleans(), h0=st.booleans(),
        dfinal=st.booleans(), L=st.sampled_from([1, 5, 23]), chunk=st.sampled_from([1, 4, 16]),
-       narrow=st.booleans(), lanes=st.sampled_from([1, 2]), seed=st.integers(0, 2**32 - 1))
+       narrow=st.booleans(), lanes=st.sampled_from([1, 2]), width=st.sampled_from([16, 32]),
+       seed=st.integers(0, 2**32 - 1))
 @settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
-def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow, lanes, seed):
-    """The GPU backward of N > 16 as slices of 16 states (``_backward_by_state_slices``:
+def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow, lanes, width, seed):
+    """The GPU backward of N > 16 as slices of ``width`` states (16 or 32:
+    ``TUNING["bwd_ring_max_n"]``; ``_backward_by_state_slices``:
     D in slice 0 only, du / ddelta / dz added up, dA, dB, dC and the initial state's
     gradient placed by state, d delta_bias summed), with the CPU backward standing in for
     each slice's ring backward: the whole problem's gradients. ``narrow``: float16 u, delta,
@@ -451,7 +453,7 @@ def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow,
     def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
                        ck_pitch=None):
         writes.append((accumulate, id(du)))
-        assert sp.N <= 16 and checkpoints.shape[-1] == sp.N and ck_pitch == p.N
+        assert sp.N <= width and checkpoints.shape[-1] == sp.N and ck_pitch == p.N
         assert sp.io_dtype == dout.dtype == du.dtype == (np.float32 if narrow else p.io_dtype)
         g = cpu.selective_scan_backward(sp, None, dout, dfinal_state)
         for name, out in (("u", du), ("delta", ddelta), ("z", dz)):
@@ -470,9 +472,11 @@ def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow,
     checkpoints = np.zeros((p.n_chunks, p.batch, p.dim, p.N))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu_scan, "_backward_kernels", slice_backward)
+        mp.setitem(gpu_scan.TUNING, "bwd_ring_max_n", width)
         got = gpu_scan._backward_by_state_slices(p, checkpoints, dout, dfin, lanes=lanes)
     # each lane's first slice writes its buffer, the later ones add into it; two lanes, two buffers
-    used = min(lanes, -(-N // 16))
+    assert len(writes) == -(-N // width)
+    used = min(lanes, -(-N // width))
     assert [a for a, _ in writes] == [k >= used for k in range(len(writes))]
     assert len({b for _, b in writes}) == used
     assert narrow or writes[0][1] == id(got["u"])

@@ -51,11 +51,12 @@ def test_kernel_keys_cover_every_template_value():
         splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind not in ("carry", "tile_sum")
                   and k.kind not in ss._RING_KINDS}
         assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
-    # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 16; the
-    # ring forward and its summary also at 8 states per lane (TUNING["fwd_ring_npt8_min_n"])
+    # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 32
+    # (TUNING["bwd_ring_max_n"]); the ring forward and its summary also at 8 states per lane
+    # (TUNING["fwd_ring_npt8_min_n"])
     for kind in ss._RING_KINDS:
         splits = {(k.npt, k.nsplit) for k in full if k.io == "float32" and k.kind == kind}
-        top = 128 if kind.startswith("fwd") else 16
+        top = 128 if kind.startswith("fwd") else 32
         want = {ss.ring_split(n) for n in range(top + 1)}
         if kind in ("fwd_ring_wide", "fwd_sum_ring", "bwd_sum_ring"):  # (8 states: the wide kernel)
             want |= {ss._fwd_ring_split(n, 1) for n in range(top + 1)}
@@ -81,6 +82,10 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     # the ring forward at N = 128 (32 lanes per channel, one channel per warp)
     keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(n), True, True)
              for kind, n in (("fwd_ring", 128), ("fwd_sum_ring", 128), ("fwd_ring_wide", 128), ("fwd_ring_wide", 64))
+             for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
+    # the ring backward at N = 32 (8 lanes per channel, TUNING["bwd_ring_max_n"] 32)
+    keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(32), True, True)
+             for kind in ("bwd_ring", "bwd_sum_ring")
              for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
     # ... and at 8 states per lane (16, 8 and 4 lanes per channel)
     keys += [ss.KernelKey(kind, io, bc, 8, nsplit, True, True)
@@ -165,15 +170,18 @@ def test_backend_runs_on_gpu(dtype):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("max_n, wide_min_n, npt8_min_n",
-                         [(16, 33, None), (128, 33, None), (128, 1, None), (128, 33, 9), (128, 1, 33)])
-def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, npt8_min_n):
+@pytest.mark.parametrize("max_n, wide_min_n, npt8_min_n, bwd_max_n",
+                         [(16, 33, None, 16), (128, 33, None, 16), (128, 1, None, 32), (128, 33, 9, 32),
+                          (128, 1, 33, 16)])
+def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, npt8_min_n, bwd_max_n):
     # The ring kernels trap when these fail (ssm_fwd_ring_body); plan_forward_ring returns
     # None where they do not apply (the forward: N up to TUNING["fwd_ring_max_n"]; blocks of
     # more than FWD_MAX_THREADS, ssm_scan_fwd_ring_wide's, from N = TUNING["fwd_ring_wide_min_n"];
     # 8 states per lane from N = TUNING["fwd_ring_npt8_min_n"], and N > 8, in wide blocks of at
-    # most RING_FWD_WIDE_THREADS_NPT8 threads, not always a power of two).
+    # most RING_FWD_WIDE_THREADS_NPT8 threads, not always a power of two); the backward: N up
+    # to TUNING["bwd_ring_max_n"], 16 or 32).
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", max_n)
+    monkeypatch.setitem(ss.TUNING, "bwd_ring_max_n", bwd_max_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_wide_min_n", wide_min_n)
     monkeypatch.setitem(ss.TUNING, "fwd_ring_npt8_min_n", npt8_min_n)
     monkeypatch.setitem(ss.TUNING, "fwd_sum_npt8_min_n", npt8_min_n)
@@ -245,7 +253,7 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                     bplan = ss.plan_backward_ring(**shape)
                     nsplit = ss.ring_split(N)[1]  # (4 states per lane, whatever the forward's)
                     ch_top = ss._pow2_divisor(ss._group_size(dim, gb, gc), 1 << 30)
-                    assert (bplan is not None) == (N <= 16 and ch_top >= 32 // nsplit), shape
+                    assert (bplan is not None) == (N <= min(max_n, bwd_max_n) and ch_top >= 32 // nsplit), shape
                     if bplan is None:
                         continue
                     ch, tl = bplan["ch"], bplan["tl"]
@@ -274,7 +282,8 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
                         assert sr["smem"] == ss._ring_smem_bytes(sch, stl, N, sr["npt"] * sr["nsplit"], io, bc,
                                                                  kind="bsum")
                         assert sr["seg_len"] * sr["split"] == seg_len and sr["seg_len"] % q == 0
-    # Not for float64, nor for N > 128 (the backward: N > 16) or B, C constant in time.
+    # Not for float64, nor for N > 128 (the backward: N > TUNING["bwd_ring_max_n"]) or B, C
+    # constant in time.
     base = dict(batch=8, dim=1536, L=2048, N=16, gb=1, gc=1, chunk_size=2048, **limits)
     assert ss.plan_forward_ring(**base, io="float32", bc="float32") is not None
     assert ss.plan_forward_ring(**base, io="float64", bc="float64") is None
@@ -285,7 +294,8 @@ def test_ring_plans_meet_kernel_preconditions(monkeypatch, max_n, wide_min_n, np
         assert ss.plan_forward_ring(**dict(base, N=17), io="float32", bc="float32") is None
     monkeypatch.setitem(ss.TUNING, "fwd_ring_max_n", 1000)  # never past 128
     assert ss.plan_forward_ring(**dict(base, N=129), io="float32", bc="float32") is None
-    assert ss.plan_backward_ring(**dict(base, N=17), io="float32", bc="float32") is None
+    assert (ss.plan_backward_ring(**dict(base, N=17), io="float32", bc="float32") is None) == (bwd_max_n == 16)
+    assert ss.plan_backward_ring(**dict(base, N=33), io="float32", bc="float32") is None
     assert ss.plan_forward_ring(**dict(base, gb=0), io="float32", bc="float32") is None
     # Steps in 32 bits inside the kernels: L < 2**31.
     assert ss.plan_forward_ring(**dict(base, batch=1, dim=8, L=2**31), io="float32", bc="float32") is None

@@ -175,6 +175,11 @@ TUNING = {
     # benchmarks/NOTES.md); False: always ssm_scan_bwd. SSMKIT_BWD_RING=0 in the environment
     # (read at import) sets False.
     "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
+    # The largest N the ring backward takes in one pass (4 states per lane: 16 on up to 4
+    # lanes a channel, 8 channels a warp; or 32, on up to 8 lanes, 4 channels a warp), and the
+    # width of the state slices below. SSMKIT_BWD_RING_MAX_N in the environment (read at
+    # import) sets it.
+    "bwd_ring_max_n": int(os.environ.get("SSMKIT_BWD_RING_MAX_N", "16")),
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
@@ -345,8 +350,8 @@ def kernel_keys(full: bool = True) -> list:
                         keys.append(KernelKey(kind, io, bc, npt, nsplit, bv, cv))
     for kind in _RING_KINDS:
         for io, bc in _dtype_pairs():
-            if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 16
-                top = 129 if kind.startswith("fwd") else 17
+            if _COMPUTE[io] == "float32":  # the forward's up to N = 128, the backward's N <= 32
+                top = 129 if kind.startswith("fwd") else 33
                 rsplits = {ring_split(n) for n in range(top)}
                 if kind in ("fwd_ring_wide", "fwd_sum_ring", "bwd_sum_ring"):  # 8 states per lane
                     # (the TUNING "..._npt8_min_n" knobs; the main pass only in the wide kernel)
@@ -820,7 +825,8 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
     with time split (tiles picked as the ring forward's, not ending at chunk ends), else
     None.
     """
-    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc)
+    case = _ring_case(L=L, N=N, gb=gb, gc=gc, chunk_size=chunk_size, io=io, bc=bc,
+                      max_n=_slice_states())
     if case is None:
         return None
     npt, nsplit, q, cmax = case
@@ -1134,10 +1140,10 @@ def checkpoint_interval(p):
     """
     if not (TUNING["bwd_ring"] and TUNING["fwd_ring"]):
         return p.chunk_size
-    if p.N > _SLICE_STATES:
+    if p.N > _slice_states():
         if not _by_state_slices(p):
             return p.chunk_size
-        tl = _slice_plan(p, _SLICE_STATES)["tl"]
+        tl = _slice_plan(p, _slice_states())["tl"]
         per = -(-p.N * p.compute_dtype.itemsize // (tl * p.u.dtype.itemsize))
         return tl * per if tl % _RING_BLOCK == 0 and tl * per < min(p.chunk_size, p.L) else p.chunk_size
     plan = _plan(p, "bwd_ring")
@@ -1198,16 +1204,22 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     return _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
 
 
-# States per slice of the backward by state slices (the ring backward's N <= 16)
-_SLICE_STATES = 16
+def _slice_states():
+    """States per slice of the backward by state slices: the most the ring backward takes in
+    one pass (``TUNING["bwd_ring_max_n"]``, 16 or 32)."""
+    n = TUNING["bwd_ring_max_n"]
+    if n not in (16, 32):
+        raise ValueError(f"ssmkit: TUNING['bwd_ring_max_n'] is {n!r}; expected 16 or 32")
+    return n
 
 
 def _slice_problem(p, k):
-    """The problem of states ``k * _SLICE_STATES`` .. (at most 16 of them) of ``p``, its B, C
-    and A cut to them (contiguous copies: B and C are per step, (batch, G, N, L)), D only in
-    slice 0; with the slice's state range."""
+    """The problem of states ``k * S`` .. (at most S of them, S = :func:`_slice_states`) of
+    ``p``, its B, C and A cut to them (contiguous copies: B and C are per step, (batch, G, N,
+    L)), D only in slice 0; with the slice's state range."""
     cp = p.xp
-    sl = slice(k * _SLICE_STATES, min(p.N, (k + 1) * _SLICE_STATES))
+    S = _slice_states()
+    sl = slice(k * S, min(p.N, (k + 1) * S))
     cut = (lambda X: None if X is None else cp.ascontiguousarray(X[..., sl]))  # noqa: E731
     return dataclasses.replace(
         p, A=cut(p.A), B=cp.ascontiguousarray(p.B[:, :, sl]), C=cp.ascontiguousarray(p.C[:, :, sl]),
@@ -1241,20 +1253,21 @@ def _slice_lanes(p, *arrays):
     padded = TUNING["bwd_state_slices_padded_from"]
     f32 = p.io_dtype == np.float32
     io_ok = f32 or (TUNING["bwd_state_slices_16bit"] and p.io_dtype.itemsize == 2)
-    if f32 and padded and max(padded, _SLICE_STATES + 1) <= p.N < (least or p.N + 1):
+    S = _slice_states()
+    if f32 and padded and max(padded, S + 1) <= p.N < (least or p.N + 1):
         npt, nsplit = state_split(p.N, "float32")
-        if -(-p.N // _SLICE_STATES) < npt * nsplit // _SLICE_STATES:
+        if -(-p.N // S) < npt * nsplit // S:
             least = p.N
-    if not (least and TUNING["bwd_ring"] and p.N >= max(least, _SLICE_STATES + 1)
+    if not (least and TUNING["bwd_ring"] and p.N >= max(least, S + 1)
             and io_ok and p.groups(p.B) and p.groups(p.C)):
         return 0
     if p.io_dtype == np.float32 and not _aligned16(p.u, p.delta, p.z, p.B, p.C, *arrays):
         return 0
-    plans = {n: _slice_plan(p, n)  # the slices' widths (N > 16: one of them 16)
-             for n in {min(_SLICE_STATES, p.N - k) for k in range(0, p.N, _SLICE_STATES)}}
+    plans = {n: _slice_plan(p, n)  # the slices' widths (N > S: one of them S)
+             for n in {min(S, p.N - k) for k in range(0, p.N, S)}}
     if None in plans.values():
         return 0
-    per_sm = (plans[_SLICE_STATES]["blocks"] * plans[_SLICE_STATES]["threads"] // 32
+    per_sm = (plans[S]["blocks"] * plans[S]["threads"] // 32
               / compiler.device_limits()["sm_count"])
     return max(1, int(TUNING["bwd_state_slices_lanes"])) if per_sm >= TUNING["bwd_state_slices_min_warps"] else 0
 
@@ -1292,7 +1305,7 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
     dB = cp.empty(p.B.shape, dtype=p.compute_dtype)
     dC = cp.empty(p.C.shape, dtype=p.compute_dtype)
     dh0 = None if p.initial_state is None else cp.empty(p.initial_state.shape, dtype=p.compute_dtype)
-    nslices = -(-p.N // _SLICE_STATES)
+    nslices = -(-p.N // _slice_states())
     lanes = max(1, min(lanes, nslices))
     acc = [(du, ddelta, dz)]
     if lanes == 2:

@@ -7,10 +7,11 @@ Run one case:  python3 tests/emulation/selective_scan/run.py
 LD_PRELOAD is needed); SEGS / MINSEG force the segment split; SM sets the emulated SM count;
 FWD_ASYNC=0 runs the forward kernels that stage from global memory instead of the cp.async ones;
 FWD_RING=0 / BWD_RING=0 turn the ring forward / backward kernels off (where they apply they are
-the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ring: 128); FWD_RING_WIDE_MIN_N=n
+the default); FWD_RING_MAX_N sets the largest N of the ring forward (sweep.py ring: 128), BWD_RING_MAX_N
+that of the ring backward in one pass and its state slices' width (16 or 32); FWD_RING_WIDE_MIN_N=n
 lets its blocks grow to 512 threads (ssm_scan_fwd_ring_wide) from N = n (0: never); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
-STATE_SLICES=1 / 0 runs the backward of every N > 16 as slices of 16 states through the ring backward (or none;
+STATE_SLICES=1 / 0 runs the backward of every N > 16 (32) as slices of 16 (32) states through the ring backward (or none;
 SLICE_LANES=1: one slice at a time, not the default two lanes);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
@@ -27,11 +28,13 @@ if os.environ.get("FWD_ASYNC"): ss.TUNING["fwd_async"] = os.environ["FWD_ASYNC"]
 if os.environ.get("FWD_RING"): ss.TUNING["fwd_ring"] = os.environ["FWD_RING"] == "1"
 if os.environ.get("BWD_RING"): ss.TUNING["bwd_ring"] = os.environ["BWD_RING"] == "1"
 if os.environ.get("FWD_RING_MAX_N"): ss.TUNING["fwd_ring_max_n"] = int(os.environ["FWD_RING_MAX_N"])
+if os.environ.get("BWD_RING_MAX_N"): ss.TUNING["bwd_ring_max_n"] = int(os.environ["BWD_RING_MAX_N"])
 if os.environ.get("SUM_SPLIT"): ss.TUNING["sum_split"] = int(os.environ["SUM_SPLIT"])
 if os.environ.get("FWD_RING_WIDE_MIN_N"): ss.TUNING["fwd_ring_wide_min_n"] = int(os.environ["FWD_RING_WIDE_MIN_N"]) or None
 def state_slices(on):
-    """The backward of every N > 16 by slices of 16 states (on), or of none; in two lanes (odd
-    slices adding into buffers of their own), SLICE_LANES=1: one."""
+    """The backward of every N past the ring backward's (16 or 32) by slices of that many states
+    (on), or of none; in two lanes (odd slices adding into buffers of their own), SLICE_LANES=1:
+    one."""
     ss.TUNING["bwd_state_slices_from"] = 17 if on else None
     ss.TUNING["bwd_state_slices_min_warps"] = 0
     ss.TUNING["bwd_state_slices_lanes"] = int(os.environ.get("SLICE_LANES", "2"))

@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | n | quads | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | bwd_ring | bwd_ring32 | slices | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
 quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
@@ -116,6 +116,28 @@ elif which == "bwd_ring":
         (1, 64, 264, 16, "bfloat16", None, 2, 2, none, 80),
         (1, 16, 40, 16, "float32", None, 1, 1, full, 4),
     ]
+elif which == "bwd_ring32":
+    # The ring backward at N 17 to 32 in one pass (TUNING["bwd_ring_max_n"] 32: 4 states on up to
+    # 8 lanes a channel, 4 channels a warp, 2 dB/dC sums a lane and step), its summary at 4 or
+    # (BSUM_NPT8=1) 8 states per lane with SEGS; then N past 32 as slices of 32 states (the last
+    # of 1, 5, 17 or 32). Run with SM=1 for blocks of several warps.
+    import run
+    run.ss.TUNING["bwd_ring_max_n"] = 32
+    if os.environ.get("BSUM_NPT8") == "1":
+        run.ss.TUNING["bwd_sum_npt8_min_n"] = 9
+    from run import state_slices
+    state_slices(True)
+    cases += [
+        (1, 16, 200, 32, "float32", None, 1, 1, full, 200),
+        (1, 32, 96, 17, "bfloat16", None, 1, 2, full, 40),
+        (2, 16, 136, 29, "float32", None, 2, 1, none, 132),
+        (1, 16, 72, 24, "float16", "float32", 1, 1, full, 1000),
+        (1, 8, 40, 32, "float32", None, 1, 1, full, 4),
+        (1, 32, 64, 33, "float32", None, 1, 1, full, 32),
+        (1, 32, 96, 37, "bfloat16", None, 1, 2, full, 48),
+        (2, 8, 40, 64, "float32", None, 1, 1, none, 8),
+        (1, 16, 48, 81, "float32", None, 2, 1, full, 1000),
+    ]
 elif which == "slices":
     # N > 16 as slices of 16 states through the ring backward (as STATE_SLICES=1):
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
@@ -190,8 +212,10 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
                 assert ("fwd_ring_wide", 8) in fwd, (label, fwd)
         if which == "ring_wide":  # ... in blocks of more than 256 threads
             assert any(k == "fwd_ring_wide" and pl["threads"] > 256 for k, pl in LAUNCHES), label
-        if which == "slices":  # every slice through the ring backward, nothing else
+        if which in ("slices", "bwd_ring32"):  # every slice through the ring backward, nothing else
+            S = run.ss.TUNING["bwd_ring_max_n"] if which == "bwd_ring32" else 16
             kinds = [k for k, _ in LAUNCHES]
-            assert kinds.count("bwd_ring") == -(-N // 16) and "bwd" not in kinds, kinds
+            assert kinds.count("bwd_ring") == -(-N // S) and "bwd" not in kinds, kinds
+            assert which == "slices" or any(pl["nsplit"] == 8 for k, pl in LAUNCHES if k == "bwd_ring"), label
 print("ALL OK" if ok else "FAILURES")
 sys.exit(0 if ok else 1)
