@@ -328,12 +328,11 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     The forward keeps the state entering each chunk of ``chunk_size`` steps,
     ``batch * dim * N * ceil(L / chunk_size)`` floats beside the inputs. Without a
     ``chunk_size`` the backend picks it: 256 steps, but for the GPU's ring kernels
-    (N <= 16, B and C per step) the backward's time tile (16 to 64 steps) where those
+    (N <= 32, B and C per step) the backward's time tile (16 to 64 steps) where those
     states take no more memory than ``u``, so that the backward recomputes no tile
-    twice; where the GPU backward runs as slices of 16 states through those kernels (N >
-    64, and N 40 to 48 for float32 ``u``) the fewest whole tiles whose states take no more
-    memory than ``u`` (128 steps at N = 128 in float32; a ``chunk_size`` of 16 is faster,
-    with 8 times that memory). The slices run two at a time, the second lane adding into
+    twice; where the GPU backward runs as slices of 32 states through those kernels (N >
+    32) the fewest whole tiles whose states take no more memory than ``u`` (128 steps at
+    N = 128 in float32). The slices run two at a time, the second lane adding into
     float32 buffers of its own for the gradients of ``u``, ``delta`` and ``z``; for 16-bit
     ``u`` they run on float32 copies of ``u``, ``delta``, ``z``, ``B``, ``C`` and the
     cotangent and round those gradients once at the end. Both are held while the backward

@@ -332,15 +332,21 @@ def test_ring_whole_blocks_keep_the_plan(monkeypatch):
 
 
 
-def test_state_slices_where_they_were_faster(monkeypatch):
-    # The backward of N > 64 by slices of 16 states (_by_state_slices) against the
-    # forward+backward times of benchmarks/NOTES.md, versions 19 and 22 (132 SMs): taken for
-    # float32 N 96 and 128 at 8 x 1536 x 2048, not for N 64 there; for N 128 at batch 4 (one
-    # slice's grid 5.8 warps per SM: faster in two lanes), not for N 256 at batch 2 (2.9:
-    # slower); 16-bit u alike
+@pytest.mark.parametrize("width", [16, 32])
+def test_state_slices_where_they_were_faster(monkeypatch, width):
+    # Width 16 (TUNING["bwd_ring_max_n"] 16, slices from N 65 as measured then): the backward
+    # of N > 64 by slices of 16 states (_by_state_slices) against the forward+backward times
+    # of benchmarks/NOTES.md, versions 19 and 22 (132 SMs): taken for float32 N 96 and 128 at
+    # 8 x 1536 x 2048, not for N 64 there; for N 128 at batch 4 (one slice's grid 5.8 warps
+    # per SM: faster in two lanes), not for N 256 at batch 2 (2.9: slower); 16-bit u alike
     # (on float32 copies) unless TUNING["bwd_state_slices_16bit"] is off; and the VJP's
     # checkpoint interval for them: the fewest whole slice tiles as large as u.
+    # Width 32 (the default, version 24): slices of 32 from N 33 (N 64 and 128 measured
+    # faster), N 17-32 in one ring pass; the same warps rule on one slice's (twice as wide) grid.
     from ssmkit._problem import SelectiveScanProblem
+
+    monkeypatch.setitem(ss.TUNING, "bwd_ring_max_n", width)
+    monkeypatch.setitem(ss.TUNING, "bwd_state_slices_from", 65 if width == 16 else 33)
 
     limits = dict(sm_count=132, smem_optin=227 * 1024, smem_per_sm=228 * 1024)
     monkeypatch.setattr(ss.compiler, "device_limits", lambda: limits)
@@ -356,13 +362,18 @@ def test_state_slices_where_they_were_faster(monkeypatch):
                                     D=None, z=big, delta_bias=None, delta_softplus=True,
                                     initial_state=None, chunk_size=256, xp=np)
 
-    faster = {(8, 96): True, (8, 128): True, (8, 64): False, (2, 256): False, (4, 128): True}
+    faster = {(8, 96): True, (8, 128): True, (8, 64): width == 32, (2, 256): width == 32, (4, 128): True,
+              (1, 256): False}  # (one slice's grid: 2.9 warps per SM at width 32)
     for (batch, N), want in faster.items():
         assert ss._by_state_slices(problem(batch, N)) == want, (batch, N)
         assert ss._by_state_slices(problem(batch, N, io=np.float16)) == want, (batch, N)
     assert ss.checkpoint_interval(problem(8, 128)) == 128  # 8 tiles of 16 steps: u's bytes
     assert ss.checkpoint_interval(problem(8, 96)) == 96
     assert ss.checkpoint_interval(problem(8, 128, io=np.float16)) == 256  # u of 2 bytes a step
+    if width == 32:  # from N 33; N 17-32: one pass
+        for N, want in ((33, True), (48, True), (64, True), (32, False), (17, False)):
+            assert ss._by_state_slices(problem(8, N)) == want, N
+        return
     # float32 N 40-48: 3 slices against ssm_scan_bwd's 64 padded states (N 40 and 48
     # measured faster; N 33, a last slice of one state, and N 64's 4 against 4 slower); not
     # for 16-bit u, nor N 17-32 (2 against 2)

@@ -14,9 +14,9 @@ segments of whole chunks run by separate blocks: a summary kernel gives each
 segment's end state (backward: its outgoing adjoint) from zero, a small carry
 kernel chains them over the segments, and the main kernel then runs every
 segment from its entering state (see "Time segments" in ``selective_scan.cu``
-and :func:`plan_forward`). The backward of a large state (float32, N > 64, enough
-channels) runs as slices of 16 states, one ring backward each, adding their parts of
-du, ddelta and dz (:func:`_backward_by_state_slices`).
+and :func:`plan_forward`). The backward of a large state (N > 32, enough channels) runs
+as slices of 32 states (``TUNING["bwd_ring_max_n"]``), one ring backward each, adding
+their parts of du, ddelta and dz (:func:`_backward_by_state_slices`).
 
 Kernel instantiations are named by :class:`KernelKey`; :func:`kernel_keys`
 lists every key this module can ask for and :func:`name_expression` spells a
@@ -132,8 +132,11 @@ TUNING = {
     # most 12: their registers). H100 forward ms, 4 -> 8 states per lane: float32 8x1536x2048
     # N 32 0.421 -> 0.381 (11.6 warps per SM at 8), N 64 0.782 -> 0.696 (23), N 128 1.692 ->
     # 1.519 (46), 2x1536x8192 N 128 2.142 -> 1.513 (11.6); 2x1536x32768 N 64 3.817 -> 4.707
-    # (5.8) (benchmarks/NOTES.md, version 23).
-    "fwd_ring_npt8_min_warps": 10,
+    # (5.8) (benchmarks/NOTES.md, version 23); 6x1536x2048 N 32 0.398 -> 0.379 (8.7),
+    # 3x1536x2048 N 64 0.484 -> 0.418 (8.7), but 5x1536x2048 N 32 0.270 -> 0.295 (7.3),
+    # 4x1536x2048 N 32 0.222 -> 0.292 (5.8), 1x1536x8192 N 128 1.699 -> 1.739 (5.8)
+    # (version 24's runs): so from 8.
+    "fwd_ring_npt8_min_warps": 8,
     # ... and in the forward's summary pass (with time split), on its own: its results are one
     # value per state. At N 16 (2 lanes a channel) 2-4% slower on the long rows, and not timed
     # at N > 16: off. SSMKIT_FWD_SUM_NPT8_MIN_N (0: never).
@@ -177,19 +180,23 @@ TUNING = {
     "bwd_ring": os.environ.get("SSMKIT_BWD_RING", "1") != "0",
     # The largest N the ring backward takes in one pass (4 states per lane: 16 on up to 4
     # lanes a channel, 8 channels a warp; or 32, on up to 8 lanes, 4 channels a warp), and the
-    # width of the state slices below. SSMKIT_BWD_RING_MAX_N in the environment (read at
-    # import) sets it.
-    "bwd_ring_max_n": int(os.environ.get("SSMKIT_BWD_RING_MAX_N", "16")),
+    # width of the state slices below. H100 forward+backward ms at float32 8x1536x2048, 16 (and
+    # slices from N 65) -> 32 (slices from N 33): N 32 2.724 -> 2.614 (ssm_scan_bwd -> one ring
+    # pass), N 64 5.285 -> 5.166 (ssm_scan_bwd -> 2 slices), N 128 11.349 -> 10.776 (8 slices
+    # -> 4) (benchmarks/NOTES.md, version 24). SSMKIT_BWD_RING_MAX_N in the environment (read
+    # at import) sets it.
+    "bwd_ring_max_n": int(os.environ.get("SSMKIT_BWD_RING_MAX_N", "32")),
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
-    # The backward of N >= this (B and C per step; None: never) as slices of 16
+    # The backward of N >= this (B and C per step; None: never) as slices of bwd_ring_max_n
     # states, each through the ring backward, which adds its part of du, ddelta and dz into
     # the outputs (_backward_by_state_slices), instead of ssm_scan_bwd over all N states.
-    # Forward+backward at float32 8x1536x2048 (benchmarks/NOTES.md, version 19): N 128
-    # 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42 against
-    # 5.46 at best (every 16 steps), so from N 65.
-    "bwd_state_slices_from": 65,
+    # Slices of 16, forward+backward at float32 8x1536x2048 (benchmarks/NOTES.md, version
+    # 19): N 128 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42
+    # against 5.46 at best (every 16 steps), so from N 65 at that width. Slices of 32: N 64
+    # 5.285 -> 5.166 (H100, version 24), so from N 33, the first past one pass.
+    "bwd_state_slices_from": 33,
     # ... and only where a slice's ring backward has at least this many warps per SM. One
     # lane at a time (H200, NOTES.md version 19): N 96 and 128 at 8x1536x2048 (11.6 warps per
     # SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8) 7.33 -> 9.14 and N
@@ -1133,7 +1140,7 @@ def checkpoint_interval(p):
     backward at 8 x 1536 x 2048, N = 16: float32 1.54 -> 1.41 ms, bfloat16 1.44 -> 1.31 ms
     (benchmarks/NOTES.md, version 8).
 
-    Where the backward runs by slices of 16 states, the shortest multiple of their TL whose
+    Where the backward runs by slices of states, the shortest multiple of their TL whose
     checkpoints take no more memory than ``u`` (N 128 in float32: 128 steps; forward +
     backward at 8 x 1536 x 2048 12.1 ms against 12.2 at 256 and 10.95 at 16, where the
     checkpoints take 8 times ``u``'s memory; ``chunk_size`` asks for that).
@@ -1233,18 +1240,18 @@ def _slice_plan(p, n):
 
 
 def _by_state_slices(p, *arrays):
-    """Whether the backward runs as slices of 16 states (:func:`_slice_lanes` > 0)."""
+    """Whether the backward runs as slices of states (:func:`_slice_lanes` > 0)."""
     return _slice_lanes(p, *arrays) > 0
 
 
 def _slice_lanes(p, *arrays):
-    """In how many lanes the backward runs as slices of 16 states through the ring backward
+    """In how many lanes the backward runs as slices of :func:`_slice_states` states through the ring backward
     (0: not by slices; else ``TUNING["bwd_state_slices_lanes"]``, 1: one after another, 2: two
     at a time on two streams).
 
-    By slices where: N >= ``TUNING["bwd_state_slices_from"]`` (> 16; float32 u also from
-    ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer than
-    ``ssm_scan_bwd``'s padded states in 16s); u is float32, or 16-bit with
+    By slices where: N >= ``TUNING["bwd_state_slices_from"]`` (and past the slice width;
+    float32 u also from ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer
+    than ``ssm_scan_bwd``'s padded states in slice widths); u is float32, or 16-bit with
     ``TUNING["bwd_state_slices_16bit"]`` (the slices add their du, ddelta and dz in float32:
     16-bit problems run on float32 copies); the ring backward applies to every slice with a
     grid of at least ``TUNING["bwd_state_slices_min_warps"]`` warps per SM; and (float32) the
@@ -1273,7 +1280,8 @@ def _slice_lanes(p, *arrays):
 
 
 def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
-    """The backward of an N > 16 problem as ceil(N / 16) ring backwards of 16 states each.
+    """The backward of an N > S problem as ceil(N / S) ring backwards of S states each
+    (S = :func:`_slice_states`, 16 or 32).
 
     The states are independent but for the sums over them (y's, and du's, ddelta's and dz's
     terms), which are linear in each state's part: slice k's kernel adds its parts of du,

@@ -143,6 +143,8 @@ elif which == "slices":
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
     # and time segments (SEGS); each slice's ring backward adds into du, ddelta, dz; 16-bit u
     # (with 16-bit or float32 B and C) on float32 copies, its gradients rounded at the end.
+    import run
+    run.ss.TUNING["bwd_ring_max_n"] = 16  # (slices of 32: the bwd_ring32 list)
     from run import state_slices
     state_slices(True)
     cases += [
@@ -163,7 +165,10 @@ elif which == "quads":
     # tiles starting on and off 4-step boundaries (chunks of 7, 8, 10, 12), aligned tiles of
     # 1 to 3 steps past a multiple of 4, N past a multiple of 4 and past 128 (2-step
     # sub-tiles), N <= 16 off the ring kernels (chunks of 6: fewer than 8 state quads), every
-    # B/C form.
+    # B/C form. (The ring backward at N <= 16 only: at N 17-32 it would take the aligned cases
+    # from ssm_scan_bwd.)
+    import run
+    run.ss.TUNING["bwd_ring_max_n"] = 16
     for N, L, chunk in ((17, 24, 8), (64, 40, 12), (128, 36, 10), (130, 28, 12), (64, 64, 1000),
                         (33, 20, 20), (64, 28, 7), (160, 28, 7), (16, 24, 6), (5, 20, 6)):
         cases.append((1, 4, L, N, "float32", None, 1, 2, full, chunk))
