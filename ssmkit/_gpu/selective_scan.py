@@ -195,8 +195,9 @@ TUNING = {
     # Slices of 16, forward+backward at float32 8x1536x2048 (benchmarks/NOTES.md, version
     # 19): N 128 14.59 -> 12.1 ms (checkpoints every 128 steps) or 10.95 (every 16); N 64 5.42
     # against 5.46 at best (every 16 steps), so from N 65 at that width. Slices of 32: N 64
-    # 5.285 -> 5.166 (H100, version 24), so from N 33, the first past one pass.
-    "bwd_state_slices_from": 33,
+    # 5.285 -> 5.166 (H100, version 24), so from N 33, the first past one pass
+    # (SSMKIT_BWD_RING_MAX_N=16 brings back 65 with the width).
+    "bwd_state_slices_from": 65 if os.environ.get("SSMKIT_BWD_RING_MAX_N") == "16" else 33,
     # ... and only where a slice's ring backward has at least this many warps per SM. One
     # lane at a time (H200, NOTES.md version 19): N 96 and 128 at 8x1536x2048 (11.6 warps per
     # SM) 12.89 -> 9.21 and 14.59 -> 11.89 ms; N 128 at 4x1536x2048 (5.8) 7.33 -> 9.14 and N
@@ -1245,9 +1246,9 @@ def _by_state_slices(p, *arrays):
 
 
 def _slice_lanes(p, *arrays):
-    """In how many lanes the backward runs as slices of :func:`_slice_states` states through the ring backward
-    (0: not by slices; else ``TUNING["bwd_state_slices_lanes"]``, 1: one after another, 2: two
-    at a time on two streams).
+    """In how many lanes the backward runs as slices of :func:`_slice_states` states through
+    the ring backward (0: not by slices; else ``TUNING["bwd_state_slices_lanes"]``, 1: one
+    after another, 2: two at a time on two streams).
 
     By slices where: N >= ``TUNING["bwd_state_slices_from"]`` (and past the slice width;
     float32 u also from ``TUNING["bwd_state_slices_padded_from"]`` where the slices are fewer
