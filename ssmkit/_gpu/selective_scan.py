@@ -701,7 +701,7 @@ def _fwd_ring_split(N: int, top) -> tuple[int, int]:
     return ring_split(N, 8 if top is not None and N >= max(9, top) else 4)
 
 
-def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n=16):
+def _ring_case(*, L, N, gb, gc, chunk_size, io, bc, max_n):
     """``(npt, nsplit, q, cmax)`` where the ring kernels apply (float32 compute, B and C per
     step, N <= ``max_n`` (at most 128), L < 2**31, L and the chunk multiples of
     :func:`_ring_quantum`), else None."""

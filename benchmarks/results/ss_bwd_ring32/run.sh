@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ring backward at N 17-32 in one pass (TUNING bwd_ring_max_n 32) and the state slices of
-# 32, against the default (16), then what run4.sh of ss_ring_npt8_large_n asked. On the GPU:
+# 32, against the default (16), the H200 table and the forward's 8-states rule. On the GPU:
 #   benchmarks/results/ss_bwd_ring32/run.sh OUT_DIR
 # 1. the selective-scan and layer GPU tests (pytest_gpu.log; the slices' tests at both widths);
 # 2. tune_selective_scan.py '{}' against bwd_ring_max_n 32 with slices from N 33: float32

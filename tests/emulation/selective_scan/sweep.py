@@ -218,7 +218,7 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
         if which == "ring_wide":  # ... in blocks of more than 256 threads
             assert any(k == "fwd_ring_wide" and pl["threads"] > 256 for k, pl in LAUNCHES), label
         if which in ("slices", "bwd_ring32"):  # every slice through the ring backward, nothing else
-            S = run.ss.TUNING["bwd_ring_max_n"] if which == "bwd_ring32" else 16
+            S = run.ss.TUNING["bwd_ring_max_n"]  # (each list sets its width)
             kinds = [k for k, _ in LAUNCHES]
             assert kinds.count("bwd_ring") == -(-N // S) and "bwd" not in kinds, kinds
             assert which == "slices" or any(pl["nsplit"] == 8 for k, pl in LAUNCHES if k == "bwd_ring"), label
