@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The ring backward at N 17-32 in one pass (TUNING bwd_ring_max_n 32) and the state slices of
-# 32, against the default (16), the H200 table and the forward's 8-states rule. On the GPU:
+# 32 (the default now) against the old width of 16, and the H200 table. On the GPU:
 #   benchmarks/results/ss_bwd_ring32/run.sh OUT_DIR
 # 1. the selective-scan and layer GPU tests (pytest_gpu.log; the slices' tests at both widths);
-# 2. tune_selective_scan.py '{}' against bwd_ring_max_n 32 with slices from N 33: float32
+# 2. tune_selective_scan.py: the old backward (bwd_ring_max_n 16, slices from N 65) against the
+#    default (32, slices from N 33): float32
 #    8x1536x2048 N 64, N 128 (rows 4, 5), N 32 (row 7) and bfloat16 N 64 (row 8) (tune.log);
 # 3. on an H200 only, bench_selective_scan.py, the whole table;
-# 4. 4 against 8 states per lane in the forward on grids of 5.8 to 11.6 warps per SM (warps.log).
 set -u
 O=${1:?usage: run.sh OUT_DIR}; mkdir -p "$O"
 cd "$(dirname "$0")/../../.."
@@ -16,7 +16,7 @@ cat "$O/nvidia_smi.txt"; git log -1 --format='commit %h %cd' > "$O/commit.txt" 2
 timeout 130 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -n 12 \
     tests/test_selective_scan.py tests/test_layers.py > "$O/pytest_gpu.log" 2>&1
 tail -2 "$O/pytest_gpu.log"
-timeout 150 python3 benchmarks/tune_selective_scan.py '{}' '{"bwd_ring_max_n": 32, "bwd_state_slices_from": 33}' \
+timeout 150 python3 benchmarks/tune_selective_scan.py '{"bwd_ring_max_n": 16, "bwd_state_slices_from": 65}' '{}' \
     --rows 4 5 7 8 --shape float32,8,1536,2048,32 --shape bfloat16,8,1536,2048,64 \
     --rounds 2 --check --summary > "$O/tune.log" 2>&1
 sed -n '/^Fastest round/,$p' "$O/tune.log" | tail -8
@@ -24,7 +24,3 @@ if grep -q H200 "$O/nvidia_smi.txt"; then
   timeout 110 python3 benchmarks/bench_selective_scan.py --out "$O" > "$O/bench_selective_scan.log" 2>&1
   tail -n 9 "$O"/selective_scan_*.md
 fi
-timeout 100 python3 benchmarks/tune_selective_scan.py '{"fwd_ring_npt8_min_warps": 1000}' '{"fwd_ring_npt8_min_warps": 0}' \
-    --shape float32,4,1536,2048,32 --shape float32,6,1536,2048,32 \
-    --shape float32,3,1536,2048,64 --rows 7 8 9 --rounds 2 --check --summary > "$O/warps.log" 2>&1
-sed -n '/^Fastest round/,$p' "$O/warps.log" | tail -6
