@@ -24,3 +24,11 @@ if grep -q H200 "$O/nvidia_smi.txt"; then
   timeout 110 python3 benchmarks/bench_selective_scan.py --out "$O" > "$O/bench_selective_scan.log" 2>&1
   tail -n 9 "$O"/selective_scan_*.md
 fi
+# 4. each kernel's time (ncu, durations only) at float32 8x1536x2048, N 16, 32 and 64: where the
+#    backward above N 16 spends its extra time per state (kernels_N.txt).
+for n in 16 32 64; do
+  timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      python3 benchmarks/profile_selective_scan.py float32 8 1536 2048 $n > "$O/kernels_$n.csv" 2> "$O/kernels_$n.err"
+  python3 benchmarks/ncu_kernel_times.py "$O/kernels_$n.csv" --rounds 2 > "$O/kernels_$n.txt" 2>&1
+  echo "N $n"; cat "$O/kernels_$n.txt" | cut -c1-110
+done
