@@ -25,13 +25,7 @@ REPL = COMMON_REPL + [
     ('__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }',
      '__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *emu_al<ssm_v16>(p) = q; }'),
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
-    # thread block clusters (ssm_common.cuh)
-    ('asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));', 'r = (unsigned)emu_cluster_rank();'),
-    ('asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");', 'emu_cluster_arrive();'),
-    ('asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory");', 'emu_cluster_wait();'),
-    ('asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));',
-     'q = (unsigned long long)emu_cluster_map(p, rank);'),
-    ('__cluster_dims__(CS, 1, 1)', ''),
+    ('__cluster_dims__(CS, 1, 1)', ''),  # (clusters: emu_launch's cs)
 ]
 
 FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')
