@@ -2150,31 +2150,25 @@ __device__ __forceinline__ void ssm_bring_advance(float (&h)[4], const float (&A
     }
 }
 
-#define SSM_BWD_RING_PARAMS                                                                             \
-    const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,                   \
-        const IO* __restrict__ dout, const CT* __restrict__ A, const BC* __restrict__ B,                \
-        const BC* __restrict__ C, const CT* __restrict__ D, const CT* __restrict__ dbias,               \
-        const CT* __restrict__ ckpt, const CT* __restrict__ dfinal, IO* __restrict__ du_out,            \
-        IO* __restrict__ ddelta_out, IO* __restrict__ dz_out, CT* __restrict__ dA_part,                 \
-        CT* __restrict__ dB_out, CT* __restrict__ dC_out, CT* __restrict__ dD_part,                     \
-        CT* __restrict__ dbias_part, CT* __restrict__ dh0, CT* __restrict__ scratch, int batch,         \
-        int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk, int TL, int CH, int flags,            \
-        const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg, int seg0, int ck_pitch
-#define SSM_BWD_RING_ARGS                                                                               \
-    u, delta, z, dout, A, B, C, D, dbias, ckpt, dfinal, du_out, ddelta_out, dz_out, dA_part, dB_out,    \
-        dC_out, dD_part, dbias_part, dh0, scratch, batch, dim, N, L, GB, GC, chunk, TL, CH, flags,      \
-        seg_g, seg_len, nseg, seg0, ck_pitch
-
-// The ring backward's body. CS > 1: the block is one of a cluster of CS consecutive channel
-// tiles (sm_90), and the cluster writes one dB/dC partial for all of them (see its end).
-template <typename IO, typename BC, int NPT, int NSPLIT, int CS, typename CT>
-__device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
+template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
+__global__ void __launch_bounds__(SSM_BWD_RING_MAX_THREADS, SSM_BWD_RING_MIN_BLOCKS)
+ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* __restrict__ z,
+                  const IO* __restrict__ dout,
+                  const CT* __restrict__ A, const BC* __restrict__ B, const BC* __restrict__ C,
+                  const CT* __restrict__ D, const CT* __restrict__ dbias,
+                  const CT* __restrict__ ckpt, const CT* __restrict__ dfinal,
+                  IO* __restrict__ du_out, IO* __restrict__ ddelta_out, IO* __restrict__ dz_out,
+                  CT* __restrict__ dA_part, CT* __restrict__ dB_out, CT* __restrict__ dC_out,
+                  CT* __restrict__ dD_part, CT* __restrict__ dbias_part, CT* __restrict__ dh0,
+                  CT* __restrict__ scratch,
+                  int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
+                  int TL, int CH, int flags, const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg,
+                  int seg0, int ck_pitch) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
     static_assert(NPT == 4 && (NSPLIT == 1 || NSPLIT == 2 || NSPLIT == 4 || NSPLIT == 8),
                   "N <= 32: 4 states per thread");
-    static_assert(CS == 1 || CS == 2 || CS == 4, "clusters of 1, 2 or 4 blocks");
     typedef ssm_math<float> M;
     constexpr int NPAD = 4 * NSPLIT;
     constexpr int NPG = ssm_ring_gpitch(NPAD);  // B, C stage slots per group of 4 steps
@@ -2203,8 +2197,7 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
         TL % Q != 0 || (TL & (TL - 1)) != 0 || TL % SSM_BRING_SUB != 0 || L > 0x7fffffffLL || (int)L % Q != 0 || (int)chunk % Q != 0 || dim % CH != 0 ||
         N > NPAD || GB <= 0 || dim % GB != 0 || (dim / GB) % CH != 0 || GC <= 0 || dim % GC != 0 ||
         (dim / GC) % CH != 0 || seg < 0 || seg >= nseg || (int)seg_len % (int)chunk != 0 || t_begin >= L ||
-        (nseg > 1 && seg_g == nullptr) || ((flags & SSM_ACCUMULATE) && sizeof(IO) != 4) || ck_pitch < N ||
-        (dim / GB / CH) % CS != 0 || (dim / GC / CH) % CS != 0)  // (a cluster's tiles share B's and C's group)
+        (nseg > 1 && seg_g == nullptr) || ((flags & SSM_ACCUMULATE) && sizeof(IO) != 4) || ck_pitch < N)
         __trap();
     extern __shared__ ssm_f4 ssm_smem[];  // 16-byte aligned
     unsigned char* const sm = reinterpret_cast<unsigned char*>(ssm_smem);
@@ -2261,7 +2254,6 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
 
     float h[4];  // pass A's running state
     int stage = 0;
-    bool cl_pending = false;  // (CS > 1) this thread arrived at the cluster barrier after its reads of acc
 #pragma unroll 1
     while (!cur.done) {
         ssm_bring_walk nxt = cur;
@@ -2465,7 +2457,6 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
                     }
                 }
             };
-            if (CS > 1 && cl_pending) ssm_cluster_wait();  // the cluster's reads of acc are done
             sub(SB * (nb - 1), tl - SB * (nb - 1) == SB);
 #pragma unroll 1
             for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
@@ -2492,43 +2483,27 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
                     if (has_z) ssm_st16(dz_out + off, ssm_ld16(src + 2 * lay.rows));
                 }
             }
-            if constexpr (CS > 1) {  // every warp's dB, dC rows of the tile are in, in every block
-                ssm_cluster_arrive();
-                ssm_cluster_wait();
-            } else {
-                __syncthreads();  // every warp's dB, dC rows of the tile are in
-            }
-            // dB, dC: the sum over the warps, in warp order (and over the cluster's blocks in
-            // rank order: each block sums every CS-th group of nthr elements for all of them)
-            // -> the block's (the cluster's) partial.
+            __syncthreads();  // every warp's dB, dC rows of the tile are in
+            // dB, dC: the sum over the warps, in warp order -> the block's partial.
             {
                 constexpr int NW = SSM_BWD_RING_MAX_THREADS / 32;
                 const int nw = nthr / 32, lgt = 31 - __clz(TL);
-                const int rank = CS > 1 ? ssm_cluster_rank() : 0;
-                const ssm_i64 part = ((ssm_i64)b * (ntile / CS) + tile / CS) * N * L + t0;
+                const ssm_i64 part = ((ssm_i64)b * ntile + tile) * N * L + t0;
 #pragma unroll 1
-                for (int e = tid + rank * nthr; e < (2 * N) << lgt; e += nthr * CS) {
+                for (int e = tid; e < (2 * N) << lgt; e += nthr) {
                     // rows in the order B_0, C_0, B_1, C_1, ...: at TL 16 a warp's halves take
                     // B_n and C_n, NPAD floats apart in acc, so their reads fall on disjoint
                     // banks (B_n with B_n+1 overlapped: P floats a step, one bank apart)
                     const int r = e >> lgt, t = e & (TL - 1);
                     if (t >= tl) continue;
                     const int which = r & 1, n = r >> 1;
-                    const float* const src = acc + t * P + which * NPAD + n;
+                    const float* src = acc + t * P + which * NPAD + n;
                     float sum = 0.0f;
 #pragma unroll
-                    for (int q = 0; q < CS; ++q) {
-                        const float* const sq = CS > 1 ? ssm_cluster_map(src, q) : src;
-#pragma unroll
-                        for (int wi = 0; wi < NW; ++wi)
-                            if (wi < nw) sum += sq[wi * TL * P];
-                    }
+                    for (int wi = 0; wi < NW; ++wi)
+                        if (wi < nw) sum += src[wi * TL * P];
                     (which ? dC_out : dB_out)[part + (ssm_i64)n * L + t] = sum;
                 }
-            }
-            if constexpr (CS > 1) {  // this thread's reads of the cluster's acc are done
-                ssm_cluster_arrive();
-                cl_pending = true;
             }
         }
         // 16-bit B and C of the next tile widened into the other stage (whose last
@@ -2541,8 +2516,6 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
         stage ^= 1;
     }
     ssm_cp_wait_all();  // the empty last group
-    // No block leaves while the cluster may still read its acc.
-    if (CS > 1 && cl_pending) ssm_cluster_wait();
 
     const ssm_i64 bd = (ssm_i64)b * dim + d;
     const ssm_i64 sbd = (ssm_i64)seg * batch * dim + bd;
@@ -2561,21 +2534,6 @@ __device__ __forceinline__ void ssm_bwd_ring_body(SSM_BWD_RING_PARAMS) {
         dbias_part[sbd] = accBias;
     }
 }
-
-template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void __launch_bounds__(SSM_BWD_RING_MAX_THREADS, SSM_BWD_RING_MIN_BLOCKS)
-ssm_scan_bwd_ring(SSM_BWD_RING_PARAMS) {
-    ssm_bwd_ring_body<IO, BC, NPT, NSPLIT, 1, CT>(SSM_BWD_RING_ARGS);
-}
-
-#if SSM_HAS_CLUSTERS
-// The same in clusters of CS blocks: dB_out and dC_out get one partial per CS channel tiles.
-template <typename IO, typename BC, int NPT, int NSPLIT, int CS, typename CT = float>
-__global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(SSM_BWD_RING_MAX_THREADS, SSM_BWD_RING_MIN_BLOCKS)
-ssm_scan_bwd_ring_cluster(SSM_BWD_RING_PARAMS) {
-    ssm_bwd_ring_body<IO, BC, NPT, NSPLIT, CS, CT>(SSM_BWD_RING_ARGS);
-}
-#endif
 
 // ===========================================================================
 // Summary pass of a split backward (see "Time segments"): per segment seg0 +

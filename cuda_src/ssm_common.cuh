@@ -280,36 +280,6 @@ __device__ __forceinline__ int ssm_fresh_ctaid() {
     return r;
 }
 
-// Thread block clusters (sm_90; SSM_HAS_CLUSTERS): this block's rank in its cluster; the
-// cluster's barrier in two halves (arrive releases this thread's earlier shared-memory
-// accesses, wait acquires everyone's: every thread of the cluster alternates them); and the
-// generic address of p, a float in this block's shared memory, in the block of rank `rank`.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define SSM_HAS_CLUSTERS 1
-__device__ __forceinline__ int ssm_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ void ssm_cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");
-}
-__device__ __forceinline__ void ssm_cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory");
-}
-__device__ __forceinline__ const float* ssm_cluster_map(const float* p, int rank) {
-    unsigned long long q;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
-    return reinterpret_cast<const float*>(q);
-}
-#else
-#define SSM_HAS_CLUSTERS 0
-__device__ __forceinline__ int ssm_cluster_rank() { return 0; }
-__device__ __forceinline__ void ssm_cluster_arrive() { __trap(); }
-__device__ __forceinline__ void ssm_cluster_wait() { __trap(); }
-__device__ __forceinline__ const float* ssm_cluster_map(const float* p, int) { __trap(); return p; }
-#endif
-
 // Ask L2 to fetch the 128-byte line holding *p (a hint: no register, no wait,
 // no fault). Used to pull the next tile toward the SM while the current one is
 // scanned, so that staging it later waits on L2 rather than on DRAM.

@@ -87,10 +87,6 @@ def test_hot_kernels_keep_state_in_registers(nvrtc_path):
     keys += [ss.KernelKey(kind, io, bc, *ss.ring_split(32), True, True)
              for kind in ("bwd_ring", "bwd_sum_ring")
              for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
-    # ... and in thread block clusters (TUNING["bwd_ring_cluster"]) at N = 16 and 32
-    keys += [ss.KernelKey("bwd_ring", io, bc, *ss.ring_split(n), True, True, cs)
-             for n in (16, 32) for cs in (2, 4)
-             for io, bc in (("bfloat16", "bfloat16"), ("float32", "float32"))]
     # ... and at 8 states per lane (16, 8 and 4 lanes per channel)
     keys += [ss.KernelKey(kind, io, bc, 8, nsplit, True, True)
              for kind, nsplit in (("fwd_ring_wide", 16), ("fwd_ring_wide", 8), ("fwd_ring_wide", 4),
@@ -172,37 +168,6 @@ def test_backend_runs_on_gpu(dtype):
         got = cp.asnumpy(grads[name])
         assert got.shape == want.shape, name
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
-
-
-@pytest.mark.parametrize("cluster", [1, 2, 4])
-def test_ring_backward_clusters_divide_each_group(monkeypatch, cluster):
-    # ssm_scan_bwd_ring_cluster traps unless its clusters' tiles share B's and C's groups; the
-    # clusters come only from sm_90 on, at most TUNING["bwd_ring_cluster"] blocks, the largest
-    # that divides both groups' tiles.
-    monkeypatch.setitem(ss.TUNING, "bwd_ring_cluster", cluster)
-    limits = dict(sm_count=132, smem_optin=227 * 1024)
-    seen = set()
-    for cc in (80, 90):
-        for N in (4, 16, 32):
-            for dim, gb, gc in ((1536, 1, 1), (96, 3, 2), (64, 1, 2), (24, 1, 1), (192, 1, 3), (8, 1, 1)):
-                for batch, L, chunk in ((8, 2048, 2048), (2, 32768, 256), (1, 40, 8)):
-                    plan = ss.plan_backward_ring(batch=batch, dim=dim, L=L, N=N, gb=gb, gc=gc,
-                                                 chunk_size=chunk, io="float32", bc="float32",
-                                                 compute_capability=cc, **limits)
-                    if plan is None:
-                        continue
-                    tiles = [dim // g // plan["ch"] for g in (gb, gc)]
-                    cs = plan["cluster"]
-                    assert cs in (1, 2, 4) and cs <= cluster and all(t % cs == 0 for t in tiles)
-                    assert cc >= 90 or cs == 1
-                    if cc >= 90 and cs < cluster:  # (no larger allowed one divides)
-                        assert any(t % (2 * cs) for t in tiles), (dim, gb, gc, plan["ch"], cs)
-                    seen.add(cs)
-    assert seen == {c for c in (1, 2, 4) if c <= cluster}
-    # the peer shape: 48 tiles of 32 channels at N 16, 96 of 16 at N 32
-    peer = dict(batch=8, dim=1536, L=2048, gb=1, gc=1, chunk_size=2048, io="float32", bc="float32",
-                compute_capability=90, **limits)
-    assert [ss.plan_backward_ring(N=n, **peer)["cluster"] for n in (16, 32)] == [cluster, cluster]
 
 
 @pytest.mark.parametrize("max_n, wide_min_n, npt8_min_n, bwd_max_n",

@@ -112,13 +112,12 @@ def test_ssd_in_emulation(script, cases, variant):
 # ring_wide: the ring forward in blocks of up to 512 threads, time split too; ring_npt8: the
 # ring forward and its summary at 8 states per lane (2 to 16 lanes a channel, blocks of 384
 # threads), time split too; bwd_ring32: the ring backward at N 17 to 32 in one pass (8 lanes a
-# channel) and N > 32 as slices of 32, time split too; bwd_cluster: the ring backward in thread
-# block clusters of 4 (2 where 4 does not divide), time split too
+# channel) and N > 32 as slices of 32, time split too
 @pytest.mark.parametrize("which,sm,segs", [("quick", "132", ""), ("ring", "132", ""), ("ring", "1", ""),
                                            ("ring_wide", "1", "2"), ("ring_npt8", "1", "3"),
                                            ("quads", "132", ""), ("n", "132", ""), ("bwd_ring", "1", ""),
                                            ("bwd_ring", "1", "3"), ("slices", "1", "3"),
-                                           ("bwd_ring32", "1", "3"), ("bwd_cluster", "132", "3")])
+                                           ("bwd_ring32", "1", "3")])
 def test_selective_scan_in_emulation(which, sm, segs):
     pytest.importorskip("ml_dtypes")
     env = dict(os.environ, ASAN="0", SM=sm)  # (the full sweeps run under AddressSanitizer by hand)

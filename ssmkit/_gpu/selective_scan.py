@@ -186,13 +186,6 @@ TUNING = {
     # -> 4) (benchmarks/NOTES.md, version 24). SSMKIT_BWD_RING_MAX_N in the environment (read
     # at import) sets it.
     "bwd_ring_max_n": int(os.environ.get("SSMKIT_BWD_RING_MAX_N", "32")),
-    # Blocks per thread block cluster of the ring backward (1, 2 or 4; sm_90 and later): a
-    # cluster's blocks sum their per-step dB/dC rows together through distributed shared
-    # memory and write one partial for all of their channel tiles, so the partials that
-    # ssm_sum_tiles reads shrink by this factor (at float32 8x1536x2048 N 32: 403 MB written
-    # and read again at 1). Falls back to the largest of 2 and 1 that divides the tiles of a
-    # B/C group. SSMKIT_BWD_RING_CLUSTER in the environment (read at import) sets it.
-    "bwd_ring_cluster": int(os.environ.get("SSMKIT_BWD_RING_CLUSTER", "1")),
     # True: a split ring backward's summary pass through the ring forward's staging
     # (ssm_scan_bwd_sum_ring, tiles of the ring forward's plan); False: ssm_scan_bwd_sum.
     "bwd_sum_ring": True,
@@ -267,8 +260,7 @@ TUNING = {
 }
 
 KernelKey = collections.namedtuple(
-    "KernelKey", ["kind", "io", "bc", "npt", "nsplit", "b_per_step", "c_per_step", "cluster"],
-    defaults=(1,))
+    "KernelKey", ["kind", "io", "bc", "npt", "nsplit", "b_per_step", "c_per_step"])
 KernelKey.__doc__ = """One kernel instantiation.
 
 kind : "fwd", "bwd", their time-segment summary passes "fwd_sum", "bwd_sum",
@@ -287,9 +279,7 @@ dB/dC partials), both templated on the compute type only (io = bc = the
 compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
-(batch, G, N, L); cluster : blocks per thread block cluster of "bwd_ring"
-(``TUNING["bwd_ring_cluster"]``: ``ssm_scan_bwd_ring_cluster``), 1 for every
-other kind."""
+(batch, G, N, L)."""
 
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
 _RING_KINDS = ("fwd_ring", "fwd_ring_wide", "fwd_sum_ring", "bwd_ring", "bwd_sum_ring")
@@ -376,8 +366,6 @@ def kernel_keys(full: bool = True) -> list:
                     rsplits |= {ring_split(n, 8) for n in range(9, top)}
                 for npt, nsplit in sorted(rsplits):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
-                    if kind == "bwd_ring":  # (in clusters: TUNING["bwd_ring_cluster"])
-                        keys += [KernelKey(kind, io, bc, npt, nsplit, True, True, cs) for cs in (2, 4)]
     if full:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split) (the wide ring
@@ -392,10 +380,8 @@ def kernel_keys(full: bool = True) -> list:
     # ... and at 8 states per lane, the wide forward at N 64's and 128's splits, the other
     # 8-state instances in float32 only
     wide = {ring_split(64), ring_split(128), (8, 8), (8, 16)}
-    # the ring backward in clusters at N 16's and 32's splits, in float32 and bfloat16
-    clustered = lambda k: (k.nsplit in (4, 8) and k.io == k.bc and k.io in ("float32", "bfloat16"))  # noqa: E731
     ring = lambda k: ((k.npt, k.nsplit) in wide or (k.npt == 4 and k.kind != "fwd_ring_wide")  # noqa: E731
-                      or (k.npt == 8 and f32(k))) and (k.cluster == 1 or clustered(k))
+                      or (k.npt == 8 and f32(k)))
     return [k for k in keys
             if k.kind in _SMALL_KINDS or (ring(k) if k.kind in _RING_KINDS else (
                 (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
@@ -409,8 +395,6 @@ def name_expression(key: KernelKey) -> str:
         return f"ssm_seg_carry<{_CXX[ct]}>"
     if key.kind == "tile_sum":
         return f"ssm_sum_tiles<{_CXX[ct]}>"
-    if key.kind == "bwd_ring" and key.cluster > 1:
-        return f"ssm_scan_bwd_ring_cluster<{_CXX[key.io]}, {_CXX[key.bc]}, {key.npt}, {key.nsplit}, {key.cluster}>"
     if key.kind in _RING_KINDS:
         return f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {key.npt}, {key.nsplit}>"
     b = lambda v: "true" if v else "false"  # noqa: E731
@@ -888,12 +872,8 @@ def plan_backward_ring(*, batch, dim, L, N, gb, gc, chunk_size, io, bc, sm_count
                             split=split, seg_len=seg_len // split)
         except NotImplementedError:
             pass
-    cluster = 1
-    if device.get("compute_capability", 0) >= 90:  # the largest allowed that divides each group's tiles
-        cluster = max(cs for cs in (1, 2, 4) if cs <= TUNING["bwd_ring_cluster"] and all(
-            g == 0 or (dim // g // ch) % cs == 0 for g in (gb, gc)))
     return dict(npt=npt, nsplit=nsplit, ch=ch, tl=tl, ts=_BRING_SUB, threads=ch * nsplit, blocks=blocks,
-                smem=nbytes, tiles_per_chunk=tpc, cluster=cluster,
+                smem=nbytes, tiles_per_chunk=tpc,
                 scratch=blocks * tpc * (tl // _BRING_SUB) * ch * nsplit * npt,  # a state per sub-block
                 nseg=nseg, seg_len=seg_len, ring=True,
                 sum_smem=_fwd_smem_bytes(ch, tl, npad, False, True, 4), sum_ring=sum_ring)
@@ -1389,8 +1369,7 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
         plan = _plan(p, "bwd")
     ring = plan.get("ring", False)
     ch = plan["ch"]
-    cluster = plan.get("cluster", 1)
-    ntile = dim // ch // cluster  # per-step dB/dC partials: one per cluster of channel tiles
+    ntile = dim // ch
     nseg = plan["nseg"]
     # Per-segment partials (segment-major), summed below in a fixed order.
     dA_part = cp.empty((nseg * batch, dim, N), dtype=cdt)
@@ -1437,7 +1416,7 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
             _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1), smem=plan["sum_smem"]), args)
             seeds = _carry(p, plan, dfinal_state, local, sumdt, reverse=True)
 
-    key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0, cluster)
+    key = KernelKey("bwd_ring" if ring else "bwd", io, bc, plan["npt"], plan["nsplit"], gb > 0, gc > 0)
     args = (p.u, p.delta, _ptr(p.z), dout, p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             checkpoints, _ptr(dfinal_state), du, ddelta, _ptr(dz),
             dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,

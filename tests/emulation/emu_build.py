@@ -27,12 +27,6 @@ COMMON_REPL = [
     ('asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));', 'r = (int)threadIdx.x;'),
     ('asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r));', 'r = (int)blockIdx.x;'),
     ('asm volatile("prefetch.global.L2 [%0];" : : "l"(p));', 'emu_prefetch(p);'),
-    # thread block clusters
-    ('asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));', 'r = (unsigned)emu_cluster_rank();'),
-    ('asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");', 'emu_cluster_arrive();'),
-    ('asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory");', 'emu_cluster_wait();'),
-    ('asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));',
-     'q = (unsigned long long)emu_cluster_map(p, rank);'),
     # cp.async (ssm_common.cuh): the sm_80 branch is the one emulated, its copies landing at
     # the waits (emu_common.h)
     ('#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n#define SSM_CP_ASYNC_ARCH 1',

@@ -46,15 +46,12 @@ std::atomic<long> emu_shfl_count{0};
 
 struct EmuCpCopy { unsigned char* dst; unsigned char data[16]; int n; };  // a cp.async in flight
 
-// A barrier of `expected` threads (the block's, or a warp's for shuffles and mma.sync, or a
-// thread block cluster's, whose arrive and wait are separate).
+// A barrier of `expected` threads (the block's, or a warp's for shuffles and mma.sync).
 struct EmuBarrier {
     unsigned expected = 0, arrived = 0;
     unsigned long gen = 0;  // completions so far
-    int warp = -1;          // the warp it belongs to (-1: the block's, -2: the cluster's), for the deadlock report
+    int warp = -1;          // the warp it belongs to (-1: the block's), for the deadlock report
     void arrive_and_wait();
-    unsigned long arrive();         // the generation to wait on
-    void wait(unsigned long gen0);  // until the generation moves past gen0
 };
 
 struct EmuFiber {
@@ -66,17 +63,6 @@ struct EmuFiber {
     void* asan_fake = nullptr;       // AddressSanitizer's fake stack while suspended
     std::vector<EmuCpCopy> cp_open;                // cp.async: issued, not yet committed
     std::deque<std::vector<EmuCpCopy>> cp_groups;  // committed, oldest first
-    unsigned tid = 0, blk = 0;       // its threadIdx.x, and its block's rank in the cluster
-    bool cl_arrived = false;         // arrived at the cluster barrier, not yet waited
-    unsigned long cl_gen = 0;        // ... at this generation
-};
-
-// A block of the running cluster (one block: a cluster of one): what a fiber switch installs.
-struct EmuBlockCtx {
-    unsigned idx = 0;                // blockIdx.x
-    EmuBarrier* bar = nullptr;       // its __syncthreads barrier
-    struct EmuWarp* warps = nullptr;
-    unsigned char* smem = nullptr;   // its dynamic shared memory
 };
 
 struct EmuSched {
@@ -88,7 +74,6 @@ struct EmuSched {
     void* main_asan_fake = nullptr;
     const void* main_bottom = nullptr;  // the launch's stack, for AddressSanitizer
     size_t main_size = 0;
-    std::vector<EmuBlockCtx> blocks;    // the running cluster's blocks, by rank
 };
 inline EmuSched emu_sched;
 inline EmuFiber& emu_self() { return emu_sched.fibers[emu_sched.cur]; }
@@ -149,7 +134,6 @@ inline void emu_asan_finish(void*, const void**, size_t*) {}
 // ldmatrix or mma.sync reached by only some lanes of a warp, a __syncthreads some threads
 // skip or exit before): the hardware's result is undefined, the emulation stops here.
 [[noreturn]] inline void emu_deadlock();
-inline void emu_enter(const EmuFiber& f);  // install its thread and block (below)
 
 // Leave the running fiber (waiting at a barrier, or done) for the next one that can run,
 // round robin after it; back to the launch once every fiber is done.
@@ -171,7 +155,7 @@ __attribute__((noinline)) inline void emu_switch_next() {
     void* to = next == n ? S.main_sp : S.fibers[next].sp;
     const void* bottom = next == n ? S.main_bottom : S.fibers[next].stack;
     emu_asan_start(self.done ? nullptr : &self.asan_fake, bottom, next == n ? S.main_size : EMU_FIBER_STACK);
-    if (next < n) { S.cur = next; emu_enter(S.fibers[next]); }
+    if (next < n) { S.cur = next; threadIdx.x = next; }
     emu_ctx_switch(&self.sp, to);
     // Resumed: whoever switched here set S.cur and threadIdx to this fiber.
     emu_asan_finish(self.asan_fake, nullptr, nullptr);
@@ -186,59 +170,10 @@ inline void EmuBarrier::arrive_and_wait() {
     emu_switch_next();
     self.wait = nullptr;
 }
-inline unsigned long EmuBarrier::arrive() {
-    const unsigned long g = gen;
-    if (++arrived == expected) { arrived = 0; ++gen; }
-    return g;
-}
-inline void EmuBarrier::wait(unsigned long gen0) {
-    if (gen != gen0) return;
-    EmuFiber& self = emu_self();
-    self.wait = this;
-    self.wait_gen = gen0;
-    emu_switch_next();
-    self.wait = nullptr;
-}
 EmuBarrier* emu_block_barrier = nullptr;
 
 struct EmuWarp { EmuBarrier bar; double slot[32]; unsigned mask; };
 EmuWarp* emu_warps = nullptr;
-
-inline void emu_enter(const EmuFiber& f) {
-    const EmuBlockCtx& b = emu_sched.blocks[f.blk];
-    threadIdx.x = f.tid;
-    blockIdx.x = b.idx;
-    emu_block_barrier = b.bar;
-    emu_warps = b.warps;
-    emu_smem_ptr = b.smem;
-}
-
-// Thread block clusters: the barrier (arrive, then wait, in turn: anything else fails), the
-// block's rank, and a float of this block's shared memory mapped into block `rank`'s.
-EmuBarrier* emu_cluster_barrier = nullptr;
-inline void emu_cluster_arrive() {
-    EmuFiber& self = emu_self();
-    if (!emu_cluster_barrier) emu_fail("cluster barrier outside a cluster launch");
-    if (self.cl_arrived) emu_fail("cluster barrier: arrive twice without a wait");
-    self.cl_arrived = true;
-    self.cl_gen = emu_cluster_barrier->arrive();
-}
-inline void emu_cluster_wait() {
-    EmuFiber& self = emu_self();
-    if (!emu_cluster_barrier) emu_fail("cluster barrier outside a cluster launch");
-    if (!self.cl_arrived) emu_fail("cluster barrier: wait without an arrive");
-    self.cl_arrived = false;
-    emu_cluster_barrier->wait(self.cl_gen);
-}
-inline int emu_cluster_rank() { return (int)emu_self().blk; }
-inline const float* emu_cluster_map(const float* p, int rank) {
-    const EmuSched& S = emu_sched;
-    const unsigned char* q = (const unsigned char*)p;
-    const unsigned char* mine = S.blocks[emu_self().blk].smem;
-    if (rank < 0 || rank >= (int)S.blocks.size()) emu_fail("mapa: rank outside the cluster");
-    if (q < mine || q + sizeof(float) > mine + emu_dyn_smem) emu_fail("mapa: address outside this block's shared memory");
-    return (const float*)(S.blocks[rank].smem + (q - mine));
-}
 
 [[noreturn]] inline void emu_deadlock() {
     std::string msg = "deadlock: every unfinished thread waits at a barrier that cannot complete (a shuffle, "
@@ -253,8 +188,7 @@ inline const float* emu_cluster_map(const float* p, int rank) {
         if (dup || nseen == 64) continue;
         seen[nseen++] = f.wait;
         char line[96];
-        if (f.wait->warp == -2) snprintf(line, sizeof line, " the cluster barrier %u of %u arrived;", f.wait->arrived, f.wait->expected);
-        else if (f.wait->warp < 0) snprintf(line, sizeof line, " __syncthreads %u of %u arrived;", f.wait->arrived, f.wait->expected);
+        if (f.wait->warp < 0) snprintf(line, sizeof line, " __syncthreads %u of %u arrived;", f.wait->arrived, f.wait->expected);
         else snprintf(line, sizeof line, " warp %d's barrier %u of %u arrived;", f.wait->warp, f.wait->arrived, f.wait->expected);
         msg += line;
     }
@@ -414,7 +348,6 @@ inline unsigned char* emu_stack(unsigned i) {
     else emu_asan_finish(nullptr, nullptr, nullptr);
     S.fn(S.arg);
     emu_cp_exit_check();
-    if (emu_self().cl_arrived) emu_fail("thread exit between a cluster barrier's arrive and its wait");
     emu_self().done = true;
     emu_switch_next();  // never returns here: a done fiber is not resumed
     __builtin_unreachable();
@@ -437,58 +370,37 @@ inline void* emu_fiber_frame(unsigned char* top) {
     return sp;
 }
 
-// Run a cluster of `cs` blocks (consecutive from blockIdx.x = first) of `block` threads each,
-// every thread calling call(), to completion: each block's barrier and its dynamic shared
-// memory smem[rank], a barrier per warp (the last one partial when block is not a multiple of
-// 32: its mask has only its lanes), the cluster's barrier, one fiber per thread.
-template <typename F> inline void emu_run_cluster(F& call, unsigned block, unsigned cs, unsigned first,
-                                                  unsigned char* const* smem) {
+// Run one block of `block` threads, each calling call(), to completion: the block's barrier,
+// a barrier per warp (the last one partial when block is not a multiple of 32: its mask has
+// only its lanes), one fiber per thread.
+template <typename F> inline void emu_run_block(F& call, unsigned block) {
+    EmuBarrier bar;
+    bar.expected = block;
+    emu_block_barrier = &bar;
     const unsigned nw = (block + 31) / 32;
-    std::vector<EmuBarrier> bars(cs);
-    std::vector<EmuWarp> warps(cs * nw);
-    EmuSched& S = emu_sched;
-    S.blocks.assign(cs, EmuBlockCtx());
-    for (unsigned r = 0; r < cs; ++r) {
-        bars[r].expected = block;
-        for (unsigned w = 0; w < nw; ++w) {
-            EmuWarp& W = warps[r * nw + w];
-            const unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
-            W.bar.expected = cnt;
-            W.bar.warp = (int)w;
-            W.mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
-        }
-        S.blocks[r] = EmuBlockCtx{first + r, &bars[r], &warps[r * nw], smem[r]};
+    std::vector<EmuWarp> warps(nw);
+    for (unsigned w = 0; w < nw; ++w) {
+        const unsigned cnt = block - 32 * w < 32 ? block - 32 * w : 32;
+        warps[w].bar.expected = cnt;
+        warps[w].bar.warp = (int)w;
+        warps[w].mask = cnt == 32 ? 0xffffffffu : ((1u << cnt) - 1u);
     }
-    EmuBarrier cluster;
-    cluster.expected = cs * block;
-    cluster.warp = -2;
-    emu_cluster_barrier = cs > 1 ? &cluster : nullptr;
+    emu_warps = warps.data();
+    EmuSched& S = emu_sched;
     S.fibers.clear();
-    S.fibers.resize(cs * block);
-    for (unsigned t = 0; t < cs * block; ++t) {
+    S.fibers.resize(block);
+    for (unsigned t = 0; t < block; ++t) {
         S.fibers[t].stack = emu_stack(t);
         S.fibers[t].sp = emu_fiber_frame(S.fibers[t].stack + EMU_FIBER_STACK);
-        S.fibers[t].tid = t % block;
-        S.fibers[t].blk = t / block;
     }
     S.fn = [](void* f) { (*(F*)f)(); };
     S.arg = &call;
     S.main_size = 0;
     S.cur = 0;
-    emu_enter(S.fibers[0]);
+    threadIdx.x = 0;
     emu_asan_start(&S.main_asan_fake, S.fibers[0].stack, EMU_FIBER_STACK);
     emu_ctx_switch(&S.main_sp, S.fibers[0].sp);
     emu_asan_finish(S.main_asan_fake, nullptr, nullptr);
     emu_block_barrier = nullptr;
     emu_warps = nullptr;
-    emu_cluster_barrier = nullptr;
-    blockIdx.x = first;
-    emu_smem_ptr = smem[0];
-}
-
-// Run one block of `block` threads (blockIdx.x and emu_smem_ptr as set), each calling call(),
-// to completion: a cluster of one.
-template <typename F> inline void emu_run_block(F& call, unsigned block) {
-    unsigned char* const smem[1] = {emu_smem_ptr};
-    emu_run_cluster(call, block, 1, blockIdx.x, smem);
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (On a tree with clusters.patch applied: the library at 742adfd has no TUNING["bwd_ring_cluster"].)
 # The ring backward in thread block clusters (TUNING bwd_ring_cluster 1, 2, 4). On the GPU:
 #   benchmarks/results/ss_bwd_cluster/run.sh OUT_DIR
 # 1. the selective-scan GPU tests of the ring kernels, the slices and the clusters

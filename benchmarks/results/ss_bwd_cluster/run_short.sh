@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (On a tree with clusters.patch applied: the library at 742adfd has no TUNING["bwd_ring_cluster"].)
 # The shortest form of run.sh, for little device time: clusters of 4 against none at float32
 # 8x1536x2048 N 32 (row 7) and N 16 (row 0) (tune.log), then the cluster GPU tests
 # (pytest_gpu_cluster.log).   benchmarks/results/ss_bwd_cluster/run_short.sh OUT_DIR

@@ -25,7 +25,6 @@ REPL = COMMON_REPL + [
     ('__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *reinterpret_cast<ssm_v16*>(p) = q; }',
      '__device__ __forceinline__ void ssm_st16(void* p, const ssm_v16& q) { *emu_al<ssm_v16>(p) = q; }'),
     ('extern __shared__ ssm_f4 ssm_smem[];', 'ssm_f4* const ssm_smem = reinterpret_cast<ssm_f4*>(emu_smem_ptr);'),
-    ('__cluster_dims__(CS, 1, 1)', ''),  # (clusters: emu_launch's cs)
 ]
 
 FWD_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,IO*,CT*,CT*,CT*,CT*".split(',')
@@ -52,20 +51,15 @@ def is_ptr(t): return t.endswith("*")
 
 LAUNCH = r'''
 struct EmuBuf { void* p; long long n; };
-// Blocks in clusters of cs (consecutive blockIdx.x), a cluster at a time.
 template <typename F>
-static void emu_launch(F call, unsigned grid, unsigned block, unsigned smem, unsigned cs) {
-    if (cs < 1 || grid % cs) emu_fail("grid not a multiple of the cluster size");
-    for (unsigned b0 = 0; b0 < grid; b0 += cs) {
-        blockDim.x = block; gridDim.x = grid;
-        std::vector<unsigned char*> bufs(cs);
-        for (auto& buf : bufs) {
-            buf = (unsigned char*)malloc(smem ? smem : 1);
-            memset(buf, 0xff, smem ? smem : 1);  // NaN: reads of unwritten smem poison results
-        }
-        emu_dyn_smem = smem;
-        emu_run_cluster(call, block, cs, b0, bufs.data());
-        for (auto buf : bufs) free(buf);
+static void emu_launch(F call, unsigned grid, unsigned block, unsigned smem) {
+    for (unsigned bi = 0; bi < grid; ++bi) {
+        blockIdx.x = bi; blockDim.x = block; gridDim.x = grid;
+        unsigned char* buf = (unsigned char*)malloc(smem ? smem : 1);
+        memset(buf, 0xff, smem ? smem : 1);  // NaN: reads of unwritten smem poison results
+        emu_smem_ptr = buf; emu_dyn_smem = smem;
+        emu_run_block(call, block);
+        free(buf);
     }
 }
 // Copy every array into an exact-size heap buffer (so ASan sees overruns), run, copy back.
@@ -105,7 +99,7 @@ def wrapper(key):
 extern "C" void {symbol(key)}(EmuBuf* a, long long* s, unsigned grid, unsigned block, unsigned smem) {{
     std::vector<void*> r = emu_copy_in(a, {n});
     auto call = [&r, s] {{ {ss.name_expression(key)}({", ".join(parts)}); }};
-    emu_launch(call, grid, block, smem, {key.cluster});
+    emu_launch(call, grid, block, smem);
     emu_copy_out(a, r, {n});
 }}
 '''

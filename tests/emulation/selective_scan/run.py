@@ -12,8 +12,7 @@ that of the ring backward in one pass and its state slices' width (16 or 32); FW
 lets its blocks grow to 512 threads (ssm_scan_fwd_ring_wide) from N = n (0: never); SUM_SPLIT=m splits the ring summaries' segments in m; FWD_SUM_TILES=1 gives the
 forward's summary its own tiles;
 STATE_SLICES=1 / 0 runs the backward of every N > 16 (32) as slices of 16 (32) states through the ring backward (or none;
-SLICE_LANES=1: one slice at a time, not the default two lanes); CLUSTER=2 or 4 runs the ring backward in
-thread block clusters of that many blocks where they divide a B/C group's channel tiles;
+SLICE_LANES=1: one slice at a time, not the default two lanes);
 SS_EMU_MUTATE='old=>new' plants a bug in the kernel text (see build.py).
 """
 import ctypes, sys, os, itertools, time
@@ -42,9 +41,7 @@ def state_slices(on):
 if os.environ.get("STATE_SLICES"): state_slices(os.environ["STATE_SLICES"] == "1")
 if os.environ.get("FWD_SUM_TILES"): ss.TUNING["fwd_sum_tiles"] = os.environ["FWD_SUM_TILES"] == "1"
 if os.environ.get("MINSEG"): ss.TUNING["min_seg_steps"] = ss.TUNING["bwd_min_seg_steps"] = int(os.environ["MINSEG"])
-if os.environ.get("CLUSTER"): ss.TUNING["bwd_ring_cluster"] = int(os.environ["CLUSTER"])
-compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472,
-                                  "compute_capability": 90}
+compiler.device_limits = lambda: {"sm_count": int(os.environ.get("SM", "132")), "smem_optin": 232448, "smem_per_sm": 233472}
 
 class EmuBuf(ctypes.Structure):
     _fields_ = [("p", ctypes.c_void_p), ("n", ctypes.c_longlong)]
@@ -143,8 +140,7 @@ def check(p, rng, tol, dfinal=True, label=""):
     status = "OK " if not bad else "BAD"
     fp = ([pl for k, pl in LAUNCHES if k in ("fwd", "fwd_direct", "fwd_ring", "fwd_ring_wide")] or [{}])[-1]; bp = ([pl for k, pl in LAUNCHES if k in ("bwd", "bwd_ring")] or [{}])[-1]
     desc = (("ring:" if fp.get("ring") else "") + f"{fp.get('ch')},{fp.get('tl')},s{fp.get('nseg',1)}/"
-            + ("ring:" if bp.get("ring") else "") + f"{bp.get('ch')},{bp.get('tl')},s{bp.get('nseg',1)}"
-            + (f",c{bp['cluster']}" if bp.get("cluster", 1) > 1 else ""))
+            + ("ring:" if bp.get("ring") else "") + f"{bp.get('ch')},{bp.get('tl')},s{bp.get('nseg',1)}")
     print(f"{status} {label} {desc} max={max(errs.values()):.2e}" + ("" if not bad else f" bad={bad}"), flush=True)
     return not bad
 

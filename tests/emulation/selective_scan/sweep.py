@@ -2,7 +2,7 @@ r"""Sweep the host-emulated selective scan kernels (run.py) over a case list and
 output and gradient with the float64 reference.
 
     LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | bwd_ring | bwd_ring32 | bwd_cluster | slices | n | quads | dtypes | bf | big
+        python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | bwd_ring | bwd_ring32 | slices | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
 quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
@@ -138,27 +138,6 @@ elif which == "bwd_ring32":
         (2, 8, 40, 64, "float32", None, 1, 1, none, 8),
         (1, 16, 48, 81, "float32", None, 2, 1, full, 1000),
     ]
-elif which == "bwd_cluster":
-    # The ring backward in thread block clusters (TUNING["bwd_ring_cluster"], CLUSTER: 4 unless
-    # set): the cluster's blocks sum their dB/dC rows through each other's shared memory into
-    # one partial. N 16 and 17-32 in one pass, N 33 and 64 as slices of 32, every IO/BC pair,
-    # B and C groups of different sizes (clusters of 2 where 4 does not divide a group's tiles);
-    # several tiles per chunk and (SEGS) time segments.
-    import run
-    run.ss.TUNING["bwd_ring_max_n"] = 32
-    run.ss.TUNING["bwd_ring_cluster"] = int(os.environ.get("CLUSTER", "4"))
-    from run import state_slices
-    state_slices(True)
-    cases += [
-        (1, 32, 200, 16, "float32", None, 1, 1, full, 200),
-        (2, 64, 136, 16, "bfloat16", None, 1, 2, full, 64),
-        (1, 32, 72, 16, "float16", "float32", 1, 1, none, 1000),
-        (1, 32, 96, 32, "float32", None, 1, 2, full, 40),
-        (1, 16, 72, 24, "bfloat16", "float32", 1, 1, full, 16),
-        (1, 32, 64, 33, "float32", None, 1, 1, full, 32),
-        (2, 16, 40, 64, "bfloat16", None, 1, 1, none, 8),
-        (4, 1024, 16, 16, "float32", None, 1, 1, full, 8),  # (blocks of 4 warps)
-    ]
 elif which == "slices":
     # N > 16 as slices of 16 states through the ring backward (as STATE_SLICES=1):
     # last slices of 1, 5 and 16 states, several tiles per chunk, with and without options
@@ -243,9 +222,5 @@ for (batch, dim, L, N, io, bc, gb, gc, flags, chunk) in cases:
             kinds = [k for k, _ in LAUNCHES]
             assert kinds.count("bwd_ring") == -(-N // S) and "bwd" not in kinds, kinds
             assert which == "slices" or any(pl["nsplit"] == 8 for k, pl in LAUNCHES if k == "bwd_ring"), label
-        if which == "bwd_cluster":  # the ring backward in clusters (a slice of 1 state: its 32
-            # channels in one tile, no cluster)
-            clusters = [pl["cluster"] for k, pl in LAUNCHES if k == "bwd_ring"]
-            assert clusters and max(clusters) > 1, (label, clusters)
 print("ALL OK" if ok else "FAILURES")
 sys.exit(0 if ok else 1)
