@@ -5,7 +5,8 @@ output and gradient with the float64 reference.
         python3 tests/emulation/selective_scan/sweep.py quick      # or ring | ring_wide | ring_npt8 | bwd_ring | bwd_ring32 | slices | n | quads | dtypes | bf | big
 
 Prints one OK/BAD line per case and "ALL OK" or "FAILURES" last. Takes minutes; CI runs the
-quick, ring, quads, n, bwd_ring and slices lists without AddressSanitizer (tests/test_emulation.py).
+quick, ring, ring_wide, ring_npt8, quads, n, bwd_ring, slices and bwd_ring32 lists without
+AddressSanitizer (tests/test_emulation.py).
 """
 import sys, os, itertools
 import numpy as np
