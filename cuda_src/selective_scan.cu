@@ -1119,22 +1119,19 @@ __device__ __forceinline__ void ssm_ring_widen(unsigned char* st, const unsigned
     }
 }
 
-// 1: the ring forward's whole blocks pipelined (each one's flush beside the next one's scan).
-#ifndef SSM_RING_FWD_PIPE
-#define SSM_RING_FWD_PIPE 0
-#endif
-
 // One block of the ring scan: NG groups of 4 steps of one channel, this
-// lane's NPT states (h, A2 = A log2 e), each step's output sum over them into acc
-// (not SUM), or dt added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's
-// states of the first group ([g][slot][4], ssm_ring_gpitch(NPT NSPLIT) slots per
-// group); the three pointers are moved past the block.
+// lane's NPT states (h, A2 = A log2 e); then the block's output sums reduce-
+// scattered over the channel's NSPLIT lanes into its y row (not SUM), or dt
+// added to sdt (SUM). drow: {dt, dt u} pairs; Bq, Cq: this lane's states of
+// the first group ([g][slot][4], ssm_ring_gpitch(NPT NSPLIT) slots per group); all four pointers
+// are moved past the block.
 template <int NG, int NPT, int NSPLIT, bool SUM>
-__device__ __forceinline__ void ssm_ring_scan(const float*& drow, const float*& Bq, const float*& Cq,
-                                              float (&acc)[4 * NG], float (&h)[NPT], const float (&A2)[NPT],
-                                              float& sdt) {
+__device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
+                                               float*& yrow, float (&h)[NPT], const float (&A2)[NPT], float& sdt,
+                                               int s, unsigned wmask) {
     typedef ssm_math<float> M;
     constexpr int S = 4 * NG, NPG = ssm_ring_gpitch(NPT * NSPLIT);
+    float acc[S];
 #pragma unroll
     for (int j = 0; j < S; ++j) acc[j] = 0.0f;
 #pragma unroll
@@ -1158,36 +1155,22 @@ __device__ __forceinline__ void ssm_ring_scan(const float*& drow, const float*& 
     drow += 2 * S;
     Bq += NPG * S;
     Cq += NPG * S;
-}
-
-// A block's output sums (acc, S steps) reduce-scattered over the channel's NSPLIT
-// lanes into its y row; yrow is moved past the block.
-template <int S, int NSPLIT>
-__device__ __forceinline__ void ssm_ring_flush(float (&acc)[S], float*& yrow, int s, unsigned wmask) {
-    int off = 0;
-    bool own = true;
-    ssm_reduce_scatter<S, NSPLIT / 2>::run(acc, s, wmask, off, own);
-    constexpr int R = ssm_rs_len(S, NSPLIT / 2);
-    if (own) {
-        if constexpr (R % 4 == 0) {
+    if constexpr (!SUM) {
+        int off = 0;
+        bool own = true;
+        ssm_reduce_scatter<S, NSPLIT / 2>::run(acc, s, wmask, off, own);
+        constexpr int R = ssm_rs_len(S, NSPLIT / 2);
+        if (own) {
+            if constexpr (R % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < R; j += 4) ssm_st4(yrow + off + j, acc + j);
-        } else {
+                for (int j = 0; j < R; j += 4) ssm_st4(yrow + off + j, acc + j);
+            } else {
 #pragma unroll
-            for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
+                for (int j = 0; j < R; ++j) yrow[off + j] = acc[j];
+            }
         }
+        yrow += S;
     }
-    yrow += S;
-}
-
-// One block of the ring scan and (not SUM) its flush.
-template <int NG, int NPT, int NSPLIT, bool SUM>
-__device__ __forceinline__ void ssm_ring_block(const float*& drow, const float*& Bq, const float*& Cq,
-                                               float*& yrow, float (&h)[NPT], const float (&A2)[NPT], float& sdt,
-                                               int s, unsigned wmask) {
-    float acc[4 * NG];
-    ssm_ring_scan<NG, NPT, NSPLIT, SUM>(drow, Bq, Cq, acc, h, A2, sdt);
-    if constexpr (!SUM) ssm_ring_flush<4 * NG, NSPLIT>(acc, yrow, s, wmask);
 }
 
 // One block of the backward summary's scan (SSM_RING_BSUM), time reversed: the NG
@@ -1417,21 +1400,6 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
             const float* Cq = reinterpret_cast<const float*>(st + lay.o_C) + ssm_ring_bc_at(NPAD, 0, s * NPT);
             float* yrow = ys + c * (TL + 4);
             int g0 = 0;
-            if (SSM_RING_FWD_PIPE && !SUM && g0 + 16 <= tl) {
-                // Each block's flush (its reduce-scatter's shuffles) beside the next block's scan.
-                float acc[16], nxt[16];
-                if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
-                ssm_ring_scan<4, NPT, NSPLIT, SUM>(drow, Bq, Cq, acc, h, A2, sdt);
-#pragma unroll 1
-                for (g0 = 16; g0 + 16 <= tl; g0 += 16) {
-                    if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
-                    ssm_ring_scan<4, NPT, NSPLIT, SUM>(drow, Bq, Cq, nxt, h, A2, sdt);
-                    ssm_ring_flush<16, NSPLIT>(acc, yrow, s, wmask);
-#pragma unroll
-                    for (int j = 0; j < 16; ++j) acc[j] = nxt[j];
-                }
-                ssm_ring_flush<16, NSPLIT>(acc, yrow, s, wmask);
-            }
 #pragma unroll 1
             for (; g0 + 16 <= tl; g0 += 16) {
                 if (ck) ssm_ring_ckpt(ck_dst, (ssm_i64)batch * dim * N, h, (int)t0 + g0, ck_next, (int)chunk, ck_n);
@@ -1481,13 +1449,8 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     ssm_fwd_end<float, NPT, SUM>(h, sdt, hfinal, seg_h, seg_dt, batch, dim, N, nseg, seg, b, d, s);
 }
 
-#ifdef SSM_RING_FWD_REGS  // (experiment: the ring forward's register budget)
-#define SSM_RING_FWD_BOUNDS __maxnreg__(SSM_RING_FWD_REGS)
-#else
-#define SSM_RING_FWD_BOUNDS __launch_bounds__(SSM_FWD_MAX_THREADS)
-#endif
 template <typename IO, typename BC, int NPT, int NSPLIT, typename CT = float>
-__global__ void SSM_RING_FWD_BOUNDS ssm_scan_fwd_ring(SSM_FWD_PARAMS) {
+__global__ void __launch_bounds__(SSM_FWD_MAX_THREADS) ssm_scan_fwd_ring(SSM_FWD_PARAMS) {
     ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_FWD>(SSM_FWD_ARGS);
 }
 
@@ -2032,10 +1995,6 @@ ssm_scan_bwd(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
 // Steps of a sub-block of the ring backward (its states and decays live in
 // registers during the adjoint walk). ssmkit/_gpu/selective_scan.py mirrors it.
 #define SSM_BRING_SUB 8
-// 1: each sub-block's adjoint runs with the recompute of the sub-block before it (below).
-#ifndef SSM_BRING_PIPE
-#define SSM_BRING_PIPE 1
-#endif
 #define SSM_BWD_RING_MAX_THREADS 128
 // Resident blocks asked of ptxas (3: at most 168 registers).
 #ifndef SSM_BWD_RING_MIN_BLOCKS
@@ -2392,49 +2351,42 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             IO* const zrow = reinterpret_cast<IO*>(st + 2 * lay.rows + c * lay.pio);  // z, then dz
             const IO* const gorow = reinterpret_cast<const IO*>(st + 3 * lay.rows + c * lay.pio);
 
-            // Sub-blocks of SB steps, last to first: each one's states and decays recomputed
-            // into registers (hs, as), then its adjoint, then its finish. With SSM_BRING_PIPE the
-            // next sub-block's recompute (into hn, an) runs inside this one's adjoint, group by
-            // group: independent work beside the adjoint's dependent chains and shuffles, at about
-            // the same registers (this sub-block's entries die as the next one's are made).
-            constexpr int NG = SB / 4, S = SB;
-            // group q (4 steps) of the recompute of the sub-block starting at j0
-            auto recompute_group = [&](int j0, int q, float (&hs)[S + 1][4], float (&as)[S][4]) {
-                float pr[8];
-                ssm_ld4(pr, drow + 2 * j0 + 8 * q);
-                ssm_ld4(pr + 4, drow + 2 * j0 + 8 * q + 4);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    float bv[4];
-                    ssm_ld4(bv, Bq + j0 * NPG + (q * NPG + k) * 4);
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const float a = M::decay(pr[2 * j] * A2[k]);
-                        as[4 * q + j][k] = a;
-                        hs[4 * q + j + 1][k] = a * hs[4 * q + j][k] + bv[j] * pr[2 * j + 1];
-                    }
-                }
-            };
-            // The sub-block of steps j0 .. j0 + SB - 1, or its first 4 only (!full, at a tile's
-            // end), its states in (hs, as): adjoint, finish. pipe: also the
-            // recompute of the sub-block before it (j0 - SB, full) into (hn, an).
-            auto sub = [&](int j0, bool full, const float (&hs)[S + 1][4], const float (&as)[S][4], bool pipe,
-                           float (&hn)[S + 1][4], float (&an)[S][4]) {
-                const bool PIPE = pipe;  // (a constant at both calls: the branches fold away)
-                if (PIPE) ssm_ld4(hn[0], slots + (j0 / SB - 1) * nthr * 4);
+            // The sub-block of steps j0 .. j0 + SB - 1, or its first 4 only (!full, at a
+            // tile's end): recompute, adjoint, finish.
+            auto sub = [&](int j0, bool full) {
+                constexpr int NG = SB / 4, S = SB;
+                float hs[S + 1][4], as[S][4];
+                ssm_ld4(hs[0], slots + (j0 / SB) * nthr * 4);
                 const float* const dr = drow + 2 * j0;
                 const float* const Bj = Bq + j0 * NPG;
                 const float* const Cj = Cq + j0 * NPG;
+#pragma unroll
+                for (int q = 0; q < NG; ++q) {
+                    if (q > 0 && !full) break;
+                    float pr[8];
+                    ssm_ld4(pr, dr + 8 * q);
+                    ssm_ld4(pr + 4, dr + 8 * q + 4);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        float bv[4];
+                        ssm_ld4(bv, Bj + (q * NPG + k) * 4);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const float a = M::decay(pr[2 * j] * A2[k]);
+                            as[4 * q + j][k] = a;
+                            hs[4 * q + j + 1][k] = a * hs[4 * q + j][k] + bv[j] * pr[2 * j + 1];
+                        }
+                    }
+                }
                 // Adjoint, last step first; g = dL/dh_t.
                 float vals[3 * S];
 #pragma unroll
                 for (int q = NG - 1; q >= 0; --q) {
-                    if (!PIPE && q > 0 && !full) {
+                    if (q > 0 && !full) {
 #pragma unroll
                         for (int i = 12 * q; i < 12 * q + 12; ++i) vals[i] = 0.0f;
                         continue;
                     }
-                    if (PIPE) recompute_group(j0 - SB, NG - 1 - q, hn, an);
                     float pr[8], dyv[4];
                     ssm_ld4(pr, dr + 8 * q);
                     ssm_ld4(pr + 4, dr + 8 * q + 4);
@@ -2505,42 +2457,9 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     }
                 }
             };
-            // (not at N <= 8, NSPLIT 1 or 2: ptxas then spills the pipelined walk's registers)
-            constexpr bool PIPE_SUBS = SSM_BRING_PIPE && NSPLIT >= 4;
-            float hs[S + 1][4], as[S][4], hn[S + 1][4], an[S][4];
-            {
-                const int j0 = SB * (nb - 1);
-                const bool full = tl - j0 == SB;
-                ssm_ld4(hs[0], slots + (nb - 1) * nthr * 4);
-#pragma unroll
-                for (int q = 0; q < NG; ++q) {
-                    if (q > 0 && !full) break;
-                    recompute_group(j0, q, hs, as);
-                }
-            }
+            sub(SB * (nb - 1), tl - SB * (nb - 1) == SB);
 #pragma unroll 1
-            for (int k = nb - 1; k >= 0; --k) {
-                const int j0 = SB * k;
-                const bool full = k < nb - 1 || tl - j0 == SB;
-                if (PIPE_SUBS && k > 0 && full) {
-                    sub(j0, true, hs, as, true, hn, an);
-#pragma unroll
-                    for (int i = 0; i <= S; ++i)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) hs[i][e] = hn[i][e];
-#pragma unroll
-                    for (int i = 0; i < S; ++i)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) as[i][e] = an[i][e];
-                } else {
-                    sub(j0, full, hs, as, false, hn, an);
-                    if (k > 0) {
-                        ssm_ld4(hs[0], slots + (k - 1) * nthr * 4);
-#pragma unroll
-                        for (int q = 0; q < NG; ++q) recompute_group(j0 - SB, q, hs, as);
-                    }
-                }
-            }
+            for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
             __syncwarp(wmask);
 
             // The warp's rows of du, ddelta and dz out, 16 bytes a lane (one walk: a
