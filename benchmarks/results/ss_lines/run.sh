@@ -24,6 +24,6 @@ prof ssm_scan_fwd_ring 1 fwd_float32 float32 16
 prof ssm_scan_bwd_ring 1 bwd32_float32 float32 32
 # on an H200, the whole table at this commit (version 24's defaults have no H200 table yet)
 if grep -q H200 "$O/nvidia_smi.txt"; then
-  timeout 110 python3 benchmarks/bench_selective_scan.py --out "$O" > "$O/bench_selective_scan.log" 2>&1
+  SSMKIT_LINEINFO=0 timeout 110 python3 benchmarks/bench_selective_scan.py --out "$O" > "$O/bench_selective_scan.log" 2>&1
   tail -n 9 "$O"/selective_scan_*.md
 fi
