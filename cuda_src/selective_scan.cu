@@ -2043,7 +2043,7 @@ struct ssm_bring_walk {
     __device__ __forceinline__ void start_chunk() {
         cs0 = ci * chunk;
         clen = (t_end - cs0) < chunk ? (t_end - cs0) : chunk;
-        ntl = (clen + TL - 1) / TL;
+        ntl = (clen + TL - 1) >> (31 - __clz(TL));  // (TL is a power of two)
         rev = ntl < 2;
         T = rev ? ntl - 1 : 0;
     }
@@ -2489,6 +2489,23 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 constexpr int NW = SSM_BWD_RING_MAX_THREADS / 32;
                 const int nw = nthr / 32, lgt = 31 - __clz(TL);
                 const ssm_i64 part = ((ssm_i64)b * ntile + tile) * N * L + t0;
+                if (nthr % (2 * TL) == 0) {
+                    // (the usual case) e = tid + i nthr keeps its step t and its B / C row kind
+                    // for every i: only n moves, by nthr / (2 TL) a time
+                    const int t = tid & (TL - 1), which = (tid >> lgt) & 1, dn = nthr >> (lgt + 1);
+                    const float* src = acc + t * P + which * NPAD + (tid >> (lgt + 1));
+                    CT* dst = (which ? dC_out : dB_out) + part + (ssm_i64)(tid >> (lgt + 1)) * L + t;
+                    const ssm_i64 dst_step = (ssm_i64)dn * L;
+#pragma unroll 1
+                    for (int n = tid >> (lgt + 1); n < N; n += dn, src += dn, dst += dst_step) {
+                        if (t >= tl) break;
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int wi = 0; wi < NW; ++wi)
+                            if (wi < nw) sum += src[wi * TL * P];
+                        *dst = sum;
+                    }
+                } else
 #pragma unroll 1
                 for (int e = tid; e < (2 * N) << lgt; e += nthr) {
                     // rows in the order B_0, C_0, B_1, C_1, ...: at TL 16 a warp's halves take
