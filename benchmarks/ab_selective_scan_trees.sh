@@ -5,11 +5,14 @@
 # (and shared-memory wavefronts, instructions) of every kernel of one warm forward+backward in
 # each tree, then the selective-scan and layer GPU tests in tree b.
 #
-#   benchmarks/ab_selective_scan_trees.sh TREE_A TREE_B OUT_DIR [ROWS]
+#   benchmarks/ab_selective_scan_trees.sh TREE_A TREE_B OUT_DIR [ROWS [TUNE_ARGS...]]
 #
-# TREE_A, TREE_B: directories holding a checkout each (git archive REV | tar -x -C DIR);
-# ROWS: indices into bench_selective_scan.TABLE (default "0 1 2 3 6", the N = 16 rows). Each
-# tree runs with itself first on PYTHONPATH (keep numpy's own path in PYTHONPATH beforehand).
+# TREE_A, TREE_B: directories holding a checkout each (git archive REV | tar -x -C DIR; or a
+# copy of the working tree with one source file swapped for its parent's);
+# ROWS: indices into bench_selective_scan.TABLE (default "0 1 2 3 6", the N = 16 rows);
+# TUNE_ARGS: more arguments of tune_selective_scan.py, such as --shape float32,8,1536,2048,32
+# (rows beyond the table's). Each tree runs with itself first on PYTHONPATH (keep numpy's own
+# path in PYTHONPATH beforehand).
 # Writes ab.log (the rows of every round), kernels_{a,b}_{dtype}_{shape}.txt and
 # pytest_b.log under OUT_DIR, and prints the short results last.
 set -u
@@ -17,6 +20,8 @@ A=$(cd "${1:?usage: TREE_A TREE_B OUT_DIR [ROWS]}" && pwd)
 B=$(cd "${2:?usage: TREE_A TREE_B OUT_DIR [ROWS]}" && pwd)
 O=${3:?usage: TREE_A TREE_B OUT_DIR [ROWS]}
 rows=${4:-"0 1 2 3 6"}
+shift $(($# < 4 ? $# : 4))
+extra=("$@")
 mkdir -p "$O"
 O=$(cd "$O" && pwd)
 base=${PYTHONPATH:-}
@@ -24,14 +29,14 @@ in_tree() { (cd "$1" && shift && PYTHONPATH="$PWD${base:+:$base}" "$@"); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$O/nvidia_smi.txt" 2>&1
 # compile each tree's kernels first (both at once), so the rounds time warm processes
 for t in A B; do
-  in_tree "${!t}" timeout 300 python3 benchmarks/tune_selective_scan.py '{}' --rows $rows > "$O/warm_$t.log" 2>&1 &
+  in_tree "${!t}" timeout 300 python3 benchmarks/tune_selective_scan.py '{}' --rows $rows "${extra[@]}" > "$O/warm_$t.log" 2>&1 &
 done
 wait
 for r in 1 2; do
   for t in $([ $r = 1 ] && echo "a b" || echo "b a"); do
     T=${t^^}
     echo "== tree $t round $r" >> "$O/ab.log"
-    in_tree "${!T}" timeout 200 python3 benchmarks/tune_selective_scan.py '{}' --rows $rows 2>&1 \
+    in_tree "${!T}" timeout 200 python3 benchmarks/tune_selective_scan.py '{}' --rows $rows "${extra[@]}" 2>&1 \
       | grep '^|' | grep -v -- '---' | grep -v '^| row' >> "$O/ab.log"
   done
 done
