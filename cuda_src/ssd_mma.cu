@@ -657,32 +657,6 @@ __device__ __forceinline__ float ssd_mma_warp_dot(const float (&G)[NT][4], const
     return v;
 }
 
-// ssd_mma_warp_dot with this lane's entries of st (N even) of tiles j < 8 at hold[128 j +
-// 2 (i / 2)] in shared memory (copied there by ssd_mma_state_hold, and landed), the rest read
-// from st: the same sums in the same order.
-template <int NT>
-__device__ __forceinline__ void ssd_mma_state_hold(float* hold, const float* st, int pa, int na,
-                                                   int P, int N) {
-    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool) {
-        if (j < 8) ssm_cp_async<8>(hold + 128 * j + 2 * (i >> 1), st + o);
-    });
-}
-template <int NT>
-__device__ __forceinline__ float ssd_mma_warp_dot_held(const float (&G)[NT][4], const float* hold,
-                                                       const float* st, int pa, int na, int P,
-                                                       int N) {
-    float v = 0.0f;
-    ssd_mma_tile_pairs<NT>(pa, na, P, N, [&](int j, int i, int o, bool) {
-        const ssd_mma_f2 sv = j < 8
-                                  ? *reinterpret_cast<const ssd_mma_f2*>(hold + 128 * j + 2 * (i >> 1))
-                                  : *reinterpret_cast<const ssd_mma_f2*>(st + o);
-        v += G[j][i] * sv.v[0] + G[j][i + 1] * sv.v[1];
-    });
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
-
 // Where a walk along a row's chunks stands: stage of steps s0 .. of chunk c (its end t1;
 // t2 the next chunk's end, loaded a chunk ahead so that no stage waits for it).
 struct ssd_mma_walker {
@@ -973,11 +947,6 @@ __device__ __forceinline__ void ssd_mma_tile_decays(float* row_f, float* col_w, 
 // row. The same in ssd_tf32_bwd made float32's 0.6% slower: not there.)
 #ifndef SSD_MMA_BWD_STATE_PREFETCH
 #define SSD_MMA_BWD_STATE_PREFETCH 1
-#endif
-// 1: half of that state's entries (all at NW 64) copied into shared memory before the tile's
-// update of G, not read after it (the update's products then cover the copies' latency).
-#ifndef SSD_MMA_BWD_STATE_EARLY
-#define SSD_MMA_BWD_STATE_EARLY 1
 #endif
 #ifndef SSD_MMA_WALK_FWD_BLOCKS
 // The WALK form's: at 3 ptxas spills about 86 bytes at NW = 128; 2 blocks per SM, without
@@ -2203,17 +2172,6 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
                                          pa, na, P, N);
         if (lane == 0) end_part[((b * nc + c) * H + h) * 4 + warp] = v;
     };
-#if SSD_MMA_BWD_STATE_EARLY
-    // the same inside the walk, half of the state's entries held in the lane's ycore slots
-    auto boundary_held = [&](ssm_i64 c) {
-        add_final(c + 1);
-        ssd_mma_state_enter(G, dHx, b, c, nc, H, h, pa, na, P, N, true);
-        ssm_cp_wait<0>();
-        const float v = ssd_mma_warp_dot_held(G, yv, states + ((b * (nc + 1) + c + 1) * H + h) * PN,
-                                              pa, na, P, N);
-        if (lane == 0) end_part[((b * nc + c) * H + h) * 4 + warp] = v;
-    };
-#endif
 
     // Copies of the rows s0 + rr + 16 i of a tile (ns steps): thread tid copies their 8
     // columns cc.
@@ -2427,18 +2385,6 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
         prev_s0 = cur.s0;
         prev_ns = ns;
 
-#if SSD_MMA_BWD_STATE_EARLY
-        // At a chunk's first tile, <G, states[c]> after the update below: half of this lane's
-        // entries of that state (all at NW 64) copied now into its ycore slots, which the
-        // epilogue has read, so that they land behind the update's products (read after them,
-        // at the boundary, every warp waited for them; loaded into registers here, ptxas
-        // spilled about 400 bytes at NW 128)
-        const bool at_bound = end_part && cur.first() && cur.c > 0;
-        if (at_bound) {
-            ssd_mma_state_hold<NS>(yv, states + ((b * (nc + 1) + cur.c) * H + h) * PN, pa, na, P, N);
-            ssm_cp_commit();
-        }
-#endif
         // G = d G + (row_f dY)^T C: the weighted dY^T as hi + lo A fragments, C ([t][n]) as
         // the B fragments
         {
@@ -2460,12 +2406,7 @@ ssd_mma_bwd(const T* __restrict__ dY, const T* __restrict__ Bm, const T* __restr
                 ssd_mma_run2<T>(G[j], G[j + 1], lo, bf);
             }
         }
-#if SSD_MMA_BWD_STATE_EARLY
-        if (at_bound) boundary_held(cur.c - 1);
-        else if (cur.first() && cur.c > 0) boundary(cur.c - 1);
-#else
         if (cur.first() && cur.c > 0) boundary(cur.c - 1);
-#endif
     }
     ssm_cp_wait<0>();
     __syncthreads();  // the last tile's row sums

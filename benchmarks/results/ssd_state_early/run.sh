@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The 16-bit backward walk's boundary state half staged in shared memory before G's update
-# (SSD_MMA_BWD_STATE_EARLY=1, the default) against reading it all after the update (=0), on
-# the GPU in one call:  benchmarks/results/ssd_state_early/run.sh OUT_DIR
+# (SSD_MMA_BWD_STATE_EARLY=1, the default of early.patch, which ran at 0699bcd and was not
+# kept) against reading it all after the update (=0), on the GPU in one call (apply
+# early.patch first):  benchmarks/results/ssd_state_early/run.sh OUT_DIR
 # 1. benchmarks/ab_ssd_trees.py in this tree, the define alternating, 3 rounds (ab.log);
 # 2. Nsight Compute: ssd_mma_bwd's time and instructions in each form (kernels.txt);
 # 3. the SSD GPU tests (pytest_ssd.log).
