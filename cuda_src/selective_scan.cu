@@ -1320,6 +1320,11 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     // consecutive channels (walk rows: pieces of a row; its pieces: the channels);
     // output, consecutive lanes along a channel's row (rows: channels). Full tiles' walks.
     const ssm_pieces stage_walk(cwn, lane, wl), out_walk(TL / VIO, lane, wl);
+    // A lane stages one channel in every tile: the warp's lanes wl are a multiple of its
+    // channels cwn (32 / NSPLIT, or fewer in a short last warp with NSPLIT lanes each), so
+    // the staging walk's channel never moves (kstep 0) and its bias is read once, here.
+    if (stage_walk.kstep != 0) __trap();
+    const float bias_lane = has_bias ? dbias[d0 + cw0 + stage_walk.k] : 0.0f;
     ssm_ring_copy<IO, BC, KIND>(sm, raw, lay, walks, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl,
                                 has_z);
     ssm_cp_wait_all();
@@ -1352,7 +1357,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.o_dt + cc * lay.pio + t * sizeof(IO)));
-                const float bias = has_bias ? dbias[d0 + cc] : 0.0f;
+                const float bias = bias_lane;  // (channel cc's)
                 if (REV && has_z) {
                     float zz[VIO];
                     ssm_widen16(zz, (const IO*)nullptr, ssm_ld16(st + lay.o_z + cc * lay.pio + t * sizeof(IO)));
