@@ -1320,11 +1320,13 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
     // consecutive channels (walk rows: pieces of a row; its pieces: the channels);
     // output, consecutive lanes along a channel's row (rows: channels). Full tiles' walks.
     const ssm_pieces stage_walk(cwn, lane, wl), out_walk(TL / VIO, lane, wl);
-    // A lane stages one channel in every tile: the warp's lanes wl are a multiple of its
-    // channels cwn (32 / NSPLIT, or fewer in a short last warp with NSPLIT lanes each), so
-    // the staging walk's channel never moves (kstep 0) and its bias is read once, here.
-    if (stage_walk.kstep != 0) __trap();
-    const float bias_lane = has_bias ? dbias[d0 + cw0 + stage_walk.k] : 0.0f;
+    // Each channel's bias in the padding after its {dt, dt u} row, and (not SUM) its D after
+    // its output row: the staging and output loops read them there (visible after the first
+    // tile's barrier), not from global memory for every piece of every tile.
+    if (tid < CH) {
+        dtu[tid * (2 * TL + 4) + 2 * TL] = has_bias ? dbias[d0 + tid] : 0.0f;
+        if constexpr (!SUM) ys[tid * (TL + 4) + TL] = has_D ? D[d0 + tid] : 0.0f;
+    }
     ssm_ring_copy<IO, BC, KIND>(sm, raw, lay, walks, u, delta, z, Bg, Cg, row0, L, CH, N, NPAD, TL, cur.t, cur.tl,
                                 has_z);
     ssm_cp_wait_all();
@@ -1357,7 +1359,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                 float uu[VIO], dd[VIO];
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.o_dt + cc * lay.pio + t * sizeof(IO)));
-                const float bias = bias_lane;  // (channel cc's)
+                const float bias = dtu[cc * (2 * TL + 4) + 2 * TL];
                 if (REV && has_z) {
                     float zz[VIO];
                     ssm_widen16(zz, (const IO*)nullptr, ssm_ld16(st + lay.o_z + cc * lay.pio + t * sizeof(IO)));
@@ -1429,7 +1431,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
 #pragma unroll
                 for (int j = 0; j < VIO; j += 4) ssm_ld4(yv + j, ys + cc * (TL + 4) + t + j);
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
-                const float Dd = has_D ? D[d0 + cc] : 0.0f;
+                const float Dd = ys[cc * (TL + 4) + TL];
 #pragma unroll
                 for (int j = 0; j < VIO; ++j) yv[j] += Dd * uu[j];
                 if (has_z) {
