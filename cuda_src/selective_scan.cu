@@ -851,8 +851,9 @@ __host__ __device__ constexpr int ssm_ring_nbc(int kind) { return kind == SSM_RI
 // (not SSM_RING_SUM) of z, a row holding TL elements and 16 bytes more (so consecutive
 // rows start four banks apart); then B and (SSM_RING_FWD) C in float, as TL / 4
 // groups of ssm_ring_gpitch(NPAD) x 4 (rows n >= N zero). Then per channel a row of TL
-// {dt, dt u} pairs (pitch 2 TL + 4 floats) and (SSM_RING_FWD) a row of TL partial
-// outputs (pitch TL + 4 floats); last, for 16-bit B and C, their rows as
+// {dt, dt u} pairs (pitch 2 TL + 4 floats; float 2 TL: the channel's bias) and
+// (SSM_RING_FWD) a row of TL partial outputs (pitch TL + 4 floats; float TL: its D);
+// last, for 16-bit B and C, their rows as
 // stored (N of B, then N of C; pitch ssm_ring_raw_pitch(TL)), one tile at a time.
 struct ssm_ring_layout {
     int pio, o_dt, o_z, o_B, o_C, stage, o_dtu, o_ys, o_raw, total;
