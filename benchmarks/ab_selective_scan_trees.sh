@@ -16,9 +16,9 @@
 # Writes ab.log (the rows of every round), kernels_{a,b}_{dtype}_{shape}.txt and
 # pytest_b.log under OUT_DIR, and prints the short results last.
 set -u
-A=$(cd "${1:?usage: TREE_A TREE_B OUT_DIR [ROWS]}" && pwd)
-B=$(cd "${2:?usage: TREE_A TREE_B OUT_DIR [ROWS]}" && pwd)
-O=${3:?usage: TREE_A TREE_B OUT_DIR [ROWS]}
+A=$(cd "${1:?usage: TREE_A TREE_B OUT_DIR [ROWS [TUNE_ARGS...]]}" && pwd)
+B=$(cd "${2:?usage: TREE_A TREE_B OUT_DIR [ROWS [TUNE_ARGS...]]}" && pwd)
+O=${3:?usage: TREE_A TREE_B OUT_DIR [ROWS [TUNE_ARGS...]]}
 rows=${4:-"0 1 2 3 6"}
 shift $(($# < 4 ? $# : 4))
 extra=("$@")

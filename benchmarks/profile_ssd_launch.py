@@ -14,13 +14,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import cupy  # noqa: E402
 
 import ssmkit  # noqa: E402
-from bench_ssd import make_inputs  # noqa: E402
+from bench_ssd import TABLE, make_inputs  # noqa: E402
+
+PEER, CHUNK = TABLE[0][1:7], TABLE[0][7]  # (batch, L, H, P, G, N), chunk of the peer row
 
 
 def main():
     dtype = sys.argv[1]
-    x = make_inputs(cupy, dtype, 4, 4096, 80, 64, 1, 128)
-    kw = dict(chunk_size=256, dt_softplus=True)
+    x = make_inputs(cupy, dtype, *PEER)
+    kw = dict(chunk_size=CHUNK, dt_softplus=True)
     for _ in range(2):
         ssmkit.ssd(**x, **kw)
     if sys.argv[2:3] != ["fwd"]:
