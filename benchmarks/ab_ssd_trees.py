@@ -3,7 +3,7 @@
 (back-to-back and one-call latency, without and with z), forward+backward (without and
 with z), and the forward's
 stages as that tree's ``bench_ssd.forward_stages`` times them. Prints one ``ABROW {json}``
-line.
+line. ``benchmarks/ab_ssd_trees.sh`` runs it in two trees, rounds alternating.
 
     cd TREE && PYTHONPATH=$PWD python3 /path/to/ab_ssd_trees.py LABEL [DTYPE]
 
