@@ -2336,17 +2336,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             // The state entering each sub-block into the slots: from scratch, or (the chunk's
             // last tile, entered with pass A's state h) walked here.
             const int nb = (tl + SB - 1) / SB;
-            if (saved) {  // (a whole tile: nb = spt, a power of two)
-                const float* const src = my_scratch + (ssm_i64)T * spt * nthr * 4;
-#pragma unroll 1
-                for (int k = 0; k < nb; k += 2) {
-                    float sv[2][4];
-                    ssm_ld4(sv[0], src + k * nthr * 4);
-                    if (k + 1 < nb) ssm_ld4(sv[1], src + (k + 1) * nthr * 4);
-                    ssm_st4(slots + k * nthr * 4, sv[0]);
-                    if (k + 1 < nb) ssm_st4(slots + (k + 1) * nthr * 4, sv[1]);
-                }
-            } else {
+            if (!saved) {  // (a saved tile's came by cp.async during the R tile before it)
                 float hh[4] = {h[0], h[1], h[2], h[3]};
 #pragma unroll 1
                 for (int k = 0; k < nb; ++k) {
@@ -2468,6 +2458,15 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             sub(SB * (nb - 1), tl - SB * (nb - 1) == SB);
 #pragma unroll 1
             for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
+            if (nxt.rev && !nxt.done && nxt.T < nxt.ntl - 1) {
+                // The next R tile's sub-block starts (a whole tile's), from scratch into this
+                // thread's own slots while this tile's outputs and sums go out; the next
+                // tile's wait covers them, and only this thread reads them.
+                const float* const src = my_scratch + (ssm_i64)nxt.T * spt * nthr * 4;
+#pragma unroll 1
+                for (int k = 0; k < spt; ++k) ssm_cp_async<16>(slots + k * nthr * 4, src + k * nthr * 4);
+                ssm_cp_commit();
+            }
             __syncwarp(wmask);
 
             // The warp's rows of du, ddelta and dz out, 16 bytes a lane (one walk: a
