@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The second exchange form (benchmarks/NOTES.md, after version 28), on the GPU in one call:
+# (The run recorded here took these steps from an ad hoc copy of this script, with the
+# patched files copied in place of the patches.)
 #   benchmarks/results/ss_bwd_exchange/h100_split_stores/run.sh OUT_DIR
 # a: this tree (f1a741d when measured); b: exchange_per_step.patch (XR 1); c:
 # exchange_2steps.patch (XR 2). Rows 0 1 2 3 4 6 of bench_selective_scan.TABLE, two rounds
