@@ -2059,6 +2059,8 @@ struct ssm_bring_walk {
     __device__ __forceinline__ int tl() const {
         return done ? 0 : ((clen - T * TL) < TL ? (clen - T * TL) : TL);
     }
+    // An R tile whose sub-block starts pass A saved to scratch (every R tile but the chunk's last).
+    __device__ __forceinline__ bool saved() const { return rev && !done && T < ntl - 1; }
     __device__ __forceinline__ void next() {
         if (!rev) {
             if (T + 2 < ntl) ++T;
@@ -2275,7 +2277,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 for (int k = 0; k < 4; ++k) h[k] = s * 4 + k < N ? src[s * 4 + k] : 0.0f;
             }
         }
-        const bool saved = rev && T < cur.ntl - 1;  // its sub-block starts are in scratch
+        const bool saved = cur.saved();  // its sub-block starts are in scratch
         ssm_cp_wait_all();  // this thread's copies of this tile have landed,
         __syncthreads();    // everyone's have, and B, C are stored; the other stage is free
         ssm_bring_copy<IO, BC>(sm + (stage ^ 1) * lay.stage, raw, lay, u, delta, z, dout, Bg, Cg, row0, L, CH, N,
@@ -2458,7 +2460,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
             sub(SB * (nb - 1), tl - SB * (nb - 1) == SB);
 #pragma unroll 1
             for (int k = nb - 2; k >= 0; --k) sub(SB * k, true);
-            if (nxt.rev && !nxt.done && nxt.T < nxt.ntl - 1) {
+            if (nxt.saved()) {
                 // The next R tile's sub-block starts (a whole tile's), from scratch into this
                 // thread's own slots while this tile's outputs and sums go out; the next
                 // tile's wait covers them, and only this thread reads them.
