@@ -8,7 +8,8 @@
 #   benchmarks/ab_selective_scan_trees.sh TREE_A TREE_B OUT_DIR [ROWS [TUNE_ARGS...]]
 #
 # TREE_A, TREE_B: directories holding a checkout each (git archive REV | tar -x -C DIR; or a
-# copy of the working tree with one source file swapped for its parent's);
+# copy of the working tree with one source file swapped for its parent's, or with a patch
+# applied: benchmarks/patched_tree.sh);
 # ROWS: indices into bench_selective_scan.TABLE (default "0 1 2 3 6", the N = 16 rows);
 # TUNE_ARGS: more arguments of tune_selective_scan.py, such as --shape float32,8,1536,2048,32
 # (rows beyond the table's). Each tree runs with itself first on PYTHONPATH (keep numpy's own

@@ -9,6 +9,5 @@ set -u
 O=${1:?usage: run.sh OUT_DIR}
 cd "$(dirname "$0")/../../.."
 B=/tmp/tree_bias_smem
-rm -rf "$B"; mkdir -p "$B"; tar --exclude=./.whl --exclude=./.git -cf - . | tar -xf - -C "$B"
-(cd "$B" && git apply benchmarks/results/ss_bwd_bias_smem/bias_smem.patch) || exit 1
+benchmarks/patched_tree.sh "$B" benchmarks/results/ss_bwd_bias_smem/bias_smem.patch || exit 1
 benchmarks/ab_selective_scan_trees.sh "$PWD" "$B" "$O" "0 1 2 3 4 6"

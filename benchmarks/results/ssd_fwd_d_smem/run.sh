@@ -7,6 +7,5 @@ set -u
 O=${1:?usage: run.sh OUT_DIR}
 cd "$(dirname "$0")/../../.."
 B=/tmp/tree_d_smem
-rm -rf "$B"; mkdir -p "$B"; tar --exclude=./.whl --exclude=./.git -cf - . | tar -xf - -C "$B"
-(cd "$B" && git apply benchmarks/results/ssd_fwd_d_smem/d_smem.patch) || exit 1
+benchmarks/patched_tree.sh "$B" benchmarks/results/ssd_fwd_d_smem/d_smem.patch || exit 1
 benchmarks/ab_ssd_trees.sh "$PWD" "$B" "$O"

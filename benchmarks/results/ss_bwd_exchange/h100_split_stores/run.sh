@@ -13,11 +13,8 @@ mkdir -p "$O"; O=$(cd "$O" && pwd)
 cd "$(dirname "$0")/../../../.."
 A=$PWD; B=/tmp/tree_xr1; C=/tmp/tree_xr2
 P=benchmarks/results/ss_bwd_exchange/h100_split_stores
-for t in "$B exchange_per_step" "$C exchange_2steps"; do
-  set -- $t; rm -rf "$1"; mkdir -p "$1"
-  tar --exclude=./.whl --exclude=./.git -cf - . | tar -xf - -C "$1"
-  (cd "$1" && git apply "$P/$2.patch") || exit 1
-done
+benchmarks/patched_tree.sh "$B" "$P/exchange_per_step.patch" || exit 1
+benchmarks/patched_tree.sh "$C" "$P/exchange_2steps.patch" || exit 1
 base=${PYTHONPATH:-}
 in_tree() { (cd "$1" && shift && PYTHONPATH="$PWD${base:+:$base}" "$@"); }
 rows="0 1 2 3 4 6"
