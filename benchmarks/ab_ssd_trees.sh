@@ -8,8 +8,8 @@
 # TREE_A, TREE_B: directories holding a checkout each (git archive REV | tar -x -C DIR; or a
 # copy of the working tree with a patch applied: benchmarks/patched_tree.sh); DTYPE as
 # ab_ssd_trees.py's (default bfloat16). Each tree runs with itself first on PYTHONPATH (keep
-# numpy's own path in PYTHONPATH beforehand). Writes ab.log (one ABROW line per tree and round), nvidia_smi.txt
-# and pytest_b.log under OUT_DIR.
+# numpy's own path in PYTHONPATH beforehand). Writes ab.log (one ABROW line per tree and
+# round), nvidia_smi.txt and pytest_b.log under OUT_DIR.
 set -u
 A=$(cd "${1:?usage: TREE_A TREE_B OUT_DIR [DTYPE]}" && pwd)
 B=$(cd "${2:?usage: TREE_A TREE_B OUT_DIR [DTYPE]}" && pwd)
