@@ -2228,6 +2228,9 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
     const bool accumulate = flags & SSM_ACCUMULATE;
 
     ssm_ring_zero_pad(sm, lay.stage, lay.o_B, lay.o_C, 2, TL, N, NPAD, tid, nthr);
+    // Each channel's bias in the padding after its {dt, dt u} row, for the staging of every
+    // tile (the first tile's barrier publishes it).
+    if (tid < CH) dtu[tid * (2 * TL + 4) + 2 * TL] = has_bias ? dbias[d0 + tid] : 0.0f;
 
     float A2[4], g[4], dA[4];
 #pragma unroll
@@ -2295,7 +2298,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                 float uu[VIO], dd[VIO];  // (as the forward's staging; a shared helper changed its code)
                 ssm_widen16(uu, (const IO*)nullptr, ssm_ld16(st + cc * lay.pio + t * sizeof(IO)));
                 ssm_widen16(dd, (const IO*)nullptr, ssm_ld16(st + lay.rows + cc * lay.pio + t * sizeof(IO)));
-                const float bias = has_bias ? dbias[d0 + cc] : 0.0f;
+                const float bias = dtu[cc * (2 * TL + 4) + 2 * TL];
                 float pr[2 * VIO];
 #pragma unroll
                 for (int j = 0; j < VIO; ++j) {
