@@ -284,6 +284,44 @@ def test_matches_reference(backend, dtype_name, problem):
     check_against_reference(backend, dtype_name, inputs, opts, rng)
 
 
+@settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems(), run=st.integers(1, 5), dtype_name=st.sampled_from(["float64", "float32"]))
+def test_cpu_backward_in_runs(problem, run, dtype_name):
+    """The CPU backward's chunks recomputed in runs of ``run`` steps (long chunks go so, to
+    stay in cache: ``_run_steps``) give the gradients of whole chunks, and the reference's."""
+    from ssmkit._cpu import ssd as cpu_ssd
+
+    kw, opts, seed = problem
+    rng = np.random.default_rng(seed)
+    inputs = make_inputs(rng, **kw)
+    arrays, _ = cast(inputs, dtype_name, np)
+    dy = as_dtype(rng.standard_normal(inputs["x"].shape), dtype_name)
+    (_, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
+    dfin = rng.standard_normal(fin.shape).astype(fin.dtype)
+    whole = pullback(dy, dfin)
+    per_step = kw["P"] * kw["N"] * np.dtype(dtype_name).itemsize
+    seen = []  # the run length each backward launch was given
+    kernel = cpu_ssd._backward_kernel
+
+    def spy(*args):
+        seen.append(args[14])
+        return kernel(*args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_ssd, "_WHOLE_CHUNK_BYTES", 0)
+        mp.setattr(cpu_ssd, "_RUN_BYTES", (run + 1) * per_step)
+        mp.setattr(cpu_ssd, "_backward_kernel", spy)
+        (_, fin_runs), pullback_runs = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
+        runs = pullback_runs(dy, dfin)
+    assert seen == [min(run, opts["chunk_size"], kw["L"])]
+    tol = 1e-12 if dtype_name == "float64" else 1e-5
+    for name in FIELDS:
+        a, b = getattr(whole, name), getattr(runs, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert rel_err(b, np.asarray(a, dtype=np.float64)) <= tol, name
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_float32_cancelling_dA(backend):
     """A draw of the test above (seed 0) whose dA, -1.6e-4, sums terms of 13.8 in absolute

@@ -21,9 +21,9 @@ Checkpoints and the backward
 ----------------------------
 ``checkpoints`` is a ``(batch, H, n_chunks, P, N)`` array: the state entering
 step ``c * chunk_size``. The backward walks the chunks in reverse; for each it
-recomputes the chunk's states from its checkpoint into a thread-local
-``(min(chunk_size, L) + 1, P, N)`` buffer and runs the adjoint recurrence back through
-it. Sums over heads of a group (``dB``, ``dC``) and over the batch (``dA``,
+recomputes the chunk's states from its checkpoint into a thread-local buffer and runs
+the adjoint recurrence back through it. A long chunk goes in runs, last run first
+(``_run_steps``), so that the buffer stays in a core's cache. Sums over heads of a group (``dB``, ``dC``) and over the batch (``dA``,
 ``dD``) are written as per-(batch, head) partials and summed afterwards in a
 fixed order: the gradients are deterministic.
 """
@@ -97,8 +97,48 @@ def _forward_kernel(x, dte, A, B, C, D, z, h0, keep, slot, has_z, Q, save, y, fi
                 final[s, h] = st
 
 
+# The backward recomputes a chunk's states into a buffer and walks it backwards. Past
+# _WHOLE_CHUNK_BYTES of states (a chunk of 1024 steps at P 64, N 64 is 16 MB per thread) the
+# buffer leaves the caches, so the chunk goes in runs of _RUN_BYTES, last run first: the
+# states entering each run first (one more pass over the chunk's recurrence), then each run's
+# states. Measured in benchmarks/SSD.md ("The CPU backward's recompute in runs").
+_WHOLE_CHUNK_BYTES = 6 << 20
+_RUN_BYTES = 2 << 20
+
+
+def _run_steps(p):
+    """Steps per recomputed run of the CPU backward: the whole chunk while its states fit
+    ``_WHOLE_CHUNK_BYTES``, else ``_RUN_BYTES`` worth (at least 1 step)."""
+    per_step = p.P * p.N * np.dtype(p.compute_dtype).itemsize
+    chunk = min(p.chunk_size, p.L)
+    if (chunk + 1) * per_step <= _WHOLE_CHUNK_BYTES:
+        return chunk
+    return max(1, min(chunk, _RUN_BYTES // per_step - 1))
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _copy_state(dst, src):
+    """dst[:] = src for (P, N) states, element by element."""
+    for p in range(dst.shape[0]):
+        for n in range(dst.shape[1]):
+            dst[p, n] = src[p, n]
+
+
+@njit(forceinline=True, **_KERNEL_OPTIONS)
+def _advance(st, t, b, h, gb, x, dte, A, B, keep):
+    """The state st (P, N) of head h, row b, across step t, in place."""
+    dtv = dte[b, t, h]
+    decay = math.exp(dtv * A[h]) * keep[b, t]
+    Bt = B[b, t, gb]
+    for p in range(st.shape[0]):
+        xs = dtv * x[b, t, h, p]
+        row = st[p]
+        for n in range(st.shape[1]):
+            row[n] = decay * row[n] + xs * Bt[n]
+
+
 @njit(parallel=True, **_KERNEL_OPTIONS)
-def _backward_kernel(x, dte, A, B, C, D, z, keep, slot, dy, dfinal, has_dfinal, has_z, Q,
+def _backward_kernel(x, dte, A, B, C, D, z, keep, slot, dy, dfinal, has_dfinal, has_z, Q, R,
                      ckpt, dx, ddte, dA_part, dBh, dCh, dD_part, dz, dh0):
     batch, L, H, P = x.shape
     N = B.shape[3]
@@ -112,7 +152,9 @@ def _backward_kernel(x, dte, A, B, C, D, z, keep, slot, dy, dfinal, has_dfinal, 
         h = i - b * H
         gb = h // heads_per_b
         gc = h // heads_per_c
-        buf = np.empty((Q + 1, P, N), dtype=A.dtype)
+        # runs of R steps (_run_steps): the states entering them, and one run's states
+        starts = np.empty(((Q + R - 1) // R, P, N), dtype=A.dtype)
+        buf = np.empty((R + 1, P, N), dtype=A.dtype)
         g = np.zeros((P, N), dtype=A.dtype)
         dyv = np.empty(P, dtype=A.dtype)
         dB_row = np.empty(N, dtype=A.dtype)
@@ -121,65 +163,74 @@ def _backward_kernel(x, dte, A, B, C, D, z, keep, slot, dy, dfinal, has_dfinal, 
         for c in range(n_chunks - 1, -1, -1):
             t0 = c * Q
             n_steps = min(L, t0 + Q) - t0
-            buf[0] = ckpt[b, h, c]
-            for k in range(n_steps):  # recompute the chunk's states
-                t = t0 + k
-                dtv = dte[b, t, h]
-                decay = math.exp(dtv * A[h]) * keep[b, t]
-                Bt = B[b, t, gb]
-                for p in range(P):
-                    xs = dtv * x[b, t, h, p]
-                    for n in range(N):
-                        buf[k + 1, p, n] = decay * buf[k, p, n] + xs * Bt[n]
-            for k in range(n_steps - 1, -1, -1):  # the adjoint recurrence, backwards
-                t = t0 + k
-                dtv = dte[b, t, h]
-                decay = math.exp(dtv * A[h]) * keep[b, t]
-                Bt = B[b, t, gb]
-                Ct = C[b, t, gc]
-                s = slot[b, t]
-                if has_dfinal and s >= 0:
-                    g += dfinal[s, h]
-                for p in range(P):
-                    dyo = dy[b, t, h, p]
-                    if has_z:
-                        acc = zero
+            n_runs = (n_steps + R - 1) // R
+            _copy_state(starts[0], ckpt[b, h, c])
+            for j in range(1, n_runs):
+                _copy_state(starts[j], starts[j - 1])
+                for k in range((j - 1) * R, j * R):
+                    _advance(starts[j], t0 + k, b, h, gb, x, dte, A, B, keep)
+            for j in range(n_runs - 1, -1, -1):
+                k0 = j * R
+                run_steps = min(R, n_steps - k0)
+                _copy_state(buf[0], starts[j])
+                for k in range(run_steps):  # recompute the run's states
+                    t = t0 + k0 + k
+                    dtv = dte[b, t, h]
+                    decay = math.exp(dtv * A[h]) * keep[b, t]
+                    Bt = B[b, t, gb]
+                    for p in range(P):
+                        xs = dtv * x[b, t, h, p]
                         for n in range(N):
-                            acc += buf[k + 1, p, n] * Ct[n]
-                        y_pre = acc + D[h, p] * x[b, t, h, p]
-                        zv = z[b, t, h, p]
-                        sg = one / (one + math.exp(-zv))
-                        dz[b, t, h, p] = dyo * y_pre * sg * (one + zv * (one - sg))
-                        dyo = dyo * zv * sg
-                    dyv[p] = dyo
-                    dD_part[b, h, p] += dyo * x[b, t, h, p]
-                dB_row[:] = zero
-                dC_row[:] = zero
-                s1 = zero  # sum g a h_{t-1} / a, i.e. sum g h_{t-1}
-                s2 = zero  # sum_p x_p (g B)_p
-                for p in range(P):
-                    dyp = dyv[p]
-                    xv = x[b, t, h, p]
-                    xs = dtv * xv
-                    gB = zero
-                    s1p = zero
-                    grow = g[p]
-                    hnew = buf[k + 1, p]
-                    hold = buf[k, p]
-                    for n in range(N):
-                        dC_row[n] += dyp * hnew[n]
-                        gv = grow[n] + dyp * Ct[n]
-                        dB_row[n] += gv * xs
-                        gB += gv * Bt[n]
-                        s1p += gv * hold[n]
-                        grow[n] = gv * decay
-                    dx[b, t, h, p] = dtv * gB + D[h, p] * dyp
-                    s1 += s1p
-                    s2 += gB * xv
-                dBh[b, t, h] = dB_row
-                dCh[b, t, h] = dC_row
-                ddte[b, t, h] = A[h] * decay * s1 + s2
-                dA_acc += dtv * decay * s1
+                            buf[k + 1, p, n] = decay * buf[k, p, n] + xs * Bt[n]
+                for k in range(run_steps - 1, -1, -1):  # the adjoint recurrence, backwards
+                    t = t0 + k0 + k
+                    dtv = dte[b, t, h]
+                    decay = math.exp(dtv * A[h]) * keep[b, t]
+                    Bt = B[b, t, gb]
+                    Ct = C[b, t, gc]
+                    s = slot[b, t]
+                    if has_dfinal and s >= 0:
+                        g += dfinal[s, h]
+                    for p in range(P):
+                        dyo = dy[b, t, h, p]
+                        if has_z:
+                            acc = zero
+                            for n in range(N):
+                                acc += buf[k + 1, p, n] * Ct[n]
+                            y_pre = acc + D[h, p] * x[b, t, h, p]
+                            zv = z[b, t, h, p]
+                            sg = one / (one + math.exp(-zv))
+                            dz[b, t, h, p] = dyo * y_pre * sg * (one + zv * (one - sg))
+                            dyo = dyo * zv * sg
+                        dyv[p] = dyo
+                        dD_part[b, h, p] += dyo * x[b, t, h, p]
+                    dB_row[:] = zero
+                    dC_row[:] = zero
+                    s1 = zero  # sum g a h_{t-1} / a, i.e. sum g h_{t-1}
+                    s2 = zero  # sum_p x_p (g B)_p
+                    for p in range(P):
+                        dyp = dyv[p]
+                        xv = x[b, t, h, p]
+                        xs = dtv * xv
+                        gB = zero
+                        s1p = zero
+                        grow = g[p]
+                        hnew = buf[k + 1, p]
+                        hold = buf[k, p]
+                        for n in range(N):
+                            dC_row[n] += dyp * hnew[n]
+                            gv = grow[n] + dyp * Ct[n]
+                            dB_row[n] += gv * xs
+                            gB += gv * Bt[n]
+                            s1p += gv * hold[n]
+                            grow[n] = gv * decay
+                        dx[b, t, h, p] = dtv * gB + D[h, p] * dyp
+                        s1 += s1p
+                        s2 += gB * xv
+                    dBh[b, t, h] = dB_row
+                    dCh[b, t, h] = dC_row
+                    ddte[b, t, h] = A[h] * decay * s1 + s2
+                    dA_acc += dtv * decay * s1
         dA_part[b, h] = dA_acc
         dh0[b, h] = g
 
@@ -223,7 +274,7 @@ def ssd_backward(p, checkpoints, dy, dfinal):
     has_dfinal = dfinal is not None
     dfin = dfinal if has_dfinal else _dummy(cd)
     _backward_kernel(p.x, dte, p.A, p.B, p.C, D, z, _keep(p), p.slot, dy, dfin, has_dfinal,
-                     p.z is not None, min(p.chunk_size, p.L), checkpoints, dx, ddte, dA_part,
+                     p.z is not None, min(p.chunk_size, p.L), _run_steps(p), checkpoints, dx, ddte, dA_part,
                      dBh, dCh, dD_part, dz, dh0)
     ddt = ddte * factor
     GB, GC = p.B.shape[2], p.C.shape[2]

@@ -1,0 +1,76 @@
+"""A/B of the CPU SSD backend (ssmkit/_cpu/ssd.py) at a git revision against the working tree's,
+in one process, alternating round by round (the 2-core development machines drift by up to 2x
+over minutes). The shape of ``bench_ssd.py --cpu`` (float32, batch 1, L 4096, H 8, P 64, N 64,
+chunks of 256, dt_softplus). Prints each round's forward+backward ms (ssd_vjp and its pullback,
+best of 3) per version, and the largest difference between the versions' gradients.
+
+    python benchmarks/results/ssd_cpu_runs/ab_backward.py REV [rounds [threads [chunk_size]]]
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numba
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import ssmkit  # noqa: E402
+from bench_ssd import make_inputs  # noqa: E402
+
+PATH = "ssmkit/_cpu/ssd.py"
+NAME = "ssmkit._cpu.ssd"
+
+
+def load(name, source, tmp):
+    """Import ``source`` as a module of its own (absolute imports, no disk cache)."""
+    fn = os.path.join(tmp, f"ab_{name}.py")
+    with open(fn, "w") as f:
+        f.write(source.replace("cache=True", "cache=False").replace("from .._ssd import", "from ssmkit._ssd import"))
+    spec = importlib.util.spec_from_file_location(f"ab_{name}", fn)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(rev, rounds=5, threads=2, chunk_size=256):
+    numba.set_num_threads(int(threads))
+    sources = {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{PATH}"]).decode(),
+               "work": open(os.path.join(ROOT, PATH)).read()}
+    x = make_inputs(np, "float32", 1, 4096, 8, 64, 1, 64)
+    kw = dict(dt_softplus=True, chunk_size=int(chunk_size))
+    dy = np.random.default_rng(0).standard_normal(x["x"].shape).astype(np.float32)
+
+    def forward_backward():
+        _, pullback = ssmkit.ssd_vjp(**x, **kw)
+        return pullback(dy)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        modules = {name: load(name, s, tmp) for name, s in sources.items()}
+        results = {name: [] for name in modules}
+        grads = {}
+        for rnd in range(int(rounds) + 1):
+            for name, m in modules.items():
+                sys.modules[NAME] = m
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    g = forward_backward()
+                    best = min(best, time.perf_counter() - t0)
+                grads[name] = g
+                if rnd > 0:  # round 0 compiles
+                    results[name].append(best * 1e3)
+    for name, v in results.items():
+        print(f"{name:8s} fwd+bwd ms", " ".join(f"{t:.1f}" for t in v))
+    a, b = grads.values()
+    diff = max(float(np.max(np.abs(np.asarray(ga) - np.asarray(gb))) / (np.max(np.abs(np.asarray(ga))) or 1.0))
+               for ga, gb in zip(a, b) if ga is not None)
+    print(f"largest difference between the versions' gradients, relative to each field's largest entry: {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
