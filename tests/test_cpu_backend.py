@@ -319,6 +319,38 @@ def test_results_do_not_depend_on_chunk_size(io):
             assert rel_err(g[name], g0[name]) <= tol, (chunk, name)
 
 
+@settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(kw=problems(), run=st.integers(1, 6), dfinal=st.booleans())
+def test_backward_on_finer_checkpoints(kw, run, dfinal):
+    """A chunk whose backward scratch would pass _WHOLE_CHUNK_BYTES runs on finer
+    checkpoints (``run`` steps apart, forced here through the two byte limits): the same
+    gradients as on the forward's own checkpoints."""
+    p = make_problem(**kw)
+    dout, dfin = cotangents(p, kw["seed"], dfinal)
+    y, final, ckpt, whole = run_cpu(p, dout, dfin)
+    lanes = cpu._blocking(p)[-1]
+    per_step = ((p.N + 10) * lanes + 2 * p.N) * np.dtype(p.compute_dtype).itemsize
+    launched = []  # the chunk size each backward launch was given
+    kernel = cpu._backward_kernel
+
+    def spy(*args):
+        launched.append(args[-12])
+        return kernel(*args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu, "_WHOLE_CHUNK_BYTES", 0)
+        mp.setattr(cpu, "_RUN_BYTES", run * per_step)
+        mp.setattr(cpu, "_backward_kernel", spy)
+        finer = cpu.selective_scan_backward(p, ckpt, dout, dfin)
+    assert len(launched) == 1 and min(launched[0], p.L) == min(run, p.chunk_size, p.L)
+    tol = 1e-12 if p.compute_dtype == np.float64 else 1e-5
+    for name in GRAD_FIELDS:
+        if whole[name] is None:
+            assert finer[name] is None, name
+        else:
+            assert rel_err(finer[name], whole[name]) <= tol, name
+
+
 @pytest.mark.parametrize("B_form, C_form", [(1, 2), (CONST, CONST), (4, CONST)])
 def test_deterministic_over_runs_and_thread_counts(B_form, C_form):
     p = make_problem(9, batch=1, dim=160, N=4, L=29, io=np.float32, B_form=B_form,

@@ -35,6 +35,8 @@ backward walks the chunks in reverse; for each it recomputes the chunk's
 states from its checkpoint into a ``(chunk_size + 1, N, lanes)`` buffer and
 runs the adjoint recurrence back through it (the decays ``exp(dt A)`` are
 recomputed rather than stored: half the scratch, which then stays in cache).
+Where a chunk is long enough that its scratch would leave the caches, the
+backward first reruns the forward for finer checkpoints (``_backward_chunk``).
 
 Determinism
 -----------
@@ -53,6 +55,7 @@ count or on timing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -67,6 +70,12 @@ __all__ = ["selective_scan_forward", "selective_scan_backward"]
 _LANES = 64  # channels per block (a power of two): the vector loops' trip count
 _TILE = 256  # forward steps staged at once
 _TARGET_UNITS = 32  # backward: split groups into slices until there are this many units
+# The backward recomputes a chunk's states into per-block scratch: past _WHOLE_CHUNK_BYTES
+# of it (a chunk of 8192 steps at N 16 is 56 MB a thread) the scratch leaves the caches and
+# costs more than a second forward, so the backward then runs on finer checkpoints,
+# _RUN_BYTES of scratch apart (_backward_chunk; benchmarks/NOTES.md, "CPU").
+_WHOLE_CHUNK_BYTES = 32 << 20
+_RUN_BYTES = 2 << 20
 
 _KERNEL_OPTIONS = dict(cache=True, fastmath=False, error_model="numpy")
 
@@ -949,6 +958,17 @@ def _operands(p):
             _as_4d(conv(p.C, 2)), conv(p.D, 1), conv(p.z, 3), bias)
 
 
+def _backward_chunk(p, lanes):
+    """Steps per chunk the backward recomputes: ``p.chunk_size`` (at most L) while a block's
+    scratch for it (the states, N x lanes a step, and about 10 staged rows) fits
+    ``_WHOLE_CHUNK_BYTES``, else ``_RUN_BYTES`` worth (at least 1 step)."""
+    per_step = ((p.N + 10) * lanes + 2 * p.N) * np.dtype(p.compute_dtype).itemsize
+    chunk = min(p.chunk_size, p.L)
+    if (chunk + 1) * per_step <= _WHOLE_CHUNK_BYTES:
+        return chunk
+    return max(1, min(chunk, _RUN_BYTES // per_step))
+
+
 def selective_scan_forward(p, *, save_checkpoints):
     """Run the selective scan of a NumPy problem.
 
@@ -1019,9 +1039,15 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     """
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     cd, io = p.compute_dtype, p.io_dtype
+    b_step, c_step, cpg_b, cpg_c, fine, coarse, lanes = _blocking(p)
+    chunk = _backward_chunk(p, lanes)
+    if chunk < min(p.chunk_size, L):
+        # finer checkpoints from the forward once more (its states do not depend on the
+        # chunk size), so that a chunk's scratch stays in cache
+        p = dataclasses.replace(p, chunk_size=chunk)
+        checkpoints = None
     if checkpoints is None:
         _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
-    b_step, c_step, cpg_b, cpg_c, fine, coarse, lanes = _blocking(p)
     n_slices = _slices(p, coarse, fine, lanes)
     has_z = p.z is not None
     has_h0 = p.initial_state is not None
