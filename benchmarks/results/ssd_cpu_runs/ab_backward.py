@@ -4,7 +4,7 @@ over minutes). The shape of ``bench_ssd.py --cpu`` (float32, batch 1, L 4096, H 
 chunks of 256, dt_softplus). Prints each round's forward+backward ms (ssd_vjp and its pullback,
 best of 3) per version, and the largest difference between the versions' gradients.
 
-    python benchmarks/results/ssd_cpu_runs/ab_backward.py REV [rounds [threads [chunk_size]]]
+    python benchmarks/results/ssd_cpu_runs/ab_backward.py REV [rounds [threads [chunk_size [dtype]]]]
 """
 import importlib.util
 import os
@@ -37,13 +37,13 @@ def load(name, source, tmp):
     return module
 
 
-def main(rev, rounds=5, threads=2, chunk_size=256):
+def main(rev, rounds=5, threads=2, chunk_size=256, dtype="float32"):
     numba.set_num_threads(int(threads))
     sources = {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{PATH}"]).decode(),
                "work": open(os.path.join(ROOT, PATH)).read()}
-    x = make_inputs(np, "float32", 1, 4096, 8, 64, 1, 64)
+    x = make_inputs(np, dtype, 1, 4096, 8, 64, 1, 64)
     kw = dict(dt_softplus=True, chunk_size=int(chunk_size))
-    dy = np.random.default_rng(0).standard_normal(x["x"].shape).astype(np.float32)
+    dy = np.random.default_rng(0).standard_normal(x["x"].shape).astype(x["x"].dtype)
 
     def forward_backward():
         _, pullback = ssmkit.ssd_vjp(**x, **kw)
