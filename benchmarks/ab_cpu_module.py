@@ -29,21 +29,54 @@ from bench_selective_scan import make_inputs  # noqa: E402
 PATH = "ssmkit/_cpu/selective_scan.py"
 
 
+def versions(rev, path):
+    """The text of ``path`` (relative to the repository) at ``rev`` and in the working tree."""
+    return {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{path}"]).decode(),
+            "work": open(os.path.join(ROOT, path)).read()}
+
+
 def load(name, source, tmp):
-    """Import ``source`` as a module of its own (no disk cache: both versions compile here)."""
+    """Import ``source``, a module of ssmkit/_cpu, as a module of its own: no disk cache (both
+    versions compile here), its relative imports of ssmkit made absolute."""
     fn = os.path.join(tmp, f"ab_{name}.py")
     with open(fn, "w") as f:
-        f.write(source.replace("cache=True", "cache=False"))
+        f.write(source.replace("cache=True", "cache=False").replace("from .._", "from ssmkit._"))
     spec = importlib.util.spec_from_file_location(f"ab_{name}", fn)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def alternate(modules, name, fn, rounds):
+    """Time ``fn()`` (best of 3 calls) with each version of ``modules`` installed as
+    ``sys.modules[name]`` in turn, round by round; round 0 compiles and is not kept.
+
+    Returns ``({version: [ms per round]}, {version: fn's last result})``.
+    """
+    times, last = {v: [] for v in modules}, {}
+    for rnd in range(int(rounds) + 1):
+        for v, m in modules.items():
+            sys.modules[name] = m
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                last[v] = fn()
+                best = min(best, time.perf_counter() - t0)
+            if rnd > 0:
+                times[v].append(best * 1e3)
+    return times, last
+
+
+def largest_difference(a, b):
+    """The largest difference between two sequences of gradients (None fields skipped), each
+    relative to its field's largest entry in ``a``."""
+    return max(float(np.max(np.abs(np.asarray(ga) - np.asarray(gb))) / (np.max(np.abs(np.asarray(ga))) or 1.0))
+               for ga, gb in zip(a, b) if ga is not None)
+
+
 def main(rev, threads, rounds=6, dtype="float32"):
     numba.set_num_threads(int(threads))
-    sources = {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{PATH}"]).decode(),
-               "work": open(os.path.join(ROOT, PATH)).read()}
+    sources = versions(rev, PATH)
     x = make_inputs(np, "float32", 2, 256, 2048, 16)
     x = {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in x.items()}
 

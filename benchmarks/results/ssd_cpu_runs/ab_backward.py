@@ -6,12 +6,9 @@ best of 3) per version, and the largest difference between the versions' gradien
 
     python benchmarks/results/ssd_cpu_runs/ab_backward.py REV [rounds [threads [chunk_size [dtype]]]]
 """
-import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numba
 import numpy as np
@@ -21,26 +18,15 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import ssmkit  # noqa: E402
 from bench_ssd import make_inputs  # noqa: E402
+from ab_cpu_module import alternate, largest_difference, load, versions  # noqa: E402
 
 PATH = "ssmkit/_cpu/ssd.py"
 NAME = "ssmkit._cpu.ssd"
 
 
-def load(name, source, tmp):
-    """Import ``source`` as a module of its own (absolute imports, no disk cache)."""
-    fn = os.path.join(tmp, f"ab_{name}.py")
-    with open(fn, "w") as f:
-        f.write(source.replace("cache=True", "cache=False").replace("from .._ssd import", "from ssmkit._ssd import"))
-    spec = importlib.util.spec_from_file_location(f"ab_{name}", fn)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(rev, rounds=5, threads=2, chunk_size=256, dtype="float32"):
     numba.set_num_threads(int(threads))
-    sources = {rev: subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:{PATH}"]).decode(),
-               "work": open(os.path.join(ROOT, PATH)).read()}
+    sources = versions(rev, PATH)
     x = make_inputs(np, dtype, 1, 4096, 8, 64, 1, 64)
     kw = dict(dt_softplus=True, chunk_size=int(chunk_size))
     dy = np.random.default_rng(0).standard_normal(x["x"].shape).astype(x["x"].dtype)
@@ -51,26 +37,11 @@ def main(rev, rounds=5, threads=2, chunk_size=256, dtype="float32"):
 
     with tempfile.TemporaryDirectory() as tmp:
         modules = {name: load(name, s, tmp) for name, s in sources.items()}
-        results = {name: [] for name in modules}
-        grads = {}
-        for rnd in range(int(rounds) + 1):
-            for name, m in modules.items():
-                sys.modules[NAME] = m
-                best = float("inf")
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    g = forward_backward()
-                    best = min(best, time.perf_counter() - t0)
-                grads[name] = g
-                if rnd > 0:  # round 0 compiles
-                    results[name].append(best * 1e3)
-    for name, v in results.items():
+        times, grads = alternate(modules, NAME, forward_backward, rounds)
+    for name, v in times.items():
         print(f"{name:8s} fwd+bwd ms", " ".join(f"{t:.1f}" for t in v))
-    a, b = grads.values()
-    diff = max(float(np.max(np.abs(np.asarray(ga) - np.asarray(gb))) / (np.max(np.abs(np.asarray(ga))) or 1.0))
-               for ga, gb in zip(a, b) if ga is not None)
+    diff = largest_difference(*grads.values())
     print(f"largest difference between the versions' gradients, relative to each field's largest entry: {diff:.2e}")
-
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
