@@ -21,11 +21,12 @@ Checkpoints and the backward
 ----------------------------
 ``checkpoints`` is a ``(batch, H, n_chunks, P, N)`` array: the state entering
 step ``c * chunk_size``. The backward walks the chunks in reverse; for each it
-recomputes the chunk's states from its checkpoint into a thread-local buffer and runs
-the adjoint recurrence back through it. A long chunk goes in runs, last run first
-(``_run_steps``), so that the buffer stays in a core's cache. Sums over heads of a group (``dB``, ``dC``) and over the batch (``dA``,
-``dD``) are written as per-(batch, head) partials and summed afterwards in a
-fixed order: the gradients are deterministic.
+recomputes the chunk's states from its checkpoint into a thread-local buffer and
+runs the adjoint recurrence back through it. A long chunk goes in runs, last run
+first (``_run_steps``), so that the buffer stays in a core's cache. Sums over
+heads of a group (``dB``, ``dC``) and over the batch (``dA``, ``dD``) are written
+as per-(batch, head) partials and summed afterwards in a fixed order: the
+gradients are deterministic.
 """
 
 from __future__ import annotations
