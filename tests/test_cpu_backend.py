@@ -329,7 +329,7 @@ def test_backward_on_finer_checkpoints(kw, run, dfinal):
     dout, dfin = cotangents(p, kw["seed"], dfinal)
     y, final, ckpt, whole = run_cpu(p, dout, dfin)
     lanes = cpu._blocking(p)[-1]
-    per_step = ((p.N + 10) * lanes + 2 * p.N) * np.dtype(p.compute_dtype).itemsize
+    per_step = cpu._scratch_step_bytes(p, lanes)
     launched = []  # the chunk size each backward launch was given
     kernel = cpu._backward_kernel
 

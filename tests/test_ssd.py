@@ -288,7 +288,7 @@ def test_matches_reference(backend, dtype_name, problem):
 @given(problem=problems(), run=st.integers(1, 5), dtype_name=st.sampled_from(["float64", "float32"]))
 def test_cpu_backward_in_runs(problem, run, dtype_name):
     """The CPU backward's chunks recomputed in runs of ``run`` steps (long chunks go so, to
-    stay in cache: ``_run_steps``) give the gradients of whole chunks, and the reference's."""
+    stay in cache: ``_run_steps``) give the gradients of whole chunks."""
     from ssmkit._cpu import ssd as cpu_ssd
 
     kw, opts, seed = problem
@@ -299,7 +299,7 @@ def test_cpu_backward_in_runs(problem, run, dtype_name):
     (_, fin), pullback = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
     dfin = rng.standard_normal(fin.shape).astype(fin.dtype)
     whole = pullback(dy, dfin)
-    per_step = kw["P"] * kw["N"] * np.dtype(dtype_name).itemsize
+    per_step = cpu_ssd._state_bytes(kw["P"], kw["N"], dtype_name)
     seen = []  # the run length each backward launch was given
     kernel = cpu_ssd._backward_kernel
 

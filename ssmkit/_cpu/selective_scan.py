@@ -958,11 +958,16 @@ def _operands(p):
             _as_4d(conv(p.C, 2)), conv(p.D, 1), conv(p.z, 3), bias)
 
 
+def _scratch_step_bytes(p, lanes):
+    """Bytes of a backward block's scratch per step of a chunk: the states (N x lanes), about
+    10 staged rows of lanes, and B's and C's rows."""
+    return ((p.N + 10) * lanes + 2 * p.N) * np.dtype(p.compute_dtype).itemsize
+
+
 def _backward_chunk(p, lanes):
     """Steps per chunk the backward recomputes: ``p.chunk_size`` (at most L) while a block's
-    scratch for it (the states, N x lanes a step, and about 10 staged rows) fits
-    ``_WHOLE_CHUNK_BYTES``, else ``_RUN_BYTES`` worth (at least 1 step)."""
-    per_step = ((p.N + 10) * lanes + 2 * p.N) * np.dtype(p.compute_dtype).itemsize
+    scratch for it fits ``_WHOLE_CHUNK_BYTES``, else ``_RUN_BYTES`` worth (at least 1 step)."""
+    per_step = _scratch_step_bytes(p, lanes)
     chunk = min(p.chunk_size, p.L)
     if (chunk + 1) * per_step <= _WHOLE_CHUNK_BYTES:
         return chunk
