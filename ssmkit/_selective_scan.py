@@ -10,6 +10,7 @@ import numbers
 import numpy as np
 
 from . import _arrays
+from . import _selective_scan_packed as _packed
 from ._problem import SelectiveScanGrads, SelectiveScanProblem
 
 __all__ = ["selective_scan", "selective_scan_vjp"]
@@ -52,7 +53,7 @@ def _check_backend(fn, backend, xp):
 
 
 def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state,
-             chunk_size):
+             chunk_size, seq_idx=None, cu_seqlens=None):
     """Validate the arguments and build the canonical problem.
 
     Returns
@@ -60,13 +61,17 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
     problem : SelectiveScanProblem
     user : dict
         The user's arrays after conversion (for shapes and dtypes of the gradients).
+    packing : Packing or None
+        How packed sequences run (:mod:`ssmkit._selective_scan_packed`); None without
+        ``seq_idx`` and ``cu_seqlens``.
     """
     named = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
-                 initial_state=initial_state)
+                 initial_state=initial_state, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
     for name in ("u", "delta", "A", "B", "C"):
         if named[name] is None:
             raise TypeError(f"{fn}: {name} is required; got None")
     xp, arr = _arrays.array_namespace(fn, named)
+    seq_idx, cu_seqlens = arr.pop("seq_idx"), arr.pop("cu_seqlens")
     for name, x in arr.items():
         if x is None:
             continue
@@ -144,7 +149,11 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
         z=canon(arr["z"], io), delta_bias=canon(arr["delta_bias"], cd),
         delta_softplus=bool(delta_softplus), initial_state=canon(arr["initial_state"], cd),
         chunk_size=int(chunk_size) if chunk_size is not None else DEFAULT_CHUNK_SIZE, xp=xp)
-    return problem, arr
+    packing = None
+    if seq_idx is not None or cu_seqlens is not None:
+        labels, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L)
+        packing = _packed.plan(labels, cu, batch, L, arr["initial_state"] is not None)
+    return problem, arr, packing
 
 
 def _device_scope(p):
@@ -154,10 +163,18 @@ def _device_scope(p):
     return p.xp.cuda.Device(p.u.device.id)
 
 
-def _forward(p, user, save_checkpoints, backend=(None, None)):
-    """Run the scan; y in the dtype of the user's u."""
+def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick=None):
+    """Run the scan; y in the dtype of the user's u. With ``packing`` (packed sequences),
+    the final states are one per sequence slot and the checkpoints what the packed
+    backward needs; ``pick(problem)`` then chooses each of its calls' chunk size."""
     xp = p.xp
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    if packing is not None:
+        name, algorithm = backend
+        extra = {} if algorithm is None else {"algorithm": algorithm}
+        y, final, saved = _packed.forward(p, packing, _backend(xp, name),
+                                          save_checkpoints=save_checkpoints, pick=pick, **extra)
+        return y.astype(user["u"].dtype, copy=False), final, saved
     if batch * dim * L == 0:  # nothing to scan: the state passes through unchanged
         y = xp.zeros((batch, dim, L), dtype=user["u"].dtype)
         final = (p.initial_state.copy() if p.initial_state is not None
@@ -174,7 +191,7 @@ def _forward(p, user, save_checkpoints, backend=(None, None)):
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                    *, initial_state=None, return_final_state=False, chunk_size=None,
-                   backend=None):
+                   backend=None, seq_idx=None, cu_seqlens=None):
     """Mamba-1's selective scan, fused: discretize, scan, contract with C, D skip, silu(z) gate.
 
     Runs on the GPU for CuPy arrays (or GPU arrays of other frameworks, taken
@@ -202,9 +219,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     delta_softplus : bool
         Apply ``softplus`` (threshold 20) to ``delta + delta_bias``.
     initial_state : array, (batch, dim, N), optional
-        State before the first step (zeros when absent).
+        State before the first step (zeros when absent); with packed sequences
+        it feeds the first sequence of each row only.
     return_final_state : bool
-        Also return the state after the last step.
+        Also return the state after the last step (of each row, or of each
+        sequence with ``cu_seqlens``).
     chunk_size : int, optional
         Steps between the states the GPU kernels carry between tiles and the
         backward recomputes from (default 256). Results do not depend on it
@@ -217,14 +236,23 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         measured alternative to the fused kernel; ``"numba:<algorithm>"`` picks
         one of :func:`ssmkit.linear_scan_algorithms`). The backend must match
         where the arrays live (nothing is copied between host and device).
+    seq_idx : array, (batch, L) int, optional
+        Packed sequences: non-decreasing along L; where it changes, the state
+        restarts from zero.
+    cu_seqlens : array, (num_sequences + 1,) int, optional
+        Packed sequences in one row (batch 1): the offsets where each starts,
+        from 0 to L, non-decreasing (a sequence may be empty). The state
+        restarts at each, and the final states are one per sequence. With
+        ``seq_idx`` too, both must restart at the same places.
 
     Returns
     -------
     y : array, (batch, dim, L)
         The dtype of ``u``, on the device of ``u``.
-    final_state : array, (batch, dim, N)
+    final_state : array, (batch, dim, N), or (num_sequences, dim, N) with ``cu_seqlens``
         Only with ``return_final_state``: float64 for float64 ``u``, float32
-        otherwise.
+        otherwise. A sequence without steps ends in the state it starts from:
+        ``initial_state[0]`` at offset 0, zeros elsewhere.
 
     Notes
     -----
@@ -233,6 +261,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         dt_t   = delta_t + delta_bias, then softplus(dt_t) when delta_softplus
         h_t[n] = exp(dt_t A[d, n]) h_{t-1}[n] + dt_t B_t[n] u_t
         y_t    = sum_n C_t[n] h_t[n] + D[d] u_t, then y_t silu(z_t) when z is given
+
+    with h_{t-1} = 0 where a packed sequence starts. Packed sequences run as
+    rows of ordinary scans, sequences of similar length in one call (padding
+    at most doubles the work; rows without restarts run as they are): the
+    same kernels, and the same results as scanning each sequence alone.
 
     Arithmetic is float32 for 16- and 32-bit inputs, float64 for float64. On
     the CPU, float16 and bfloat16 inputs are computed in float32 and the result
@@ -243,11 +276,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     A. Gu and T. Dao, "Mamba: Linear-Time Sequence Modeling with Selective
     State Spaces", 2023, arXiv:2312.00752.
     """
-    p, user = _prepare("selective_scan", u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                       initial_state, chunk_size)
+    p, user, packing = _prepare("selective_scan", u, delta, A, B, C, D, z, delta_bias,
+                                delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)
     chosen = _check_backend("selective_scan", backend, p.xp)
     with _device_scope(p):
-        y, final, _ = _forward(p, user, save_checkpoints=False, backend=chosen)
+        y, final, _ = _forward(p, user, save_checkpoints=False, backend=chosen, packing=packing)
     return (y, final) if return_final_state else y
 
 
@@ -260,11 +293,12 @@ class SelectiveScanPullback:
     what it keeps beyond the inputs.
     """
 
-    def __init__(self, problem, user, checkpoints):
+    def __init__(self, problem, user, checkpoints, packing=None):
         self._problem = problem
         self._user_dtypes = {n: (None if x is None else (x.dtype, x.ndim))
                              for n, x in user.items()}
         self._checkpoints = checkpoints
+        self._packing = packing
 
     @property
     def residuals(self) -> dict:
@@ -276,15 +310,20 @@ class SelectiveScanPullback:
         p = self._problem
         xp = p.xp
         batch, dim, L, N = p.batch, p.dim, p.L, p.N
+        packing = self._packing
+        finals = batch if packing is None else packing.n_slots
         arr = _arrays.check_cotangents(fn, xp, {"u": p.u}, {
             "dy": (dy, (batch, dim, L), "(batch, dim, L)"),
-            "dfinal_state": (dfinal_state, (batch, dim, N), "(batch, dim, N)")})
+            "dfinal_state": (dfinal_state, (finals, dim, N),
+                             "(batch, dim, N)" if packing is None else "(num_final_states, dim, N)")})
         dy = (xp.zeros((batch, dim, L), p.io_dtype) if arr["dy"] is None
               else xp.ascontiguousarray(arr["dy"], dtype=p.io_dtype))
         dfinal = (None if arr["dfinal_state"] is None
                   else xp.ascontiguousarray(arr["dfinal_state"], dtype=p.compute_dtype))
         with _device_scope(p):
-            if batch * dim * L == 0:
+            if packing is not None:
+                grads = _packed.backward(p, packing, _backend(xp), self._checkpoints, dy, dfinal)
+            elif batch * dim * L == 0:
                 grads = {n: (None if getattr(p, n) is None else xp.zeros_like(getattr(p, n)))
                          for n in _ARRAY_ARGS}
                 if p.initial_state is not None and dfinal is not None:
@@ -306,7 +345,7 @@ class SelectiveScanPullback:
 
 def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
                        delta_softplus=False, *, initial_state=None, return_final_state=False,
-                       chunk_size=None, backend=None):
+                       chunk_size=None, backend=None, seq_idx=None, cu_seqlens=None):
     """The selective scan and its pullback (reverse-mode gradient).
 
     Takes the arguments of :func:`selective_scan`; ``backend`` may be None,
@@ -347,17 +386,19 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
 
     Reductions run in a fixed order: the gradients are deterministic.
     """
-    p, user = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
-                       delta_softplus, initial_state, chunk_size)
+    p, user, packing = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
+                                delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)
     chosen = _check_backend("selective_scan_vjp", backend, p.xp)
     if chosen[0] == "numba":
         raise ValueError(f"selective_scan_vjp: backend {backend!r} has no backward (the Numba "
                          f"CUDA scans run the forward only); use backend=None or 'cuda'")
     with _device_scope(p):
+        pick = None
         if chunk_size is None:  # the backend may keep states more often where that pays
             pick = getattr(_backend(p.xp, chosen[0]), "checkpoint_interval", None)
-            if pick is not None and p.batch * p.dim * p.L:
+            if pick is not None and p.batch * p.dim * p.L and packing is None:
                 p = dataclasses.replace(p, chunk_size=pick(p))
-        y, final, checkpoints = _forward(p, user, save_checkpoints=True)
+        y, final, checkpoints = _forward(p, user, save_checkpoints=True, packing=packing,
+                                         pick=pick)
     out = (y, final) if return_final_state else y
-    return out, SelectiveScanPullback(p, user, checkpoints)
+    return out, SelectiveScanPullback(p, user, checkpoints, packing)

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ._common import _f64, _sigmoid, silu, softplus
+from ._common import (_empty_final_states, _f64, _passthrough_slots, _segments, _sigmoid, silu,
+                      softplus)
 
 __all__ = ["ssd", "ssd_vjp"]
 
@@ -29,51 +30,6 @@ def _effective_dt(dt, dt_bias, dt_softplus, dt_limit):
         factor = np.where((v >= lo) & (v <= hi), factor, 0.0)
         v = np.clip(v, lo, hi)
     return raw, v, factor
-
-
-def _segments(batch, L, seq_idx, cu_seqlens):
-    """Restart flags (batch, L) and the slot each step's state is reported in.
-
-    ``restart[b, t]``: the state is zero before step t (a new sequence starts).
-    ``slot[b, t]``: index of the final state that is the state after step t, or -1.
-    """
-    if cu_seqlens is not None:
-        cu = np.asarray(cu_seqlens, dtype=np.int64)
-        seq_idx = np.searchsorted(cu[1:], np.arange(L), side="right")[None]
-    restart = np.zeros((batch, L), dtype=bool)
-    if seq_idx is not None:
-        seq_idx = np.asarray(seq_idx)
-        restart[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    slot = np.full((batch, L), -1, dtype=np.int64)
-    if cu_seqlens is not None:
-        for i in range(len(cu) - 1):
-            if cu[i + 1] > cu[i]:
-                slot[0, cu[i + 1] - 1] = i
-    elif L > 0:
-        slot[:, L - 1] = np.arange(batch)
-    return restart, slot
-
-
-def _passthrough_slots(batch, L, cu_seqlens):
-    """(slot, row) pairs whose final state is the initial state of that row.
-
-    A sequence without steps ends in the state it starts from: the initial
-    state for an empty sequence at offset 0 (or every row when L is 0), zeros
-    for any other.
-    """
-    if cu_seqlens is None:
-        return [(b, b) for b in range(batch)] if L == 0 else []
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    return [(i, 0) for i in range(len(cu) - 1) if cu[i + 1] == cu[i] == 0]
-
-
-def _empty_final_states(shape, cu_seqlens, h0, batch, L):
-    """Final states before the scan writes them: zeros, or h0 for sequences without steps."""
-    final = np.zeros(shape)
-    if h0 is not None:
-        for slot, row in _passthrough_slots(batch, L, cu_seqlens):
-            final[slot] = h0[row]
-    return final
 
 
 def _expand_groups(X, H):
