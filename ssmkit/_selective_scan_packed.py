@@ -126,14 +126,20 @@ def _on(xp, group):
     return cache[key]
 
 
+def _bits(X):
+    """16-bit floats as their bits (zero is 0 in every format): the copies below then need
+    no bfloat16 support from the array library."""
+    return X.view(np.uint16) if X.dtype.itemsize == 2 else X
+
+
 def gather(xp, X, group):
     """Per-step ``X`` (batch, ..., L) -> (R, ..., length): the group's rows, zero where padded."""
     d = _on(xp, group)
     idx = (d["rows"][:, None],) + (slice(None),) * (X.ndim - 2) + (d["src"],)
-    Xg = X[idx]  # (R, length, ...): NumPy puts the advanced axes first
+    Xg = _bits(X)[idx]  # (R, length, ...): NumPy puts the advanced axes first
     pad = d["pad"].reshape(d["pad"].shape + (1,) * (X.ndim - 2))
-    Xg = xp.where(pad, xp.zeros((), X.dtype), Xg)
-    return xp.ascontiguousarray(xp.moveaxis(Xg, 1, -1))
+    Xg = xp.where(pad, xp.zeros((), Xg.dtype), Xg)
+    return xp.ascontiguousarray(xp.moveaxis(Xg, 1, -1)).view(X.dtype)
 
 
 def scatter(xp, out, Xg, group):
@@ -141,7 +147,8 @@ def scatter(xp, out, Xg, group):
     Xg[r, ..., j]`` for every padded position (r, j) that holds step t of row b."""
     d = _on(xp, group)
     mid = (slice(None),) * (out.ndim - 2)
-    out[(d["to"][0],) + mid + (d["to"][1],)] = Xg[(d["at"][0],) + mid + (d["at"][1],)]
+    _bits(out)[(d["to"][0],) + mid + (d["to"][1],)] = \
+        _bits(Xg)[(d["at"][0],) + mid + (d["at"][1],)]
 
 
 def rows_of(xp, X, group, mask):
