@@ -166,7 +166,7 @@ def compute_dtype_for(dtype) -> np.dtype:
 
 
 def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
-    """Check ``seq_idx`` / ``cu_seqlens`` (packed sequences) and bring them to the host.
+    """Check ``seq_idx`` / ``cu_seqlens`` (packed sequences).
 
     Parameters
     ----------
@@ -177,9 +177,10 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
 
     Returns
     -------
-    labels : numpy.ndarray (batch, L) int64, or None
-        The sequence of each step (``seq_idx``, or derived from ``cu_seqlens``).
+    seq : array (batch, L) of ints on ``xp``, or None
+        ``seq_idx``, or with ``cu_seqlens`` the sequence of each step (int32).
     cu : numpy.ndarray (num_sequences + 1,) int64, or None
+        ``cu_seqlens`` on the host.
     """
     def host(a):
         return np.asarray(a if xp is np else xp.asnumpy(a), dtype=np.int64)
@@ -187,26 +188,25 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
     for name, a in (("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)):
         if a is not None and a.dtype.kind not in "iu":
             raise TypeError(f"{fn}: {name} must hold integers; got {a.dtype}")
-    labels = None
-    if seq_idx is not None:
-        check_shape(fn, "seq_idx", seq_idx, (batch, L), "(batch, L)")
-        labels = host(seq_idx)
-        if L > 1 and np.any(labels[:, 1:] < labels[:, :-1]):
+    seq = seq_idx
+    if seq is not None:
+        check_shape(fn, "seq_idx", seq, (batch, L), "(batch, L)")
+        if L > 1 and bool(xp.any(seq[:, 1:] < seq[:, :-1])):
             raise ValueError(f"{fn}: seq_idx must be non-decreasing along L in every row")
     cu = None
     if cu_seqlens is not None:
         check_ndim(fn, "cu_seqlens", cu_seqlens, (1,), "(num_sequences + 1,)")
         if batch != 1:
-            raise ValueError(f"{fn}: cu_seqlens packs sequences into one row: the batch must "
-                             f"be 1; got batch {batch}")
+            raise ValueError(f"{fn}: cu_seqlens packs sequences into one row, so the inputs "
+                             f"must have batch 1; got batch {batch}")
         cu = host(cu_seqlens)
         if cu.size < 2 or cu[0] != 0 or cu[-1] != L or np.any(np.diff(cu) < 0):
             raise ValueError(f"{fn}: cu_seqlens must have at least 2 entries, start at 0, be "
                              f"non-decreasing and end at L = {L}; got {cu.tolist()}")
         from_cu = np.searchsorted(cu[1:], np.arange(L), side="right")[None]
-        if labels is not None and not np.array_equal(np.diff(labels, axis=1) != 0,
-                                                     np.diff(from_cu, axis=1) != 0):
+        if seq is not None and not np.array_equal(np.diff(host(seq), axis=1) != 0,
+                                                  np.diff(from_cu, axis=1) != 0):
             raise ValueError(f"{fn}: seq_idx must change exactly where the sequences of "
                              f"cu_seqlens begin")
-        labels = from_cu.astype(np.int64)
-    return labels, cu
+        seq = xp.asarray(from_cu.astype(np.int32))
+    return seq, cu

@@ -151,7 +151,8 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
         chunk_size=int(chunk_size) if chunk_size is not None else DEFAULT_CHUNK_SIZE, xp=xp)
     packing = None
     if seq_idx is not None or cu_seqlens is not None:
-        labels, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L)
+        seq, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L)
+        labels = np.asarray(seq if xp is np else xp.asnumpy(seq))
         packing = _packed.plan(labels, cu, batch, L, arr["initial_state"] is not None)
     return problem, arr, packing
 

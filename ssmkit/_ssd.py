@@ -262,29 +262,8 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
         _arrays.check_shape(fn, "initial_state", arr["initial_state"], (batch, H, P, N),
                             "(batch, H, P, N)")
 
-    seq = arr["seq_idx"]
-    if seq is not None:
-        _arrays.check_shape(fn, "seq_idx", seq, (batch, L), "(batch, L)")
-        if L > 1 and bool(xp.any(seq[:, 1:] < seq[:, :-1])):
-            raise ValueError(f"{fn}: seq_idx must be non-decreasing along L in every row")
-    cu = arr["cu_seqlens"]
-    if cu is not None:
-        _arrays.check_ndim(fn, "cu_seqlens", cu, (1,), "(num_sequences + 1,)")
-        if batch != 1:
-            raise ValueError(f"{fn}: cu_seqlens packs sequences into one row: x must have "
-                             f"batch 1; got batch {batch}")
-        cu_host = np.asarray(cu if xp is np else xp.asnumpy(cu), dtype=np.int64)
-        if cu_host.size < 2 or cu_host[0] != 0 or cu_host[-1] != L or np.any(np.diff(cu_host) < 0):
-            raise ValueError(f"{fn}: cu_seqlens must have at least 2 entries, start at 0, be "
-                             f"non-decreasing and end at L = {L}; got {cu_host.tolist()}")
-        seq_from_cu = np.searchsorted(cu_host[1:], np.arange(L), side="right")[None]
-        if seq is not None:
-            seq_host = np.asarray(seq if xp is np else xp.asnumpy(seq), dtype=np.int64)
-            if not np.array_equal(np.diff(seq_host, axis=1) != 0,
-                                  np.diff(seq_from_cu, axis=1) != 0):
-                raise ValueError(f"{fn}: seq_idx must change exactly where the sequences of "
-                                 f"cu_seqlens begin")
-        seq = xp.asarray(seq_from_cu.astype(np.int32))
+    seq, cu_host = _arrays.packed_sequences(fn, xp, arr["seq_idx"], arr["cu_seqlens"], batch, L)
+    if cu_host is not None:
         nonempty = np.nonzero(cu_host[1:] > cu_host[:-1])[0]
         # (row, last step, slot) of every sequence with steps
         ends = np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1, nonempty
