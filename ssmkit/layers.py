@@ -229,7 +229,7 @@ def _mamba1_split(p, xc):
     return x_dbl[..., :R], B, C
 
 
-def _mamba1_forward(fn, p, hidden, state, chunk_size, with_vjp):
+def _mamba1_forward(fn, p, hidden, state, chunk_size, seq_idx, with_vjp):
     xp = array_namespace(fn, {"hidden": hidden, "in_proj_weight": p.in_proj_weight})[0]
     _check_hidden(fn, hidden, p.d_model, step=False)
     if state is not None:
@@ -240,7 +240,7 @@ def _mamba1_forward(fn, p, hidden, state, chunk_size, with_vjp):
     x = _channels_first(xz[..., :di])
     z = _channels_first(xz[..., di:])
     conv_args = dict(activation="silu", initial_state=None if state is None else state.conv,
-                     return_final_state=True)
+                     seq_idx=seq_idx, return_final_state=True)
     if with_vjp:
         (xc, conv_final), conv_pb = causal_conv1d_vjp(x, p.conv_weight, p.conv_bias, **conv_args)
     else:
@@ -249,7 +249,7 @@ def _mamba1_forward(fn, p, hidden, state, chunk_size, with_vjp):
     delta = _channels_first(_linear(delta_low, p.dt_proj_weight))  # (batch, d_inner, L)
     A = -xp.exp(p.A_log)
     scan_args = dict(D=p.D, z=z, delta_bias=p.dt_proj_bias, delta_softplus=True,
-                     initial_state=None if state is None else state.ssm,
+                     initial_state=None if state is None else state.ssm, seq_idx=seq_idx,
                      return_final_state=True, chunk_size=chunk_size)
     if with_vjp:
         (y, ssm_final), scan_pb = selective_scan_vjp(xc, delta, A, B, C, **scan_args)
@@ -266,7 +266,7 @@ def _mamba1_forward(fn, p, hidden, state, chunk_size, with_vjp):
 
 
 def mamba1(params: Mamba1Params, hidden, *, state: Optional[Mamba1State] = None,
-           return_state: bool = False, chunk_size: Optional[int] = None):
+           return_state: bool = False, chunk_size: Optional[int] = None, seq_idx=None):
     """Mamba-1 layer over a sequence.
 
     Parameters
@@ -279,6 +279,9 @@ def mamba1(params: Mamba1Params, hidden, *, state: Optional[Mamba1State] = None,
         Also return the :class:`Mamba1State` after the last step.
     chunk_size : int, optional
         Passed to :func:`ssmkit.selective_scan`.
+    seq_idx : int array, shape (batch, L), optional
+        Packed sequences: the convolution and the scan restart where it changes
+        (``state`` feeds the first sequence of each row).
 
     Returns
     -------
@@ -286,12 +289,13 @@ def mamba1(params: Mamba1Params, hidden, *, state: Optional[Mamba1State] = None,
     state : Mamba1State
         Only with ``return_state=True``.
     """
-    out, final = _mamba1_forward("mamba1", params, hidden, state, chunk_size, with_vjp=False)
+    out, final = _mamba1_forward("mamba1", params, hidden, state, chunk_size, seq_idx,
+                                 with_vjp=False)
     return (out, final) if return_state else out
 
 
 def mamba1_vjp(params: Mamba1Params, hidden, *, state: Optional[Mamba1State] = None,
-               return_state: bool = False, chunk_size: Optional[int] = None):
+               return_state: bool = False, chunk_size: Optional[int] = None, seq_idx=None):
     """:func:`mamba1` and its pullback.
 
     Returns
@@ -304,7 +308,8 @@ def mamba1_vjp(params: Mamba1Params, hidden, *, state: Optional[Mamba1State] = N
         ``return_state=True``. Gradients of ``A_log`` go through ``A = -exp(A_log)``.
     """
     fn = "mamba1_vjp"
-    out, final, s = _mamba1_forward(fn, params, hidden, state, chunk_size, with_vjp=True)
+    out, final, s = _mamba1_forward(fn, params, hidden, state, chunk_size, seq_idx,
+                                    with_vjp=True)
     p = params
 
     def pullback(dout, dstate=None):

@@ -288,3 +288,50 @@ def test_mamba2_passes_allow_tf32_to_the_scan(backend, monkeypatch):
     assert seen == [True, True]
     _close(out, want, TF32_RTOL["forward"])
     _close(out_vjp, want, TF32_RTOL["forward"])
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("name,variant", CASES)
+def test_packed_sequences_equal_separate_calls(backend, name, variant):
+    """With seq_idx, each sequence's outputs, the rows' final states and the gradients equal
+    those of each sequence in a call of its own (the row's state feeding its first)."""
+    make, seq, vjp, _, zero_state, _ = LAYERS[name]
+    rng = np.random.default_rng(5 + variant)
+    xp = xp_for(backend)
+    p = to_xp(make(rng, **VARIANTS[name][variant]), xp)
+    L = 14
+    labels = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1, 4, 4, 4, 4, 4], [2] * 5 + [3] * 8 + [5]])
+    hidden = xp.asarray(rng.standard_normal((2, L, p.d_model)))
+    state = zero_state(p, 2, dtype=np.float64)
+    state = type(state)(*(xp.asarray(rng.standard_normal(s.shape)) for s in state))
+    dout = xp.asarray(rng.standard_normal((2, L, p.d_model)))
+    (out, final), pullback = vjp(p, hidden, state=state, return_state=True, chunk_size=2,
+                                 seq_idx=xp.asarray(labels))
+    grads = pullback(dout)
+    dhidden = np.zeros((2, L, p.d_model))
+    dparams = None
+    for b in range(2):
+        cuts = [0] + [t for t in range(1, L) if labels[b, t] != labels[b, t - 1]] + [L]
+        for a, e in zip(cuts[:-1], cuts[1:]):
+            st = type(state)(*(s[b:b + 1] for s in state)) if a == 0 else None
+            (o1, f1), pb1 = vjp(p, hidden[b:b + 1, a:e], state=st, return_state=True,
+                                chunk_size=3)
+            _close(out[b:b + 1, a:e], to_numpy(o1), 1e-10)
+            if e == L:
+                _close(final.ssm[b:b + 1], to_numpy(f1.ssm), 1e-10)
+                _close(final.conv[b:b + 1], to_numpy(f1.conv), 1e-10)
+            g1 = pb1(dout[b:b + 1, a:e])
+            dhidden[b:b + 1, a:e] = to_numpy(g1.hidden)
+            part = _param_arrays(g1.params)
+            dparams = part if dparams is None else [u + v for u, v in zip(dparams, part)]
+    _close(grads.hidden, dhidden, 1e-9)
+    got = _param_arrays(grads.params)
+    assert len(got) == len(dparams) > 0
+    for g, want in zip(got, dparams):
+        _close(g, want, 1e-9)
+
+
+def _param_arrays(params):
+    """The array fields of a parameter dataclass (gradients), as NumPy arrays."""
+    values = (getattr(params, f.name) for f in dataclasses.fields(params))
+    return [to_numpy(v) for v in values if hasattr(v, "shape")]
