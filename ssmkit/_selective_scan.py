@@ -153,7 +153,8 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
     if seq_idx is not None or cu_seqlens is not None:
         seq, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L)
         labels = np.asarray(seq if xp is np else xp.asnumpy(seq))
-        packing = _packed.plan(labels, cu, batch, L, arr["initial_state"] is not None)
+        packing = _packed.plan(labels, cu, batch, L, arr["initial_state"] is not None,
+                               align=1 if xp is np else 8)
     return problem, arr, packing
 
 

@@ -13,8 +13,8 @@ call, and the results go back to the steps they came from. No kernel sees a rest
   its row. The steps after it (``dy`` zero, no final-state cotangent) send no gradient
   back into it. Where its final state is reported too (a row without restarts, or the
   first of ``cu_seqlens``' sequences) it runs in a call of exactly its length.
-- Sequences are grouped by length, each group padded to its longest (rounded up to 8
-  steps, which the GPU's fastest kernels need): a group's rows are at least half its
+- Sequences are grouped by length, each group padded to its longest (on the GPU rounded
+  up to 8 steps, which its fastest kernels need): a group's rows are at least half its
   length, so padding at most doubles the work, in at most ``log2(L) + 2`` calls.
 
 Rows without restarts run as they are, in one call without copies.
@@ -26,24 +26,36 @@ import dataclasses
 
 import numpy as np
 
-_ALIGN = 8  # a group's length is rounded up to this many steps
-
-
 @dataclasses.dataclass
 class Group:
-    """One call's rows: ``rows[r]`` is the batch row that row r's steps come from, ``src``
-    (R, length) the source step of each (-1: padding), ``init`` whether row r starts from
-    its batch row's initial state, ``slot`` the final state it reports (-1: none)."""
+    """One call's rows: row r holds steps ``off[r] + j`` of batch row ``rows[r]`` at its
+    columns ``lo[r] <= j < hi[r]`` of ``length`` (zeros elsewhere); ``init[r]``: it starts
+    from its batch row's initial state; ``slot[r]``: the final state it reports (-1: none)."""
 
     rows: np.ndarray
-    src: np.ndarray
+    off: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    length: int
     init: np.ndarray
     slot: np.ndarray
 
     def __post_init__(self):
-        r, j = np.nonzero(self.src >= 0)
-        self.at = (r, j)                          # padded positions that hold steps
-        self.to = (self.rows[r], self.src[r, j])  # and the (batch row, step) each holds
+        self._on = {}
+
+    @property
+    def src(self) -> np.ndarray:
+        """(R, length): the source step at each column, -1 where padded."""
+        j = np.arange(self.length)
+        held = (j >= self.lo[:, None]) & (j < self.hi[:, None])
+        return np.where(held, self.off[:, None] + j, -1)
+
+    def on(self, xp):
+        """(rows, off, lo, hi) on ``xp``'s device (copied there once)."""
+        if xp.__name__ not in self._on:
+            self._on[xp.__name__] = tuple(xp.asarray(a) for a in (self.rows, self.off, self.lo,
+                                                                  self.hi))
+        return self._on[xp.__name__]
 
 
 @dataclasses.dataclass
@@ -59,96 +71,88 @@ class Packing:
     passthrough: list
 
 
-def plan(labels, cu, batch, L, has_initial_state) -> Packing:
+def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
     """The packing for sequences ``labels`` (batch, L) (from :func:`ssmkit._arrays.packed_sequences`),
-    with final states per row, or per sequence of ``cu`` when that is given."""
-    segments = []  # (row, begin, end, slot)
-    for b in range(batch):
-        cuts = np.flatnonzero(labels[b, 1:] != labels[b, :-1]) + 1 if L > 1 else np.zeros(0, int)
-        bounds = np.concatenate(([0], cuts, [L])) if L > 0 else np.zeros(0, int)
-        for i in range(bounds.size - 1):
-            segments.append([b, int(bounds[i]), int(bounds[i + 1]), -1])
+    with final states per row, or per sequence of ``cu`` when that is given; each call's
+    length a multiple of ``align`` steps."""
+    if L == 0:
+        n_slots = batch if cu is None else cu.size - 1
+        passthrough = [(b, b) for b in range(batch)] if cu is None else \
+            [(i, 0) for i in range(n_slots)]
+        return Packing(None, np.full(batch, -1, np.int64), n_slots, passthrough)
+    # segments: runs of equal labels, row-major
+    starts = np.ones((batch, L), bool)
+    starts[:, 1:] = labels[:, 1:] != labels[:, :-1]
+    rows, begin = np.nonzero(starts)
+    end = np.append(begin[1:], 0)
+    end[(np.append(rows[1:], -1) != rows)] = L  # a row's last segment ends at L
     if cu is None:
-        for seg in segments:
-            if seg[2] == L:
-                seg[3] = seg[0]
+        slot = np.where(end == L, rows, -1)
         n_slots = batch
-        passthrough = [(b, b) for b in range(batch)] if L == 0 else []
+        passthrough = []
     else:
-        for seg, i in zip(segments, np.flatnonzero(cu[1:] > cu[:-1])):
-            seg[3] = int(i)
+        slot = np.flatnonzero(cu[1:] > cu[:-1])
         n_slots = cu.size - 1
         passthrough = [(i, 0) for i in range(n_slots) if cu[i] == cu[i + 1] == 0]
-    if all(end - begin == L for _, begin, end, _ in segments):
+    if np.all(end - begin == L):
         row_slot = np.full(batch, -1, np.int64)
-        for b, _, _, slot in segments:
-            row_slot[b] = slot
+        row_slot[rows] = slot
         return Packing(None, row_slot, n_slots, passthrough)
 
-    exact, rest = {}, []
-    for seg in segments:
-        b, begin, end, slot = seg
-        if has_initial_state and begin == 0 and slot >= 0:
-            exact.setdefault(end, []).append(seg)
-        else:
-            rest.append(seg)
-    groups = [_group(segs, length, has_initial_state) for length, segs in sorted(exact.items())]
-    rest.sort(key=lambda s: s[2] - s[1], reverse=True)
-    while rest:
-        longest = rest[0][2] - rest[0][1]
-        n = next((i for i, s in enumerate(rest) if 2 * (s[2] - s[1]) < longest), len(rest))
-        length = -(-longest // _ALIGN) * _ALIGN
-        groups.append(_group(rest[:n], length, has_initial_state))
-        rest = rest[n:]
+    init = has_initial_state & (begin == 0)
+    n = end - begin
+    exact = init & (slot >= 0)  # from the initial state, and reporting its final state
+    groups = [_group(rows, begin, n, init, slot, np.flatnonzero(exact & (n == m)), m)
+              for m in np.unique(n[exact])]
+    order = np.flatnonzero(~exact)
+    order = order[np.argsort(-n[order], kind="stable")]
+    while order.size:
+        longest = n[order[0]]
+        k = int(np.searchsorted(-2 * n[order], -longest, side="right"))  # 2 n >= longest
+        length = -(-int(longest) // align) * align
+        groups.append(_group(rows, begin, n, init, slot, order[:k], length))
+        order = order[k:]
     return Packing(groups, np.zeros(0, np.int64), n_slots, passthrough)
 
 
-def _group(segments, length, has_initial_state) -> Group:
-    R = len(segments)
-    src = np.full((R, length), -1, np.int64)
-    init = np.zeros(R, bool)
-    for r, (_, begin, end, _) in enumerate(segments):
-        init[r] = has_initial_state and begin == 0
-        at = 0 if init[r] else length - (end - begin)
-        src[r, at:at + end - begin] = np.arange(begin, end)
-    rows = np.array([s[0] for s in segments], np.int64)
-    return Group(rows, src, init, np.array([s[3] for s in segments], np.int64))
-
-
-def _on(xp, group):
-    """The group's index arrays on ``xp``'s device (cached on the group)."""
-    key = xp.__name__
-    cache = group.__dict__.setdefault("_dev", {})
-    if key not in cache:
-        cache[key] = dict(rows=xp.asarray(group.rows), src=xp.asarray(np.maximum(group.src, 0)),
-                          pad=xp.asarray(group.src < 0), at=tuple(map(xp.asarray, group.at)),
-                          to=tuple(map(xp.asarray, group.to)))
-    return cache[key]
+def _group(rows, begin, n, init, slot, pick, length) -> Group:
+    """The segments ``pick`` in a call of ``length`` steps: at its start those from the
+    initial state, at its end the others."""
+    lo = np.where(init[pick], 0, length - n[pick]).astype(np.int32)
+    return Group(rows[pick].astype(np.int64), (begin[pick] - lo).astype(np.int64), lo,
+                 (lo + n[pick]).astype(np.int32), int(length), init[pick], slot[pick])
 
 
 def _bits(X):
-    """16-bit floats as their bits (zero is 0 in every format): the copies below then need
-    no bfloat16 support from the array library."""
-    return X.view(np.uint16) if X.dtype.itemsize == 2 else X
+    """Elements as unsigned integers of their size (16-bit floats included): the copies
+    move bits."""
+    return X.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[X.dtype.itemsize])
+
+
+def _copies(xp):
+    if xp is np:
+        from ._cpu import packed
+    else:
+        from ._gpu import packed
+    return packed
 
 
 def gather(xp, X, group):
     """Per-step ``X`` (batch, ..., L) -> (R, ..., length): the group's rows, zero where padded."""
-    d = _on(xp, group)
-    idx = (d["rows"][:, None],) + (slice(None),) * (X.ndim - 2) + (d["src"],)
-    Xg = _bits(X)[idx]  # (R, length, ...): NumPy puts the advanced axes first
-    pad = d["pad"].reshape(d["pad"].shape + (1,) * (X.ndim - 2))
-    Xg = xp.where(pad, xp.zeros((), Xg.dtype), Xg)
-    return xp.ascontiguousarray(xp.moveaxis(Xg, 1, -1)).view(X.dtype)
+    R, length = group.rows.size, group.length
+    dst = xp.empty((R,) + X.shape[1:-1] + (length,), X.dtype)
+    _copies(xp).pack_rows(_bits(X).reshape(X.shape[0], -1, X.shape[-1]),
+                          _bits(dst).reshape(R, -1, length), *group.on(xp))
+    return dst
 
 
 def scatter(xp, out, Xg, group):
     """The inverse of :func:`gather` on the steps the group holds: ``out[b, ..., t] =
     Xg[r, ..., j]`` for every padded position (r, j) that holds step t of row b."""
-    d = _on(xp, group)
-    mid = (slice(None),) * (out.ndim - 2)
-    _bits(out)[(d["to"][0],) + mid + (d["to"][1],)] = \
-        _bits(Xg)[(d["at"][0],) + mid + (d["at"][1],)]
+    if not out.flags.c_contiguous:  # a reshape would copy it, and the writes would be lost
+        raise RuntimeError("packed sequences: scatter needs a C-contiguous destination")
+    _copies(xp).unpack_rows(_bits(Xg).reshape(Xg.shape[0], -1, Xg.shape[-1]),
+                            _bits(out).reshape(out.shape[0], -1, out.shape[-1]), *group.on(xp))
 
 
 def rows_of(xp, X, group, mask):

@@ -205,7 +205,7 @@ def test_packing_covers_every_step_once_within_twice_the_work(lengths, init):
     if L == 0:
         return
     labels = np.searchsorted(cu[1:], np.arange(L), side="right")[None]
-    plan = packed.plan(labels, cu, 1, L, init)
+    plan = packed.plan(labels, cu, 1, L, init, align=8)
     nonempty = [i for i, n in enumerate(lengths) if n]
     if plan.groups is None:
         assert len(nonempty) == 1 and plan.row_slot[0] == nonempty[0]
