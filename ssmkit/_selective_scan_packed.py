@@ -69,6 +69,7 @@ class Packing:
     row_slot: np.ndarray
     n_slots: int
     passthrough: list
+    segments: tuple = ()  # (ptr (batch + 1), end, slot): each row's sequences, row-major
 
 
 def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
@@ -94,10 +95,11 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
         slot = np.flatnonzero(cu[1:] > cu[:-1])
         n_slots = cu.size - 1
         passthrough = [(i, 0) for i in range(n_slots) if cu[i] == cu[i + 1] == 0]
+    segments = (np.searchsorted(rows, np.arange(batch + 1)), end, slot)
     if np.all(end - begin == L):
         row_slot = np.full(batch, -1, np.int64)
         row_slot[rows] = slot
-        return Packing(None, row_slot, n_slots, passthrough)
+        return Packing(None, row_slot, n_slots, passthrough, segments)
 
     init = has_initial_state & (begin == 0)
     n = end - begin
@@ -112,7 +114,7 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
         length = -(-int(longest) // align) * align
         groups.append(_group(rows, begin, n, init, slot, order[:k], length))
         order = order[k:]
-    return Packing(groups, np.zeros(0, np.int64), n_slots, passthrough)
+    return Packing(groups, np.zeros(0, np.int64), n_slots, passthrough, segments)
 
 
 def _group(rows, begin, n, init, slot, pick, length) -> Group:
@@ -183,16 +185,27 @@ def _put(xp, dst, dst_index, src):
         dst[xp.asarray(dst_index[r])] = src[xp.asarray(r)]
 
 
+def _passthrough(final, p, packing):
+    """``final`` with the slots of sequences without steps set to their row's initial state."""
+    if p.initial_state is not None:
+        for slot, row in packing.passthrough:
+            final[slot] = p.initial_state[row]
+    return final
+
+
 def forward(p, packing, backend, *, save_checkpoints, pick=None, **extra):
     """Run problem ``p`` with its sequences packed as ``packing`` says, on ``backend`` (a
     module with ``selective_scan_forward``). ``pick(problem)``, when given, chooses each
     call's chunk size. Returns ``(y, final, saved)``: y (batch, dim, L) in ``p.io_dtype``,
     final (n_slots, dim, N) in ``p.compute_dtype``, saved what :func:`backward` needs."""
     xp = p.xp
-    final = xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype)
-    if p.initial_state is not None:
-        for slot, row in packing.passthrough:
-            final[slot] = p.initial_state[row]
+    if p.batch * p.dim * p.L and not save_checkpoints and packing.groups is not None \
+            and getattr(backend, "RESTARTS_IN_PLACE", False):
+        # a backend whose kernels restart the state themselves (the CPU's forward)
+        y, final, _ = backend.selective_scan_forward(p, save_checkpoints=False,
+                                                     sequences=packing, **extra)
+        return y, _passthrough(final, p, packing), []
+    final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
     if p.batch * p.dim * p.L == 0:
         return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, []
     if packing.groups is None:

@@ -473,11 +473,14 @@ def _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, sg_s, with_grad)
 @njit(**_KERNEL_OPTIONS)
 def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                    softplus, has_D, has_z, has_h0, b_step, c_step, g_b, g_c,
-                   chunk, save, y, final, ckpt):
+                   chunk, save, y, seq_ptr, seq_end, seq_slot, final, ckpt):
     """Scan channels ``d0 .. d0 + kk - 1`` of batch row ``b`` over all steps.
 
     The state is ``h`` (N, lanes); time runs in tiles of at most ``_TILE`` steps
-    that never cross a chunk boundary, each staged into (steps, lanes) arrays.
+    that never cross a chunk boundary or a sequence's end, each staged into (steps,
+    lanes) arrays. The row's sequences ``seq_ptr[b] .. seq_ptr[b + 1] - 1`` end at
+    ``seq_end``; after each the state goes to ``final[seq_slot]`` (unless -1) and
+    restarts from zero.
     """
     N = A.shape[1]
     L = u.shape[2]
@@ -506,14 +509,16 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                 h[n, k] = h0[b, d0 + k, n]
 
     n_chunks = (L + chunk - 1) // chunk
+    si = seq_ptr[b]  # the sequence the scan is in
     for c in range(n_chunks):
         if save:
             for k in range(kk):
                 for n in range(N):
                     ckpt[b, d0 + k, c, n] = h[n, k]
         c_end = min(L, (c + 1) * chunk)
-        for t0 in range(c * chunk, c_end, T):
-            tt = min(T, c_end - t0)
+        t0 = c * chunk
+        while t0 < c_end:
+            tt = min(T, c_end - t0, seq_end[si] - t0)
             _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, dt_s, False)
             _stage_rows(u, b, d0, kk, t0, tt, u_s)
             for j in range(tt):
@@ -577,15 +582,20 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                         zz = du_s[j, k]
                         y_s[j, k] *= zz * _sigmoid(zz)
             _unstage_rows(y_s, b, d0, kk, t0, tt, y)
-    for k in range(kk):
-        for n in range(N):
-            final[b, d0 + k, n] = h[n, k]
+            t0 += tt
+            if t0 == seq_end[si]:  # the sequence ends: report its state, start from zero
+                if seq_slot[si] >= 0:
+                    for k in range(kk):
+                        for n in range(N):
+                            final[seq_slot[si], d0 + k, n] = h[n, k]
+                h[:, :] = zero
+                si += 1
 
 
 @njit(parallel=True, **_KERNEL_OPTIONS)
 def _forward_kernel(u, delta, A, B4, C4, D, z, bias, h0,
                     softplus, has_D, has_z, has_h0, b_step, c_step, cpg_b, cpg_c,
-                    fine, lanes, chunk, save, y, final, ckpt):
+                    fine, lanes, chunk, save, y, seq_ptr, seq_end, seq_slot, final, ckpt):
     """All blocks of the forward, one per parallel iteration (see :func:`_blocking`)."""
     batch, dim, _ = u.shape
     per_fine = (fine + lanes - 1) // lanes
@@ -597,7 +607,8 @@ def _forward_kernel(u, delta, A, B4, C4, D, z, bias, h0,
         kk = min(lanes, (i // per_fine) * fine + fine - d0)
         _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                        softplus, has_D, has_z, has_h0, b_step, c_step,
-                       d0 // cpg_b, d0 // cpg_c, chunk, save, y, final, ckpt)
+                       d0 // cpg_b, d0 // cpg_c, chunk, save, y, seq_ptr, seq_end, seq_slot,
+                       final, ckpt)
 
 
 # --------------------------------------------------------------------------------------
@@ -974,7 +985,7 @@ def _backward_chunk(p, lanes):
     return max(1, min(chunk, _RUN_BYTES // per_step))
 
 
-def selective_scan_forward(p, *, save_checkpoints):
+def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     """Run the selective scan of a NumPy problem.
 
     Parameters
@@ -983,11 +994,16 @@ def selective_scan_forward(p, *, save_checkpoints):
         With ``p.xp`` NumPy; see :mod:`ssmkit._problem` for the layout.
     save_checkpoints : bool
         Whether to keep the state entering each chunk, for the backward.
+    sequences : Packing, optional
+        Packed sequences (:mod:`ssmkit._selective_scan_packed`), run in place: the state
+        restarts from zero after each, and the final states are its slots (those without
+        steps left zero). Not with ``save_checkpoints`` (the backward knows no restarts).
 
     Returns
     -------
     y : ndarray, (batch, dim, L), ``p.io_dtype``
-    final_state : ndarray, (batch, dim, N), ``p.compute_dtype``
+    final_state : ndarray, (batch, dim, N), or (n_slots, dim, N) with ``sequences``;
+        ``p.compute_dtype``
     checkpoints : ndarray, (batch, dim, n_chunks, N), ``p.compute_dtype``, or None
         ``checkpoints[b, d, c]`` is the state entering step ``c * p.chunk_size``.
     """
@@ -996,16 +1012,31 @@ def selective_scan_forward(p, *, save_checkpoints):
     b_step, c_step, cpg_b, cpg_c, fine, _, lanes = _blocking(p)
     lanes = _forward_lanes(batch, dim, fine, lanes, numba.get_num_threads())
     y = np.empty((batch, dim, L), dtype=cd)
-    final = np.empty((batch, dim, N), dtype=cd)
+    if sequences is None:  # one sequence per row, its state the row's final state
+        seq_ptr, seq_end = np.arange(batch + 1), np.full(batch, L)
+        seq_slot = np.arange(batch)
+        final = np.empty((batch, dim, N), dtype=cd)
+    else:
+        if save_checkpoints:
+            raise ValueError("selective_scan (CPU): packed sequences run in place without "
+                             "checkpoints only")
+        seq_ptr, seq_end, seq_slot = sequences.segments
+        final = np.zeros((sequences.n_slots, dim, N), dtype=cd)
     ckpt = (np.empty((batch, dim, p.n_chunks, N), dtype=cd) if save_checkpoints
             else np.zeros((1, 1, 1, 1), dtype=cd))
     h0 = p.initial_state if p.initial_state is not None else np.zeros((1, 1, 1), cd)
     _forward_kernel(*_operands(p), h0,
                     p.delta_softplus, p.D is not None, p.z is not None,
                     p.initial_state is not None, b_step, c_step, cpg_b, cpg_c,
-                    fine, lanes, p.chunk_size, bool(save_checkpoints), y, final, ckpt)
+                    fine, lanes, p.chunk_size, bool(save_checkpoints), y,
+                    seq_ptr.astype(np.int64), seq_end.astype(np.int64),
+                    seq_slot.astype(np.int64), final, ckpt)
     return (y.astype(p.io_dtype, copy=False), final,
             ckpt if save_checkpoints else None)
+
+
+# The public layer runs packed sequences' forwards here in place (no padding).
+RESTARTS_IN_PLACE = True
 
 
 def selective_scan_backward(p, checkpoints, dout, dfinal_state):
