@@ -185,6 +185,12 @@ def _put(xp, dst, dst_index, src):
         dst[xp.asarray(dst_index[r])] = src[xp.asarray(r)]
 
 
+def _in_place(packing, backend) -> bool:
+    """Whether the backend's kernels restart the state themselves (the CPU's), so that
+    packed sequences run where they are, without padded rows."""
+    return packing.groups is not None and getattr(backend, "RESTARTS_IN_PLACE", False)
+
+
 def _passthrough(final, p, packing):
     """``final`` with the slots of sequences without steps set to their row's initial state."""
     if p.initial_state is not None:
@@ -199,12 +205,12 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, **extra):
     call's chunk size. Returns ``(y, final, saved)``: y (batch, dim, L) in ``p.io_dtype``,
     final (n_slots, dim, N) in ``p.compute_dtype``, saved what :func:`backward` needs."""
     xp = p.xp
-    if p.batch * p.dim * p.L and not save_checkpoints and packing.groups is not None \
-            and getattr(backend, "RESTARTS_IN_PLACE", False):
-        # a backend whose kernels restart the state themselves (the CPU's forward)
-        y, final, _ = backend.selective_scan_forward(p, save_checkpoints=False,
-                                                     sequences=packing, **extra)
-        return y, _passthrough(final, p, packing), []
+    if p.batch * p.dim * p.L and _in_place(packing, backend):
+        if pick is not None:
+            p = dataclasses.replace(p, chunk_size=pick(p))
+        y, final, ck = backend.selective_scan_forward(p, save_checkpoints=save_checkpoints,
+                                                      sequences=packing, **extra)
+        return y, _passthrough(final, p, packing), [(p, ck)]
     final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
     if p.batch * p.dim * p.L == 0:
         return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, []
@@ -235,7 +241,10 @@ def backward(p, packing, backend, saved, dy, dfinal):
     xp = p.xp
     names = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias", "initial_state")
     grads = {n: (None if getattr(p, n) is None else xp.zeros_like(getattr(p, n))) for n in names}
-    if p.batch * p.dim * p.L:
+    if p.batch * p.dim * p.L and _in_place(packing, backend):
+        (pg, ck), = saved
+        grads = backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing)
+    elif p.batch * p.dim * p.L:
         groups = [None] if packing.groups is None else packing.groups
         for (pg, ck), g in zip(saved, groups):
             slots = packing.row_slot if g is None else g.slot

@@ -633,9 +633,9 @@ def _sum_lanes(t):
 @njit(**_KERNEL_OPTIONS)
 def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
                     softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step, g_b, g_c,
-                    chunk, du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
-                    dB_step, dC_step, h_s, B_s, C_s, dt_s, sg_s, u_s, dy_s, z_s, y_s,
-                    du_o, dd_o):
+                    chunk, restart, end_slot, du, ddelta, dz, dh0, pA, pB_const, pC_const,
+                    pD, pbias, dB_step, dC_step, h_s, B_s, C_s, dt_s, sg_s, u_s, dy_s, z_s,
+                    y_s, du_o, dd_o):
     """Gradients for channels ``d0 .. d0 + kk - 1`` of batch row ``b``.
 
     Walks the chunks backwards. For each it recomputes the states from the
@@ -644,7 +644,10 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
     ``dB``/``dC`` are added into slot ``slot`` of ``dB_step``/``dC_step``;
     everything else written here belongs to these channels alone. The
     (chunk, ...) scratch arrays come from the caller, which reuses them across
-    blocks.
+    blocks. Packed sequences: ``restart[b, t]`` (a sequence starts at step t > 0: the
+    state before it counts as zero, and no gradient flows back across it) and
+    ``end_slot[b, t]`` (the final state taken after step t, whose cotangent is
+    ``dfinal[end_slot]``; -1 for none).
     """
     N = A.shape[1]
     L = u.shape[2]
@@ -672,10 +675,6 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
                  bias_l)
     B_s[:] = 0
     C_s[:] = 0
-    if has_dfinal:
-        for k in range(kk):
-            for n in range(N):
-                g[n, k] = dfinal[b, d0 + k, n]
 
     n_chunks = (L + chunk - 1) // chunk
     for c in range(n_chunks - 1, -1, -1):
@@ -704,12 +703,13 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
             for n in range(N):
                 h_s[0, n, k] = ckpt[b, d0 + k, c, n] if k < kk else zero
         for j in range(tt):
+            w = zero if restart[b, t0 + j] else one  # (h_s[j] stays: dC of step j - 1 reads it)
             for k in range(lanes):
                 dtu[k] = dt_s[j, k] * u_s[j, k]
             for n in range(N):
                 bs = B_s[j, n]
                 for k in range(lanes):
-                    a = _exp(dt_s[j, k] * A_l[n, k])
+                    a = _exp(dt_s[j, k] * A_l[n, k]) * w
                     h_s[j + 1, n, k] = _fma(a, h_s[j, n, k], dtu[k] * (B_l[n, k] + bs))
             if has_z:
                 for k in range(lanes):
@@ -744,6 +744,11 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
         # the adjoint recurrence, backwards through the chunk
         for j in range(tt - 1, -1, -1):
             t = t0 + j
+            if has_dfinal and end_slot[b, t] >= 0:
+                for k in range(kk):
+                    for n in range(N):
+                        g[n, k] += dfinal[end_slot[b, t], d0 + k, n]
+            w = zero if restart[b, t] else one  # the decay to the state before step t
             for k in range(lanes):
                 acc_u[k] = zero
                 acc_dt[k] = zero
@@ -758,7 +763,7 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
                     tB[n, k] = gv * dtu[k]
                     gb = gv * (B_l[n, k] + bs)
                     acc_u[k] += gb
-                    a = _exp(dt_s[j, k] * A_l[n, k])  # recomputed: cheaper than a stored copy
+                    a = _exp(dt_s[j, k] * A_l[n, k]) * w  # recomputed: cheaper than stored
                     q = gv * a * h_s[j, n, k]
                     acc_dt[k] = _fma(q, A_l[n, k], _fma(gb, u_s[j, k], acc_dt[k]))
                     gA[n, k] = _fma(q, dt_s[j, k], gA[n, k])
@@ -817,7 +822,7 @@ def _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout
 @njit(**_KERNEL_OPTIONS)
 def _backward_unit(b, first, last, slot, u, delta, A, B4, C4, D, z, bias, ckpt, dout,
                    dfinal, softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
-                   cpg_b, cpg_c, fine, coarse_start, lanes, chunk,
+                   cpg_b, cpg_c, fine, coarse_start, lanes, chunk, restart, end_slot,
                    du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
                    dB_step, dC_step):
     """Blocks ``first .. last - 1`` of the coarse run at ``coarse_start``, in order.
@@ -844,7 +849,7 @@ def _backward_unit(b, first, last, slot, u, delta, A, B4, C4, D, z, bias, ckpt, 
         kk = min(lanes, fine_start + fine - d0)
         _backward_block(b, d0, kk, slot, u, delta, A, B4, C4, D, z, bias, ckpt,
                         dout, dfinal, softplus, has_D, has_z, has_h0, has_dfinal,
-                        b_step, c_step, d0 // cpg_b, d0 // cpg_c, chunk,
+                        b_step, c_step, d0 // cpg_b, d0 // cpg_c, chunk, restart, end_slot,
                         du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
                         dB_step, dC_step, h_s, B_s, C_s, dt_s, sg_s, u_s, dy_s,
                         z_s, y_s, du_o, dd_o)
@@ -853,7 +858,7 @@ def _backward_unit(b, first, last, slot, u, delta, A, B4, C4, D, z, bias, ckpt, 
 @njit(parallel=True, **_KERNEL_OPTIONS)
 def _backward_kernel(u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
                      softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
-                     cpg_b, cpg_c, fine, coarse, lanes, n_slices, chunk,
+                     cpg_b, cpg_c, fine, coarse, lanes, n_slices, chunk, restart, end_slot,
                      du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
                      dB_step, dC_step):
     """All units of the backward, one per parallel iteration (see :func:`_blocking`).
@@ -872,7 +877,7 @@ def _backward_kernel(u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
         _backward_unit(b, s * per_coarse // n_slices, (s + 1) * per_coarse // n_slices, s,
                        u, delta, A, B4, C4, D, z, bias, ckpt, dout, dfinal,
                        softplus, has_D, has_z, has_h0, has_dfinal, b_step, c_step,
-                       cpg_b, cpg_c, fine, r * coarse, lanes, chunk,
+                       cpg_b, cpg_c, fine, r * coarse, lanes, chunk, restart, end_slot,
                        du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
                        dB_step, dC_step)
 
@@ -997,7 +1002,7 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     sequences : Packing, optional
         Packed sequences (:mod:`ssmkit._selective_scan_packed`), run in place: the state
         restarts from zero after each, and the final states are its slots (those without
-        steps left zero). Not with ``save_checkpoints`` (the backward knows no restarts).
+        steps left zero).
 
     Returns
     -------
@@ -1017,9 +1022,6 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
         seq_slot = np.arange(batch)
         final = np.empty((batch, dim, N), dtype=cd)
     else:
-        if save_checkpoints:
-            raise ValueError("selective_scan (CPU): packed sequences run in place without "
-                             "checkpoints only")
         seq_ptr, seq_end, seq_slot = sequences.segments
         final = np.zeros((sequences.n_slots, dim, N), dtype=cd)
     ckpt = (np.empty((batch, dim, p.n_chunks, N), dtype=cd) if save_checkpoints
@@ -1035,11 +1037,27 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
             ckpt if save_checkpoints else None)
 
 
-# The public layer runs packed sequences' forwards here in place (no padding).
+# The public layer runs packed sequences here in place (no padding), forward and backward.
 RESTARTS_IN_PLACE = True
 
 
-def selective_scan_backward(p, checkpoints, dout, dfinal_state):
+def _sequence_steps(sequences, batch, L):
+    """Per step of each row: whether a packed sequence starts there (after step 0), and the
+    final-state slot taken after it (-1: none); one sequence per row without ``sequences``."""
+    restart = np.zeros((batch, L), np.bool_)
+    end_slot = np.full((batch, L), -1, np.int64)
+    if sequences is None:
+        end_slot[:, L - 1] = np.arange(batch)
+        return restart, end_slot
+    ptr, end, slot = sequences.segments
+    rows = np.repeat(np.arange(batch), np.diff(ptr))
+    later = rows[1:] == rows[:-1]  # a segment after another of its row starts where it ended
+    restart[rows[1:][later], end[:-1][later]] = True
+    end_slot[rows, end - 1] = slot
+    return restart, end_slot
+
+
+def selective_scan_backward(p, checkpoints, dout, dfinal_state, sequences=None):
     """Gradients of a NumPy selective scan, recomputing the states chunk by chunk.
 
     Parameters
@@ -1052,7 +1070,9 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     dout : ndarray, (batch, dim, L), ``p.io_dtype``
         Gradient of ``y``.
     dfinal_state : ndarray, (batch, dim, N), ``p.compute_dtype``, or None
-        Gradient of the final state.
+        Gradient of the final state; (n_slots, dim, N) with ``sequences``.
+    sequences : Packing, optional
+        The packed sequences the forward ran in place (its ``sequences``).
 
     Returns
     -------
@@ -1083,7 +1103,9 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
         p = dataclasses.replace(p, chunk_size=chunk)
         checkpoints = None
     if checkpoints is None:
-        _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True)
+        _, _, checkpoints = selective_scan_forward(p, save_checkpoints=True,
+                                                   sequences=sequences)
+    restart, end_slot = _sequence_steps(sequences, batch, L)
     n_slices = _slices(p, coarse, fine, lanes)
     has_z = p.z is not None
     has_h0 = p.initial_state is not None
@@ -1110,7 +1132,7 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     _backward_kernel(*_operands(p), checkpoints, dout, dfinal,
                      p.delta_softplus, p.D is not None, has_z, has_h0,
                      dfinal_state is not None, b_step, c_step, cpg_b, cpg_c, fine, coarse,
-                     lanes, n_slices, p.chunk_size,
+                     lanes, n_slices, p.chunk_size, restart, end_slot,
                      du, ddelta, dz, dh0, pA, pB_const, pC_const, pD, pbias,
                      dB_step, dC_step)
 
