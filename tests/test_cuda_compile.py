@@ -422,3 +422,16 @@ def test_forward_staging_choice(monkeypatch):
         monkeypatch.setitem(ss.TUNING, "fwd_async", mode)
         assert ss.plan_forward(**long, io="bfloat16", bc="bfloat16")["async_"] is mode
         assert ss.plan_forward(**short, io="float32", bc="float32")["async_"] is mode
+
+
+def test_packed_rows_kernels_compile_for_sm90(nvrtc_path):
+    """cuda_src/packed_rows.cu (packed sequences' copies), every element size, no local memory."""
+    from ssmkit._gpu import packed
+
+    src = compiler.kernel_source(packed.SOURCE_FILE)
+    assert not re.search(r"^\s*#\s*include", src, re.M), "CUDA sources must be self-contained"
+    rows = _nvrtc_check.compile_kernels(packed.SOURCE_FILE, packed.kernel_names(),
+                                        nvrtc_path=nvrtc_path)
+    assert set(rows) == set(packed.kernel_names())
+    for name, row in rows.items():
+        assert row["stack"] == 0 and row["spill_stores"] == 0, (name, row)

@@ -127,3 +127,83 @@ def test_selective_scan_in_emulation(which, sm, segs):
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+_PACKED_ROWS_HOST = r'''
+#include <cstdint>
+struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+static emu_dim3 blockIdx, threadIdx, blockDim;
+#define __global__ static
+#define __restrict__ __restrict
+%s
+// One block after another, each thread in turn: the kernels have no barrier, and each
+// element is written by one thread only.
+template <typename T>
+static void run(int pack, const void* src, void* dst, const long long* row, const long long* off,
+                const int* lo, const int* hi, int R, int C, long long L, int Lp, unsigned threads) {
+    blockDim.x = threads;
+    for (long long b = 0; b < (long long)R * C; ++b) {
+        blockIdx.x = (unsigned)b;
+        for (unsigned t = 0; t < threads; ++t) {
+            threadIdx.x = t;
+            if (pack) ssm_pack_rows<T>((const T*)src, (T*)dst, row, off, lo, hi, C, L, Lp);
+            else ssm_unpack_rows<T>((const T*)src, (T*)dst, row, off, lo, hi, C, L, Lp);
+        }
+    }
+}
+extern "C" void emu_rows(int pack, int itemsize, const void* src, void* dst, const long long* row,
+                         const long long* off, const int* lo, const int* hi, int R, int C,
+                         long long L, int Lp, unsigned threads) {
+    if (itemsize == 2) run<unsigned short>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
+    if (itemsize == 4) run<unsigned int>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
+    if (itemsize == 8) run<unsigned long long>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
+}
+'''
+
+
+@needs_gxx
+def test_packed_rows_kernels_in_emulation(tmp_path):
+    """cuda_src/packed_rows.cu (the GPU's copies for packed sequences), built for the host,
+    against the CPU's copies (ssmkit/_cpu/packed.py) on the rows that plans of random packed
+    sequences give, at every element size, with the GPU's block size."""
+    import ctypes
+
+    import numpy as np
+
+    from ssmkit import _selective_scan_packed as packed
+    from ssmkit._cpu import packed as cpu
+    from ssmkit._gpu import compiler, packed as gpu
+
+    src = tmp_path / "packed_rows.cpp"
+    src.write_text(_PACKED_ROWS_HOST % compiler.kernel_source(gpu.SOURCE_FILE))
+    lib_path = tmp_path / "packed_rows.so"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib_path), str(src)],
+                   check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(12):
+        batch, L, C = int(rng.integers(1, 4)), int(rng.integers(1, 300)), int(rng.integers(1, 5))
+        labels = np.cumsum(rng.random((batch, L)) < rng.choice([0.02, 0.1, 0.5]), axis=1)
+        plan = packed.plan(labels, None, batch, L, bool(trial % 2), align=8)
+        for g in plan.groups or []:
+            for dtype in (np.uint16, np.uint32, np.uint64):
+                full = rng.integers(1, 1000, (batch, C, L)).astype(dtype)
+                R, Lp = g.rows.size, g.length
+                want = np.empty((R, C, Lp), dtype)
+                cpu.pack_rows(full, want, g.rows, g.off, g.lo, g.hi)
+                got = np.full((R, C, Lp), 7, dtype)
+                args = [ctypes.c_void_p(a.ctypes.data) for a in (g.rows, g.off, g.lo, g.hi)]
+                dims = [ctypes.c_int(R), ctypes.c_int(C), ctypes.c_longlong(L), ctypes.c_int(Lp),
+                        ctypes.c_uint(gpu.THREADS)]
+                lib.emu_rows(1, full.itemsize, ctypes.c_void_p(full.ctypes.data),
+                             ctypes.c_void_p(got.ctypes.data), *args, *dims)
+                np.testing.assert_array_equal(got, want)
+                back_want = np.zeros_like(full)
+                cpu.unpack_rows(want, back_want, g.rows, g.off, g.lo, g.hi)
+                back = np.zeros_like(full)
+                lib.emu_rows(0, full.itemsize, ctypes.c_void_p(want.ctypes.data),
+                             ctypes.c_void_p(back.ctypes.data), *args, *dims)
+                np.testing.assert_array_equal(back, back_want)
+                checked += 1
+    assert checked > 20

@@ -3,6 +3,8 @@ and against scanning each sequence alone, on every backend."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,21 @@ from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, gpu_availab
 
 FIELDS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# How the sequences run: the CPU restarts them in place; padded rows of ordinary scans are
+# the GPU's way, checked here on the CPU too.
+LAYOUTS = ["in place", "padded rows"]
+
+
+@contextlib.contextmanager
+def layout(backend, name):
+    if backend == "gpu" and name == "in place":
+        pytest.skip("the GPU runs packed sequences as padded rows only")
+    with pytest.MonkeyPatch.context() as mp:
+        if name == "padded rows":
+            from ssmkit._cpu import selective_scan as cpu
+
+            mp.setattr(cpu, "RESTARTS_IN_PLACE", False)
+        yield
 
 
 @st.composite
@@ -73,10 +90,13 @@ def _scan_with(backend, dtype, case, seqs, chunk, seed):
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("how", LAYOUTS)
 @settings(max_examples=100, **SETTINGS)
 @given(args=packed_cases())
-def test_packed_matches_reference(backend, dtype, args):
-    inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(backend, dtype, *args)
+def test_packed_matches_reference(backend, dtype, how, args):
+    with layout(backend, how):
+        inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(backend, dtype,
+                                                                            *args)
     assert y.dtype == inputs["u"].dtype and type(y) is type(inputs["u"])
     assert final.shape == final_ref.shape
     assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
@@ -91,9 +111,10 @@ def test_packed_matches_reference(backend, dtype, args):
 
 
 @pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("how", LAYOUTS)
 @settings(max_examples=60, **SETTINGS)
 @given(args=packed_cases(max_L=50))
-def test_packed_equals_each_sequence_alone(backend, args):
+def test_packed_equals_each_sequence_alone(backend, how, args):
     """Every sequence of a packed call gives the outputs and final state of its own call (the
     row's first from the row's initial state, the others from zeros)."""
     case, (name, value), chunk, seed = args
@@ -101,7 +122,8 @@ def test_packed_equals_each_sequence_alone(backend, args):
     xp = xp_for(backend)
     inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
     kw = dict(delta_softplus=case["softplus"], return_final_state=True, chunk_size=chunk)
-    y, final = ssmkit.selective_scan(**inputs, **kw, **{name: xp.asarray(value)})
+    with layout(backend, how):
+        y, final = ssmkit.selective_scan(**inputs, **kw, **{name: xp.asarray(value)})
     y, final = to_numpy(y), to_numpy(final)
     L = case["L"]
     if name == "cu_seqlens":
@@ -127,19 +149,21 @@ def test_packed_equals_each_sequence_alone(backend, args):
 
 
 @pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("how", LAYOUTS)
 @settings(max_examples=40, **SETTINGS)
 @given(args=packed_cases(max_L=30))
-def test_packed_vjp_matches_finite_differences(backend, args):
+def test_packed_vjp_matches_finite_differences(backend, how, args):
     """<pullback(dy, dh), v> equals the directional derivative of <y, dy> + <h, dh>."""
     case, (name, value), chunk, seed = args
     rng = np.random.default_rng(seed)
     xp = xp_for(backend)
     inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
     kw = dict(delta_softplus=case["softplus"], return_final_state=True, **{name: value})
-    (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, chunk_size=chunk,
-                                                 **dict(kw, **{name: xp.asarray(value)}))
-    dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
-    grads = pullback(xp.asarray(dy), xp.asarray(dh))
+    with layout(backend, how):
+        (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, chunk_size=chunk,
+                                                     **dict(kw, **{name: xp.asarray(value)}))
+        dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+        grads = pullback(xp.asarray(dy), xp.asarray(dh))
 
     def objective(args):
         y, h = reference.selective_scan(**args, **kw)
@@ -158,7 +182,8 @@ def test_packed_vjp_matches_finite_differences(backend, args):
 
 
 @pytest.mark.parametrize("backend", backends())
-def test_empty_sequences_and_lengths_past_a_chunk(backend):
+@pytest.mark.parametrize("how", LAYOUTS)
+def test_empty_sequences_and_lengths_past_a_chunk(backend, how):
     """Empty sequences (at offset 0 they end in the initial state, elsewhere in zeros),
     sequences of 1 step, and ones just past the chunk size, against the reference."""
     case = dict(batch=1, dim=3, L=40, N=4, b_form="group", c_form="step", groups=3,
@@ -166,8 +191,9 @@ def test_empty_sequences_and_lengths_past_a_chunk(backend):
     for cu in ([0, 0, 1, 1, 18, 40, 40], [0, 40], [0, 0, 0, 40], [0, 17, 17, 18, 40]):
         for dtype in ("float64", "float32"):
             seqs = ("cu_seqlens", np.array(cu))
-            inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
-                backend, dtype, case, seqs, 16, len(cu))
+            with layout(backend, how):
+                inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+                    backend, dtype, case, seqs, 16, len(cu))
             assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
             assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
             for name in FIELDS:
