@@ -107,11 +107,12 @@ def main():
             f"{timing.commit()}; ms, medians", "",
             "| sequences | shortest / longest | one row fwd | packed fwd | loop fwd "
             "| one row fwd+bwd | packed fwd+bwd | loop fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
-    base = (median(fwd()), median(fwd_bwd()))
     for K in ks:
         n = lengths(rng, L, K)
         cu = np.concatenate(([0], np.cumsum(n)))
         cu_x = xp.asarray(cu)
+        # one row timed again beside each packing: the host's speed drifts over minutes
+        base = (median(fwd()), median(fwd_bwd()))
         t = [median(fwd(cu_seqlens=cu_x)), median(loop(False, cu)),
              median(fwd_bwd(cu_seqlens=cu_x)), median(loop(True, cu))]
         rows.append(f"| {K} | {n.min()} / {n.max()} | {base[0]:.2f} | {t[0]:.2f} | {t[1]:.2f} "

@@ -240,13 +240,14 @@ def backward(p, packing, backend, saved, dy, dfinal):
     ``p.compute_dtype`` or None; a dict as the backends' ``selective_scan_backward``."""
     xp = p.xp
     names = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias", "initial_state")
-    grads = {n: (None if getattr(p, n) is None else xp.zeros_like(getattr(p, n))) for n in names}
     if p.batch * p.dim * p.L and _in_place(packing, backend):
         (pg, ck), = saved
         grads = backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing)
-    elif p.batch * p.dim * p.L:
+    else:
+        grads = {n: (None if getattr(p, n) is None else xp.zeros_like(getattr(p, n)))
+                 for n in names}
         groups = [None] if packing.groups is None else packing.groups
-        for (pg, ck), g in zip(saved, groups):
+        for (pg, ck), g in zip(saved, groups):  # (none for an empty problem)
             slots = packing.row_slot if g is None else g.slot
             dfg = None
             if dfinal is not None:

@@ -23,6 +23,17 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LAYOUTS = ["in place", "padded rows"]
 
 
+def close(x, ref, dtype, tol):
+    """rel_err(x, ref) <= tol; in float32 against at least 1e-2 per entry (the inputs are of
+    order 1): a result that is small through cancellation or decay, such as one sequence's
+    d delta_bias or a decayed final state, is exact only to float32 of its terms."""
+    x = to_numpy(x).astype(np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert x.shape == ref.shape and np.all(np.isfinite(x))
+    floor = 1e-2 * np.sqrt(ref.size) if dtype == "float32" else 0.0
+    return np.linalg.norm(x - ref) <= tol * max(np.linalg.norm(ref), floor, 1e-300)
+
+
 @contextlib.contextmanager
 def layout(backend, name):
     if backend == "gpu" and name == "in place":
@@ -78,8 +89,8 @@ def _scan_with(backend, dtype, case, seqs, chunk, seed):
     # without a pullback (the CPU restarts in place, the GPU runs the packed calls)
     y_plain, final_plain = ssmkit.selective_scan(**inputs, **kw, chunk_size=chunk,
                                                  **{name: xp.asarray(value)})
-    assert rel_err(y_plain, y_ref) <= FORWARD_RTOL[dtype]
-    assert rel_err(final_plain, final_ref) <= FORWARD_RTOL[dtype]
+    assert close(y_plain, y_ref, dtype, FORWARD_RTOL[dtype])
+    assert close(final_plain, final_ref, dtype, FORWARD_RTOL[dtype])
     dy64 = rng.standard_normal(y_ref.shape)
     dfinal64 = rng.standard_normal(final_ref.shape)
     dy = cast_inputs({"u": dy64}, dtype, xp)[0]["u"]
@@ -99,15 +110,15 @@ def test_packed_matches_reference(backend, dtype, how, args):
                                                                             *args)
     assert y.dtype == inputs["u"].dtype and type(y) is type(inputs["u"])
     assert final.shape == final_ref.shape
-    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
-    assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
+    assert close(y, y_ref, dtype, FORWARD_RTOL[dtype])
+    assert close(final, final_ref, dtype, FORWARD_RTOL[dtype])
     for name in FIELDS:
         g, g_ref = getattr(grads, name), getattr(grads_ref, name)
         if inputs[name] is None:
             assert g is None, name
             continue
         assert g.shape == inputs[name].shape and g.dtype == inputs[name].dtype, name
-        assert rel_err(g, g_ref) <= GRAD_RTOL[dtype], name
+        assert close(g, g_ref, dtype, GRAD_RTOL[dtype]), name
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -194,10 +205,11 @@ def test_empty_sequences_and_lengths_past_a_chunk(backend, how):
             with layout(backend, how):
                 inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
                     backend, dtype, case, seqs, 16, len(cu))
-            assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
-            assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
+            assert close(y, y_ref, dtype, FORWARD_RTOL[dtype])
+            assert close(final, final_ref, dtype, FORWARD_RTOL[dtype])
             for name in FIELDS:
-                assert rel_err(getattr(grads, name), getattr(grads_ref, name)) <= GRAD_RTOL[dtype]
+                assert close(getattr(grads, name), getattr(grads_ref, name), dtype,
+                             GRAD_RTOL[dtype]), name
     # a sequence without steps at offset 0 ends in the initial state, and passes its cotangent
     xp = xp_for(backend)
     inputs, _ = cast_inputs(random_scan_inputs(np.random.default_rng(3), **case), "float64", xp)
