@@ -28,6 +28,12 @@ two functions::
     the others in ``p.compute_dtype`` with the shapes of the problem's arrays
     (``B``/``C`` in their canonical shape); ``None`` where the problem's array is
     ``None``.
+
+Packed sequences (``seq_idx``, ``cu_seqlens``) reach a backend as ordinary problems: the
+public layer runs them as padded rows (``ssmkit._selective_scan_packed``), unless the
+backend module sets ``RESTARTS_IN_PLACE`` (the CPU's). Then both functions also take
+``sequences`` (a ``Packing``): the state restarts from zero after each sequence, and
+``final_state`` and ``dfinal_state`` are (n_slots, dim, N), one per sequence slot.
 """
 
 from __future__ import annotations

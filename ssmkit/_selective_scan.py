@@ -386,7 +386,9 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         ddt_t = sum_n g (A a_t h_{t-1} + B_t u_t);  dA += g a_t h_{t-1} dt_t
         g *= a_t                       (a_t = exp(dt_t A))
 
-    Reductions run in a fixed order: the gradients are deterministic.
+    Reductions run in a fixed order: the gradients are deterministic. With packed
+    sequences on the GPU the pullback also holds the padded rows' copies of the
+    per-step inputs (at most twice their steps) and each call's checkpoints.
     """
     p, user, packing = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
                                 delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)
