@@ -73,9 +73,9 @@ class Packing:
 
 
 def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
-    """The packing for sequences ``labels`` (batch, L) (from :func:`ssmkit._arrays.packed_sequences`),
-    with final states per row, or per sequence of ``cu`` when that is given; each call's
-    length a multiple of ``align`` steps."""
+    """The packing for sequences ``labels`` (batch, L) (``seq_idx`` on the host, or derived
+    from ``cu``), with final states per row, or per sequence of ``cu`` when that is given;
+    each call's length a multiple of ``align`` steps."""
     if L == 0:
         n_slots = batch if cu is None else cu.size - 1
         passthrough = [(b, b) for b in range(batch)] if cu is None else \

@@ -138,3 +138,38 @@ def ssd_walk_blob_outputs(blob, shape, chunk):
         y[:, t0:t1] = v[:, k, :t1 - t0, :, :P]
         t0, k = t1, k + 1
     return y
+
+
+def assert_directional_derivatives(objective, exact, grads, rng, fields, eps=1e-6, tol=1e-5):
+    """<grads.field, v> equals the central difference of ``objective`` (float64 inputs
+    ``exact`` -> scalar) along a random direction v, for every field present in ``exact``."""
+    for name in fields:
+        if exact[name] is None:
+            continue
+        v = rng.standard_normal(exact[name].shape)
+        plus = objective(dict(exact, **{name: exact[name] + eps * v}))
+        minus = objective(dict(exact, **{name: exact[name] - eps * v}))
+        fd = (plus - minus) / (2 * eps)
+        analytic = np.sum(to_numpy(getattr(grads, name)) * v)
+        assert abs(fd - analytic) <= tol * (1 + abs(fd)), (name, fd, analytic)
+
+
+def check_scan_vjp_against_fd(xp, case, chunk, seed, fields, fast=None, ref=None):
+    """selective_scan_vjp's pullback of random cotangents (of y and the final state) against
+    central differences of the float64 reference, for a ``random_scan_inputs`` case;
+    ``fast`` / ``ref``: extra arguments of the call and of the reference."""
+    import ssmkit
+    from ssmkit import reference
+
+    rng = np.random.default_rng(seed)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
+    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
+    (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk, **(fast or {}))
+    dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
+    grads = pullback(xp.asarray(dy), xp.asarray(dh))
+
+    def objective(args):
+        y, h = reference.selective_scan(**args, **kw, **(ref or {}))
+        return np.sum(y * dy) + np.sum(h * dh)
+
+    assert_directional_derivatives(objective, exact, grads, rng, fields)

@@ -139,8 +139,9 @@ static emu_dim3 blockIdx, threadIdx, blockDim;
 // One block after another, each thread in turn: the kernels have no barrier, and each
 // element is written by one thread only.
 template <typename T>
-static void run(int pack, const void* src, void* dst, const long long* row, const long long* off,
-                const int* lo, const int* hi, int R, int C, long long L, int Lp, unsigned threads) {
+static void run(int pack, const void* src, void* dst, const long long* row,
+                const long long* off, const int* lo, const int* hi, int R, int C, long long L,
+                int Lp, unsigned threads) {
     blockDim.x = threads;
     for (long long b = 0; b < (long long)R * C; ++b) {
         blockIdx.x = (unsigned)b;
@@ -151,12 +152,13 @@ static void run(int pack, const void* src, void* dst, const long long* row, cons
         }
     }
 }
-extern "C" void emu_rows(int pack, int itemsize, const void* src, void* dst, const long long* row,
-                         const long long* off, const int* lo, const int* hi, int R, int C,
-                         long long L, int Lp, unsigned threads) {
+extern "C" void emu_rows(int pack, int itemsize, const void* src, void* dst,
+                         const long long* row, const long long* off, const int* lo,
+                         const int* hi, int R, int C, long long L, int Lp, unsigned threads) {
     if (itemsize == 2) run<unsigned short>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
     if (itemsize == 4) run<unsigned int>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
-    if (itemsize == 8) run<unsigned long long>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
+    if (itemsize == 8)
+        run<unsigned long long>(pack, src, dst, row, off, lo, hi, R, C, L, Lp, threads);
 }
 '''
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import ssmkit
 from ssmkit import reference
-from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, gpu_available,
-                     random_scan_inputs, rel_err, to_numpy, xp_for)
+from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, check_scan_vjp_against_fd,
+                     gpu_available, random_scan_inputs, rel_err, to_numpy, xp_for)
 
 FIELDS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -155,28 +155,7 @@ def test_split_with_carried_state_equals_whole(backend, args, split):
 def test_vjp_matches_finite_differences(backend, args):
     """<pullback(dy, dh), v> equals the directional derivative of <y, dy> + <h, dh>."""
     case, chunk, seed = args
-    rng = np.random.default_rng(seed)
-    xp = xp_for(backend)
-    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
-    kw = dict(delta_softplus=case.get("softplus", True), return_final_state=True)
-    (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk)
-    dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
-    grads = pullback(xp.asarray(dy), xp.asarray(dh))
-
-    def objective(args):
-        y, h = reference.selective_scan(**args, **kw)
-        return np.sum(y * dy) + np.sum(h * dh)
-
-    eps = 1e-6
-    for name in FIELDS:
-        if exact[name] is None:
-            continue
-        v = rng.standard_normal(exact[name].shape)
-        plus = objective(dict(exact, **{name: exact[name] + eps * v}))
-        minus = objective(dict(exact, **{name: exact[name] - eps * v}))
-        fd = (plus - minus) / (2 * eps)
-        analytic = np.sum(to_numpy(getattr(grads, name)) * v)
-        assert abs(fd - analytic) <= 1e-5 * (1 + abs(fd)), (name, fd, analytic)
+    check_scan_vjp_against_fd(xp_for(backend), case, chunk, seed, FIELDS)
 
 
 @pytest.mark.parametrize("backend", backends())

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import ssmkit
 from ssmkit import _selective_scan_packed as packed
 from ssmkit import reference
-from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, gpu_available,
-                     random_scan_inputs, rel_err, to_numpy, xp_for)
+from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, check_scan_vjp_against_fd,
+                     gpu_available, random_scan_inputs, rel_err, to_numpy, xp_for)
 
 FIELDS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,30 +166,10 @@ def test_packed_equals_each_sequence_alone(backend, how, args):
 def test_packed_vjp_matches_finite_differences(backend, how, args):
     """<pullback(dy, dh), v> equals the directional derivative of <y, dy> + <h, dh>."""
     case, (name, value), chunk, seed = args
-    rng = np.random.default_rng(seed)
     xp = xp_for(backend)
-    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), "float64", xp)
-    kw = dict(delta_softplus=case["softplus"], return_final_state=True, **{name: value})
     with layout(backend, how):
-        (y, h), pullback = ssmkit.selective_scan_vjp(**inputs, chunk_size=chunk,
-                                                     **dict(kw, **{name: xp.asarray(value)}))
-        dy, dh = rng.standard_normal(y.shape), rng.standard_normal(h.shape)
-        grads = pullback(xp.asarray(dy), xp.asarray(dh))
-
-    def objective(args):
-        y, h = reference.selective_scan(**args, **kw)
-        return np.sum(y * dy) + np.sum(h * dh)
-
-    eps = 1e-6
-    for field in FIELDS:
-        if exact[field] is None:
-            continue
-        v = rng.standard_normal(exact[field].shape)
-        plus = objective(dict(exact, **{field: exact[field] + eps * v}))
-        minus = objective(dict(exact, **{field: exact[field] - eps * v}))
-        fd = (plus - minus) / (2 * eps)
-        analytic = np.sum(to_numpy(getattr(grads, field)) * v)
-        assert abs(fd - analytic) <= 1e-5 * (1 + abs(fd)), (field, fd, analytic)
+        check_scan_vjp_against_fd(xp, case, chunk, seed, FIELDS, fast={name: xp.asarray(value)},
+                                  ref={name: value})
 
 
 @pytest.mark.parametrize("backend", backends())

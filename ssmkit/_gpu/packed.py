@@ -31,10 +31,9 @@ def _launch(kind, src, dst, padded, row, off, lo, hi):
     if R * C == 0:
         return
     kernel = compiler.get_kernel(SOURCE_FILE, kernel_name(kind, src.dtype.itemsize))
-    kernel((R * C,), (THREADS,), (src, dst, cupy.asarray(row, dtype=np.int64),
-                                   cupy.asarray(off, dtype=np.int64), cupy.asarray(lo, dtype=np.int32),
-                                   cupy.asarray(hi, dtype=np.int32), np.int32(C), np.int64(L),
-                                   np.int32(Lp)))
+    index = (cupy.asarray(row, dtype=np.int64), cupy.asarray(off, dtype=np.int64),
+             cupy.asarray(lo, dtype=np.int32), cupy.asarray(hi, dtype=np.int32))
+    kernel((R * C,), (THREADS,), (src, dst) + index + (np.int32(C), np.int64(L), np.int32(Lp)))
 
 
 def pack_rows(src, dst, row, off, lo, hi):
