@@ -477,10 +477,9 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
     """Scan channels ``d0 .. d0 + kk - 1`` of batch row ``b`` over all steps.
 
     The state is ``h`` (N, lanes); time runs in tiles of at most ``_TILE`` steps
-    that never cross a chunk boundary or a sequence's end, each staged into (steps,
-    lanes) arrays. The row's sequences ``seq_ptr[b] .. seq_ptr[b + 1] - 1`` end at
-    ``seq_end``; after each the state goes to ``final[seq_slot]`` (unless -1) and
-    restarts from zero.
+    that never cross a chunk boundary, each staged into (steps, lanes) arrays. The
+    row's sequences ``seq_ptr[b] .. seq_ptr[b + 1] - 1`` end at ``seq_end``; after each
+    the state goes to ``final[seq_slot]`` (unless -1) and restarts from zero.
     """
     N = A.shape[1]
     L = u.shape[2]
@@ -518,7 +517,7 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
         c_end = min(L, (c + 1) * chunk)
         t0 = c * chunk
         while t0 < c_end:
-            tt = min(T, c_end - t0, seq_end[si] - t0)
+            tt = min(T, c_end - t0)
             _stage_dt(delta, b, d0, kk, t0, tt, bias_l, softplus, dt_s, dt_s, False)
             _stage_rows(u, b, d0, kk, t0, tt, u_s)
             for j in range(tt):
@@ -535,41 +534,55 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
             if has_z:
                 _prefetch_rows(z, b, d0, kk, t1, t2 - t1, False)
             _prefetch_rows(y, b, d0, kk, t1, t2 - t1, True)
-            j0 = 0
-            if b_step and c_step:  # the common form: two steps per pass over the states
-                for j0 in range(0, tt - 1, 2):
-                    j1 = j0 + 1
+            # the scan in pieces that end where the tile or a packed sequence ends: there
+            # the sequence's state is reported and the next starts from zero
+            s0 = 0
+            while s0 < tt:
+                s1 = min(tt, seq_end[si] - t0)
+                j0 = s0
+                if b_step and c_step:  # the common form: two steps per pass over the states
+                    for j0 in range(s0, s1 - 1, 2):
+                        j1 = j0 + 1
+                        for k in range(lanes):
+                            acc[k] = zero
+                            acc2[k] = zero
+                        for n in range(N):
+                            bs, cs = B_s[j0, n], C_s[j0, n]
+                            bs1, cs1 = B_s[j1, n], C_s[j1, n]
+                            for k in range(lanes):
+                                a = _fma(_exp(dt_s[j0, k] * A_l[n, k]), h[n, k],
+                                         du_s[j0, k] * bs)
+                                acc[k] = _fma(cs, a, acc[k])
+                                a = _fma(_exp(dt_s[j1, k] * A_l[n, k]), a, du_s[j1, k] * bs1)
+                                acc2[k] = _fma(cs1, a, acc2[k])
+                                h[n, k] = a
+                        for k in range(lanes):
+                            y_s[j0, k] = acc[k]
+                            y_s[j1, k] = acc2[k]
+                    j0 = s1 - (s1 - s0) % 2
+                for j in range(j0, s1):
                     for k in range(lanes):
                         acc[k] = zero
-                        acc2[k] = zero
                     for n in range(N):
-                        bs, cs = B_s[j0, n], C_s[j0, n]
-                        bs1, cs1 = B_s[j1, n], C_s[j1, n]
+                        # one of B_l[n] and B_s[j, n] is zero: the constant or the per-step form
+                        # (here, the per-step form only for a piece's odd last step)
+                        bs = B_s[j, n]
+                        cs = C_s[j, n]
                         for k in range(lanes):
-                            a = _fma(_exp(dt_s[j0, k] * A_l[n, k]), h[n, k], du_s[j0, k] * bs)
-                            acc[k] = _fma(cs, a, acc[k])
-                            a = _fma(_exp(dt_s[j1, k] * A_l[n, k]), a, du_s[j1, k] * bs1)
-                            acc2[k] = _fma(cs1, a, acc2[k])
-                            h[n, k] = a
+                            hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
+                                      du_s[j, k] * (B_l[n, k] + bs))
+                            h[n, k] = hv
+                            acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
                     for k in range(lanes):
-                        y_s[j0, k] = acc[k]
-                        y_s[j1, k] = acc2[k]
-                j0 = tt - tt % 2
-            for j in range(j0, tt):
-                for k in range(lanes):
-                    acc[k] = zero
-                for n in range(N):
-                    # one of B_l[n] and B_s[j, n] is zero: the constant or the per-step form
-                    # (here, the per-step form only for a tile's odd last step)
-                    bs = B_s[j, n]
-                    cs = C_s[j, n]
-                    for k in range(lanes):
-                        hv = _fma(_exp(dt_s[j, k] * A_l[n, k]), h[n, k],
-                                  du_s[j, k] * (B_l[n, k] + bs))
-                        h[n, k] = hv
-                        acc[k] = _fma(C_l[n, k] + cs, hv, acc[k])
-                for k in range(lanes):
-                    y_s[j, k] = acc[k]
+                        y_s[j, k] = acc[k]
+                if t0 + s1 == seq_end[si]:
+                    if seq_slot[si] >= 0:
+                        for k in range(kk):
+                            for n in range(N):
+                                final[seq_slot[si], d0 + k, n] = h[n, k]
+                    h[:, :] = zero
+                    si += 1
+                s0 = s1
             # y = (sum_n C h + D u) * silu(z)
             if has_D:
                 for j in range(tt):
@@ -583,13 +596,6 @@ def _forward_block(b, d0, kk, lanes, u, delta, A, B4, C4, D, z, bias, h0,
                         y_s[j, k] *= zz * _sigmoid(zz)
             _unstage_rows(y_s, b, d0, kk, t0, tt, y)
             t0 += tt
-            if t0 == seq_end[si]:  # the sequence ends: report its state, start from zero
-                if seq_slot[si] >= 0:
-                    for k in range(kk):
-                        for n in range(N):
-                            final[seq_slot[si], d0 + k, n] = h[n, k]
-                h[:, :] = zero
-                si += 1
 
 
 @njit(parallel=True, **_KERNEL_OPTIONS)
