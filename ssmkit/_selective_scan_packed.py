@@ -1,7 +1,9 @@
 """Packed sequences in the selective scan (``seq_idx``, ``cu_seqlens``), on any backend.
 
-Each sequence becomes one row of an ordinary scan; sequences of similar length share a
-call, and the results go back to the steps they came from. No kernel sees a restart:
+:func:`plan` reads the sequences; :func:`forward` and :func:`backward` run them. A backend
+whose kernels restart the state themselves (``RESTARTS_IN_PLACE``: the CPU's) gets them as
+they are. Elsewhere (the GPU) each sequence becomes one row of an ordinary scan; sequences
+of similar length share a call, and the results go back to the steps they came from:
 
 - A sequence that starts from zeros is placed at the end of its row, after steps with
   ``u``, ``delta``, ``B`` and ``z`` zero. Through those the state stays exactly zero
