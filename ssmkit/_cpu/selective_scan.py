@@ -1051,7 +1051,7 @@ def _sequence_steps(sequences, batch, L):
     """Per step of each row: whether a packed sequence starts there (after step 0), and the
     final-state slot taken after it (-1: none); one sequence per row without ``sequences``."""
     restart = np.zeros((batch, L), np.bool_)
-    end_slot = np.full((batch, L), -1, np.int64)
+    end_slot = np.full((batch, L), -1, np.int32)  # (slots < 2^31: one per sequence)
     if sequences is None:
         end_slot[:, L - 1] = np.arange(batch)
         return restart, end_slot
