@@ -155,6 +155,8 @@ def scatter(xp, out, Xg, group):
     Xg[r, ..., j]`` for every padded position (r, j) that holds step t of row b."""
     if not out.flags.c_contiguous:  # a reshape would copy it, and the writes would be lost
         raise RuntimeError("packed sequences: scatter needs a C-contiguous destination")
+    if out.dtype != Xg.dtype:  # the copies move bits
+        raise RuntimeError(f"packed sequences: scatter of {Xg.dtype} into {out.dtype}")
     _copies(xp).unpack_rows(_bits(Xg).reshape(Xg.shape[0], -1, Xg.shape[-1]),
                             _bits(out).reshape(out.shape[0], -1, out.shape[-1]), *group.on(xp))
 
@@ -246,8 +248,11 @@ def backward(p, packing, backend, saved, dy, dfinal):
         (pg, ck), = saved
         grads = backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing)
     else:
-        grads = {n: (None if getattr(p, n) is None else xp.zeros_like(getattr(p, n)))
-                 for n in names}
+        # the backends' dtypes: u, delta, z in p.io_dtype, the rest (B and C included, which
+        # may be 16-bit) in p.compute_dtype
+        grads = {n: (None if getattr(p, n) is None else xp.zeros(
+            getattr(p, n).shape, p.io_dtype if n in ("u", "delta", "z") else p.compute_dtype))
+            for n in names}
         groups = [None] if packing.groups is None else packing.groups
         for (pg, ck), g in zip(saved, groups):  # (none for an empty problem)
             slots = packing.row_slot if g is None else g.slot

@@ -19,7 +19,10 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   small N, every option), its ring list (the shapes the ring forward kernels take, also as
   planned for a one-SM device: blocks of several warps; its ring_wide list, blocks of up to 512
   threads; its ring_npt8 list, 8 states per lane), its quads and n lists (N > 16) and
-  its bwd_ring list (the ring backward over several tiles per chunk).
+  its bwd_ring list (the ring backward over several tiles per chunk);
+* packed sequences as the GPU runs them (``tests/emulation/selective_scan/packed.py``: padded
+  rows through the GPU module's host code and emulated kernels), and the row copies of
+  ``cuda_src/packed_rows.cu`` built for the host against the CPU's.
 """
 
 from __future__ import annotations
@@ -127,6 +130,19 @@ def test_selective_scan_in_emulation(which, sm, segs):
     run = subprocess.run([sys.executable, script, which], capture_output=True, text=True,
                          timeout=900, env=env)
     assert run.returncode == 0 and "ALL OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+@needs_gxx
+def test_packed_sequences_as_the_gpu_runs_them_in_emulation():
+    """The GPU's way with packed sequences (padded rows of ordinary scans) through the GPU
+    module's host code and its emulated kernels, float32 and bfloat16, against the reference
+    (tests/emulation/selective_scan/packed.py: forward and every gradient)."""
+    pytest.importorskip("ml_dtypes")
+    script = os.path.join(HERE, "emulation", "selective_scan", "packed.py")
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, ASAN="0"))
+    assert run.returncode == 0 and "BAD" not in run.stdout and run.stdout.count("OK ") == 4, \
+        run.stdout[-3000:] + run.stderr[-3000:]
 
 
 _PACKED_ROWS_HOST = r'''
