@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run  # noqa: E402,F401  (redirects the GPU module's launches to the emulated kernels)
+# (run.py redirects the GPU module's launches to the emulated kernels)
 from run import f64, make, ref, ss  # noqa: E402
 from ssmkit import _selective_scan_packed as packed  # noqa: E402
 from ssmkit._cpu import packed as cpu_copies  # noqa: E402
