@@ -264,10 +264,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         h_t[n] = exp(dt_t A[d, n]) h_{t-1}[n] + dt_t B_t[n] u_t
         y_t    = sum_n C_t[n] h_t[n] + D[d] u_t, then y_t silu(z_t) when z is given
 
-    with h_{t-1} = 0 where a packed sequence starts. Packed sequences run as
-    rows of ordinary scans, sequences of similar length in one call (padding
-    at most doubles the work; rows without restarts run as they are): the
-    same kernels, and the same results as scanning each sequence alone.
+    with h_{t-1} = 0 where a packed sequence starts: the same results as
+    scanning each sequence alone. On the CPU the kernels restart the state in
+    place; on the GPU the sequences run as padded rows of ordinary scans,
+    sequences of similar length in one call (padding at most doubles the
+    work; rows without restarts run as they are).
 
     Arithmetic is float32 for 16- and 32-bit inputs, float64 for float64. On
     the CPU, float16 and bfloat16 inputs are computed in float32 and the result
