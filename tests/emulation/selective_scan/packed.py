@@ -79,14 +79,42 @@ def cases():
     ]
 
 
-def main(which=None):
+def random_cases(n, seed=1):
+    """``n`` random problems and packings: shapes, B/C forms, options, 16-bit or not, both
+    forms of sequences (empty ones too), chunk sizes that split sequences."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        io = str(rng.choice(["float32", "bfloat16"]))
+        cu_mode = bool(rng.integers(2))
+        batch = 1 if cu_mode else int(rng.integers(1, 3))
+        L = int(rng.integers(1, 200))
+        N = int(rng.choice([1, 4, 16, 32]))
+        args = dict(batch=batch, dim=int(rng.choice([8, 32])), L=L, N=N, io=io,
+                    gb=int(rng.choice([0, 1, 2])), gc=int(rng.choice([0, 1, 2])),
+                    D=bool(rng.integers(2)), z=bool(rng.integers(2)),
+                    bias=bool(rng.integers(2)), softplus=bool(rng.integers(2)),
+                    h0=bool(rng.integers(2)), chunk=int(rng.choice([16, 64, 256])))
+        if cu_mode:
+            inner = np.sort(rng.integers(0, L + 1, int(rng.integers(0, 8))))
+            seqs = ("cu_seqlens", np.concatenate(([0], inner, [L])))
+        else:
+            flips = rng.random((batch, L)) < rng.choice([0.01, 0.05, 0.3])
+            flips[:, 0] = False
+            seqs = ("seq_idx", np.cumsum(flips, axis=1))
+        label = f"random {i}: {io} b{batch} L{L} N{N} {seqs[0]}"
+        yield label, args, seqs, (3e-2 if io == "bfloat16" else 1e-4)
+
+
+def main(which=None, n_random=0):
     rng = np.random.default_rng(0)
     ok = True
-    for label, args, seqs, tol in cases():
-        if which is None or label in which:
+    for label, args, seqs, tol in list(cases()) + list(random_cases(n_random)):
+        if which is None or label in which or label.startswith("random"):
             ok &= check(make(rng, **args), seqs, rng, tol, label)
     return ok
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    # (python3 packed.py random 40: the fixed cases and 40 random ones)
+    n = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "random" else 0
+    sys.exit(0 if main(n_random=n) else 1)
