@@ -71,10 +71,14 @@ def main():
 
         dim, L, N, ks = 1536, 65536, 16, (16, 256, 4096)
         median = timing.cuda_median_ms
+        copy = timing.copy_tbps()
+        # one row's compulsory bytes (u, delta, z, y, B, C in float32), as a copy would take
+        floor_ms = 4 * (4 * dim * L + 2 * N * L) / (copy * 1e12) * 1e3
     else:
         xp = np
         dim, L, N, ks = 256, 16384, 16, (16, 256, 2048)
         median = cpu_median_ms
+        copy = floor_ms = None
     rng = np.random.default_rng(0)
     x = inputs(xp, rng, dim, L, N)
     kw = dict(delta_softplus=True)
@@ -113,11 +117,14 @@ def main():
         cu_x = xp.asarray(cu)
         # one row timed again beside each packing: the host's speed drifts over minutes
         base = (median(fwd()), median(fwd_bwd()))
-        t = [median(fwd(cu_seqlens=cu_x)), median(loop(False, cu)),
-             median(fwd_bwd(cu_seqlens=cu_x)), median(loop(True, cu))]
+        t = [median(fwd(cu_seqlens=cu_x)), median(loop(False, cu), warmup=1, reps=5),
+             median(fwd_bwd(cu_seqlens=cu_x)), median(loop(True, cu), warmup=1, reps=5)]
         rows.append(f"| {K} | {n.min()} / {n.max()} | {base[0]:.2f} | {t[0]:.2f} | {t[1]:.2f} "
                     f"| {base[1]:.2f} | {t[2]:.2f} | {t[3]:.2f} |")
         print(rows[-1], flush=True)
+    if copy is not None:
+        rows += ["", f"Copy bandwidth in this run {copy:.2f} TB/s: the forward's compulsory bytes "
+                     f"(u, delta, z, y, B, C) would take {floor_ms:.3f} ms."]
     text = "\n".join(rows) + "\n"
     print(text)
     if args.out:
