@@ -110,7 +110,8 @@ def main():
     rows = [f"Packed selective scan ({where}), 1 x {dim} x {L}, N {N}, float32, commit "
             f"{timing.commit()}; ms, medians", "",
             "| sequences | shortest / longest | one row fwd | packed fwd | loop fwd "
-            "| one row fwd+bwd | packed fwd+bwd | loop fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
+            "| one row fwd+bwd | packed fwd+bwd | loop fwd+bwd |",
+            "|---|---|---|---|---|---|---|---|"]
     for K in ks:
         n = lengths(rng, L, K)
         cu = np.concatenate(([0], np.cumsum(n)))

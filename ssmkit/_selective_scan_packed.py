@@ -28,6 +28,7 @@ import dataclasses
 
 import numpy as np
 
+
 @dataclasses.dataclass
 class Group:
     """One call's rows: row r holds steps ``off[r] + j`` of batch row ``rows[r]`` at its

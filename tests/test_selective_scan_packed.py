@@ -106,8 +106,8 @@ def _scan_with(backend, dtype, case, seqs, chunk, seed):
 @given(args=packed_cases())
 def test_packed_matches_reference(backend, dtype, how, args):
     with layout(backend, how):
-        inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(backend, dtype,
-                                                                            *args)
+        inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+            backend, dtype, *args)
     assert y.dtype == inputs["u"].dtype and type(y) is type(inputs["u"])
     assert final.shape == final_ref.shape
     assert close(y, y_ref, dtype, FORWARD_RTOL[dtype])
@@ -290,8 +290,8 @@ def test_packed_half_precision_on_gpu(dtype):
     case = dict(batch=1, dim=64, L=700, N=16, b_form="step", c_form="step", with_init=True,
                 softplus=True)
     seqs = ("cu_seqlens", np.array([0, 5, 300, 301, 640, 700]))
-    inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with("gpu", dtype, case, seqs,
-                                                                        None, 11)
+    inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+        "gpu", dtype, case, seqs, None, 11)
     assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
     assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
     for name in FIELDS:

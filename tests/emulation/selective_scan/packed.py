@@ -51,7 +51,8 @@ def check(p, seqs, rng, tol, label):
         errs[key] = (float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
                      if np.all(np.isfinite(a)) else float("nan"))
 
-    err("y", y, yr), err("final", fin, finr), err("y nockpt", y0, yr), err("final nockpt", fin0, finr)
+    err("y", y, yr), err("final", fin, finr)
+    err("y nockpt", y0, yr), err("final nockpt", fin0, finr)
     for key in FIELDS:
         if getattr(gr, key) is not None:
             err("d" + key, g[key], getattr(gr, key))
