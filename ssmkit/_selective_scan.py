@@ -171,9 +171,9 @@ def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick
     backward needs; ``pick(problem)`` then chooses each of its calls' chunk size."""
     xp = p.xp
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
+    name, algorithm = backend
+    extra = {} if algorithm is None else {"algorithm": algorithm}
     if packing is not None:
-        name, algorithm = backend
-        extra = {} if algorithm is None else {"algorithm": algorithm}
         y, final, saved = _packed.forward(p, packing, _backend(xp, name),
                                           save_checkpoints=save_checkpoints, pick=pick, **extra)
         return y.astype(user["u"].dtype, copy=False), final, saved
@@ -182,8 +182,6 @@ def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick
         final = (p.initial_state.copy() if p.initial_state is not None
                  else xp.zeros((batch, dim, N), dtype=p.compute_dtype))
         return y, final, None
-    name, algorithm = backend
-    extra = {} if algorithm is None else {"algorithm": algorithm}
     y, final, checkpoints = _backend(xp, name).selective_scan_forward(
         p, save_checkpoints=save_checkpoints, **extra)
     if y.dtype != user["u"].dtype:

@@ -28,6 +28,8 @@ import dataclasses
 
 import numpy as np
 
+from ._problem import SelectiveScanGrads
+
 
 @dataclasses.dataclass
 class Group:
@@ -162,12 +164,13 @@ def scatter(xp, out, Xg, group):
                             _bits(out).reshape(out.shape[0], -1, out.shape[-1]), *group.on(xp))
 
 
-def rows_of(xp, X, group, mask):
-    """(R, ...) from per-row ``X`` (batch, ...): the group's rows where ``mask``, else zeros."""
-    out = xp.zeros((group.rows.size,) + X.shape[1:], X.dtype)
-    r = np.flatnonzero(mask)
+def _take(xp, src, src_index):
+    """(len(src_index), ...) zeros, with row r = src[src_index[r]] where src_index[r] >= 0
+    (host indices): the inverse of :func:`_put`."""
+    out = xp.zeros((src_index.size,) + src.shape[1:], src.dtype)
+    r = np.flatnonzero(src_index >= 0)
     if r.size:
-        out[xp.asarray(r)] = X[xp.asarray(group.rows[r])]
+        out[xp.asarray(r)] = src[xp.asarray(src_index[r])]
     return out
 
 
@@ -178,7 +181,8 @@ def _problem(p, group):
     def steps(X):
         return X if X is None or X.ndim == 2 else gather(xp, X, group)
 
-    h0 = None if p.initial_state is None else rows_of(xp, p.initial_state, group, group.init)
+    h0 = (None if p.initial_state is None
+          else _take(xp, p.initial_state, np.where(group.init, group.rows, -1)))
     return dataclasses.replace(p, u=steps(p.u), delta=steps(p.delta), z=steps(p.z),
                                B=steps(p.B), C=steps(p.C), initial_state=h0)
 
@@ -244,7 +248,7 @@ def backward(p, packing, backend, saved, dy, dfinal):
     ``dy`` (batch, dim, L) in ``p.io_dtype`` and ``dfinal`` (n_slots, dim, N) in
     ``p.compute_dtype`` or None; a dict as the backends' ``selective_scan_backward``."""
     xp = p.xp
-    names = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias", "initial_state")
+    names = SelectiveScanGrads._fields
     if p.batch * p.dim * p.L and _in_place(packing, backend):
         (pg, ck), = saved
         grads = backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing)
@@ -257,12 +261,7 @@ def backward(p, packing, backend, saved, dy, dfinal):
         groups = [None] if packing.groups is None else packing.groups
         for (pg, ck), g in zip(saved, groups):  # (none for an empty problem)
             slots = packing.row_slot if g is None else g.slot
-            dfg = None
-            if dfinal is not None:
-                dfg = xp.zeros((pg.batch, p.dim, p.N), p.compute_dtype)
-                r = np.flatnonzero(slots >= 0)
-                if r.size:
-                    dfg[xp.asarray(r)] = dfinal[xp.asarray(slots[r])]
+            dfg = None if dfinal is None else _take(xp, dfinal, slots)
             dyg = dy if g is None else gather(xp, dy, g)
             gg = backend.selective_scan_backward(pg, ck, dyg, dfg)
             for n in names:

@@ -177,11 +177,6 @@ def _check_bool(fn, name, v):
         raise TypeError(f"{fn}: {name} must be a bool; got {type(v).__name__}")
 
 
-def _check_int_array(fn, name, x):
-    if x.dtype.kind not in "iu":
-        raise TypeError(f"{fn}: {name} must hold integers; got {x.dtype}")
-
-
 def _check_dt_limit(fn, dt_limit):
     try:
         lo, hi = dt_limit
@@ -215,9 +210,7 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
     for name, a in arr.items():
         if a is None:
             continue
-        if name in ("seq_idx", "cu_seqlens"):
-            _check_int_array(fn, name, a)
-        else:
+        if name not in ("seq_idx", "cu_seqlens"):  # (those: _arrays.packed_sequences)
             _arrays.check_real_float(fn, name, a)
     _check_bool(fn, "dt_softplus", dt_softplus)
     _check_bool(fn, "allow_tf32", allow_tf32)
