@@ -6,7 +6,10 @@ compute the same thing, forward and forward+backward:
 
 - ``one row``: the L steps as one sequence (no restarts): the floor the packed call pays
   its gathers, scatters and padding over;
-- ``packed``: ``selective_scan(..., cu_seqlens=...)``;
+- ``packed``: ``selective_scan(..., cu_seqlens=...)``: in place (the kernels restart the
+  state where a sequence starts: the CPU always, the GPU where its ring kernels run it);
+- ``padded``: the same call made to run padded rows of ordinary scans (the GPU's way
+  elsewhere);
 - ``loop``: one call per sequence, what a user without packed sequences writes.
 
     python benchmarks/bench_packed.py [--gpu] [--out DIR]
@@ -68,6 +71,7 @@ def main():
     args = ap.parse_args()
     if args.gpu:
         import cupy as xp
+        from ssmkit._gpu import selective_scan as backend
 
         dim, L, N, ks = 1536, 65536, 16, (16, 256, 4096)
         median = timing.cuda_median_ms
@@ -76,6 +80,7 @@ def main():
         floor_ms = 4 * (4 * dim * L + 2 * N * L) / (copy * 1e12) * 1e3
     else:
         xp = np
+        from ssmkit._cpu import selective_scan as backend
         dim, L, N, ks = 256, 16384, 16, (16, 256, 2048)
         median = cpu_median_ms
         copy = floor_ms = None
@@ -93,6 +98,16 @@ def main():
             pullback(dy)
         return run
 
+    def padded(run):
+        def padded_run():
+            in_place = backend.restarts_in_place
+            backend.restarts_in_place = lambda *args, **kwargs: False
+            try:
+                run()
+            finally:
+                backend.restarts_in_place = in_place
+        return padded_run
+
     def loop(vjp, cu):
         def piece(a, b):
             return {k: (v[..., a:b] if v.ndim == 3 else v) for k, v in x.items()}
@@ -109,19 +124,22 @@ def main():
     where = "gpu" if args.gpu else "cpu"
     rows = [f"Packed selective scan ({where}), 1 x {dim} x {L}, N {N}, float32, commit "
             f"{timing.commit()}; ms, medians", "",
-            "| sequences | shortest / longest | one row fwd | packed fwd | loop fwd "
-            "| one row fwd+bwd | packed fwd+bwd | loop fwd+bwd |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| sequences | shortest / longest | one row fwd | packed fwd | padded fwd | loop fwd "
+            "| one row fwd+bwd | packed fwd+bwd | padded fwd+bwd | loop fwd+bwd |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for K in ks:
         n = lengths(rng, L, K)
         cu = np.concatenate(([0], np.cumsum(n)))
         cu_x = xp.asarray(cu)
         # one row timed again beside each packing: the host's speed drifts over minutes
         base = (median(fwd()), median(fwd_bwd()))
-        t = [median(fwd(cu_seqlens=cu_x)), median(loop(False, cu), warmup=1, reps=5),
-             median(fwd_bwd(cu_seqlens=cu_x)), median(loop(True, cu), warmup=1, reps=5)]
-        rows.append(f"| {K} | {n.min()} / {n.max()} | {base[0]:.2f} | {t[0]:.2f} | {t[1]:.2f} "
-                    f"| {base[1]:.2f} | {t[2]:.2f} | {t[3]:.2f} |")
+        t = [median(fwd(cu_seqlens=cu_x)), median(padded(fwd(cu_seqlens=cu_x))),
+             median(loop(False, cu), warmup=1, reps=5),
+             median(fwd_bwd(cu_seqlens=cu_x)), median(padded(fwd_bwd(cu_seqlens=cu_x))),
+             median(loop(True, cu), warmup=1, reps=5)]
+        rows.append(f"| {K} | {n.min()} / {n.max()} | {base[0]:.2f} | "
+                    + " | ".join(f"{v:.2f}" for v in t[:3]) + f" | {base[1]:.2f} | "
+                    + " | ".join(f"{v:.2f}" for v in t[3:]) + " |")
         print(rows[-1], flush=True)
     if copy is not None:
         rows += ["", f"Copy bandwidth in this run {copy:.2f} TB/s: the forward's compulsory bytes "

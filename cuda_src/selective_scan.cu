@@ -449,9 +449,11 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
              IO* __restrict__ y, CT* __restrict__ hfinal, CT* __restrict__ ckpt,
              CT* __restrict__ seg_h, CT* __restrict__ seg_dt,
              int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
-             int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0) {
+             int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0,
+             const unsigned char* __restrict__ restart) {
     static_assert(ssm_same<CT, typename ssm_compute_of<IO>::type>::value, "CT must be IO's compute type");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, CT>::value, "BC must be IO or CT");
+    if (restart != nullptr) __trap();  // (packed sequences restart in the ring kernels only)
     static_assert(NPT % 4 == 0 && (NSPLIT & (NSPLIT - 1)) == 0 && NSPLIT <= 32, "bad config");
     typedef ssm_math<CT> M;
     constexpr int NPAD = NPT * NSPLIT;
@@ -732,10 +734,11 @@ ssm_fwd_body(const IO* __restrict__ u, const IO* __restrict__ delta, const IO* _
         const CT* __restrict__ D, const CT* __restrict__ dbias, const CT* __restrict__ h0,            \
         IO* __restrict__ y, CT* __restrict__ hfinal, CT* __restrict__ ckpt, CT* __restrict__ seg_h,   \
         CT* __restrict__ seg_dt, int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk, \
-        int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0
+        int TL, int CH, int flags, ssm_i64 seg_len, int nseg, int seg0,                                \
+        const unsigned char* __restrict__ restart
 #define SSM_FWD_ARGS                                                                                  \
     u, delta, z, A, B, C, D, dbias, h0, y, hfinal, ckpt, seg_h, seg_dt, batch, dim, N, L, GB, GC,     \
-        chunk, TL, CH, flags, seg_len, nseg, seg0
+        chunk, TL, CH, flags, seg_len, nseg, seg0, restart
 
 // Resident blocks of SSM_FWD_MAX_THREADS threads that the cp.async forward
 // kernels ask ptxas to allow, which caps their registers near what the
@@ -998,6 +1001,28 @@ struct ssm_ring_walks {
         return {ssm_pieces(TL * (int)sizeof(IO) / 16, tid, nthr), ssm_pieces(oct * TL * (int)sizeof(BC) / 16, tid, nthr)};
     }
 };
+
+// Packed sequences in the ring kernels (`restart`: a byte per batch row and step, nonzero
+// where a sequence starts after the row's first step; nullptr: none). The decay into such a
+// step is zero. The kernels stage each step's dt for its exponent apart from dt u, so the
+// staging puts SSM_RESTART_DT there: exp2(SSM_RESTART_DT A log2(e)) is 0 for every A <=
+// -2^-120 (the host sends no other A), and a segment's sum of dt that takes it makes the
+// carry's decay across the segment 0 as well. Finite, so that the backward's dA term
+// g a h dt (a = 0) stays 0. The backward's du, which needs the true dt, recomputes it there.
+#define SSM_RESTART_DT 3.402823466e38f
+
+// {dt, x} pairs of V steps (pr[2 j] the dt of step j) with SSM_RESTART_DT at the restarts
+// among them; flags: the restart bytes of those steps (V = 4 or 8, V-byte aligned).
+template <int V>
+__device__ __forceinline__ void ssm_restart_dts(float (&pr)[2 * V], const unsigned char* flags) {
+    static_assert(V == 4 || V == 8, "4 or 8 steps");
+    unsigned long long bits;
+    if constexpr (V == 4) bits = *reinterpret_cast<const unsigned*>(flags);
+    else bits = *reinterpret_cast<const unsigned long long*>(flags);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+        if ((bits >> (8 * j)) & 0xffu) pr[2 * j] = SSM_RESTART_DT;
+}
 
 // f(n, k) for this thread's pieces (walk w, as ssm_ring_walks::bc) of a tile's N rows of B or
 // C, pbc pieces a row.
@@ -1375,6 +1400,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                     pr[2 * j] = dt;
                     pr[2 * j + 1] = REV ? uu[j] : dt * uu[j];
                 }
+                if (restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
                 float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
 #pragma unroll
                 for (int j = 0; j < 2 * VIO; j += 4) ssm_st4(dst + j, pr + j);
@@ -2173,7 +2199,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                   CT* __restrict__ scratch,
                   int batch, int dim, int N, ssm_i64 L, int GB, int GC, ssm_i64 chunk,
                   int TL, int CH, int flags, const CT* __restrict__ seg_g, ssm_i64 seg_len, int nseg,
-                  int seg0, int ck_pitch) {
+                  int seg0, int ck_pitch, const unsigned char* __restrict__ restart) {
     static_assert(ssm_same<CT, float>::value && ssm_same<CT, typename ssm_compute_of<IO>::type>::value,
                   "float compute only");
     static_assert(ssm_same<BC, IO>::value || ssm_same<BC, float>::value, "BC must be IO or float");
@@ -2307,6 +2333,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     pr[2 * j] = dt;
                     pr[2 * j + 1] = dt * uu[j];
                 }
+                if (restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
                 float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
 #pragma unroll
                 for (int j = 0; j < 2 * VIO; j += 4) ssm_st4(dst + j, pr + j);
@@ -2444,7 +2471,9 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         const int t = j0 + off / 3 + r;
                         const float uu = ssm_load(urow[t]);
                         const float x = ssm_load(drow_io[t]) + bias_c;
-                        const float dt = drow[2 * t], dyv = dyr[t];
+                        float dt = drow[2 * t];
+                        if (restart != nullptr && dt == SSM_RESTART_DT) dt = softplus ? M::softplus_fast(x) : x;
+                        const float dyv = dyr[t];
                         const float gb = vals[3 * r + 1];
                         const float dsp = softplus && x <= 20.0f ? M::sigmoid_fast(x) : 1.0f;
                         const float dd = (vals[3 * r + 2] * M::kLn2 + uu * gb) * dsp;

@@ -31,9 +31,12 @@ two functions::
 
 Packed sequences (``seq_idx``, ``cu_seqlens``) reach a backend as ordinary problems: the
 public layer runs them as padded rows (``ssmkit._selective_scan_packed``), unless the
-backend module sets ``RESTARTS_IN_PLACE`` (the CPU's). Then both functions also take
-``sequences`` (a ``Packing``): the state restarts from zero after each sequence, and
-``final_state`` and ``dfinal_state`` are (n_slots, dim, N), one per sequence slot.
+backend module's ``restarts_in_place(p, packing, *, backward, final_states)`` says its
+kernels take them for that problem (the CPU's always; the GPU's where its ring kernels
+run it). Then both functions also take ``sequences`` (a ``Packing``): the state restarts
+from zero after each sequence, and ``final_state`` and ``dfinal_state`` are (n_slots, dim,
+N), one per sequence slot (on the GPU only the rows' last sequences' are computed and
+taken: it is asked ``final_states=True`` where the others are needed).
 """
 
 from __future__ import annotations

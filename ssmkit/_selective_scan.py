@@ -165,17 +165,20 @@ def _device_scope(p):
     return p.xp.cuda.Device(p.u.device.id)
 
 
-def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick=None):
+def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick=None,
+             final_states=True):
     """Run the scan; y in the dtype of the user's u. With ``packing`` (packed sequences),
-    the final states are one per sequence slot and the checkpoints what the packed
-    backward needs; ``pick(problem)`` then chooses each of its calls' chunk size."""
+    the final states are one per sequence slot (``final_states`` False: only the rows'
+    last sequences' are needed) and the checkpoints what the packed backward needs;
+    ``pick(problem)`` then chooses each of its calls' chunk size."""
     xp = p.xp
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     name, algorithm = backend
     extra = {} if algorithm is None else {"algorithm": algorithm}
     if packing is not None:
         y, final, saved = _packed.forward(p, packing, _backend(xp, name),
-                                          save_checkpoints=save_checkpoints, pick=pick, **extra)
+                                          save_checkpoints=save_checkpoints, pick=pick,
+                                          final_states=final_states, **extra)
         return y.astype(user["u"].dtype, copy=False), final, saved
     if batch * dim * L == 0:  # nothing to scan: the state passes through unchanged
         y = xp.zeros((batch, dim, L), dtype=user["u"].dtype)
@@ -264,9 +267,12 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
     with h_{t-1} = 0 where a packed sequence starts: the same results as
     scanning each sequence alone. On the CPU the kernels restart the state in
-    place; on the GPU the sequences run as padded rows of ordinary scans,
-    sequences of similar length in one call (padding at most doubles the
-    work; rows without restarts run as they are).
+    place. On the GPU they do too where its ring kernels run the call (float32
+    or 16-bit u, B and C per step, N <= 128, L a multiple of 4 or 8 steps, A <=
+    -2^-120) and no final state but the rows' is asked for (with
+    ``cu_seqlens``: ``return_final_state=False``); elsewhere the sequences run
+    as padded rows of ordinary scans, sequences of similar length in one call
+    (padding at most doubles the work; rows without restarts run as they are).
 
     Arithmetic is float32 for 16- and 32-bit inputs, float64 for float64. On
     the CPU, float16 and bfloat16 inputs are computed in float32 and the result
@@ -281,7 +287,8 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
                                 delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)
     chosen = _check_backend("selective_scan", backend, p.xp)
     with _device_scope(p):
-        y, final, _ = _forward(p, user, save_checkpoints=False, backend=chosen, packing=packing)
+        y, final, _ = _forward(p, user, save_checkpoints=False, backend=chosen, packing=packing,
+                               final_states=return_final_state)
     return (y, final) if return_final_state else y
 
 
@@ -385,9 +392,14 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         ddt_t = sum_n g (A a_t h_{t-1} + B_t u_t);  dA += g a_t h_{t-1} dt_t
         g *= a_t                       (a_t = exp(dt_t A))
 
-    Reductions run in a fixed order: the gradients are deterministic. With packed
-    sequences on the GPU the pullback also holds the padded rows' copies of the
-    per-step inputs (at most twice their steps) and each call's checkpoints.
+    Reductions run in a fixed order: the gradients are deterministic. Where packed
+    sequences run as padded rows on the GPU (see :func:`selective_scan`) the pullback
+    also holds the padded rows' copies of the per-step inputs (at most twice their
+    steps) and each call's checkpoints; where they restart in place, the backward too
+    needs the ring kernels (N <= 32 in one pass, or slices of 32 states where the grid
+    is large enough). A cotangent for the final state of a sequence that ends inside
+    its row (``cu_seqlens``), given to a pullback whose forward ran in place, sends the
+    backward through the padded rows, their states recomputed.
     """
     p, user, packing = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
                                 delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)
@@ -402,6 +414,6 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
             if pick is not None and p.batch * p.dim * p.L and packing is None:
                 p = dataclasses.replace(p, chunk_size=pick(p))
         y, final, checkpoints = _forward(p, user, save_checkpoints=True, packing=packing,
-                                         pick=pick)
+                                         pick=pick, final_states=return_final_state)
     out = (y, final) if return_final_state else y
     return out, SelectiveScanPullback(p, user, checkpoints, packing)

@@ -1,9 +1,11 @@
 """Packed sequences in the selective scan (``seq_idx``, ``cu_seqlens``), on any backend.
 
-:func:`plan` reads the sequences; :func:`forward` and :func:`backward` run them. A backend
-whose kernels restart the state themselves (``RESTARTS_IN_PLACE``: the CPU's) gets them as
-they are. Elsewhere (the GPU) each sequence becomes one row of an ordinary scan; sequences
-of similar length share a call, and the results go back to the steps they came from:
+:func:`plan` reads the sequences; :func:`forward` and :func:`backward` run them. Where the
+backend's kernels restart the state themselves (its ``restarts_in_place`` says so: the CPU
+always; the GPU where its ring kernels run the call and no sequence but a row's last reports
+a final state) they get the sequences as they are. Elsewhere each sequence becomes one row
+of an ordinary scan; sequences of similar length share a call, and the results go back to
+the steps they came from:
 
 - A sequence that starts from zeros is placed at the end of its row, after steps with
   ``u``, ``delta``, ``B`` and ``z`` zero. Through those the state stays exactly zero
@@ -75,6 +77,36 @@ class Packing:
     n_slots: int
     passthrough: list
     segments: tuple = ()  # (ptr (batch + 1), end, slot): each row's sequences, row-major
+
+
+@dataclasses.dataclass
+class Saved:
+    """What :func:`forward` keeps for :func:`backward`: each call's ``(problem,
+    checkpoints)``; ``in_place``: one call, the sequences restarting in the kernels."""
+
+    calls: list
+    in_place: bool = False
+
+
+def restart_steps(packing, batch, L) -> np.ndarray:
+    """(batch, L) bool: where a sequence starts after its row's first step (the steps whose
+    decay is zero: the state restarts)."""
+    restart = np.zeros((batch, L), np.bool_)
+    ptr, end, _ = packing.segments
+    rows = np.repeat(np.arange(batch), np.diff(ptr))
+    later = rows[1:] == rows[:-1]  # a segment after another of its row starts where it ended
+    restart[rows[1:][later], end[:-1][later]] = True
+    return restart
+
+
+def row_final_slots(packing):
+    """``(row_slot, inner)``: the final-state slot of each row's last sequence, which ends at
+    the row's end (-1: none), and whether any other sequence reports a final state."""
+    ptr, _, slot = packing.segments
+    last = ptr[1:] - 1  # (every row of L > 0 steps has a segment)
+    others = np.ones(slot.size, np.bool_)
+    others[last] = False
+    return slot[last], bool(np.any(slot[others] >= 0))
 
 
 def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
@@ -194,10 +226,13 @@ def _put(xp, dst, dst_index, src):
         dst[xp.asarray(dst_index[r])] = src[xp.asarray(r)]
 
 
-def _in_place(packing, backend) -> bool:
-    """Whether the backend's kernels restart the state themselves (the CPU's), so that
-    packed sequences run where they are, without padded rows."""
-    return packing.groups is not None and getattr(backend, "RESTARTS_IN_PLACE", False)
+def _in_place(p, packing, backend, *, backward, final_states) -> bool:
+    """Whether the backend's kernels restart the state themselves for problem ``p`` (its
+    ``restarts_in_place``), so that packed sequences run where they are, without padded
+    rows; ``backward``: its backward too; ``final_states``: every sequence's final state."""
+    test = getattr(backend, "restarts_in_place", None)
+    return (packing.groups is not None and test is not None
+            and test(p, packing, backward=backward, final_states=final_states))
 
 
 def _passthrough(final, p, packing):
@@ -208,21 +243,24 @@ def _passthrough(final, p, packing):
     return final
 
 
-def forward(p, packing, backend, *, save_checkpoints, pick=None, **extra):
+def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=True, **extra):
     """Run problem ``p`` with its sequences packed as ``packing`` says, on ``backend`` (a
     module with ``selective_scan_forward``). ``pick(problem)``, when given, chooses each
-    call's chunk size. Returns ``(y, final, saved)``: y (batch, dim, L) in ``p.io_dtype``,
-    final (n_slots, dim, N) in ``p.compute_dtype``, saved what :func:`backward` needs."""
+    call's chunk size. ``final_states``: False where the caller needs no final state but
+    the rows' (those of sequences that end inside a row are then left zero). Returns ``(y,
+    final, saved)``: y (batch, dim, L) in ``p.io_dtype``, final (n_slots, dim, N) in
+    ``p.compute_dtype``, saved (:class:`Saved`) what :func:`backward` needs."""
     xp = p.xp
-    if p.batch * p.dim * p.L and _in_place(packing, backend):
-        if pick is not None:
-            p = dataclasses.replace(p, chunk_size=pick(p))
-        y, final, ck = backend.selective_scan_forward(p, save_checkpoints=save_checkpoints,
-                                                      sequences=packing, **extra)
-        return y, _passthrough(final, p, packing), [(p, ck)]
+    if p.batch * p.dim * p.L and packing.groups is not None:
+        whole = p if pick is None else dataclasses.replace(p, chunk_size=pick(p))
+        if _in_place(whole, packing, backend, backward=save_checkpoints,
+                     final_states=final_states):
+            y, final, ck = backend.selective_scan_forward(
+                whole, save_checkpoints=save_checkpoints, sequences=packing, **extra)
+            return y, _passthrough(final, whole, packing), Saved([(whole, ck)], in_place=True)
     final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
     if p.batch * p.dim * p.L == 0:
-        return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, []
+        return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, Saved([])
     if packing.groups is None:
         calls = [(p, None)]
     else:
@@ -240,7 +278,7 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, **extra):
             scatter(xp, y, yg, g)
             _put(xp, final, g.slot, fg)
         saved.append((pg, ck))
-    return y, final, saved
+    return y, final, Saved(saved)
 
 
 def backward(p, packing, backend, saved, dy, dfinal):
@@ -249,35 +287,58 @@ def backward(p, packing, backend, saved, dy, dfinal):
     ``p.compute_dtype`` or None; a dict as the backends' ``selective_scan_backward``."""
     xp = p.xp
     names = SelectiveScanGrads._fields
-    if p.batch * p.dim * p.L and _in_place(packing, backend):
-        (pg, ck), = saved
-        grads = backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing)
-    else:
-        # the backends' dtypes: u, delta, z in p.io_dtype, the rest (B and C included, which
-        # may be 16-bit) in p.compute_dtype
-        grads = {n: (None if getattr(p, n) is None else xp.zeros(
-            getattr(p, n).shape, p.io_dtype if n in ("u", "delta", "z") else p.compute_dtype))
-            for n in names}
-        groups = [None] if packing.groups is None else packing.groups
-        for (pg, ck), g in zip(saved, groups):  # (none for an empty problem)
-            slots = packing.row_slot if g is None else g.slot
-            dfg = None if dfinal is None else _take(xp, dfinal, slots)
-            dyg = dy if g is None else gather(xp, dy, g)
-            gg = backend.selective_scan_backward(pg, ck, dyg, dfg)
-            for n in names:
-                if grads[n] is None:
-                    continue
-                if g is None:
-                    grads[n] = gg[n]
-                elif n in ("u", "delta", "z") or (n in ("B", "C") and grads[n].ndim == 4):
-                    scatter(xp, grads[n], gg[n], g)
-                elif n == "initial_state":
-                    r = np.flatnonzero(g.init)
-                    if r.size:
-                        grads[n][xp.asarray(g.rows[r])] = gg[n][xp.asarray(r)]
-                else:
-                    grads[n] += gg[n]
+    calls = saved.calls
+    if saved.in_place:
+        (pg, ck), = calls
+        if dfinal is not None and not _in_place(pg, packing, backend, backward=True,
+                                                final_states=True) and _inner_cotangents(
+                                                    xp, dfinal, packing):
+            # the in-place kernels take cotangents of the rows' final states only: the
+            # padded rows, their checkpoints recomputed
+            calls = [(_problem(pg, g), None) for g in packing.groups]
+        else:
+            return _passthrough_cotangents(
+                backend.selective_scan_backward(pg, ck, dy, dfinal, sequences=packing),
+                dfinal, packing)
+    # the backends' dtypes: u, delta, z in p.io_dtype, the rest (B and C included, which
+    # may be 16-bit) in p.compute_dtype
+    grads = {n: (None if getattr(p, n) is None else xp.zeros(
+        getattr(p, n).shape, p.io_dtype if n in ("u", "delta", "z") else p.compute_dtype))
+        for n in names}
+    groups = [None] if packing.groups is None else packing.groups
+    for (pg, ck), g in zip(calls, groups):  # (none for an empty problem)
+        slots = packing.row_slot if g is None else g.slot
+        dfg = None if dfinal is None else _take(xp, dfinal, slots)
+        dyg = dy if g is None else gather(xp, dy, g)
+        gg = backend.selective_scan_backward(pg, ck, dyg, dfg)
+        for n in names:
+            if grads[n] is None:
+                continue
+            if g is None:
+                grads[n] = gg[n]
+            elif n in ("u", "delta", "z") or (n in ("B", "C") and grads[n].ndim == 4):
+                scatter(xp, grads[n], gg[n], g)
+            elif n == "initial_state":
+                r = np.flatnonzero(g.init)
+                if r.size:
+                    grads[n][xp.asarray(g.rows[r])] = gg[n][xp.asarray(r)]
+            else:
+                grads[n] += gg[n]
+    return _passthrough_cotangents(grads, dfinal, packing)
+
+
+def _passthrough_cotangents(grads, dfinal, packing):
+    """``grads`` with the final-state cotangents of sequences without steps added to their
+    row's initial-state gradient."""
     if dfinal is not None and grads["initial_state"] is not None:
         for slot, row in packing.passthrough:
             grads["initial_state"][row] += dfinal[slot]
     return grads
+
+
+def _inner_cotangents(xp, dfinal, packing) -> bool:
+    """Whether ``dfinal`` is nonzero for a sequence that ends inside its row."""
+    row_slot, _ = row_final_slots(packing)
+    ptr, _, slot = packing.segments
+    inner = np.setdiff1d(slot[slot >= 0], row_slot)
+    return bool(inner.size) and bool(xp.any(dfinal[xp.asarray(inner)] != 0))

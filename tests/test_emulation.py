@@ -20,9 +20,9 @@ CI has no GPU; tests/emulation builds the CUDA sources as C++ with the warp-leve
   planned for a one-SM device: blocks of several warps; its ring_wide list, blocks of up to 512
   threads; its ring_npt8 list, 8 states per lane), its quads and n lists (N > 16) and
   its bwd_ring list (the ring backward over several tiles per chunk);
-* packed sequences as the GPU runs them (``tests/emulation/selective_scan/packed.py``: padded
-  rows through the GPU module's host code and emulated kernels), and the row copies of
-  ``cuda_src/packed_rows.cu`` built for the host against the CPU's.
+* packed sequences as the GPU runs them (``tests/emulation/selective_scan/packed.py``: in
+  place and as padded rows, through the GPU module's host code and emulated kernels), and
+  the row copies of ``cuda_src/packed_rows.cu`` built for the host against the CPU's.
 """
 
 from __future__ import annotations
@@ -134,15 +134,19 @@ def test_selective_scan_in_emulation(which, sm, segs):
 
 @needs_gxx
 def test_packed_sequences_as_the_gpu_runs_them_in_emulation():
-    """The GPU's way with packed sequences (padded rows of ordinary scans) through the GPU
-    module's host code and its emulated kernels, float32 and bfloat16, against the reference
-    (tests/emulation/selective_scan/packed.py: forward and every gradient)."""
+    """The GPU's ways with packed sequences (padded rows of ordinary scans; restarts in place
+    in the ring kernels) through the GPU module's host code and its emulated kernels, float32
+    and bfloat16, against the reference (tests/emulation/selective_scan/packed.py: forward
+    and every gradient; one SM, so that the small cases' grids take the ring backward and
+    its slices, and in place runs both ways in five cases)."""
     pytest.importorskip("ml_dtypes")
     script = os.path.join(HERE, "emulation", "selective_scan", "packed.py")
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=900,
-                         env=dict(os.environ, ASAN="0"))
-    assert run.returncode == 0 and "BAD" not in run.stdout and run.stdout.count("OK ") == 4, \
-        run.stdout[-3000:] + run.stderr[-3000:]
+                         env=dict(os.environ, ASAN="0", SM="1"))
+    out = run.stdout
+    assert run.returncode == 0 and "BAD" not in out and out.count("OK ") == 14, \
+        out[-3000:] + run.stderr[-3000:]
+    assert out.count("(in place)") == 5 and out.count("(padded, 3 calls)") == 7, out
 
 
 _PACKED_ROWS_HOST = r'''

@@ -18,8 +18,10 @@ from helpers import (FORWARD_RTOL, GRAD_RTOL, backends, cast_inputs, check_scan_
 
 FIELDS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# How the sequences run: the CPU restarts them in place; padded rows of ordinary scans are
-# the GPU's way, checked here on the CPU too.
+# How the sequences run: "in place" is the backend's own choice (the CPU restarts them in
+# place always, the GPU where its ring kernels run the call and no final state but the rows'
+# is needed); "padded rows" (rows of ordinary scans, the GPU's way elsewhere) is forced on
+# every backend, the CPU too.
 LAYOUTS = ["in place", "padded rows"]
 
 
@@ -36,13 +38,13 @@ def close(x, ref, dtype, tol):
 
 @contextlib.contextmanager
 def layout(backend, name):
-    if backend == "gpu" and name == "in place":
-        pytest.skip("the GPU runs packed sequences as padded rows only")
     with pytest.MonkeyPatch.context() as mp:
         if name == "padded rows":
-            from ssmkit._cpu import selective_scan as cpu
-
-            mp.setattr(cpu, "RESTARTS_IN_PLACE", False)
+            if backend == "gpu":
+                from ssmkit._gpu import selective_scan as module
+            else:
+                from ssmkit._cpu import selective_scan as module
+            mp.setattr(module, "restarts_in_place", lambda *args, **kwargs: False)
         yield
 
 
@@ -279,6 +281,58 @@ def test_packed_sequence_errors(backend):
     assert final.shape == (2, 2, 2)
     with pytest.raises(ValueError, match=r"dfinal_state must have shape \(num_final_states"):
         pullback(None, xp.zeros((1, 2, 2), xp.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("N", [16, 64])
+@pytest.mark.parametrize("form", ["seq_idx", "cu_seqlens"])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_restarts_in_place_on_gpu(dtype, N, form, chunk):
+    """Shapes the GPU's ring kernels run, so that packed sequences restart in place there
+    (checked: the in-place test answers True for both calls), against the reference: the
+    forward, the rows' final states and every gradient. cu_seqlens without final states
+    (with them each sequence's would be needed: padded rows). N 16 at L 16384: time split
+    in segments (forward and backward); N 64: the backward by slices of 32 states."""
+    pytest.importorskip("ml_dtypes")
+    from ssmkit._gpu import selective_scan as gpu
+
+    answers = []
+
+    def spy(*args, **kwargs):
+        answers.append(test(*args, **kwargs))
+        return answers[-1]
+
+    test = gpu.restarts_in_place
+    batch = 1 if form == "cu_seqlens" else 2
+    dim, L = (64, 16384) if N == 16 else (3072 // batch, 2048)
+    rng = np.random.default_rng(N + len(form))
+    case = dict(batch=batch, dim=dim, L=L, N=N, b_form="step", c_form="step", with_init=True,
+                softplus=True)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp_for("gpu"))
+    if form == "cu_seqlens":
+        value = np.concatenate(([0], np.sort(rng.integers(0, L + 1, 40)), [L]))
+    else:
+        value = np.cumsum(rng.random((batch, L)) < 0.01, axis=1)
+    final = form == "seq_idx"
+    kw = dict(delta_softplus=True, return_final_state=final)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu, "restarts_in_place", spy)
+        out, pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk,
+                                                  **{form: xp_for("gpu").asarray(value)})
+        dy64 = rng.standard_normal((batch, dim, L))
+        dy = cast_inputs({"u": dy64}, dtype, xp_for("gpu"))[0]["u"]
+        grads = pullback(dy)
+    assert answers == [True], answers
+    out_ref, pullback_ref = reference.selective_scan_vjp(**exact, **kw, **{form: value})
+    y, y_ref = (out[0], out_ref[0]) if final else (out, out_ref)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    if final:
+        assert rel_err(out[1], out_ref[1]) <= FORWARD_RTOL[dtype]
+    grads_ref = pullback_ref(to_numpy(dy).astype(np.float64))
+    for name in FIELDS:
+        assert rel_err(getattr(grads, name), getattr(grads_ref, name)) <= GRAD_RTOL[dtype], name
 
 
 @pytest.mark.gpu

@@ -65,6 +65,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .. import _selective_scan_packed as _packed
+
 __all__ = ["selective_scan_forward", "selective_scan_backward"]
 
 _LANES = 64  # channels per block (a power of two): the vector loops' trip count
@@ -1043,24 +1045,22 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
             ckpt if save_checkpoints else None)
 
 
-# The public layer runs packed sequences here in place (no padding), forward and backward.
-RESTARTS_IN_PLACE = True
+def restarts_in_place(p, packing, *, backward, final_states):
+    """Whether packed sequences run here in place (no padded rows): always, forward and
+    backward, every sequence's final state and its cotangent included."""
+    return True
 
 
 def _sequence_steps(sequences, batch, L):
     """Per step of each row: whether a packed sequence starts there (after step 0), and the
     final-state slot taken after it (-1: none); one sequence per row without ``sequences``."""
-    restart = np.zeros((batch, L), np.bool_)
     end_slot = np.full((batch, L), -1, np.int32)  # (slots < 2^31: one per sequence)
     if sequences is None:
         end_slot[:, L - 1] = np.arange(batch)
-        return restart, end_slot
+        return np.zeros((batch, L), np.bool_), end_slot
     ptr, end, slot = sequences.segments
-    rows = np.repeat(np.arange(batch), np.diff(ptr))
-    later = rows[1:] == rows[:-1]  # a segment after another of its row starts where it ended
-    restart[rows[1:][later], end[:-1][later]] = True
-    end_slot[rows, end - 1] = slot
-    return restart, end_slot
+    end_slot[np.repeat(np.arange(batch), np.diff(ptr)), end - 1] = slot
+    return _packed.restart_steps(sequences, batch, L), end_slot
 
 
 def selective_scan_backward(p, checkpoints, dout, dfinal_state, sequences=None):

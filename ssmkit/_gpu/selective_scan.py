@@ -1049,7 +1049,73 @@ def _cached_plan(which, batch, dim, L, N, gb, gc, chunk_size, compute, device, t
                          compute=compute, **compiler.device_limits())
 
 
-def selective_scan_forward(p, *, save_checkpoints):
+def _ring_forward_plan(p):
+    """The ring forward's plan for ``p`` where it applies (its shape, and u, delta, z, B and
+    C 16-byte aligned), else None."""
+    plan = _plan(p, "fwd_ring") if TUNING["fwd_ring"] else None
+    return plan if plan is not None and _aligned16(p.u, p.delta, p.z, p.B, p.C) else None
+
+
+def _sums_in_ring(plan):
+    """Whether a ring plan's time segments (if any) are summarised by the ring kernels."""
+    return plan["nseg"] == 1 or (TUNING["bwd_sum_ring"] and plan.get("sum_ring") is not None)
+
+
+# Packed sequences restart in the ring kernels where every A is at most this: the decay into
+# a restart is exp2(SSM_RESTART_DT A log2(e)), 0 for these (selective_scan.cu).
+_RESTART_MAX_A = -(2.0 ** -120)
+
+
+def restarts_in_place(p, packing, *, backward, final_states):
+    """Whether packed sequences run in place, restarting in the ring kernels (no padded
+    rows): where the ring forward (and with ``backward`` the ring backward, in one pass or
+    by slices of states, its segments summarised by the ring kernels) runs ``p``; where no
+    sequence but a row's last needs its final state (``final_states``: every sequence's
+    does); and every A is at most -2^-120 (so a restart's decay is exactly 0). One small
+    device-to-host copy (the A check)."""
+    from .._selective_scan_packed import row_final_slots
+
+    if final_states and row_final_slots(packing)[1]:
+        return False
+    if _ring_forward_plan(p) is None:
+        return False
+    if backward:
+        if p.N > _slice_states():
+            if not _by_state_slices(p):
+                return False
+            plans = [_slice_plan(p, n) for n in {min(_slice_states(), p.N - k)
+                                                  for k in range(0, p.N, _slice_states())}]
+        else:
+            plans = [_plan(p, "bwd_ring") if TUNING["bwd_ring"] else None]
+        if None in plans or not all(_sums_in_ring(q) for q in plans):
+            return False
+    return bool((p.A <= _RESTART_MAX_A).all())
+
+
+def _restart_flags(p, sequences):
+    """(batch, L) uint8 on the device: 1 where a packed sequence starts after its row's first
+    step (None without ``sequences``)."""
+    if sequences is None:
+        return None
+    from .._selective_scan_packed import restart_steps
+
+    return p.xp.asarray(restart_steps(sequences, p.batch, p.L).view(np.uint8))
+
+
+def _slot_states(xp, rows, sequences, n_slots):
+    """Rows' final states (or their cotangents, ``n_slots`` = None: the other way) as one per
+    sequence slot: each row's last sequence's slot takes its row's (the others stay 0)."""
+    from .._selective_scan_packed import _put, _take, row_final_slots
+
+    row_slot, _ = row_final_slots(sequences)
+    if n_slots is None:
+        return _take(xp, rows, row_slot)
+    out = xp.zeros((n_slots,) + rows.shape[1:], rows.dtype)
+    _put(xp, out, row_slot, rows)
+    return out
+
+
+def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     """Forward selective scan on the GPU.
 
     Parameters
@@ -1058,11 +1124,15 @@ def selective_scan_forward(p, *, save_checkpoints):
         With ``p.xp`` = ``cupy`` (see :mod:`ssmkit._problem` for the layout).
     save_checkpoints : bool
         Also return the state entering each chunk of ``p.chunk_size`` steps.
+    sequences : Packing, optional
+        Packed sequences (:mod:`ssmkit._selective_scan_packed`) to run in place, where
+        :func:`restarts_in_place` allows: the state restarts from zero where each starts.
 
     Returns
     -------
     y : cupy.ndarray, (batch, dim, L), ``p.io_dtype``
-    final_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``
+    final_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``; with ``sequences``
+        (n_slots, dim, N), each row's last sequence's slot holding the row's final state
     checkpoints : cupy.ndarray, (n_chunks, batch, dim, N), ``p.compute_dtype``, or None
         ``checkpoints[i]`` is the state before step ``i * chunk_size``;
         ``checkpoints[0]`` is the initial state (zeros when none was given).
@@ -1074,8 +1144,12 @@ def selective_scan_forward(p, *, save_checkpoints):
     final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
     ckpt = (cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype)
             if save_checkpoints else None)
-    plan = _plan(p, "fwd_ring") if TUNING["fwd_ring"] else None
-    if plan is None or not _aligned16(p.u, p.delta, p.z, p.B, p.C, y):
+    restart = _restart_flags(p, sequences)
+    plan = _ring_forward_plan(p)  # (y is new: aligned)
+    if plan is None:
+        if restart is not None:
+            raise RuntimeError("ssmkit GPU selective_scan: packed sequences in place need the "
+                               "ring forward")
         plan = _plan(p, "fwd")
     ring = plan.get("ring", False)
     bv, cv = p.groups(p.B) > 0, p.groups(p.C) > 0
@@ -1100,7 +1174,7 @@ def selective_scan_forward(p, *, save_checkpoints):
         key = KernelKey("fwd_sum_ring", io, bc, sr["npt"], sr["nsplit"], bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
-                np.int32(flags & ~(_SAVE_CKPT | _CKPT_INSIDE)),) + _seg_args(splan)
+                np.int32(flags & ~(_SAVE_CKPT | _CKPT_INSIDE)),) + _seg_args(splan) + (_ptr(restart),)
         _launch(key, splan, args)
         seeds = cp.ascontiguousarray(_carry(p, splan, p.initial_state, local, sumdt, reverse=False)[::split])
     elif nseg > 1:
@@ -1112,7 +1186,7 @@ def selective_scan_forward(p, *, save_checkpoints):
                         bv, cv)
         args = (p.u, p.delta, _NULL, p.A, p.B, _NULL, _ptr(p.D), _ptr(p.delta_bias), _NULL,
                 _NULL, _NULL, _NULL, local, sumdt) + _shape_args(p, plan) + (
-                np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan)
+                np.int32(flags & ~_SAVE_CKPT),) + _seg_args(plan) + (_NULL,)
         _launch(key, dict(plan, blocks=plan["blocks"] // nseg * (nseg - 1)), args)
         seeds = _carry(p, plan, p.initial_state, local, sumdt, reverse=False)
     kind = "fwd" if plan["async_"] else "fwd_direct"
@@ -1124,8 +1198,10 @@ def selective_scan_forward(p, *, save_checkpoints):
     key = KernelKey(kind, io, bc, plan["npt"], plan["nsplit"], bv, cv)
     args = (p.u, p.delta, _ptr(p.z), p.A, p.B, p.C, _ptr(p.D), _ptr(p.delta_bias),
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
-            np.int32(flags),) + _seg_args(plan)
+            np.int32(flags),) + _seg_args(plan) + (_ptr(restart),)
     _launch(key, plan, args)
+    if sequences is not None:
+        final = _slot_states(cp, final, sequences, sequences.n_slots)
     return y, final, ckpt
 
 
@@ -1164,7 +1240,7 @@ def checkpoint_interval(p):
     return tl
 
 
-def selective_scan_backward(p, checkpoints, dout, dfinal_state):
+def selective_scan_backward(p, checkpoints, dout, dfinal_state, sequences=None):
     """Pullback of :func:`selective_scan_forward` on the GPU.
 
     Parameters
@@ -1178,7 +1254,10 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
     dout : cupy.ndarray, (batch, dim, L), ``p.io_dtype``, C-contiguous
         Cotangent of y.
     dfinal_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``, or None
-        Cotangent of the final state.
+        Cotangent of the final state; (n_slots, dim, N) with ``sequences``, of which only
+        the rows' last sequences' slots are read.
+    sequences : Packing, optional
+        The packed sequences the forward ran in place (its ``sequences``).
 
     Returns
     -------
@@ -1201,15 +1280,22 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state):
                          f"this problem's forward ({p.n_chunks} x {batch} x {dim} x {N} {cdt})")
     checkpoints = cp.ascontiguousarray(checkpoints)
     dout = cp.ascontiguousarray(dout, dtype=p.io_dtype)
+    restart = _restart_flags(p, sequences)
+    if restart is not None:
+        if not _aligned16(dout):  # (the ring backward must run)
+            dout = dout.copy()
+        if dfinal_state is not None:
+            dfinal_state = _slot_states(cp, dfinal_state, sequences, None)
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
     lanes = _slice_lanes(p, dout)
     if lanes:
-        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=lanes)
+        return _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=lanes,
+                                         restart=restart)
     du = cp.empty((batch, dim, L), dtype=p.io_dtype)
     ddelta = cp.empty((batch, dim, L), dtype=p.io_dtype)
     dz = cp.empty((batch, dim, L), dtype=p.io_dtype) if p.z is not None else None
-    return _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz)
+    return _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, restart=restart)
 
 
 def _slice_states():
@@ -1280,7 +1366,7 @@ def _slice_lanes(p, *arrays):
     return max(1, int(TUNING["bwd_state_slices_lanes"])) if per_sm >= TUNING["bwd_state_slices_min_warps"] else 0
 
 
-def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
+def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1, restart=None):
     """The backward of an N > S problem as ceil(N / S) ring backwards of S states each
     (S = :func:`_slice_states`, 16 or 32).
 
@@ -1328,7 +1414,7 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
             g = _backward_kernels(
                 sp, ck[..., sl], dout,
                 None if dfinal_state is None else cp.ascontiguousarray(dfinal_state[..., sl]),
-                *acc[lane], accumulate=k >= lanes, ck_pitch=p.N)
+                *acc[lane], accumulate=k >= lanes, ck_pitch=p.N, restart=restart)
             dA[:, sl] = g["A"]
             dB[:, :, sl] = g["B"]
             dC[:, :, sl] = g["C"]
@@ -1352,11 +1438,12 @@ def _backward_by_state_slices(p, checkpoints, dout, dfinal_state, lanes=1):
 
 
 def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
-                      ck_pitch=None):
+                      ck_pitch=None, restart=None):
     """The kernels of :func:`selective_scan_backward` (arguments checked, outputs allocated;
     ``accumulate``: the ring backward adds du, ddelta and dz into those outputs; ``ck_pitch``:
     the ring backward's checkpoints are ``ck_pitch`` floats apart per channel, from
-    ``checkpoints``' first, instead of ``N``: a slice of a larger problem's)."""
+    ``checkpoints``' first, instead of ``N``: a slice of a larger problem's; ``restart``:
+    packed sequences' restart flags, :func:`_restart_flags`)."""
     cp = p.xp
     io, bc = _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype)  # (checked by the caller)
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
@@ -1364,9 +1451,12 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
     gb, gc = p.groups(p.B), p.groups(p.C)
     plan = _plan(p, "bwd_ring") if TUNING["bwd_ring"] else None
     if plan is None or not _aligned16(p.u, p.delta, p.z, dout, p.B, p.C, du, ddelta, dz):
-        if accumulate:
-            raise AssertionError("the ring backward must run where its slices add up")
+        if accumulate or restart is not None:
+            raise AssertionError("the ring backward must run where its slices add up or "
+                                 "packed sequences restart")
         plan = _plan(p, "bwd")
+    if restart is not None and not _sums_in_ring(plan):
+        raise AssertionError("packed sequences restart in the ring summaries only")
     ring = plan.get("ring", False)
     ch = plan["ch"]
     ntile = dim // ch
@@ -1404,7 +1494,8 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
             key = KernelKey("bwd_sum_ring", io, bc, sr["npt"], sr["nsplit"], True, True)
             args = (dout, p.delta, _ptr(p.z), p.A, _NULL, p.C, _NULL, _ptr(p.delta_bias), _NULL, _NULL, _NULL,
                     _NULL, local, sumdt) + _shape_args(p, splan, chunk=sr["seg_len"]) + (
-                    np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=split)
+                    np.int32(flags & (_HAS_Z | _HAS_BIAS | _SOFTPLUS)),) + _seg_args(splan, seg0=split) + (
+                    _ptr(restart),)
             _launch(key, splan, args)
             cplan = dict(splan, nseg=nseg * split - split + 1)
             seeds = _carry(p, cplan, dfinal_state, local[split - 1:], sumdt[split - 1:], reverse=True)
@@ -1422,7 +1513,7 @@ def _backward_kernels(p, checkpoints, dout, dfinal_state, du, ddelta, dz, accumu
             dA_part, dB_part, dC_part, dD_part, dbias_part, _ptr(dh0), scratch,
             ) + _shape_args(p, plan) + (np.int32(flags), _ptr(seeds)) + _seg_args(plan)
     if ring:
-        args += (np.int32(ck_pitch or N),)
+        args += (np.int32(ck_pitch or N), _ptr(restart))
     _launch(key, plan, args)
 
     return {

@@ -32,17 +32,18 @@ SHAPE = ["int", "int", "int", "ssm_i64", "int", "int", "ssm_i64", "int", "int", 
 SEG = ["ssm_i64", "int", "int"]
 BWD_T = "const IO*,const IO*,const IO*,const IO*,const CT*,const BC*,const BC*,const CT*,const CT*,const CT*,const CT*,IO*,IO*,IO*,CT*,CT*,CT*,CT*,CT*,CT*,CT*".split(',')
 BSUM_T = "const IO*,const IO*,const IO*,const CT*,const BC*,const CT*,CT*,CT*".split(',')
+RESTART = ["const unsigned char*"]  # packed sequences' restart flags
 SIGS = {
-    "fwd": FWD_T + SHAPE + SEG,
-    "fwd_sum": FWD_T + SHAPE + SEG,
-    "fwd_direct": FWD_T + SHAPE + SEG,
-    "fwd_sum_direct": FWD_T + SHAPE + SEG,
-    "fwd_ring": FWD_T + SHAPE + SEG,
-    "fwd_ring_wide": FWD_T + SHAPE + SEG,
-    "fwd_sum_ring": FWD_T + SHAPE + SEG,
-    "bwd_sum_ring": FWD_T + SHAPE + SEG,
+    "fwd": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_sum": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_direct": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_sum_direct": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_ring": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_ring_wide": FWD_T + SHAPE + SEG + RESTART,
+    "fwd_sum_ring": FWD_T + SHAPE + SEG + RESTART,
+    "bwd_sum_ring": FWD_T + SHAPE + SEG + RESTART,
     "bwd": BWD_T + SHAPE + ["const CT*"] + SEG,
-    "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG + ["int"],
+    "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG + ["int"] + RESTART,
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
     "tile_sum": ["const CT*", "CT*", "int", "int", "ssm_i64"],

@@ -1,8 +1,11 @@
-"""Packed sequences as the GPU runs them (padded rows, ssmkit._selective_scan_packed) through
+"""Packed sequences as the GPU runs them (ssmkit._selective_scan_packed) through
 ssmkit._gpu.selective_scan's host code with its kernels emulated (run.py): the forward (with
 and without checkpoints) and every gradient against the float64 reference with seq_idx or
-cu_seqlens. The row copies are the CPU's twin of cuda_src/packed_rows.cu (the two are checked
-against each other in tests/test_emulation.py).
+cu_seqlens, each case two ways: as padded rows, and in place (the ring kernels restarting
+the state; only the rows' final states asked for, and cotangents given for those alone),
+where the GPU module's restarts_in_place allows (the line says which ran). The row copies
+are the CPU's twin of cuda_src/packed_rows.cu (the two are checked against each other in
+tests/test_emulation.py).
 
     python3 tests/emulation/selective_scan/packed.py        (ASAN=0: without AddressSanitizer)
 """
@@ -22,10 +25,14 @@ packed._copies = lambda xp: cpu_copies  # (the emulation's arrays are NumPy's)
 FIELDS = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias", "initial_state")
 
 
-def check(p, seqs, rng, tol, label):
+_in_place = ss.restarts_in_place
+
+
+def check(p, seqs, rng, tol, label, in_place):
     """Forward and gradients of ``p`` packed as ``seqs`` (("seq_idx", labels) or
-    ("cu_seqlens", offsets)) against the reference; prints one line, returns True if within
-    ``tol`` (largest error over the largest reference entry, per array)."""
+    ("cu_seqlens", offsets)) against the reference, padded or ``in_place`` (where allowed);
+    prints one line, returns True if within ``tol`` (largest error over the largest
+    reference entry, per array)."""
     name, value = seqs
     batch, L = p.batch, p.L
     if name == "cu_seqlens":
@@ -33,16 +40,27 @@ def check(p, seqs, rng, tol, label):
     else:
         labels, cu = value, None
     plan = packed.plan(labels, cu, batch, L, p.initial_state is not None, align=8)
-    y0, fin0, _ = packed.forward(p, plan, ss, save_checkpoints=False)
-    y, fin, saved = packed.forward(p, plan, ss, save_checkpoints=True)
+    ss.restarts_in_place = _in_place if in_place else (lambda *a, **k: False)
+    final_states = not in_place  # (in place: the rows' final states only)
+    y0, fin0, saved0 = packed.forward(p, plan, ss, save_checkpoints=False,
+                                      final_states=final_states)
+    y, fin, saved = packed.forward(p, plan, ss, save_checkpoints=True, final_states=final_states)
     (yr, finr), pull = ref.selective_scan_vjp(
         f64(p.u), f64(p.delta), f64(p.A), f64(p.B), f64(p.C), f64(p.D), f64(p.z),
         f64(p.delta_bias), p.delta_softplus, initial_state=f64(p.initial_state),
         return_final_state=True, **{name: value})
     dy = rng.standard_normal(p.u.shape).astype(p.u.dtype)
     dfin = rng.standard_normal(fin.shape).astype(p.compute_dtype)
+    rows = np.zeros(fin.shape[0], bool)  # the slots compared
+    rows[packed.row_final_slots(plan)[0]] = True
+    rows[[s for s, _ in plan.passthrough]] = True
+    if not final_states:
+        dfin[~rows] = 0
+        fin[~rows], fin0[~rows] = 0, 0
     g = packed.backward(p, plan, ss, saved, dy, dfin)
     gr = pull(f64(dy), f64(dfin))
+    if not final_states:
+        finr = np.where(rows[:, None, None], finr, 0)
     errs = {}
 
     def err(key, a, b):
@@ -57,8 +75,11 @@ def check(p, seqs, rng, tol, label):
         if getattr(gr, key) is not None:
             err("d" + key, g[key], getattr(gr, key))
     bad = {k: v for k, v in errs.items() if not v <= tol}
-    calls = len(plan.groups or [None])
-    print(f"{'OK ' if not bad else 'BAD'} {label} ({calls} calls) max={max(errs.values()):.2e}"
+    how = ("in place" if saved0.in_place and saved.in_place else
+           "in place: the forward alone; padded for the VJP" if saved0.in_place else
+           f"padded, {len(plan.groups or [None])} calls"
+           + (" (in place refused)" if in_place else ""))
+    print(f"{'OK ' if not bad else 'BAD'} {label} ({how}) max={max(errs.values()):.2e}"
           + (f" bad={bad}" if bad else ""), flush=True)
     return not bad
 
@@ -77,6 +98,12 @@ def cases():
          ("seq_idx", labels), 1e-4),
         ("f32 N16 seq_idx, B const", dict(batch=2, dim=32, L=80, N=16, gb=0, chunk=32),
          ("seq_idx", labels), 1e-4),
+        ("f32 N16 seq_idx, no softplus",
+         dict(batch=2, dim=32, L=80, N=16, softplus=False, chunk=16), ("seq_idx", labels), 1e-4),
+        ("bf16 N32 seq_idx, no bias",
+         dict(batch=2, dim=16, L=80, N=32, io="bfloat16", bias=False, chunk=32),
+         ("seq_idx", labels), 3e-2),
+        ("f32 N64 seq_idx", dict(batch=2, dim=16, L=80, N=64, chunk=32), ("seq_idx", labels), 1e-4),
     ]
 
 
@@ -89,8 +116,10 @@ def random_cases(n, seed=1):
         cu_mode = bool(rng.integers(2))
         batch = 1 if cu_mode else int(rng.integers(1, 3))
         L = int(rng.integers(1, 200))
+        if rng.integers(2):  # a multiple of 8: the ring kernels' (in place where they run)
+            L = -(-L // 8) * 8
         N = int(rng.choice([1, 4, 16, 32]))
-        args = dict(batch=batch, dim=int(rng.choice([8, 32])), L=L, N=N, io=io,
+        args = dict(batch=batch, dim=int(rng.choice([8, 32, 64])), L=L, N=N, io=io,
                     gb=int(rng.choice([0, 1, 2])), gc=int(rng.choice([0, 1, 2])),
                     D=bool(rng.integers(2)), z=bool(rng.integers(2)),
                     bias=bool(rng.integers(2)), softplus=bool(rng.integers(2)),
@@ -111,7 +140,8 @@ def main(which=None, n_random=0):
     ok = True
     for label, args, seqs, tol in list(cases()) + list(random_cases(n_random)):
         if which is None or label in which or label.startswith("random"):
-            ok &= check(make(rng, **args), seqs, rng, tol, label)
+            for in_place in (False, True):
+                ok &= check(make(rng, **args), seqs, rng, tol, label, in_place)
     return ok
 
 
