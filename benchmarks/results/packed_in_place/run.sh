@@ -3,7 +3,7 @@
 #   1. the packed, selective-scan and layer GPU tests (test_restarts_in_place_on_gpu among them);
 #   2. bench_packed.py --gpu: one row, packed in place, padded rows and a loop of calls;
 #   3. the plain path (no sequences) against the tree before (before.patch undoes the change
-#      in selective_scan.cu and the GPU module): the N 16 rows, two alternating rounds.
+#      in selective_scan.cu and the GPU module): bench rows 0-3 in each tree, twice.
 #   benchmarks/results/packed_in_place/run.sh OUT_DIR
 set -u
 O=${1:?usage: run.sh OUT_DIR}; mkdir -p "$O"; O=$(cd "$O" && pwd)
@@ -16,6 +16,12 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu -n 12 tests/tes
 tail -n 3 "$O/pytest_gpu.log"; [ -n "${SNAP:-}" ] && $SNAP
 timeout 130 python3 benchmarks/bench_packed.py --gpu --out "$O" > "$O/bench_packed.log" 2>&1
 tail -n 9 "$O/bench_packed.log"; [ -n "${SNAP:-}" ] && $SNAP
-timeout 240 benchmarks/ab_patch.sh selective_scan benchmarks/results/packed_in_place/before.patch "$O/ab" \
-    "0 1 2 3" > "$O/ab.log" 2>&1
-grep -A4 "^== tree" "$O/ab/ab.log" | grep "^|\|^==" | head -24
+# the plain path, this tree (a) against the one before (b): bench rows 0-3, alternating
+benchmarks/patched_tree.sh /tmp/tree_before benchmarks/results/packed_in_place/before.patch
+for t in a b b a; do
+  d=$PWD; [ $t = b ] && d=/tmp/tree_before
+  echo "== tree $t" >> "$O/ab.log"
+  (cd "$d" && PYTHONPATH="$d:${PYTHONPATH#*:}" timeout 100 python3 benchmarks/tune_selective_scan.py '{}' \
+      --rows 0 1 2 3 2>&1 | grep '^|' | grep -v -- '---' | grep -v '^| row') >> "$O/ab.log"
+done
+cat "$O/ab.log"
