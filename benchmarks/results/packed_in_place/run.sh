@@ -16,6 +16,7 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu -n 12 tests/tes
 tail -n 3 "$O/pytest_gpu.log"; [ -n "${SNAP:-}" ] && $SNAP
 timeout 130 python3 benchmarks/bench_packed.py --gpu --out "$O" > "$O/bench_packed.log" 2>&1
 tail -n 9 "$O/bench_packed.log"; [ -n "${SNAP:-}" ] && $SNAP
+[ "${AB:-1}" = 0 ] && exit 0  # (AB=0: steps 1 and 2 only)
 # the plain path, this tree (a) against the one before (b): bench rows 0-3, alternating
 benchmarks/patched_tree.sh /tmp/tree_before benchmarks/results/packed_in_place/before.patch
 for t in a b b a; do
