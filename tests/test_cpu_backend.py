@@ -485,7 +485,8 @@ def test_backward_by_state_slices_adds_up(N, D, z, h0, dfinal, L, chunk, narrow,
     writes = []  # per slice: (whether it adds, its du buffer)
 
     def slice_backward(sp, checkpoints, dout, dfinal_state, du, ddelta, dz, accumulate=False,
-                       ck_pitch=None):
+                       ck_pitch=None, restart=None):
+        assert restart is None  # (no packed sequences here)
         writes.append((accumulate, id(du)))
         assert sp.N <= width and checkpoints.shape[-1] == sp.N and ck_pitch == p.N
         assert sp.io_dtype == dout.dtype == du.dtype == (np.float32 if narrow else p.io_dtype)
