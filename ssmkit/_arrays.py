@@ -165,7 +165,7 @@ def compute_dtype_for(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
+def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int, on_device=True):
     """Check ``seq_idx`` / ``cu_seqlens`` (packed sequences).
 
     Parameters
@@ -174,10 +174,13 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
         Non-decreasing along L in every row; the state restarts where it changes.
     cu_seqlens : array (num_sequences + 1,) of ints, or None
         Sequence boundaries in one row (batch 1): starts at 0, non-decreasing, ends at L.
+    on_device : bool
+        False: return ``seq`` on the host (a NumPy array) for a caller that plans there,
+        sparing a copy to the device and back.
 
     Returns
     -------
-    seq : array (batch, L) of ints on ``xp``, or None
+    seq : array (batch, L) of ints on ``xp`` (the host with ``on_device=False``), or None
         ``seq_idx``, or with ``cu_seqlens`` the sequence of each step (int32).
     cu : numpy.ndarray (num_sequences + 1,) int64, or None
         ``cu_seqlens`` on the host.
@@ -191,7 +194,9 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
     seq = seq_idx
     if seq is not None:
         check_shape(fn, "seq_idx", seq, (batch, L), "(batch, L)")
-        if L > 1 and bool(xp.any(seq[:, 1:] < seq[:, :-1])):
+        if not on_device:
+            seq = host(seq)
+        if L > 1 and bool((xp if on_device else np).any(seq[:, 1:] < seq[:, :-1])):
             raise ValueError(f"{fn}: seq_idx must be non-decreasing along L in every row")
     cu = None
     if cu_seqlens is not None:
@@ -208,5 +213,7 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int):
                                                   np.diff(from_cu, axis=1) != 0):
             raise ValueError(f"{fn}: seq_idx must change exactly where the sequences of "
                              f"cu_seqlens begin")
-        seq = xp.asarray(from_cu.astype(np.int32))
+        seq = from_cu.astype(np.int32)
+        if on_device:
+            seq = xp.asarray(seq)
     return seq, cu

@@ -151,8 +151,8 @@ def _prepare(fn, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
         chunk_size=int(chunk_size) if chunk_size is not None else DEFAULT_CHUNK_SIZE, xp=xp)
     packing = None
     if seq_idx is not None or cu_seqlens is not None:
-        seq, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L)
-        labels = np.asarray(seq if xp is np else xp.asnumpy(seq))
+        labels, cu = _arrays.packed_sequences(fn, xp, seq_idx, cu_seqlens, batch, L,
+                                              on_device=False)
         packing = _packed.plan(labels, cu, batch, L, arr["initial_state"] is not None,
                                align=1 if xp is np else 8)
     return problem, arr, packing

@@ -131,7 +131,7 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
     else:
         slot = np.flatnonzero(cu[1:] > cu[:-1])
         n_slots = cu.size - 1
-        passthrough = [(i, 0) for i in range(n_slots) if cu[i] == cu[i + 1] == 0]
+        passthrough = [(int(i), 0) for i in np.flatnonzero((cu[:-1] == 0) & (cu[1:] == 0))]
     segments = (np.searchsorted(rows, np.arange(batch + 1)), end, slot)
     if np.all(end - begin == L):
         row_slot = np.full(batch, -1, np.int64)
