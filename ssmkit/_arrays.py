@@ -208,7 +208,7 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int, on_de
         if cu.size < 2 or cu[0] != 0 or cu[-1] != L or np.any(np.diff(cu) < 0):
             raise ValueError(f"{fn}: cu_seqlens must have at least 2 entries, start at 0, be "
                              f"non-decreasing and end at L = {L}; got {cu.tolist()}")
-        from_cu = np.searchsorted(cu[1:], np.arange(L), side="right")[None]
+        from_cu = np.repeat(np.arange(cu.size - 1), np.diff(cu))[None]  # each step's sequence
         if seq is not None and not np.array_equal(np.diff(host(seq), axis=1) != 0,
                                                   np.diff(from_cu, axis=1) != 0):
             raise ValueError(f"{fn}: seq_idx must change exactly where the sequences of "

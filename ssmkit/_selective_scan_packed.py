@@ -27,6 +27,7 @@ Rows without restarts run as they are, in one call without copies.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -67,16 +68,25 @@ class Group:
 
 @dataclasses.dataclass
 class Packing:
-    """How the sequences of one call run: ``groups``, or None when no row restarts (then
-    ``row_slot[b]`` is the final-state slot of row b, -1 for none); ``n_slots`` final
-    states, ``passthrough`` (slot, row) pairs of sequences without steps, whose final state
-    is the row's initial state."""
+    """How the sequences of one call run. ``restarts``: some row restarts (else
+    ``row_slot[b]`` is the final-state slot of row b, -1 for none); ``groups``: the padded
+    rows' calls, None without restarts (built at first use: the in-place path needs none);
+    ``n_slots`` final states, ``passthrough`` (slot, row) pairs of sequences without steps,
+    whose final state is the row's initial state."""
 
-    groups: list | None
     row_slot: np.ndarray
     n_slots: int
     passthrough: list
     segments: tuple = ()  # (ptr (batch + 1), end, slot): each row's sequences, row-major
+    padding: tuple | None = None  # (rows, begin, n, init, slot, align): what groups come from
+
+    @property
+    def restarts(self) -> bool:
+        return self.padding is not None
+
+    @functools.cached_property
+    def groups(self) -> list | None:
+        return None if self.padding is None else _groups(*self.padding)
 
 
 @dataclasses.dataclass
@@ -117,7 +127,7 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
         n_slots = batch if cu is None else cu.size - 1
         passthrough = [(b, b) for b in range(batch)] if cu is None else \
             [(i, 0) for i in range(n_slots)]
-        return Packing(None, np.full(batch, -1, np.int64), n_slots, passthrough)
+        return Packing(np.full(batch, -1, np.int64), n_slots, passthrough)
     # segments: runs of equal labels, row-major
     starts = np.ones((batch, L), bool)
     starts[:, 1:] = labels[:, 1:] != labels[:, :-1]
@@ -136,10 +146,13 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
     if np.all(end - begin == L):
         row_slot = np.full(batch, -1, np.int64)
         row_slot[rows] = slot
-        return Packing(None, row_slot, n_slots, passthrough, segments)
+        return Packing(row_slot, n_slots, passthrough, segments)
+    padding = (rows, begin, end - begin, has_initial_state & (begin == 0), slot, align)
+    return Packing(np.zeros(0, np.int64), n_slots, passthrough, segments, padding)
 
-    init = has_initial_state & (begin == 0)
-    n = end - begin
+
+def _groups(rows, begin, n, init, slot, align) -> list:
+    """The padded rows' calls for segments ``begin`` .. ``begin + n`` of ``rows``."""
     exact = init & (slot >= 0)  # from the initial state, and reporting its final state
     groups = [_group(rows, begin, n, init, slot, np.flatnonzero(exact & (n == m)), m)
               for m in np.unique(n[exact])]
@@ -151,7 +164,7 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
         length = -(-int(longest) // align) * align
         groups.append(_group(rows, begin, n, init, slot, order[:k], length))
         order = order[k:]
-    return Packing(groups, np.zeros(0, np.int64), n_slots, passthrough, segments)
+    return groups
 
 
 def _group(rows, begin, n, init, slot, pick, length) -> Group:
@@ -231,7 +244,7 @@ def _in_place(p, packing, backend, *, backward, final_states) -> bool:
     ``restarts_in_place``), so that packed sequences run where they are, without padded
     rows; ``backward``: its backward too; ``final_states``: every sequence's final state."""
     test = getattr(backend, "restarts_in_place", None)
-    return (packing.groups is not None and test is not None
+    return (packing.restarts and test is not None
             and test(p, packing, backward=backward, final_states=final_states))
 
 
@@ -251,7 +264,7 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
     final, saved)``: y (batch, dim, L) in ``p.io_dtype``, final (n_slots, dim, N) in
     ``p.compute_dtype``, saved (:class:`Saved`) what :func:`backward` needs."""
     xp = p.xp
-    if p.batch * p.dim * p.L and packing.groups is not None:
+    if p.batch * p.dim * p.L and packing.restarts:
         whole = p if pick is None else dataclasses.replace(p, chunk_size=pick(p))
         if _in_place(whole, packing, backend, backward=save_checkpoints,
                      final_states=final_states):
@@ -261,11 +274,11 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
     final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
     if p.batch * p.dim * p.L == 0:
         return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, Saved([])
-    if packing.groups is None:
+    if not packing.restarts:
         calls = [(p, None)]
     else:
         calls = [(_problem(p, g), g) for g in packing.groups]
-    y = xp.empty((p.batch, p.dim, p.L), p.io_dtype) if packing.groups is not None else None
+    y = xp.empty((p.batch, p.dim, p.L), p.io_dtype) if packing.restarts else None
     saved = []
     for pg, g in calls:
         if pick is not None:
