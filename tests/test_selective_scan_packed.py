@@ -294,7 +294,8 @@ def test_restarts_in_place_on_gpu(dtype, N, form, chunk):
     (checked: the in-place test answers True for both calls), against the reference: the
     forward, the rows' final states and every gradient. cu_seqlens without final states
     (with them each sequence's would be needed: padded rows). N 16 at L 16384: time split
-    in segments (forward and backward); N 64: the backward by slices of 32 states."""
+    in segments (forward and backward); N 64: the backward by slices of 32 states (allowed
+    on a small grid here, so that the float64 reference stays quick)."""
     pytest.importorskip("ml_dtypes")
     from ssmkit._gpu import selective_scan as gpu
 
@@ -306,7 +307,7 @@ def test_restarts_in_place_on_gpu(dtype, N, form, chunk):
 
     test = gpu.restarts_in_place
     batch = 1 if form == "cu_seqlens" else 2
-    dim, L = (64, 16384) if N == 16 else (3072 // batch, 2048)
+    dim, L = (64, 16384) if N == 16 else (64, 2048)
     rng = np.random.default_rng(N + len(form))
     case = dict(batch=batch, dim=dim, L=L, N=N, b_form="step", c_form="step", with_init=True,
                 softplus=True)
@@ -319,6 +320,7 @@ def test_restarts_in_place_on_gpu(dtype, N, form, chunk):
     kw = dict(delta_softplus=True, return_final_state=final)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu, "restarts_in_place", spy)
+        mp.setitem(gpu.TUNING, "bwd_state_slices_min_warps", 0)
         out, pullback = ssmkit.selective_scan_vjp(**inputs, **kw, chunk_size=chunk,
                                                   **{form: xp_for("gpu").asarray(value)})
         dy64 = rng.standard_normal((batch, dim, L))

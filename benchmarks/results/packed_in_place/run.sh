@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$O/nvidia_smi.txt" 2>&1; cat "$O/nvidia_smi.txt"
 git log -1 --format='commit %h %cd' > "$O/commit.txt" 2>/dev/null
-timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu -n 12 tests/test_selective_scan_packed.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu -n 12 tests/test_selective_scan_packed.py \
     tests/test_selective_scan.py tests/test_layers.py > "$O/pytest_gpu.log" 2>&1
 tail -n 3 "$O/pytest_gpu.log"; [ -n "${SNAP:-}" ] && $SNAP
 timeout 130 python3 benchmarks/bench_packed.py --gpu --out "$O" > "$O/bench_packed.log" 2>&1
