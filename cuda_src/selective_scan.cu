@@ -1534,6 +1534,52 @@ __global__ void SSM_RING_SUM_BOUNDS ssm_scan_bwd_sum_ring(SSM_FWD_PARAMS) {
     ssm_fwd_ring_body<IO, BC, NPT, NSPLIT, SSM_RING_BSUM>(SSM_FWD_ARGS);
 }
 
+// Packed sequences restarting in place in the ring kernels report their rows' final states;
+// the other sequences' come from here. Sequence j (batch row rows[j], steps first[j] ..
+// last[j]) ends in the state after step last[j], recomputed from the checkpoint entering the
+// chunk that holds that step (from zero at the sequence's first step where that is later;
+// at step 0, the checkpoint: the initial state), one thread per (sequence, channel, state):
+// at most a chunk of steps each, no more exponentials than one summary pass. The state goes
+// to out[slot[j], d, n]. ckpt: (n_chunks, batch, dim, N) as the forward wrote it; B per step
+// (batch, GB, N, L).
+template <typename IO, typename BC>
+__global__ void __launch_bounds__(256)
+ssm_sequence_states(const IO* __restrict__ u, const IO* __restrict__ delta, const float* __restrict__ A,
+                    const BC* __restrict__ B, const float* __restrict__ dbias,
+                    const float* __restrict__ ckpt, const ssm_i64* __restrict__ rows,
+                    const ssm_i64* __restrict__ first, const ssm_i64* __restrict__ last,
+                    const ssm_i64* __restrict__ slot, float* __restrict__ out, int nseq, int batch,
+                    int dim, int N, ssm_i64 L, int GB, ssm_i64 chunk, int flags) {
+    typedef ssm_math<float> M;
+    const bool softplus = flags & SSM_SOFTPLUS;
+    const ssm_i64 total = (ssm_i64)nseq * dim * N;
+    for (ssm_i64 i = (ssm_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (ssm_i64)gridDim.x * blockDim.x) {
+        const int n = (int)(i % N);
+        const ssm_i64 jd = i / N;
+        const int d = (int)(jd % dim);
+        const ssm_i64 j = jd / dim;
+        const ssm_i64 b = rows[j], s = first[j], e = last[j];
+        const ssm_i64 c0 = (e / chunk) * chunk;  // the chunk holding the last step
+        ssm_i64 t = s;
+        float h = 0.0f;  // (a restart: zero before step s)
+        if (c0 > s || s == 0) {
+            t = c0;
+            h = ckpt[(((c0 / chunk) * batch + b) * dim + d) * N + n];
+        }
+        const float a2 = A[(ssm_i64)d * N + n] * M::kLog2e;
+        const float bias = (flags & SSM_HAS_BIAS) ? dbias[d] : 0.0f;
+        const ssm_i64 row = ((ssm_i64)b * dim + d) * L;
+        const BC* const Bn = B + (((ssm_i64)b * GB + d / (dim / GB)) * N + n) * L;
+        for (; t <= e; ++t) {
+            float dt = ssm_load(delta[row + t]) + bias;
+            if (softplus) dt = M::softplus_fast(dt);
+            h = M::decay(dt * a2) * h + ssm_load(Bn[t]) * (dt * ssm_load(u[row + t]));
+        }
+        out[(slot[j] * dim + d) * N + n] = h;
+    }
+}
+
 // Carry across segments, one thread per (b, d, n), sequential over segments:
 // seeds[first] = init (or 0); seeds[next] = exp(A sumdt[s]) seeds[s] + local[s].
 // Forward (reverse == 0): first = 0, next = s + 1; backward: first = nseg - 1,

@@ -269,10 +269,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     scanning each sequence alone. On the CPU the kernels restart the state in
     place. On the GPU they do too where its ring kernels run the call (float32
     or 16-bit u, B and C per step, N <= 128, L a multiple of 4 or 8 steps, A <=
-    -2^-120) and no final state but the rows' is asked for (with
-    ``cu_seqlens``: ``return_final_state=False``); elsewhere the sequences run
-    as padded rows of ordinary scans, sequences of similar length in one call
-    (padding at most doubles the work; rows without restarts run as they are).
+    -2^-120); with ``cu_seqlens`` and ``return_final_state`` the states of
+    sequences that end inside the row are then recomputed from checkpoints, at
+    most a chunk of steps each. Elsewhere the sequences run as padded rows of
+    ordinary scans, sequences of similar length in one call (padding at most
+    doubles the work; rows without restarts run as they are).
 
     Arithmetic is float32 for 16- and 32-bit inputs, float64 for float64. On
     the CPU, float16 and bfloat16 inputs are computed in float32 and the result
@@ -397,9 +398,11 @@ def selective_scan_vjp(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     also holds the padded rows' copies of the per-step inputs (at most twice their
     steps) and each call's checkpoints; where they restart in place, the backward too
     needs the ring kernels (N <= 32 in one pass, or slices of 32 states where the grid
-    is large enough). A cotangent for the final state of a sequence that ends inside
-    its row (``cu_seqlens``), given to a pullback whose forward ran in place, sends the
-    backward through the padded rows, their states recomputed.
+    is large enough), and takes cotangents of the rows' final states only: with
+    ``cu_seqlens`` and ``return_final_state`` the VJP runs padded rows. A cotangent for
+    the final state of a sequence that ends inside its row, given to a pullback whose
+    forward ran in place, sends the backward through the padded rows, their states
+    recomputed.
     """
     p, user, packing = _prepare("selective_scan_vjp", u, delta, A, B, C, D, z, delta_bias,
                                 delta_softplus, initial_state, chunk_size, seq_idx, cu_seqlens)

@@ -269,7 +269,8 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
         if _in_place(whole, packing, backend, backward=save_checkpoints,
                      final_states=final_states):
             y, final, ck = backend.selective_scan_forward(
-                whole, save_checkpoints=save_checkpoints, sequences=packing, **extra)
+                whole, save_checkpoints=save_checkpoints, sequences=packing,
+                final_states=final_states, **extra)
             return y, _passthrough(final, whole, packing), Saved([(whole, ck)], in_place=True)
     final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
     if p.batch * p.dim * p.L == 0:

@@ -48,8 +48,8 @@ def test_kernel_keys_cover_every_template_value():
     # every state size the planner accepts maps to a listed (NPT, NSPLIT)
     for ct, top in ss.MAX_N.items():
         io = "float64" if ct == "float64" else "float32"
-        splits = {(k.npt, k.nsplit) for k in full if k.io == io and k.kind not in ("carry", "tile_sum")
-                  and k.kind not in ss._RING_KINDS}
+        splits = {(k.npt, k.nsplit) for k in full if k.io == io
+                  and k.kind not in ("carry", "tile_sum", "seq_states") and k.kind not in ss._RING_KINDS}
         assert {ss.state_split(n, ct) for n in range(top + 1)} == splits
     # ... and of the ring kernels: the forward's up to N = 128, the backward's up to 32
     # (TUNING["bwd_ring_max_n"]); the ring forward and its summary also at 8 states per lane

@@ -138,15 +138,17 @@ def test_packed_sequences_as_the_gpu_runs_them_in_emulation():
     in the ring kernels) through the GPU module's host code and its emulated kernels, float32
     and bfloat16, against the reference (tests/emulation/selective_scan/packed.py: forward
     and every gradient; one SM, so that the small cases' grids take the ring backward and
-    its slices, and in place runs both ways in five cases)."""
+    its slices, and in place runs both ways in five cases; with every sequence's final
+    state, the forward in place and ssm_sequence_states in the two cu_seqlens cases)."""
     pytest.importorskip("ml_dtypes")
     script = os.path.join(HERE, "emulation", "selective_scan", "packed.py")
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=900,
                          env=dict(os.environ, ASAN="0", SM="1"))
     out = run.stdout
-    assert run.returncode == 0 and "BAD" not in out and out.count("OK ") == 14, \
+    assert run.returncode == 0 and "BAD" not in out and out.count("OK ") == 16, \
         out[-3000:] + run.stderr[-3000:]
-    assert out.count("(in place)") == 5 and out.count("(padded, 3 calls)") == 7, out
+    assert (out.count("(in place: in place)") == 5 and out.count("(padded, 3 calls)") == 7
+            and out.count("(in place, all final states: in place: the forward alone") == 2), out
 
 
 _PACKED_ROWS_HOST = r'''

@@ -339,6 +339,44 @@ def test_restarts_in_place_on_gpu(dtype, N, form, chunk):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_every_sequences_final_state_in_place_on_gpu(dtype, chunk):
+    """cu_seqlens with every sequence's final state: the forward restarts in place (checked)
+    and the states of sequences that end inside the row come from the checkpoints
+    (ssm_sequence_states), against the reference; sequences of 1 step, at chunk ends and
+    across them, and an empty one."""
+    pytest.importorskip("ml_dtypes")
+    from ssmkit._gpu import selective_scan as gpu
+
+    answers = []
+    test = gpu.restarts_in_place
+
+    def spy(*args, **kwargs):
+        answers.append(test(*args, **kwargs))
+        return answers[-1]
+
+    L = 4096
+    rng = np.random.default_rng(5)
+    case = dict(batch=1, dim=64, L=L, N=16, b_form="step", c_form="step", with_init=True,
+                softplus=True)
+    inputs, exact = cast_inputs(random_scan_inputs(rng, **case), dtype, xp_for("gpu"))
+    cu = np.unique(np.concatenate(([0, 1, 16, 17, 32, 33, 33, 1000], rng.integers(0, L, 30),
+                                   [L])))
+    cu = np.insert(cu, 5, cu[5])  # an empty sequence
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu, "restarts_in_place", spy)
+        y, final = ssmkit.selective_scan(**inputs, delta_softplus=True, return_final_state=True,
+                                         chunk_size=chunk, cu_seqlens=xp_for("gpu").asarray(cu))
+    assert answers == [True], answers
+    y_ref, final_ref = reference.selective_scan(**exact, delta_softplus=True,
+                                                return_final_state=True, cu_seqlens=cu)
+    assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
+    assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_packed_half_precision_on_gpu(dtype):
     """16-bit packed calls through the GPU's fastest kernels (N 16, lengths past a tile)."""

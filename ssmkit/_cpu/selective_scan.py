@@ -998,7 +998,7 @@ def _backward_chunk(p, lanes):
     return max(1, min(chunk, _RUN_BYTES // per_step))
 
 
-def selective_scan_forward(p, *, save_checkpoints, sequences=None):
+def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=True):
     """Run the selective scan of a NumPy problem.
 
     Parameters
@@ -1011,6 +1011,9 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
         Packed sequences (:mod:`ssmkit._selective_scan_packed`), run in place: the state
         restarts from zero after each, and the final states are its slots (those without
         steps left zero).
+    final_states : bool
+        Accepted for the backends' common signature: every sequence's final state is
+        computed here anyway.
 
     Returns
     -------

@@ -276,7 +276,9 @@ same case), "bwd_sum_ring" (its summary pass, staged as the ring forward:
 ``TUNING["bwd_sum_ring"]``), or
 "carry" (the segment carry) or "tile_sum" (the backward's sum of per-step
 dB/dC partials), both templated on the compute type only (io = bc = the
-compute dtype, npt = nsplit = 0, b/c_per_step False); io, bc : numpy
+compute dtype, npt = nsplit = 0, b/c_per_step False), or "seq_states" (packed
+sequences' final states after an in-place forward; float compute, per-step B, npt = nsplit
+= 0, b/c_per_step True); io, bc : numpy
 dtype names of u/delta/z and of B/C; npt, nsplit : states per thread and lanes
 per channel; b_per_step, c_per_step : whether B / C are given per step
 (batch, G, N, L)."""
@@ -284,6 +286,7 @@ per channel; b_per_step, c_per_step : whether B / C are given per step
 _SCAN_KINDS = ("fwd", "fwd_sum", "bwd", "bwd_sum", "fwd_direct", "fwd_sum_direct")
 _RING_KINDS = ("fwd_ring", "fwd_ring_wide", "fwd_sum_ring", "bwd_ring", "bwd_sum_ring")
 _SMALL_KINDS = ("carry", "tile_sum")  # templated on the compute type only
+_SEQ_STATES = "seq_states"  # ssm_sequence_states, templated on u's and B's dtypes
 # Registers per thread of the ring kernels (NVRTC 12 for sm_90: 104-105 at N = 16, 128 at
 # NSPLIT 1), the most over their instantiations; only used to estimate how many blocks share
 # an SM.
@@ -366,6 +369,8 @@ def kernel_keys(full: bool = True) -> list:
                     rsplits |= {ring_split(n, 8) for n in range(9, top)}
                 for npt, nsplit in sorted(rsplits):
                     keys.append(KernelKey(kind, io, bc, npt, nsplit, True, True))
+    keys += [KernelKey(_SEQ_STATES, io, bc, 0, 0, True, True) for io, bc in _dtype_pairs()
+             if _COMPUTE[io] == "float32"]
     if full:
         return keys
     # Representative: per-step B and C for every (kind, dtypes, split) (the wide ring
@@ -383,7 +388,7 @@ def kernel_keys(full: bool = True) -> list:
     ring = lambda k: ((k.npt, k.nsplit) in wide or (k.npt == 4 and k.kind != "fwd_ring_wide")  # noqa: E731
                       or (k.npt == 8 and f32(k)))
     return [k for k in keys
-            if k.kind in _SMALL_KINDS or (ring(k) if k.kind in _RING_KINDS else (
+            if k.kind in _SMALL_KINDS + (_SEQ_STATES,) or (ring(k) if k.kind in _RING_KINDS else (
                 (k.kind.endswith("_direct") and per_step(k) and ((k.npt, k.nsplit) == n16 or f32(k)))
                 or (not k.kind.endswith("_direct") and (per_step(k) or (k.npt, k.nsplit) == n16 or f32(k)))))]
 
@@ -397,6 +402,8 @@ def name_expression(key: KernelKey) -> str:
         return f"ssm_sum_tiles<{_CXX[ct]}>"
     if key.kind in _RING_KINDS:
         return f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {key.npt}, {key.nsplit}>"
+    if key.kind == _SEQ_STATES:
+        return f"ssm_sequence_states<{_CXX[key.io]}, {_CXX[key.bc]}>"
     b = lambda v: "true" if v else "false"  # noqa: E731
     return (f"ssm_scan_{key.kind}<{_CXX[key.io]}, {_CXX[key.bc]}, {_CXX[ct]}, {key.npt}, "
             f"{key.nsplit}, {b(key.b_per_step)}, {b(key.c_per_step)}>")
@@ -1069,13 +1076,15 @@ _RESTART_MAX_A = -(2.0 ** -120)
 def restarts_in_place(p, packing, *, backward, final_states):
     """Whether packed sequences run in place, restarting in the ring kernels (no padded
     rows): where the ring forward (and with ``backward`` the ring backward, in one pass or
-    by slices of states, its segments summarised by the ring kernels) runs ``p``; where no
-    sequence but a row's last needs its final state (``final_states``: every sequence's
-    does); and every A is at most -2^-120 (so a restart's decay is exactly 0). One small
-    device-to-host copy (the A check)."""
+    by slices of states, its segments summarised by the ring kernels) runs ``p``; for a
+    VJP, where no sequence but a row's last needs its final state (``final_states``: every
+    sequence's does; the forward alone computes those after the scan,
+    :func:`_sequence_states`, but the backward takes the rows' cotangents only); and every A
+    is at most -2^-120 (so a restart's decay is exactly 0). One small device-to-host copy
+    (the A check)."""
     from .._selective_scan_packed import row_final_slots
 
-    if final_states and row_final_slots(packing)[1]:
+    if backward and final_states and row_final_slots(packing)[1]:
         return False
     if _ring_forward_plan(p) is None:
         return False
@@ -1115,7 +1124,34 @@ def _slot_states(xp, rows, sequences, n_slots):
     return out
 
 
-def selective_scan_forward(p, *, save_checkpoints, sequences=None):
+def _sequence_states(p, sequences, ckpt, out):
+    """The final states of the packed sequences that end inside their rows, into their slots
+    of ``out`` (n_slots, dim, N), recomputed from the forward's checkpoints ``ckpt``
+    (ssm_sequence_states; the rows' last sequences' slots are the caller's)."""
+    ptr, end, slot = sequences.segments
+    rows = np.repeat(np.arange(p.batch), np.diff(ptr))
+    first = np.zeros_like(end)  # a segment after another of its row starts where it ended
+    later = rows[1:] == rows[:-1]
+    first[1:][later] = end[:-1][later]
+    pick = slot >= 0
+    pick[ptr[1:] - 1] = False
+    nseq = int(pick.sum())
+    if nseq == 0:
+        return
+    cp = p.xp
+    seqs = tuple(cp.asarray(a[pick].astype(np.int64)) for a in (rows, first, end - 1, slot))
+    total = nseq * p.dim * p.N
+    blocks = max(1, min(-(-total // 256), 64 * compiler.device_limits()["sm_count"]))
+    flags = ((_HAS_BIAS if p.delta_bias is not None else 0)
+             | (_SOFTPLUS if p.delta_softplus else 0))
+    key = KernelKey(_SEQ_STATES, _dtype_name(p.io_dtype), _dtype_name(p.bc_dtype), 0, 0, True, True)
+    args = (p.u, p.delta, p.A, p.B, _ptr(p.delta_bias), ckpt) + seqs + (
+        out, np.int32(nseq), np.int32(p.batch), np.int32(p.dim), np.int32(p.N), np.int64(p.L),
+        np.int32(p.groups(p.B)), np.int64(min(p.chunk_size, max(1, p.L))), np.int32(flags))
+    _launch(key, dict(blocks=blocks, threads=256, smem=0), args)
+
+
+def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=True):
     """Forward selective scan on the GPU.
 
     Parameters
@@ -1127,12 +1163,16 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     sequences : Packing, optional
         Packed sequences (:mod:`ssmkit._selective_scan_packed`) to run in place, where
         :func:`restarts_in_place` allows: the state restarts from zero where each starts.
+    final_states : bool
+        With ``sequences``: every sequence's final state (those ending inside their rows
+        recomputed from checkpoints, kept for that when ``save_checkpoints`` is False);
+        False: only the rows' last sequences' (the other slots stay 0).
 
     Returns
     -------
     y : cupy.ndarray, (batch, dim, L), ``p.io_dtype``
     final_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``; with ``sequences``
-        (n_slots, dim, N), each row's last sequence's slot holding the row's final state
+        (n_slots, dim, N), one per sequence slot (see ``final_states``)
     checkpoints : cupy.ndarray, (n_chunks, batch, dim, N), ``p.compute_dtype``, or None
         ``checkpoints[i]`` is the state before step ``i * chunk_size``;
         ``checkpoints[0]`` is the initial state (zeros when none was given).
@@ -1142,9 +1182,12 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
     y = cp.empty((batch, dim, L), dtype=p.io_dtype)
     final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
-    ckpt = (cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype)
-            if save_checkpoints else None)
     restart = _restart_flags(p, sequences)
+    from .._selective_scan_packed import row_final_slots
+
+    inner = sequences is not None and final_states and row_final_slots(sequences)[1]
+    keep = save_checkpoints or inner  # (the inner sequences' states start from checkpoints)
+    ckpt = cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype) if keep else None
     plan = _ring_forward_plan(p)  # (y is new: aligned)
     if plan is None:
         if restart is not None:
@@ -1157,7 +1200,7 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
              | (_HAS_BIAS if p.delta_bias is not None else 0)
              | (_SOFTPLUS if p.delta_softplus else 0)
              | (_HAS_H0 if p.initial_state is not None else 0)
-             | (_SAVE_CKPT if save_checkpoints else 0)
+             | (_SAVE_CKPT if keep else 0)
              | (_CKPT_INSIDE if plan.get("inside") else 0))
     seeds = None
     nseg = plan["nseg"]
@@ -1202,7 +1245,9 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None):
     _launch(key, plan, args)
     if sequences is not None:
         final = _slot_states(cp, final, sequences, sequences.n_slots)
-    return y, final, ckpt
+        if inner:
+            _sequence_states(p, sequences, ckpt, final)
+    return y, final, ckpt if save_checkpoints else None
 
 
 def checkpoint_interval(p):

@@ -46,6 +46,8 @@ SIGS = {
     "bwd_ring": BWD_T + SHAPE + ["const CT*"] + SEG + ["int"] + RESTART,
     "bwd_sum": BSUM_T + SHAPE + SEG,
     "carry": "const CT*,const CT*,const CT*,const CT*,CT*".split(',') + ["int"] * 5,
+    "seq_states": "const IO*,const IO*,const CT*,const BC*,const CT*,const CT*".split(',')
+    + ["const ssm_i64*"] * 4 + ["CT*", "int", "int", "int", "int", "ssm_i64", "int", "ssm_i64", "int"],
     "tile_sum": ["const CT*", "CT*", "int", "int", "ssm_i64"],
 }
 def is_ptr(t): return t.endswith("*")

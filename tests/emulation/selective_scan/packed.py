@@ -3,9 +3,11 @@ ssmkit._gpu.selective_scan's host code with its kernels emulated (run.py): the f
 and without checkpoints) and every gradient against the float64 reference with seq_idx or
 cu_seqlens, each case two ways: as padded rows, and in place (the ring kernels restarting
 the state; only the rows' final states asked for, and cotangents given for those alone),
-where the GPU module's restarts_in_place allows (the line says which ran). The row copies
-are the CPU's twin of cuda_src/packed_rows.cu (the two are checked against each other in
-tests/test_emulation.py).
+where the GPU module's restarts_in_place allows (the line says which ran); cu_seqlens cases
+a third way, in place with every sequence's final state (the forward in place, those of
+sequences ending inside the row from ssm_sequence_states; the VJP then as padded rows).
+The row copies are the CPU's twin of cuda_src/packed_rows.cu (the two are checked against
+each other in tests/test_emulation.py).
 
     python3 tests/emulation/selective_scan/packed.py        (ASAN=0: without AddressSanitizer)
 """
@@ -28,11 +30,14 @@ FIELDS = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias", "initial_state")
 _in_place = ss.restarts_in_place
 
 
-def check(p, seqs, rng, tol, label, in_place):
+MODES = ("padded", "in place", "in place, all final states")
+
+
+def check(p, seqs, rng, tol, label, mode):
     """Forward and gradients of ``p`` packed as ``seqs`` (("seq_idx", labels) or
-    ("cu_seqlens", offsets)) against the reference, padded or ``in_place`` (where allowed);
-    prints one line, returns True if within ``tol`` (largest error over the largest
-    reference entry, per array)."""
+    ("cu_seqlens", offsets)) against the reference, run as ``mode`` says (MODES; in place
+    where allowed); prints one line, returns True if within ``tol`` (largest error over the
+    largest reference entry, per array)."""
     name, value = seqs
     batch, L = p.batch, p.L
     if name == "cu_seqlens":
@@ -40,8 +45,9 @@ def check(p, seqs, rng, tol, label, in_place):
     else:
         labels, cu = value, None
     plan = packed.plan(labels, cu, batch, L, p.initial_state is not None, align=8)
+    in_place = mode != "padded"
     ss.restarts_in_place = _in_place if in_place else (lambda *a, **k: False)
-    final_states = not in_place  # (in place: the rows' final states only)
+    final_states = mode != "in place"  # ("in place": the rows' final states only)
     y0, fin0, saved0 = packed.forward(p, plan, ss, save_checkpoints=False,
                                       final_states=final_states)
     y, fin, saved = packed.forward(p, plan, ss, save_checkpoints=True, final_states=final_states)
@@ -75,10 +81,11 @@ def check(p, seqs, rng, tol, label, in_place):
         if getattr(gr, key) is not None:
             err("d" + key, g[key], getattr(gr, key))
     bad = {k: v for k, v in errs.items() if not v <= tol}
-    how = ("in place" if saved0.in_place and saved.in_place else
+    ran = ("in place" if saved0.in_place and saved.in_place else
            "in place: the forward alone; padded for the VJP" if saved0.in_place else
            f"padded, {len(plan.groups or [None])} calls"
            + (" (in place refused)" if in_place else ""))
+    how = f"{mode}: {ran}" if in_place else ran
     print(f"{'OK ' if not bad else 'BAD'} {label} ({how}) max={max(errs.values()):.2e}"
           + (f" bad={bad}" if bad else ""), flush=True)
     return not bad
@@ -140,8 +147,8 @@ def main(which=None, n_random=0):
     ok = True
     for label, args, seqs, tol in list(cases()) + list(random_cases(n_random)):
         if which is None or label in which or label.startswith("random"):
-            for in_place in (False, True):
-                ok &= check(make(rng, **args), seqs, rng, tol, label, in_place)
+            for mode in MODES[:3 if seqs[0] == "cu_seqlens" else 2]:
+                ok &= check(make(rng, **args), seqs, rng, tol, label, mode)
     return ok
 
 
