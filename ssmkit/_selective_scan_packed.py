@@ -98,14 +98,23 @@ class Saved:
     in_place: bool = False
 
 
+def segment_starts(packing, batch):
+    """``(rows, begin)``: each segment's batch row and first step (``packing.segments``'
+    order)."""
+    ptr, end, _ = packing.segments
+    rows = np.repeat(np.arange(batch), np.diff(ptr))
+    begin = np.zeros_like(end)
+    later = rows[1:] == rows[:-1]  # a segment after another of its row starts where it ended
+    begin[1:][later] = end[:-1][later]
+    return rows, begin
+
+
 def restart_steps(packing, batch, L) -> np.ndarray:
     """(batch, L) bool: where a sequence starts after its row's first step (the steps whose
     decay is zero: the state restarts)."""
     restart = np.zeros((batch, L), np.bool_)
-    ptr, end, _ = packing.segments
-    rows = np.repeat(np.arange(batch), np.diff(ptr))
-    later = rows[1:] == rows[:-1]  # a segment after another of its row starts where it ended
-    restart[rows[1:][later], end[:-1][later]] = True
+    rows, begin = segment_starts(packing, batch)
+    restart[rows[begin > 0], begin[begin > 0]] = True  # (segments are never empty)
     return restart
 
 

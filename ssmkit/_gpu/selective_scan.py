@@ -1128,11 +1128,10 @@ def _sequence_states(p, sequences, ckpt, out):
     """The final states of the packed sequences that end inside their rows, into their slots
     of ``out`` (n_slots, dim, N), recomputed from the forward's checkpoints ``ckpt``
     (ssm_sequence_states; the rows' last sequences' slots are the caller's)."""
+    from .._selective_scan_packed import segment_starts
+
     ptr, end, slot = sequences.segments
-    rows = np.repeat(np.arange(p.batch), np.diff(ptr))
-    first = np.zeros_like(end)  # a segment after another of its row starts where it ended
-    later = rows[1:] == rows[:-1]
-    first[1:][later] = end[:-1][later]
+    rows, first = segment_starts(sequences, p.batch)
     pick = slot >= 0
     pick[ptr[1:] - 1] = False
     nseq = int(pick.sum())
