@@ -5,6 +5,9 @@ Implements the backend contract of :mod:`ssmkit._problem` for CuPy arrays::
     selective_scan_forward(p, *, save_checkpoints) -> (y, final_state, checkpoints)
     selective_scan_backward(p, checkpoints, dout, dfinal_state) -> dict
 
+and, for packed sequences that restart in place in the ring kernels,
+``restarts_in_place`` and the ``sequences`` arguments of both.
+
 Each call launches one fused kernel (forward or backward), then, in the
 backward, sums per-block partial gradients with CuPy reductions in a fixed
 order (no atomics anywhere, so results repeat bit for bit). When
