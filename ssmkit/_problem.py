@@ -35,8 +35,9 @@ backend module's ``restarts_in_place(p, packing, *, backward, final_states)`` sa
 kernels take them for that problem (the CPU's always; the GPU's where its ring kernels
 run it). Then both functions also take ``sequences`` (a ``Packing``): the state restarts
 from zero after each sequence, and ``final_state`` and ``dfinal_state`` are (n_slots, dim,
-N), one per sequence slot (on the GPU only the rows' last sequences' are computed and
-taken: it is asked ``final_states=True`` where the others are needed).
+N), one per sequence slot. The GPU's backward takes only the rows' last sequences'
+cotangents, and its forward computes the other sequences' final states only when asked
+(``final_states=True``).
 """
 
 from __future__ import annotations

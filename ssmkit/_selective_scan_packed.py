@@ -119,13 +119,19 @@ def restart_steps(packing, batch, L) -> np.ndarray:
 
 
 def row_final_slots(packing):
-    """``(row_slot, inner)``: the final-state slot of each row's last sequence, which ends at
-    the row's end (-1: none), and whether any other sequence reports a final state."""
+    """The final-state slot of each row's last sequence, which ends at the row's end (-1:
+    none)."""
     ptr, _, slot = packing.segments
-    last = ptr[1:] - 1  # (every row of L > 0 steps has a segment)
-    others = np.ones(slot.size, np.bool_)
-    others[last] = False
-    return slot[last], bool(np.any(slot[others] >= 0))
+    return slot[ptr[1:] - 1]  # (every row of L > 0 steps has a segment)
+
+
+def inner_segments(packing) -> np.ndarray:
+    """Per segment: whether it reports a final state and ends inside its row (not its row's
+    last)."""
+    ptr, _, slot = packing.segments
+    inner = slot >= 0
+    inner[ptr[1:] - 1] = False
+    return inner
 
 
 def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
@@ -218,9 +224,9 @@ def scatter(xp, out, Xg, group):
                             _bits(out).reshape(out.shape[0], -1, out.shape[-1]), *group.on(xp))
 
 
-def _take(xp, src, src_index):
+def take_rows(xp, src, src_index):
     """(len(src_index), ...) zeros, with row r = src[src_index[r]] where src_index[r] >= 0
-    (host indices): the inverse of :func:`_put`."""
+    (host indices): the inverse of :func:`put_rows`."""
     out = xp.zeros((src_index.size,) + src.shape[1:], src.dtype)
     r = np.flatnonzero(src_index >= 0)
     if r.size:
@@ -236,12 +242,12 @@ def _problem(p, group):
         return X if X is None or X.ndim == 2 else gather(xp, X, group)
 
     h0 = (None if p.initial_state is None
-          else _take(xp, p.initial_state, np.where(group.init, group.rows, -1)))
+          else take_rows(xp, p.initial_state, np.where(group.init, group.rows, -1)))
     return dataclasses.replace(p, u=steps(p.u), delta=steps(p.delta), z=steps(p.z),
                                B=steps(p.B), C=steps(p.C), initial_state=h0)
 
 
-def _put(xp, dst, dst_index, src):
+def put_rows(xp, dst, dst_index, src):
     """dst[dst_index[r]] = src[r] for every r with dst_index[r] >= 0 (host indices)."""
     r = np.flatnonzero(dst_index >= 0)
     if r.size:
@@ -296,10 +302,10 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
         yg, fg, ck = backend.selective_scan_forward(pg, save_checkpoints=save_checkpoints, **extra)
         if g is None:
             y = yg
-            _put(xp, final, packing.row_slot, fg)
+            put_rows(xp, final, packing.row_slot, fg)
         else:
             scatter(xp, y, yg, g)
-            _put(xp, final, g.slot, fg)
+            put_rows(xp, final, g.slot, fg)
         saved.append((pg, ck))
     return y, final, Saved(saved)
 
@@ -331,7 +337,7 @@ def backward(p, packing, backend, saved, dy, dfinal):
     groups = [None] if packing.groups is None else packing.groups
     for (pg, ck), g in zip(calls, groups):  # (none for an empty problem)
         slots = packing.row_slot if g is None else g.slot
-        dfg = None if dfinal is None else _take(xp, dfinal, slots)
+        dfg = None if dfinal is None else take_rows(xp, dfinal, slots)
         dyg = dy if g is None else gather(xp, dy, g)
         gg = backend.selective_scan_backward(pg, ck, dyg, dfg)
         for n in names:
@@ -361,7 +367,5 @@ def _passthrough_cotangents(grads, dfinal, packing):
 
 def _inner_cotangents(xp, dfinal, packing) -> bool:
     """Whether ``dfinal`` is nonzero for a sequence that ends inside its row."""
-    row_slot, _ = row_final_slots(packing)
-    ptr, _, slot = packing.segments
-    inner = np.setdiff1d(slot[slot >= 0], row_slot)
-    return bool(inner.size) and bool(xp.any(dfinal[xp.asarray(inner)] != 0))
+    slots = packing.segments[2][inner_segments(packing)]
+    return bool(slots.size) and bool(xp.any(dfinal[xp.asarray(slots)] != 0))

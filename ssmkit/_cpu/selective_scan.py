@@ -1061,8 +1061,9 @@ def _sequence_steps(sequences, batch, L):
     if sequences is None:
         end_slot[:, L - 1] = np.arange(batch)
         return np.zeros((batch, L), np.bool_), end_slot
-    ptr, end, slot = sequences.segments
-    end_slot[np.repeat(np.arange(batch), np.diff(ptr)), end - 1] = slot
+    _, end, slot = sequences.segments
+    rows, _ = _packed.segment_starts(sequences, batch)
+    end_slot[rows, end - 1] = slot
     return _packed.restart_steps(sequences, batch, L), end_slot
 
 

@@ -58,6 +58,7 @@ import os
 import numpy as np
 
 from .. import _arrays
+from .. import _selective_scan_packed as _packed
 from . import compiler
 from .streams import fork, join
 
@@ -1085,9 +1086,7 @@ def restarts_in_place(p, packing, *, backward, final_states):
     :func:`_sequence_states`, but the backward takes the rows' cotangents only); and every A
     is at most -2^-120 (so a restart's decay is exactly 0). One small device-to-host copy
     (the A check)."""
-    from .._selective_scan_packed import row_final_slots
-
-    if backward and final_states and row_final_slots(packing)[1]:
+    if backward and final_states and _packed.inner_segments(packing).any():
         return False
     if _ring_forward_plan(p) is None:
         return False
@@ -1109,34 +1108,16 @@ def _restart_flags(p, sequences):
     step (None without ``sequences``)."""
     if sequences is None:
         return None
-    from .._selective_scan_packed import restart_steps
-
-    return p.xp.asarray(restart_steps(sequences, p.batch, p.L).view(np.uint8))
-
-
-def _slot_states(xp, rows, sequences, n_slots):
-    """Rows' final states (or their cotangents, ``n_slots`` = None: the other way) as one per
-    sequence slot: each row's last sequence's slot takes its row's (the others stay 0)."""
-    from .._selective_scan_packed import _put, _take, row_final_slots
-
-    row_slot, _ = row_final_slots(sequences)
-    if n_slots is None:
-        return _take(xp, rows, row_slot)
-    out = xp.zeros((n_slots,) + rows.shape[1:], rows.dtype)
-    _put(xp, out, row_slot, rows)
-    return out
+    return p.xp.asarray(_packed.restart_steps(sequences, p.batch, p.L).view(np.uint8))
 
 
 def _sequence_states(p, sequences, ckpt, out):
     """The final states of the packed sequences that end inside their rows, into their slots
     of ``out`` (n_slots, dim, N), recomputed from the forward's checkpoints ``ckpt``
     (ssm_sequence_states; the rows' last sequences' slots are the caller's)."""
-    from .._selective_scan_packed import segment_starts
-
-    ptr, end, slot = sequences.segments
-    rows, first = segment_starts(sequences, p.batch)
-    pick = slot >= 0
-    pick[ptr[1:] - 1] = False
+    _, end, slot = sequences.segments
+    rows, first = _packed.segment_starts(sequences, p.batch)
+    pick = _packed.inner_segments(sequences)
     nseq = int(pick.sum())
     if nseq == 0:
         return
@@ -1185,9 +1166,7 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
     y = cp.empty((batch, dim, L), dtype=p.io_dtype)
     final = cp.empty((batch, dim, N), dtype=p.compute_dtype)
     restart = _restart_flags(p, sequences)
-    from .._selective_scan_packed import row_final_slots
-
-    inner = sequences is not None and final_states and row_final_slots(sequences)[1]
+    inner = sequences is not None and final_states and _packed.inner_segments(sequences).any()
     keep = save_checkpoints or inner  # (the inner sequences' states start from checkpoints)
     ckpt = cp.empty((p.n_chunks, batch, dim, N), dtype=p.compute_dtype) if keep else None
     plan = _ring_forward_plan(p)  # (y is new: aligned)
@@ -1245,8 +1224,10 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
             np.int32(flags),) + _seg_args(plan) + (_ptr(restart),)
     _launch(key, plan, args)
-    if sequences is not None:
-        final = _slot_states(cp, final, sequences, sequences.n_slots)
+    if sequences is not None:  # the rows' final states into their last sequences' slots
+        rows = final
+        final = cp.zeros((sequences.n_slots, dim, N), dtype=p.compute_dtype)
+        _packed.put_rows(cp, final, _packed.row_final_slots(sequences), rows)
         if inner:
             _sequence_states(p, sequences, ckpt, final)
     return y, final, ckpt if save_checkpoints else None
@@ -1331,8 +1312,8 @@ def selective_scan_backward(p, checkpoints, dout, dfinal_state, sequences=None):
     if restart is not None:
         if not _aligned16(dout):  # (the ring backward must run)
             dout = dout.copy()
-        if dfinal_state is not None:
-            dfinal_state = _slot_states(cp, dfinal_state, sequences, None)
+        if dfinal_state is not None:  # the rows' last sequences' cotangents
+            dfinal_state = _packed.take_rows(cp, dfinal_state, _packed.row_final_slots(sequences))
     if dfinal_state is not None:
         dfinal_state = cp.ascontiguousarray(dfinal_state, dtype=cdt)
     lanes = _slice_lanes(p, dout)

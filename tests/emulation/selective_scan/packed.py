@@ -58,7 +58,7 @@ def check(p, seqs, rng, tol, label, mode):
     dy = rng.standard_normal(p.u.shape).astype(p.u.dtype)
     dfin = rng.standard_normal(fin.shape).astype(p.compute_dtype)
     rows = np.zeros(fin.shape[0], bool)  # the slots compared
-    rows[packed.row_final_slots(plan)[0]] = True
+    rows[packed.row_final_slots(plan)] = True
     rows[[s for s, _ in plan.passthrough]] = True
     if not final_states:
         dfin[~rows] = 0
