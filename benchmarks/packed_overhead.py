@@ -5,12 +5,13 @@ same steps. This script separates the suspects, for 1 x 1536 x 65536, N 16, floa
 that bench) and K sequences:
 
 - per call, the host's time and the GPU's (``cupyx.profiler.benchmark``: the host time of
-  the call, and CUDA events around it), for one row, the packed call with ``cu_seqlens``
-  on the device (its labels are copied to the host: a sync) and on the host;
+  the call, and CUDA events around it), for one row and the packed call (``cu_seqlens`` is
+  copied to the host: a sync);
 - the packed call with the A check's sync taken out (``restarts_in_place`` answered on
   the host), to see what the syncs cost;
 - cProfile of the packed call: where the host's time goes, syncs included (time blocked
-  in a device-to-host copy shows as that copy's own time).
+  in a device-to-host copy shows as that copy's own time), by own time and by cumulative
+  time.
 
     python3 benchmarks/packed_overhead.py [--ks 16 4096] [--kernels K]
 
@@ -88,11 +89,9 @@ def main():
     profiles = []
     for K in args.ks:
         n = lengths(rng, L, K)
-        cu_host = np.concatenate(([0], np.cumsum(n)))
-        cu_dev = cupy.asarray(cu_host)
+        cu_dev = cupy.asarray(np.concatenate(([0], np.cumsum(n))))
         cases = [("one row", call()), ("packed, cu_seqlens on the device", call(cu_seqlens=cu_dev)),
-                 ("packed, cu_seqlens on the host", call(cu_seqlens=cu_host)),
-                 ("packed, host cu_seqlens, no A check", cached_test(call(cu_seqlens=cu_host)))]
+                 ("packed, no A check", cached_test(call(cu_seqlens=cu_dev)))]
         for name, fn in cases:
             r = benchmark(fn, n_repeat=30, n_warmup=3)
             print(f"| {K} | {name} | {np.median(r.cpu_times) * 1e3:.3f} | "
@@ -107,7 +106,8 @@ def main():
         cupy.cuda.Device().synchronize()
         prof.disable()
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(40)
         profiles.append(f"== cProfile, {K} sequences, 10 packed calls (cu_seqlens on the device)\n"
                         + s.getvalue())
     print("\n".join(profiles))
