@@ -35,9 +35,9 @@ backend module's ``restarts_in_place(p, packing, *, backward, final_states)`` sa
 kernels take them for that problem (the CPU's always; the GPU's where its ring kernels
 run it). Then both functions also take ``sequences`` (a ``Packing``): the state restarts
 from zero after each sequence, and ``final_state`` and ``dfinal_state`` are (n_slots, dim,
-N), one per sequence slot. The GPU's backward takes only the rows' last sequences'
-cotangents, and its forward computes the other sequences' final states only when asked
-(``final_states=True``).
+N), one per sequence slot; ``final_state`` is None where the forward is not asked for
+them (``final_states=False``). The GPU's backward takes only the rows' last sequences'
+cotangents.
 """
 
 from __future__ import annotations

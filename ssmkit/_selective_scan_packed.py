@@ -264,8 +264,9 @@ def _in_place(p, packing, backend, *, backward, final_states) -> bool:
 
 
 def _passthrough(final, p, packing):
-    """``final`` with the slots of sequences without steps set to their row's initial state."""
-    if p.initial_state is not None:
+    """``final`` with the slots of sequences without steps set to their row's initial state
+    (None stays None)."""
+    if final is not None and p.initial_state is not None:
         for slot, row in packing.passthrough:
             final[slot] = p.initial_state[row]
     return final
@@ -274,10 +275,10 @@ def _passthrough(final, p, packing):
 def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=True, **extra):
     """Run problem ``p`` with its sequences packed as ``packing`` says, on ``backend`` (a
     module with ``selective_scan_forward``). ``pick(problem)``, when given, chooses each
-    call's chunk size. ``final_states``: False where the caller needs no final state but
-    the rows' (those of sequences that end inside a row are then left zero). Returns ``(y,
-    final, saved)``: y (batch, dim, L) in ``p.io_dtype``, final (n_slots, dim, N) in
-    ``p.compute_dtype``, saved (:class:`Saved`) what :func:`backward` needs."""
+    call's chunk size. ``final_states``: False where the caller needs no final state (then
+    ``final`` is None: at one state per sequence it can outweigh y). Returns ``(y, final,
+    saved)``: y (batch, dim, L) in ``p.io_dtype``, final (n_slots, dim, N) in
+    ``p.compute_dtype`` or None, saved (:class:`Saved`) what :func:`backward` needs."""
     xp = p.xp
     if p.batch * p.dim * p.L and packing.restarts:
         whole = p if pick is None else dataclasses.replace(p, chunk_size=pick(p))
@@ -287,7 +288,8 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
                 whole, save_checkpoints=save_checkpoints, sequences=packing,
                 final_states=final_states, **extra)
             return y, _passthrough(final, whole, packing), Saved([(whole, ck)], in_place=True)
-    final = _passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
+    final = (_passthrough(xp.zeros((packing.n_slots, p.dim, p.N), p.compute_dtype), p, packing)
+             if final_states else None)
     if p.batch * p.dim * p.L == 0:
         return xp.zeros((p.batch, p.dim, p.L), p.io_dtype), final, Saved([])
     if not packing.restarts:
@@ -302,10 +304,10 @@ def forward(p, packing, backend, *, save_checkpoints, pick=None, final_states=Tr
         yg, fg, ck = backend.selective_scan_forward(pg, save_checkpoints=save_checkpoints, **extra)
         if g is None:
             y = yg
-            put_rows(xp, final, packing.row_slot, fg)
         else:
             scatter(xp, y, yg, g)
-            put_rows(xp, final, g.slot, fg)
+        if final is not None:
+            put_rows(xp, final, packing.row_slot if g is None else g.slot, fg)
         saved.append((pg, ck))
     return y, final, Saved(saved)
 

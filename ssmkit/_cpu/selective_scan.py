@@ -1012,14 +1012,14 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
         restarts from zero after each, and the final states are its slots (those without
         steps left zero).
     final_states : bool
-        Accepted for the backends' common signature: every sequence's final state is
-        computed here anyway.
+        With ``sequences``: False returns None for ``final_state`` (the kernels compute
+        every sequence's anyway).
 
     Returns
     -------
     y : ndarray, (batch, dim, L), ``p.io_dtype``
-    final_state : ndarray, (batch, dim, N), or (n_slots, dim, N) with ``sequences``;
-        ``p.compute_dtype``
+    final_state : ndarray, (batch, dim, N), or (n_slots, dim, N) with ``sequences`` (None
+        with ``final_states`` False); ``p.compute_dtype``
     checkpoints : ndarray, (batch, dim, n_chunks, N), ``p.compute_dtype``, or None
         ``checkpoints[b, d, c]`` is the state entering step ``c * p.chunk_size``.
     """
@@ -1044,6 +1044,8 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
                     fine, lanes, p.chunk_size, bool(save_checkpoints), y,
                     seq_ptr.astype(np.int64), seq_end.astype(np.int64),
                     seq_slot.astype(np.int64), final, ckpt)
+    if sequences is not None and not final_states:
+        final = None
     return (y.astype(p.io_dtype, copy=False), final,
             ckpt if save_checkpoints else None)
 

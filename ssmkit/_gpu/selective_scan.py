@@ -1149,13 +1149,13 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
     final_states : bool
         With ``sequences``: every sequence's final state (those ending inside their rows
         recomputed from checkpoints, kept for that when ``save_checkpoints`` is False);
-        False: only the rows' last sequences' (the other slots stay 0).
+        False: none (``final_state`` is None).
 
     Returns
     -------
     y : cupy.ndarray, (batch, dim, L), ``p.io_dtype``
     final_state : cupy.ndarray, (batch, dim, N), ``p.compute_dtype``; with ``sequences``
-        (n_slots, dim, N), one per sequence slot (see ``final_states``)
+        (n_slots, dim, N), one per sequence slot, or None (see ``final_states``)
     checkpoints : cupy.ndarray, (n_chunks, batch, dim, N), ``p.compute_dtype``, or None
         ``checkpoints[i]`` is the state before step ``i * chunk_size``;
         ``checkpoints[0]`` is the initial state (zeros when none was given).
@@ -1224,7 +1224,9 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
             _ptr(p.initial_state), y, final, _ptr(ckpt), _ptr(seeds), _NULL) + _shape_args(p, plan) + (
             np.int32(flags),) + _seg_args(plan) + (_ptr(restart),)
     _launch(key, plan, args)
-    if sequences is not None:  # the rows' final states into their last sequences' slots
+    if sequences is not None and not final_states:
+        final = None
+    elif sequences is not None:  # the rows' final states into their last sequences' slots
         rows = final
         final = cp.zeros((sequences.n_slots, dim, N), dtype=p.compute_dtype)
         _packed.put_rows(cp, final, _packed.row_final_slots(sequences), rows)

@@ -2,7 +2,8 @@
 ssmkit._gpu.selective_scan's host code with its kernels emulated (run.py): the forward (with
 and without checkpoints) and every gradient against the float64 reference with seq_idx or
 cu_seqlens, each case two ways: as padded rows, and in place (the ring kernels restarting
-the state; only the rows' final states asked for, and cotangents given for those alone),
+the state; final states asked for only where they are the rows' (seq_idx), cotangents
+given for the rows' alone),
 where the GPU module's restarts_in_place allows (the line says which ran); cu_seqlens cases
 a third way, in place with every sequence's final state (the forward in place, those of
 sequences ending inside the row from ssm_sequence_states; the VJP then as padded rows).
@@ -47,26 +48,28 @@ def check(p, seqs, rng, tol, label, mode):
     plan = packed.plan(labels, cu, batch, L, p.initial_state is not None, align=8)
     in_place = mode != "padded"
     ss.restarts_in_place = _in_place if in_place else (lambda *a, **k: False)
-    final_states = mode != "in place"  # ("in place": the rows' final states only)
+    # "in place": cotangents given for the rows' final states only, and final states asked
+    # for with seq_idx alone (they are the rows'; cu_seqlens' every sequence's, which the
+    # in-place backward does not take: the third mode)
+    rows_only = mode == "in place"
+    final_states = not rows_only or name == "seq_idx"
     y0, fin0, saved0 = packed.forward(p, plan, ss, save_checkpoints=False,
                                       final_states=final_states)
     y, fin, saved = packed.forward(p, plan, ss, save_checkpoints=True, final_states=final_states)
+    assert (fin is None and fin0 is None) == (not final_states), "final states when not asked"
     (yr, finr), pull = ref.selective_scan_vjp(
         f64(p.u), f64(p.delta), f64(p.A), f64(p.B), f64(p.C), f64(p.D), f64(p.z),
         f64(p.delta_bias), p.delta_softplus, initial_state=f64(p.initial_state),
         return_final_state=True, **{name: value})
     dy = rng.standard_normal(p.u.shape).astype(p.u.dtype)
-    dfin = rng.standard_normal(fin.shape).astype(p.compute_dtype)
-    rows = np.zeros(fin.shape[0], bool)  # the slots compared
-    rows[packed.row_final_slots(plan)] = True
-    rows[[s for s, _ in plan.passthrough]] = True
-    if not final_states:
+    dfin = rng.standard_normal(finr.shape).astype(p.compute_dtype)
+    if rows_only:
+        rows = np.zeros(finr.shape[0], bool)
+        rows[packed.row_final_slots(plan)] = True
+        rows[[s for s, _ in plan.passthrough]] = True
         dfin[~rows] = 0
-        fin[~rows], fin0[~rows] = 0, 0
     g = packed.backward(p, plan, ss, saved, dy, dfin)
     gr = pull(f64(dy), f64(dfin))
-    if not final_states:
-        finr = np.where(rows[:, None, None], finr, 0)
     errs = {}
 
     def err(key, a, b):
@@ -75,8 +78,9 @@ def check(p, seqs, rng, tol, label, mode):
         errs[key] = (float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
                      if np.all(np.isfinite(a)) else float("nan"))
 
-    err("y", y, yr), err("final", fin, finr)
-    err("y nockpt", y0, yr), err("final nockpt", fin0, finr)
+    err("y", y, yr), err("y nockpt", y0, yr)
+    if final_states:
+        err("final", fin, finr), err("final nockpt", fin0, finr)
     for key in FIELDS:
         if getattr(gr, key) is not None:
             err("d" + key, g[key], getattr(gr, key))
