@@ -176,12 +176,14 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int, on_de
         Sequence boundaries in one row (batch 1): starts at 0, non-decreasing, ends at L.
     on_device : bool
         False: return ``seq`` on the host (a NumPy array) for a caller that plans there,
-        sparing a copy to the device and back.
+        sparing a copy to the device and back; with ``cu_seqlens`` alone, None (the caller
+        plans from ``cu``).
 
     Returns
     -------
     seq : array (batch, L) of ints on ``xp`` (the host with ``on_device=False``), or None
-        ``seq_idx``, or with ``cu_seqlens`` the sequence of each step (int32).
+        ``seq_idx``, or with ``cu_seqlens`` the sequence of each step (int32; see
+        ``on_device``).
     cu : numpy.ndarray (num_sequences + 1,) int64, or None
         ``cu_seqlens`` on the host.
     """
@@ -208,6 +210,8 @@ def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int, on_de
         if cu.size < 2 or cu[0] != 0 or cu[-1] != L or np.any(np.diff(cu) < 0):
             raise ValueError(f"{fn}: cu_seqlens must have at least 2 entries, start at 0, be "
                              f"non-decreasing and end at L = {L}; got {cu.tolist()}")
+        if seq is None and not on_device:
+            return None, cu
         from_cu = np.repeat(np.arange(cu.size - 1), np.diff(cu))[None]  # each step's sequence
         if seq is not None and not np.array_equal(np.diff(host(seq), axis=1) != 0,
                                                   np.diff(from_cu, axis=1) != 0):

@@ -253,6 +253,25 @@ def test_packing_covers_every_step_once_within_twice_the_work(lengths, init):
     assert len(plan.groups) <= int(np.log2(max(lengths))) + 3
 
 
+@settings(max_examples=60, **SETTINGS)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=20))
+def test_plans_from_labels_and_from_cu_seqlens_agree(lengths):
+    """cu_seqlens' plan (read from the offsets) has the segments of the same sequences given
+    as labels (seq_idx's plan, a search over the steps), each in its sequence's slot."""
+    cu = np.concatenate(([0], np.cumsum(lengths)))
+    L = int(cu[-1])
+    if L == 0:
+        return
+    labels = np.searchsorted(cu[1:], np.arange(L), side="right")[None]
+    by_cu, by_labels = packed.plan(None, cu, 1, L, False), packed.plan(labels, None, 1, L, False)
+    for a, b in zip(packed.segment_starts(by_cu, 1) + by_cu.segments[:2],
+                    packed.segment_starts(by_labels, 1) + by_labels.segments[:2]):
+        np.testing.assert_array_equal(a, b)
+    _, end, slot = by_cu.segments
+    np.testing.assert_array_equal(cu[slot + 1], end)  # each segment ends its sequence
+    assert by_cu.restarts == by_labels.restarts == (slot.size > 1)
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_packed_sequence_errors(backend):
     xp = xp_for(backend)
