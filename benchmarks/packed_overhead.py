@@ -6,7 +6,7 @@ that bench) and K sequences:
 
 - per call, the host's time and the GPU's (``cupyx.profiler.benchmark``: the host time of
   the call, and CUDA events around it), for one row and the packed call (``cu_seqlens`` is
-  copied to the host: a sync);
+  copied to the host: a sync), forward and forward+backward;
 - the packed call with the A check's sync taken out (``restarts_in_place`` answered on
   the host), to see what the syncs cost;
 - cProfile of the packed call: where the host's time goes, syncs included (time blocked
@@ -15,8 +15,8 @@ that bench) and K sequences:
 
     python3 benchmarks/packed_overhead.py [--ks 16 4096] [--kernels K]
 
-``--kernels K`` instead runs two rounds of one row and of the packed call with K sequences
-(the first compiles), for ``ncu --metrics gpu__time_duration.sum`` and
+``--kernels K`` instead runs two rounds of one row and of the packed call with K sequences,
+forward and forward+backward (the first round compiles), for ``ncu --metrics gpu__time_duration.sum`` and
 ``ncu_kernel_times.py``: each kernel's own time.
 """
 
@@ -51,8 +51,16 @@ def main():
     x = inputs(cupy, rng, dim, L, N)
     kw = dict(delta_softplus=True)
 
+    dy = cupy.asarray(rng.standard_normal((1, dim, L)).astype(np.float32))
+
     def call(**extra):
         return lambda: ssmkit.selective_scan(**x, **kw, **extra)
+
+    def vjp(**extra):
+        def run():
+            _, pullback = ssmkit.selective_scan_vjp(**x, **kw, **extra)
+            pullback(dy)
+        return run
 
     def cached_test(run):
         """``run`` with restarts_in_place's answer (and so its A check's sync) kept from the
@@ -79,6 +87,8 @@ def main():
         for _ in range(2):
             call()()
             call(cu_seqlens=cu)()
+            vjp()()
+            vjp(cu_seqlens=cu)()
         cupy.cuda.Device().synchronize()
         return
 
@@ -91,7 +101,9 @@ def main():
         n = lengths(rng, L, K)
         cu_dev = cupy.asarray(np.concatenate(([0], np.cumsum(n))))
         cases = [("one row", call()), ("packed, cu_seqlens on the device", call(cu_seqlens=cu_dev)),
-                 ("packed, no A check", cached_test(call(cu_seqlens=cu_dev)))]
+                 ("packed, no A check", cached_test(call(cu_seqlens=cu_dev))),
+                 ("one row, forward+backward", vjp()),
+                 ("packed, forward+backward", vjp(cu_seqlens=cu_dev))]
         for name, fn in cases:
             r = benchmark(fn, n_repeat=30, n_warmup=3)
             print(f"| {K} | {name} | {np.median(r.cpu_times) * 1e3:.3f} | "
