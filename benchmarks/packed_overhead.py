@@ -16,8 +16,8 @@ that bench) and K sequences:
     python3 benchmarks/packed_overhead.py [--ks 16 4096] [--kernels K]
 
 ``--kernels K`` instead runs two rounds of one row and of the packed call with K sequences,
-forward and forward+backward (the first round compiles), for ``ncu --metrics gpu__time_duration.sum`` and
-``ncu_kernel_times.py``: each kernel's own time.
+forward and forward+backward (the first round compiles), for ``ncu --metrics
+gpu__time_duration.sum`` and ``ncu_kernel_times.py``: each kernel's own time.
 """
 
 from __future__ import annotations
