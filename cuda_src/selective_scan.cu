@@ -1011,6 +1011,13 @@ struct ssm_ring_walks {
 // g a h dt (a = 0) stays 0. The backward's du, which needs the true dt, recomputes it there.
 #define SSM_RESTART_DT 3.402823466e38f
 
+// SSM_RING_RESTARTS=0 (an A/B switch, by SSMKIT_CUDA_DEFINES) compiles the ring kernels
+// without the restarts' code: the plain path as it was before them, to time against. The
+// host must then send no packed sequences to run in place.
+#ifndef SSM_RING_RESTARTS
+#define SSM_RING_RESTARTS 1
+#endif
+
 // {dt, x} pairs of V steps (pr[2 j] the dt of step j) with SSM_RESTART_DT at the restarts
 // among them; flags: the restart bytes of those steps (V = 4 or 8, V-byte aligned).
 template <int V>
@@ -1400,7 +1407,7 @@ __device__ __forceinline__ void ssm_fwd_ring_body(SSM_FWD_PARAMS) {
                     pr[2 * j] = dt;
                     pr[2 * j + 1] = REV ? uu[j] : dt * uu[j];
                 }
-                if (restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
+                if (SSM_RING_RESTARTS && restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
                 float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
 #pragma unroll
                 for (int j = 0; j < 2 * VIO; j += 4) ssm_st4(dst + j, pr + j);
@@ -2379,7 +2386,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                     pr[2 * j] = dt;
                     pr[2 * j + 1] = dt * uu[j];
                 }
-                if (restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
+                if (SSM_RING_RESTARTS && restart != nullptr) ssm_restart_dts<VIO>(pr, restart + (ssm_i64)b * L + t0 + t);
                 float* const dst = dtu + cc * (2 * TL + 4) + 2 * t;
 #pragma unroll
                 for (int j = 0; j < 2 * VIO; j += 4) ssm_st4(dst + j, pr + j);
@@ -2518,7 +2525,7 @@ ssm_scan_bwd_ring(const IO* __restrict__ u, const IO* __restrict__ delta, const 
                         const float uu = ssm_load(urow[t]);
                         const float x = ssm_load(drow_io[t]) + bias_c;
                         float dt = drow[2 * t];
-                        if (restart != nullptr && dt == SSM_RESTART_DT) dt = softplus ? M::softplus_fast(x) : x;
+                        if (SSM_RING_RESTARTS && restart != nullptr && dt == SSM_RESTART_DT) dt = softplus ? M::softplus_fast(x) : x;
                         const float dyv = dyr[t];
                         const float gb = vals[3 * r + 1];
                         const float dsp = softplus && x <= 20.0f ? M::sigmoid_fast(x) : 1.0f;
