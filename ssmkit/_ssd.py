@@ -260,8 +260,8 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
         nonempty = np.nonzero(cu_host[1:] > cu_host[:-1])[0]
         # (row, last step, slot) of every sequence with steps
         ends = np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1, nonempty
-        passthrough = [(int(i), 0) for i in range(cu_host.size - 1)
-                       if cu_host[i] == cu_host[i + 1] == 0]
+        passthrough = [(int(i), 0) for i in  # (sequences without steps at the row's start)
+                       np.flatnonzero((cu_host[:-1] == 0) & (cu_host[1:] == 0))]
         n_slots = cu_host.size - 1
     else:
         rows = np.arange(batch if L > 0 else 0, dtype=np.int64)
