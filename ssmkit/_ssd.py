@@ -89,9 +89,12 @@ class SSDProblem(ChunkedScan):
         None for CuPy arrays: the GPU backend reads ``slot_steps``, and a
         (batch, L) host array costs host time per call, 0.4 ms at L = 32768).
     slot_steps : numpy.ndarray, (k, 3) int64
-        The same on the host: one row ``(b, t, slot)`` per such step.
+        The same on the host: one row ``(b, t, slot)`` per such step, and with slot -1 per
+        end of a packed sequence whose final state is not kept (the chunks are cut after
+        every step listed).
     n_slots : int
-        Number of final states: batch, or the number of packed sequences.
+        Number of final states: batch, or the number of packed sequences (0 where none
+        is kept: ``ssd`` with ``cu_seqlens`` and without ``return_final_state``).
     chunk_size : int
     xp : module
         ``numpy`` or ``cupy``.
@@ -190,8 +193,11 @@ def _check_dt_limit(fn, dt_limit):
 
 
 def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limit,
-             initial_state, seq_idx, cu_seqlens, allow_tf32=False):
-    """Validate the arguments and build the canonical problem.
+             initial_state, seq_idx, cu_seqlens, allow_tf32=False, sequence_finals=True):
+    """Validate the arguments and build the canonical problem. ``sequence_finals`` False:
+    the caller wants no final state of cu_seqlens' sequences, so the problem has no
+    final-state slots (``n_slots`` 0; the chunks are still cut at every sequence's end, so
+    that the outputs are those of a call that keeps them, bit for bit).
 
     Returns
     -------
@@ -258,11 +264,14 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
     seq, cu_host = _arrays.packed_sequences(fn, xp, arr["seq_idx"], arr["cu_seqlens"], batch, L)
     if cu_host is not None:
         nonempty = np.nonzero(cu_host[1:] > cu_host[:-1])[0]
-        # (row, last step, slot) of every sequence with steps
-        ends = np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1, nonempty
+        # (row, last step, slot) of every sequence with steps (slot -1: none kept)
+        ends = (np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1,
+                nonempty if sequence_finals else np.full(nonempty.size, -1, np.int64))
         passthrough = [(int(i), 0) for i in  # (sequences without steps at the row's start)
                        np.flatnonzero((cu_host[:-1] == 0) & (cu_host[1:] == 0))]
         n_slots = cu_host.size - 1
+        if not sequence_finals:
+            passthrough, n_slots = [], 0
     else:
         rows = np.arange(batch if L > 0 else 0, dtype=np.int64)
         ends = rows, np.full(rows.size, L - 1, np.int64), rows
@@ -390,9 +399,11 @@ _SHARED_DOC = """
 def ssd(x, dt, A, B, C, *, chunk_size=DEFAULT_CHUNK_SIZE, D=None, z=None, dt_bias=None,
         dt_softplus=False, dt_limit=(0.0, math.inf), initial_state=None, seq_idx=None,
         cu_seqlens=None, return_final_state=False, allow_tf32=False):
+    # (without return_final_state no sequence's final state is built: one per sequence of
+    # cu_seqlens, H x P x N each, can outweigh y)
     p, user, passthrough = _prepare("ssd", x, dt, A, B, C, chunk_size, D, z, dt_bias,
                                     dt_softplus, dt_limit, initial_state, seq_idx, cu_seqlens,
-                                    allow_tf32)
+                                    allow_tf32, sequence_finals=bool(return_final_state))
     with _device_scope(p):
         y, final, _ = _forward(p, user, passthrough, save_checkpoints=False)
     return (y, final) if return_final_state else y

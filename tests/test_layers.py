@@ -275,7 +275,7 @@ def test_mamba2_passes_allow_tf32_to_the_scan(backend, monkeypatch):
 
     seen = []
     real = _ssd._prepare
-    monkeypatch.setattr(_ssd, "_prepare", lambda *a: (seen.append(a[-1]), real(*a))[1])
+    monkeypatch.setattr(_ssd, "_prepare", lambda *a, **k: (seen.append(a[-1]), real(*a, **k))[1])
     rng = np.random.default_rng(5)
     p64 = mamba2_params(rng)
     hidden = rng.standard_normal((2, 20, p64.d_model))

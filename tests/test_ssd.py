@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ssmkit
+from ssmkit import _ssd
 from ssmkit import reference as ref
 
 from helpers import (FORWARD_RTOL, GRAD_RTOL, TF32_RTOL, TF32_SUM_FIELDS, as_dtype, backends,
@@ -369,6 +370,28 @@ def test_many_chunks_matches_reference(backend, dtype_name):
                          with_z=True, with_init=True)
     opts = dict(chunk_size=2, dt_softplus=True, cu_seqlens=np.array([0, 77, 300, 601]))
     check_against_reference(backend, dtype_name, inputs, opts, rng)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("cu", [[0, 5, 5, 12, 29], [0, 0, 29], [0, 29]])
+def test_cu_seqlens_without_final_states_keeps_none(backend, cu):
+    """ssd with cu_seqlens and no return_final_state builds no final state (one per sequence
+    can outweigh y) and returns exactly the outputs of the call that keeps them."""
+    xp = xp_for(backend)
+    rng = np.random.default_rng(len(cu))
+    inputs = make_inputs(rng, batch=1, L=29, H=4, P=3, G=2, N=4, D_form="channel",
+                         with_init=True)
+    arrays, _ = cast(inputs, "float32", xp)
+    opts = dict(chunk_size=8, dt_softplus=True, cu_seqlens=xp.asarray(cu))
+    p, _, passthrough = _ssd._prepare(
+        "ssd", *(arrays[n] for n in ("x", "dt", "A", "B", "C")), 8, arrays["D"], None, None,
+        True, (0.0, np.inf), arrays["initial_state"], None, opts["cu_seqlens"],
+        sequence_finals=False)
+    assert p.n_slots == 0 and passthrough == [] and (p.slot_steps[:, 2] == -1).all()
+    y = ssmkit.ssd(**arrays, **opts)
+    y_kept, fin = ssmkit.ssd(**arrays, **opts, return_final_state=True)
+    assert fin.shape[0] == len(cu) - 1
+    np.testing.assert_array_equal(to_numpy(y), to_numpy(y_kept))
 
 
 @pytest.mark.parametrize("backend", backends())

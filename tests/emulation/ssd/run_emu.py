@@ -195,6 +195,14 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
             final[slot] = p.initial_state[row]
     ey, ef = rel_err(y.astype(np.float64), yr), rel_err(final, fr)
     ok = ey <= FORWARD_RTOL[dtype] and ef <= FORWARD_RTOL[dtype]
+    if cu:  # as ssd without return_final_state: no final state kept, the same outputs
+        p0, _, _ = _ssd._prepare("ssd", f32(x), dt, A, f32(B), f32(C), chunk, Dv, f32(zv), dt_bias,
+                                 softplus, (0.0, math.inf), h0, seq_idx, cu_seqlens, sequence_finals=False)
+        y0, final0, _ = gssd.ssd_forward(dataclasses.replace(p0, x=x, B=B, C=C, z=zv),
+                                         save_checkpoints=False)
+        if final0.shape[0] != 0 or not np.array_equal(y0, y):
+            print(f"  without final states: {final0.shape[0]} kept, y equal: {np.array_equal(y0, y)}")
+            ok = False
     return ey, ef, ok and walk_matches_two_kernels(p, final), el
 
 def walk_matches_two_kernels(p, final):
