@@ -7,12 +7,13 @@ The public layer validates the user's arguments and hands a backend an
 :class:`SSDProblem` (canonical layout, dtypes and sizes of at least 1; empty
 problems are handled here). A backend module provides::
 
-    ssd_forward(p, *, save_checkpoints) -> (y, final_states, checkpoints)
+    ssd_forward(p, *, save_checkpoints, final_states=True) -> (y, final_states, checkpoints)
     ssd_backward(p, checkpoints, dy, dfinal_states) -> dict
 
 ``y`` is (batch, L, H, P) of ``p.io_dtype``; ``final_states`` is
 (p.n_slots, H, P, N) of ``p.compute_dtype`` holding the state after each step
-``t`` with ``p.slot[b, t] >= 0`` (other rows zero); ``checkpoints`` is None
+``t`` with ``p.slot[b, t] >= 0`` (other rows zero), or None where the caller
+asks for none (``final_states=False``, with ``save_checkpoints`` only); ``checkpoints`` is None
 unless ``save_checkpoints``, else the state entering each chunk of
 ``p.chunk_size`` steps, in a layout the same backend's ``ssd_backward``
 understands. ``ssd_backward`` takes ``dy`` (batch, L, H, P) of ``p.io_dtype``
@@ -323,17 +324,22 @@ def _device_scope(p):
     return p.xp.cuda.Device(p.x.device.id)
 
 
-def _forward(p, user, passthrough, save_checkpoints):
-    """Run the scan; y in the dtype of the user's x, final states in the compute dtype."""
+def _forward(p, user, passthrough, save_checkpoints, final_states=True):
+    """Run the scan; y in the dtype of the user's x, final states in the compute dtype
+    (None with ``final_states`` False, for a VJP whose caller wants none: the backend then
+    builds none)."""
     xp = p.xp
     if p.batch * p.L == 0:
         y = xp.zeros(user["x"].shape, dtype=user["x"].dtype)
         final = xp.zeros((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
         checkpoints = None
     else:
-        y, final, checkpoints = _backend(xp).ssd_forward(p, save_checkpoints=save_checkpoints)
+        y, final, checkpoints = _backend(xp).ssd_forward(
+            p, save_checkpoints=save_checkpoints, final_states=final_states)
         if y.dtype != user["x"].dtype:
             y = y.astype(user["x"].dtype)
+    if not final_states:
+        return y, None, checkpoints
     if p.initial_state is not None:
         for slot, row in passthrough:
             final[slot] = p.initial_state[row]
@@ -506,7 +512,10 @@ def ssd_vjp(x, dt, A, B, C, *, chunk_size=DEFAULT_CHUNK_SIZE, D=None, z=None, dt
                                     dt_softplus, dt_limit, initial_state, seq_idx, cu_seqlens,
                                     allow_tf32)
     with _device_scope(p):
-        y, final, checkpoints = _forward(p, user, passthrough, save_checkpoints=True)
+        # (no final states built unless returned: one per sequence of cu_seqlens can
+        # outweigh y; the pullback still takes their cotangents)
+        y, final, checkpoints = _forward(p, user, passthrough, save_checkpoints=True,
+                                         final_states=bool(return_final_state))
     out = (y, final) if return_final_state else y
     return out, SSDPullback(p, user, passthrough, checkpoints)
 

@@ -374,9 +374,9 @@ def test_many_chunks_matches_reference(backend, dtype_name):
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("cu", [[0, 5, 5, 12, 29], [0, 0, 29], [0, 29]])
-def test_cu_seqlens_without_final_states_keeps_none(backend, cu):
-    """ssd with cu_seqlens and no return_final_state builds no final state (one per sequence
-    can outweigh y) and returns exactly the outputs of the call that keeps them."""
+def test_cu_seqlens_without_final_states_keeps_none(backend, cu, monkeypatch):
+    """ssd and ssd_vjp with cu_seqlens and no return_final_state build no final state (one
+    per sequence can outweigh y) and return exactly what the calls that keep them do."""
     xp = xp_for(backend)
     rng = np.random.default_rng(len(cu))
     inputs = make_inputs(rng, batch=1, L=29, H=4, P=3, G=2, N=4, D_form="channel",
@@ -392,6 +392,20 @@ def test_cu_seqlens_without_final_states_keeps_none(backend, cu):
     y_kept, fin = ssmkit.ssd(**arrays, **opts, return_final_state=True)
     assert fin.shape[0] == len(cu) - 1
     np.testing.assert_array_equal(to_numpy(y), to_numpy(y_kept))
+    # the VJP without them: no final state built, and the pullback still takes every
+    # sequence's cotangent, with the gradients of the VJP that returns them
+    module, asked = _ssd._backend(xp), []
+    real = module.ssd_forward
+    monkeypatch.setattr(module, "ssd_forward", lambda p, **k: (asked.append(k), real(p, **k))[1])
+    y_vjp, pullback = ssmkit.ssd_vjp(**arrays, **opts)
+    assert asked == [dict(save_checkpoints=True, final_states=False)]
+    (_, fin_vjp), pullback_kept = ssmkit.ssd_vjp(**arrays, **opts, return_final_state=True)
+    np.testing.assert_array_equal(to_numpy(y_vjp), to_numpy(y))
+    dy = xp.asarray(rng.standard_normal(y.shape).astype(np.float32))
+    dfin = xp.asarray(rng.standard_normal(fin_vjp.shape).astype(np.float32))
+    for g, g_kept in zip(pullback(dy, dfin), pullback_kept(dy, dfin)):
+        if g_kept is not None:
+            np.testing.assert_array_equal(to_numpy(g), to_numpy(g_kept))
 
 
 @pytest.mark.parametrize("backend", backends())

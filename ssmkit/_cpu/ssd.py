@@ -247,21 +247,23 @@ def _dummy(dtype):
     return np.zeros((1, 1, 1, 1), dtype=dtype)
 
 
-def ssd_forward(p, *, save_checkpoints):
-    """Run the scan. See the backend contract in ``ssmkit._ssd``."""
+def ssd_forward(p, *, save_checkpoints, final_states=True):
+    """Run the scan. See the backend contract in ``ssmkit._ssd`` (``final_states`` False:
+    none written, None returned)."""
     cd = p.compute_dtype
     dte, _ = effective_dt(p)
     D = p.D if p.D is not None else np.zeros((p.H, p.P), dtype=cd)
     h0 = (p.initial_state if p.initial_state is not None
           else np.zeros((p.batch, p.H, p.P, p.N), dtype=cd))
     y = np.empty(p.x.shape, dtype=p.io_dtype)
-    final = np.zeros((p.n_slots, p.H, p.P, p.N), dtype=cd)
+    final = np.zeros((p.n_slots if final_states else 0, p.H, p.P, p.N), dtype=cd)
+    slot = p.slot if final_states else np.full_like(p.slot, -1)
     ckpt = (np.empty((p.batch, p.H, p.n_chunks, p.P, p.N), dtype=cd) if save_checkpoints
             else np.empty((1, 1, 1, 1, 1), dtype=cd))
     z = p.z if p.z is not None else _dummy(p.io_dtype)
-    _forward_kernel(p.x, dte, p.A, p.B, p.C, D, z, h0, _keep(p), p.slot, p.z is not None,
+    _forward_kernel(p.x, dte, p.A, p.B, p.C, D, z, h0, _keep(p), slot, p.z is not None,
                     min(p.chunk_size, p.L), save_checkpoints, y, final, ckpt)
-    return y, final, (ckpt if save_checkpoints else None)
+    return y, (final if final_states else None), (ckpt if save_checkpoints else None)
 
 
 def ssd_backward(p, checkpoints, dy, dfinal):

@@ -1288,8 +1288,11 @@ class _Layout:
         return (states, ent) if entering else states
 
 
-def ssd_forward(p, *, save_checkpoints):
+def ssd_forward(p, *, save_checkpoints, final_states=True):
     """Forward SSD on the GPU. See the backend contract in ``ssmkit._ssd``.
+
+    ``final_states`` False (with ``save_checkpoints``): no final state is gathered from the
+    checkpoints, and None is returned for them.
 
     ``checkpoints`` (with ``save_checkpoints``) is ``(states, entering, ypre)``: the
     (batch, n_chunks + 1, H, P, N) boundary states, the states entering each chunk in the
@@ -1303,9 +1306,11 @@ def ssd_forward(p, *, save_checkpoints):
     lay = _Layout(p, factor=False)
     y = cp.empty(p.x.shape, dtype=p.io_dtype)
     entering = None
+    if not (final_states or save_checkpoints):
+        raise ValueError("ssd_forward: final_states=False needs save_checkpoints")
     # every final state is written below unless a sequence has no steps (then it stays 0)
     fill = cp.empty if lay.final_rows.size == p.n_slots else cp.zeros
-    final = fill((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype)
+    final = fill((p.n_slots, p.H, p.P, p.N), dtype=p.compute_dtype) if final_states else None
     if uses_mma(p):
         # without checkpoints only the final states are kept (the outputs read the entering
         # states in 16 bits), not the float32 state at every boundary
@@ -1342,7 +1347,9 @@ def _forward_result(lay, final, states, entering, save_checkpoints, ypre=None, y
     tensor-core forward, the states entering each chunk in 16 bits (the tensor-core
     backward's operand), ``ypre`` (see :func:`ssd_forward`) and the WALK forward's
     ``yblob`` (:meth:`_Layout.walk_blob`; None where the backward is not one walk)."""
-    if states is not None and lay.final_is_last:
+    if final is None:  # (none asked for)
+        pass
+    elif states is not None and lay.final_is_last:
         final[...] = states[:, lay.nc]
     elif states is not None and lay.final_rows.size:
         final[lay.final_slots] = states[lay.final_rows, lay.final_cols]

@@ -203,6 +203,15 @@ def case(dtype, batch, L, H, P, G, N, chunk, *, D="head", z=True, seq=False, cu=
         if final0.shape[0] != 0 or not np.array_equal(y0, y):
             print(f"  without final states: {final0.shape[0]} kept, y equal: {np.array_equal(y0, y)}")
             ok = False
+    # a VJP's forward that returns no final states (ssd_vjp without return_final_state):
+    # none gathered, the same outputs and checkpoints
+    y1, _, ck1 = gssd.ssd_forward(p, save_checkpoints=True)
+    y2, final2, ck2 = gssd.ssd_forward(p, save_checkpoints=True, final_states=False)
+    if final2 is not None or not np.array_equal(y1, y2) or not all(
+            (a is None) == (b is None) and (a is None or np.array_equal(a, b)) for a, b in zip(ck1, ck2)):
+        print(f"  a VJP's forward without final states: final {None if final2 is None else final2.shape}, "
+              f"y or checkpoints differ")
+        ok = False
     return ey, ef, ok and walk_matches_two_kernels(p, final), el
 
 def walk_matches_two_kernels(p, final):
