@@ -1012,8 +1012,7 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
         restarts from zero after each, and the final states are its slots (those without
         steps left zero).
     final_states : bool
-        With ``sequences``: False returns None for ``final_state`` (the kernels compute
-        every sequence's anyway).
+        With ``sequences``: False writes none and returns None for ``final_state``.
 
     Returns
     -------
@@ -1032,9 +1031,13 @@ def selective_scan_forward(p, *, save_checkpoints, sequences=None, final_states=
         seq_ptr, seq_end = np.arange(batch + 1), np.full(batch, L)
         seq_slot = np.arange(batch)
         final = np.empty((batch, dim, N), dtype=cd)
-    else:
+    elif final_states:
         seq_ptr, seq_end, seq_slot = sequences.segments
         final = np.zeros((sequences.n_slots, dim, N), dtype=cd)
+    else:  # no sequence's final state written (one per sequence can outweigh y)
+        seq_ptr, seq_end, _ = sequences.segments
+        seq_slot = np.full(seq_end.size, -1)
+        final = np.zeros((1, 1, 1), dtype=cd)
     ckpt = (np.empty((batch, dim, p.n_chunks, N), dtype=cd) if save_checkpoints
             else np.zeros((1, 1, 1, 1), dtype=cd))
     h0 = p.initial_state if p.initial_state is not None else np.zeros((1, 1, 1), cd)
