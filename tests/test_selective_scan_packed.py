@@ -36,15 +36,20 @@ def close(x, ref, dtype, tol):
     return np.linalg.norm(x - ref) <= tol * max(np.linalg.norm(ref), floor, 1e-300)
 
 
+def _backend_module(backend):
+    if backend == "gpu":
+        from ssmkit._gpu import selective_scan as module
+    else:
+        from ssmkit._cpu import selective_scan as module
+    return module
+
+
 @contextlib.contextmanager
 def layout(backend, name):
     with pytest.MonkeyPatch.context() as mp:
         if name == "padded rows":
-            if backend == "gpu":
-                from ssmkit._gpu import selective_scan as module
-            else:
-                from ssmkit._cpu import selective_scan as module
-            mp.setattr(module, "restarts_in_place", lambda *args, **kwargs: False)
+            mp.setattr(_backend_module(backend), "restarts_in_place",
+                       lambda *args, **kwargs: False)
         yield
 
 
@@ -97,8 +102,26 @@ def _scan_with(backend, dtype, case, seqs, chunk, seed):
     dfinal64 = rng.standard_normal(final_ref.shape)
     dy = cast_inputs({"u": dy64}, dtype, xp)[0]["u"]
     grads = pullback(dy, xp.asarray(dfinal64.astype(final.dtype)))
-    grads_ref = pullback_ref(to_numpy(dy).astype(np.float64), dfinal64)
-    return inputs, (y, final, grads), (y_ref, final_ref, grads_ref)
+    cotangents = (to_numpy(dy).astype(np.float64), dfinal64)
+    grads_ref = pullback_ref(*cotangents)
+
+    def spread(field, u=2.0**-24, trials=3):
+        """The largest relative change of the float64 reference's gradient ``field`` when u,
+        delta, B and C each move by one rounding ``u`` (random signs, fixed seed). A sum
+        over every step whose terms cancel many-fold (d delta_bias, dD, dA) moves that much
+        under the roundings a float32 computation makes, so it cannot be expected closer:
+        one of 3 rows x 57 steps, -6.8e-4 from much larger terms, came out 1.8% off."""
+        prng, worst = np.random.default_rng(12345), 0.0
+        base = np.asarray(getattr(grads_ref, field), np.float64)
+        for _ in range(trials):
+            moved = {n: (v * (1 + u * prng.choice([-1.0, 1.0], np.shape(v)))
+                         if n in ("u", "delta", "B", "C") else v) for n, v in exact.items()}
+            _, pull = reference.selective_scan_vjp(**moved, **kw, **{name: value})
+            g = np.asarray(getattr(pull(*cotangents), field), np.float64)
+            worst = max(worst, np.linalg.norm(g - base) / max(np.linalg.norm(base), 1e-300))
+        return worst
+
+    return inputs, (y, final, grads), (y_ref, final_ref, grads_ref), spread
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -108,7 +131,7 @@ def _scan_with(backend, dtype, case, seqs, chunk, seed):
 @given(args=packed_cases())
 def test_packed_matches_reference(backend, dtype, how, args):
     with layout(backend, how):
-        inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+        inputs, (y, final, grads), (y_ref, final_ref, grads_ref), spread = _scan_with(
             backend, dtype, *args)
     assert y.dtype == inputs["u"].dtype and type(y) is type(inputs["u"])
     assert final.shape == final_ref.shape
@@ -120,7 +143,9 @@ def test_packed_matches_reference(backend, dtype, how, args):
             assert g is None, name
             continue
         assert g.shape == inputs[name].shape and g.dtype == inputs[name].dtype, name
-        assert close(g, g_ref, dtype, GRAD_RTOL[dtype]), name
+        # (float32: or within 4 times what one rounding of the inputs moves the reference)
+        assert close(g, g_ref, dtype, GRAD_RTOL[dtype]) or (
+            dtype == "float32" and close(g, g_ref, dtype, 4 * spread(name))), name
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -185,7 +210,7 @@ def test_empty_sequences_and_lengths_past_a_chunk(backend, how):
         for dtype in ("float64", "float32"):
             seqs = ("cu_seqlens", np.array(cu))
             with layout(backend, how):
-                inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+                inputs, (y, final, grads), (y_ref, final_ref, grads_ref), _ = _scan_with(
                     backend, dtype, case, seqs, 16, len(cu))
             assert close(y, y_ref, dtype, FORWARD_RTOL[dtype])
             assert close(final, final_ref, dtype, FORWARD_RTOL[dtype])
@@ -202,6 +227,38 @@ def test_empty_sequences_and_lengths_past_a_chunk(backend, how):
     dfinal[0] = 1.0
     grads = pullback(None, dfinal)
     np.testing.assert_array_equal(to_numpy(grads.initial_state), np.ones((1, 3, 4)))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("vjp", [False, True])
+def test_no_final_states_built_unless_asked(backend, vjp, monkeypatch):
+    """Without return_final_state the backend is asked for no final state (one per sequence
+    of cu_seqlens can outweigh y) and returns none; y is the same, bit for bit."""
+    xp = xp_for(backend)
+    rng = np.random.default_rng(11)
+    case = dict(batch=1, dim=2, L=40, N=4, b_form="step", c_form="step", groups=1,
+                with_D=True, with_z=True, with_bias=True, softplus=True, with_init=True)
+    inputs, _ = cast_inputs(random_scan_inputs(rng, **case), "float32", xp)
+    cu = xp.asarray(np.array([0, 7, 7, 23, 40]))
+    module = _backend_module(backend)
+    real, in_place = module.selective_scan_forward, []
+
+    def spy(p, **kwargs):  # (the padded rows' calls report their rows' states: small)
+        out = real(p, **kwargs)
+        if "sequences" in kwargs:
+            in_place.append((kwargs["final_states"], out[1]))
+        return out
+
+    monkeypatch.setattr(module, "selective_scan_forward", spy)
+    call = ssmkit.selective_scan_vjp if vjp else ssmkit.selective_scan
+    out = call(**inputs, delta_softplus=True, cu_seqlens=cu)
+    y = out[0] if vjp else out
+    assert all(not asked and final is None for asked, final in in_place)
+    assert in_place or backend == "gpu"  # (the CPU runs them in place always)
+    out_kept = call(**inputs, delta_softplus=True, cu_seqlens=cu, return_final_state=True)
+    y_kept, final = out_kept[0] if vjp else out_kept
+    assert final.shape == (4, 2, 4)
+    np.testing.assert_array_equal(to_numpy(y), to_numpy(y_kept))
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -403,7 +460,7 @@ def test_packed_half_precision_on_gpu(dtype):
     case = dict(batch=1, dim=64, L=700, N=16, b_form="step", c_form="step", with_init=True,
                 softplus=True)
     seqs = ("cu_seqlens", np.array([0, 5, 300, 301, 640, 700]))
-    inputs, (y, final, grads), (y_ref, final_ref, grads_ref) = _scan_with(
+    inputs, (y, final, grads), (y_ref, final_ref, grads_ref), _ = _scan_with(
         "gpu", dtype, case, seqs, None, 11)
     assert rel_err(y, y_ref) <= FORWARD_RTOL[dtype]
     assert rel_err(final, final_ref) <= FORWARD_RTOL[dtype]
