@@ -36,33 +36,48 @@ def _seq_at(seq, b, p, H):
     return seq[b, p - H] if p >= H else seq[b, 0]
 
 
-@njit(**_KERNEL_OPTIONS)
-def _pre_activation(xpad, w, bias, seq, has_seq, b, d, z):
-    """z[t] = bias[d] + sum_k w[d, k] xpad[t + k] over same-sequence inputs, for the whole row.
+@njit(parallel=True, **_KERNEL_OPTIONS)
+def _same_sequence(seq, W):
+    """(batch, W, L) bool: tap k of output t reads an input of t's own sequence (xpad position
+    t + k). Shared by a batch row's channels, so built once, not per channel and tap."""
+    batch, L = seq.shape
+    H = W - 1
+    same = np.empty((batch, W, L), dtype=np.bool_)
+    for r in prange(batch * W):
+        b = r // W
+        k = r - b * W
+        for t in range(L):
+            same[b, k, t] = _seq_at(seq, b, t + k, H) == seq[b, t]
+    return same
 
-    Without sequence ids the taps are the outer loop, so the loop over time has no
-    dependence and vectorises; the sum for each t is still taken in the order of k.
+
+@njit(**_KERNEL_OPTIONS)
+def _pre_activation(xpad, w, bias, same, has_seq, b, d, z):
+    """z[t] = bias[d] + sum_k w[d, k] xpad[t + k] over same-sequence inputs (``same``, from
+    :func:`_same_sequence`), for the whole row.
+
+    The taps are the outer loop, so the loop over time has no dependence and vectorises
+    (another sequence's tap adds 0 by a select: its input is never multiplied in); the sum
+    for each t is still taken in the order of k.
     """
     W = w.shape[1]
-    H = W - 1
     L = z.shape[0]
+    zero = np.zeros(1, dtype=z.dtype)[0]
     for t in range(L):
         z[t] = bias[d]
-    if has_seq:
-        for t in range(L):
-            st = seq[b, t]
-            for k in range(W):
-                if _seq_at(seq, b, t + k, H) == st:
-                    z[t] += w[d, k] * xpad[t + k]
-    else:
-        for k in range(W):
-            wk = w[d, k]
+    for k in range(W):
+        wk = w[d, k]
+        if has_seq:
+            for t in range(L):
+                v = wk * xpad[t + k]
+                z[t] += v if same[b, k, t] else zero
+        else:
             for t in range(L):
                 z[t] += wk * xpad[t + k]
 
 
 @njit(parallel=True, **_KERNEL_OPTIONS)
-def _forward_kernel(x, w, bias, h0, seq, has_seq, silu, y, final):
+def _forward_kernel(x, w, bias, h0, seq, same, has_seq, silu, y, final):
     batch, dim, L = x.shape
     H = w.shape[1] - 1
     for r in prange(batch * dim):
@@ -71,7 +86,7 @@ def _forward_kernel(x, w, bias, h0, seq, has_seq, silu, y, final):
         xpad = np.empty(H + L, dtype=w.dtype)
         _pad_row(x, h0, b, d, xpad)
         z = np.empty(L, dtype=w.dtype)
-        _pre_activation(xpad, w, bias, seq, has_seq, b, d, z)
+        _pre_activation(xpad, w, bias, same, has_seq, b, d, z)
         if silu:
             for t in range(L):
                 y[b, d, t] = z[t] / (1 + np.exp(-z[t]))
@@ -87,7 +102,7 @@ def _forward_kernel(x, w, bias, h0, seq, has_seq, silu, y, final):
 
 
 @njit(parallel=True, **_KERNEL_OPTIONS)
-def _backward_kernel(x, w, bias, h0, seq, has_seq, silu, dy, dfinal, has_dfinal,
+def _backward_kernel(x, w, bias, h0, seq, same, has_seq, silu, dy, dfinal, has_dfinal,
                      dx, dh0, dw_part, db_part):
     batch, dim, L = x.shape
     W = w.shape[1]
@@ -99,7 +114,7 @@ def _backward_kernel(x, w, bias, h0, seq, has_seq, silu, dy, dfinal, has_dfinal,
         _pad_row(x, h0, b, d, xpad)
         g = np.empty(L, dtype=w.dtype)  # dLoss / dz
         if silu:
-            _pre_activation(xpad, w, bias, seq, has_seq, b, d, g)
+            _pre_activation(xpad, w, bias, same, has_seq, b, d, g)
             for t in range(L):
                 z = g[t]
                 s = 1 / (1 + np.exp(-z))
@@ -111,21 +126,20 @@ def _backward_kernel(x, w, bias, h0, seq, has_seq, silu, dy, dfinal, has_dfinal,
         for t in range(L):
             db += g[t]
         dxpad = np.zeros(H + L, dtype=w.dtype)
-        if has_seq:
-            for t in range(L):
-                st = seq[b, t]
-                for k in range(W):
-                    if _seq_at(seq, b, t + k, H) == st:
-                        dxpad[t + k] += w[d, k] * g[t]
-                        dw_part[b, d, k] += g[t] * xpad[t + k]
-        else:
-            for k in range(W):
-                wk = w[d, k]
-                acc = dw_part[b, d, k]
+        zero = np.zeros(1, dtype=w.dtype)[0]
+        for k in range(W):  # (as _pre_activation: taps outer, another sequence's adds 0)
+            wk = w[d, k]
+            acc = dw_part[b, d, k]
+            if has_seq:
+                for t in range(L):
+                    m = same[b, k, t]
+                    dxpad[t + k] += wk * g[t] if m else zero
+                    acc += g[t] * xpad[t + k] if m else zero
+            else:
                 for t in range(L):
                     dxpad[t + k] += wk * g[t]
                     acc += g[t] * xpad[t + k]
-                dw_part[b, d, k] = acc
+            dw_part[b, d, k] = acc
         if has_dfinal:
             last = seq[b, L - 1]
             for j in range(H):
@@ -158,28 +172,32 @@ def _update_kernel(x, state, w, bias, silu, y):
 
 
 def _operands(p):
-    """Bias, initial state and sequence ids, with zeros standing in for absent ones."""
+    """Bias, initial state, sequence ids and their taps' same-sequence mask, with zeros
+    standing in for absent ones."""
     cd = p.compute_dtype
     H = p.width - 1
     bias = p.bias if p.bias is not None else np.zeros(p.dim, dtype=cd)
     h0 = (p.initial_state if p.initial_state is not None
           else np.zeros((p.batch, p.dim, H), dtype=cd))
     seq = p.seq_idx if p.seq_idx is not None else np.zeros((p.batch, p.L), dtype=np.int64)
-    return bias, h0, np.ascontiguousarray(seq, dtype=np.int64)
+    seq = np.ascontiguousarray(seq, dtype=np.int64)
+    same = (_same_sequence(seq, p.width) if p.seq_idx is not None
+            else np.zeros((1, 1, 1), dtype=np.bool_))
+    return bias, h0, seq, same
 
 
 def forward(p):
     """y (batch, dim, L) and final_state (batch, dim, W-1), both ``p.io_dtype``."""
-    bias, h0, seq = _operands(p)
+    bias, h0, seq, same = _operands(p)
     y = np.empty(p.x.shape, dtype=p.io_dtype)
     final = np.empty((p.batch, p.dim, p.width - 1), dtype=p.io_dtype)
-    _forward_kernel(p.x, p.weight, bias, h0, seq, p.seq_idx is not None, p.silu, y, final)
+    _forward_kernel(p.x, p.weight, bias, h0, seq, same, p.seq_idx is not None, p.silu, y, final)
     return y, final
 
 
 def backward(p, dy, dfinal_state):
     """Gradients dict(x, weight, bias, initial_state) (see the backend contract)."""
-    bias, h0, seq = _operands(p)
+    bias, h0, seq, same = _operands(p)
     cd = p.compute_dtype
     H = p.width - 1
     has_dfinal = dfinal_state is not None
@@ -188,7 +206,7 @@ def backward(p, dy, dfinal_state):
     dh0 = np.empty((p.batch, p.dim, H), dtype=cd)
     dw_part = np.zeros((p.batch, p.dim, p.width), dtype=cd)  # accumulated in place
     db_part = np.empty((p.batch, p.dim), dtype=cd)
-    _backward_kernel(p.x, p.weight, bias, h0, seq, p.seq_idx is not None, p.silu,
+    _backward_kernel(p.x, p.weight, bias, h0, seq, same, p.seq_idx is not None, p.silu,
                      np.ascontiguousarray(dy, dtype=cd), dfinal, has_dfinal,
                      dx, dh0, dw_part, db_part)
     return dict(x=dx.astype(p.io_dtype, copy=False), weight=dw_part.sum(axis=0),
