@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .selective_scan import _sigmoid  # (FMA polynomials that vectorise; libm's exp does not)
+
 __all__ = ["forward", "backward", "update"]
 
 _KERNEL_OPTIONS = dict(cache=True, fastmath=False, error_model="numpy")
@@ -89,7 +91,7 @@ def _forward_kernel(x, w, bias, h0, seq, same, has_seq, silu, y, final):
         _pre_activation(xpad, w, bias, same, has_seq, b, d, z)
         if silu:
             for t in range(L):
-                y[b, d, t] = z[t] / (1 + np.exp(-z[t]))
+                y[b, d, t] = z[t] * _sigmoid(z[t])
         else:
             for t in range(L):
                 y[b, d, t] = z[t]
@@ -117,7 +119,7 @@ def _backward_kernel(x, w, bias, h0, seq, same, has_seq, silu, dy, dfinal, has_d
             _pre_activation(xpad, w, bias, same, has_seq, b, d, g)
             for t in range(L):
                 z = g[t]
-                s = 1 / (1 + np.exp(-z))
+                s = _sigmoid(z)
                 g[t] = dy[b, d, t] * (s * (1 + z * (1 - s)))
         else:
             for t in range(L):
@@ -168,7 +170,7 @@ def _update_kernel(x, state, w, bias, silu, y):
                 state[b, d, k] = state[b, d, k + 1]
             if H > 0:
                 state[b, d, H - 1] = xt
-            y[b, d, t] = z / (1 + np.exp(-z)) if silu else z
+            y[b, d, t] = z * _sigmoid(z) if silu else z
 
 
 def _operands(p):
