@@ -37,6 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._ssd import effective_dt
+from .selective_scan import _sigmoid  # (an FMA polynomial; libm's exp is slower)
 
 __all__ = ["ssd_forward", "ssd_backward"]
 
@@ -60,7 +61,6 @@ def _forward_kernel(x, dte, A, B, C, D, z, h0, keep, slot, has_z, Q, save, y, fi
     N = B.shape[3]
     heads_per_b = H // B.shape[2]
     heads_per_c = H // C.shape[2]
-    one = A.dtype.type(1)
     for i in prange(batch * H):
         b = i // H
         h = i - b * H
@@ -91,7 +91,7 @@ def _forward_kernel(x, dte, A, B, C, D, z, h0, keep, slot, has_z, Q, save, y, fi
                 yv = acc + D[h, p] * xv
                 if has_z:
                     zv = z[b, t, h, p]
-                    yv = yv * zv / (one + math.exp(-zv))
+                    yv = yv * (zv * _sigmoid(zv))
                 y[b, t, h, p] = yv
             s = slot[b, t]
             if s >= 0:
@@ -207,7 +207,7 @@ def _backward_kernel(x, dte, A, B, C, D, z, keep, slot, dy, dfinal, has_dfinal, 
                                 acc += buf[k + 1, p, n] * Ct[n]
                             y_pre = acc + D[h, p] * x[b, t, h, p]
                             zv = z[b, t, h, p]
-                            sg = one / (one + math.exp(-zv))
+                            sg = _sigmoid(zv)
                             dz[b, t, h, p] = dyo * y_pre * sg * (one + zv * (one - sg))
                             dyo = dyo * zv * sg
                         dyv[p] = dyo
