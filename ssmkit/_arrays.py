@@ -165,6 +165,15 @@ def compute_dtype_for(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
+def offsets_sequences(cu) -> tuple:
+    """For ``cu_seqlens`` on the host (checked by :func:`packed_sequences`): the indices of
+    the sequences that have steps, and ``(index, 0)`` for each without steps at the row's
+    start (its final state is row 0's initial state)."""
+    held = np.flatnonzero(cu[1:] > cu[:-1])
+    passthrough = [(int(i), 0) for i in np.flatnonzero((cu[:-1] == 0) & (cu[1:] == 0))]
+    return held, passthrough
+
+
 def packed_sequences(fn: str, xp, seq_idx, cu_seqlens, batch: int, L: int, on_device=True):
     """Check ``seq_idx`` / ``cu_seqlens`` (packed sequences).
 

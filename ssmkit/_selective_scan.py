@@ -168,8 +168,8 @@ def _device_scope(p):
 def _forward(p, user, save_checkpoints, backend=(None, None), packing=None, pick=None,
              final_states=True):
     """Run the scan; y in the dtype of the user's u. With ``packing`` (packed sequences),
-    the final states are one per sequence slot (``final_states`` False: only the rows'
-    last sequences' are needed) and the checkpoints what the packed backward needs;
+    the final states are one per sequence slot (``final_states`` False: none, and final is
+    None) and the checkpoints what the packed backward needs;
     ``pick(problem)`` then chooses each of its calls' chunk size."""
     xp = p.xp
     batch, dim, L, N = p.batch, p.dim, p.L, p.N
@@ -321,10 +321,10 @@ class SelectiveScanPullback:
         batch, dim, L, N = p.batch, p.dim, p.L, p.N
         packing = self._packing
         finals = batch if packing is None else packing.n_slots
+        finals_label = "(batch, dim, N)" if packing is None else "(num_final_states, dim, N)"
         arr = _arrays.check_cotangents(fn, xp, {"u": p.u}, {
             "dy": (dy, (batch, dim, L), "(batch, dim, L)"),
-            "dfinal_state": (dfinal_state, (finals, dim, N),
-                             "(batch, dim, N)" if packing is None else "(num_final_states, dim, N)")})
+            "dfinal_state": (dfinal_state, (finals, dim, N), finals_label)})
         dy = (xp.zeros((batch, dim, L), p.io_dtype) if arr["dy"] is None
               else xp.ascontiguousarray(arr["dy"], dtype=p.io_dtype))
         dfinal = (None if arr["dfinal_state"] is None

@@ -31,6 +31,7 @@ import functools
 
 import numpy as np
 
+from . import _arrays
 from ._problem import SelectiveScanGrads
 
 
@@ -151,18 +152,14 @@ def plan(labels, cu, batch, L, has_initial_state, align=1) -> Packing:
         rows, begin = np.divmod(np.flatnonzero(starts), L)  # (np.nonzero's 2-d form: 6x slower)
         end = np.append(begin[1:], 0)
         end[(np.append(rows[1:], -1) != rows)] = L  # a row's last segment ends at L
-    else:
-        held = cu[1:] > cu[:-1]
-        begin, end = cu[:-1][held], cu[1:][held]
-        rows = np.zeros(begin.size, begin.dtype)
-    if cu is None:
         slot = np.where(end == L, rows, -1)
         n_slots = batch
         passthrough = []
     else:
-        slot = np.flatnonzero(cu[1:] > cu[:-1])
+        slot, passthrough = _arrays.offsets_sequences(cu)
+        begin, end = cu[:-1][slot], cu[1:][slot]
+        rows = np.zeros(begin.size, begin.dtype)
         n_slots = cu.size - 1
-        passthrough = [(int(i), 0) for i in np.flatnonzero((cu[:-1] == 0) & (cu[1:] == 0))]
     segments = (np.searchsorted(rows, np.arange(batch + 1)), end, slot)
     if np.all(end - begin == L):
         row_slot = np.full(batch, -1, np.int64)

@@ -264,12 +264,10 @@ def _prepare(fn, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, dt_limi
 
     seq, cu_host = _arrays.packed_sequences(fn, xp, arr["seq_idx"], arr["cu_seqlens"], batch, L)
     if cu_host is not None:
-        nonempty = np.nonzero(cu_host[1:] > cu_host[:-1])[0]
+        nonempty, passthrough = _arrays.offsets_sequences(cu_host)
         # (row, last step, slot) of every sequence with steps (slot -1: none kept)
         ends = (np.zeros(nonempty.size, np.int64), cu_host[1:][nonempty] - 1,
                 nonempty if sequence_finals else np.full(nonempty.size, -1, np.int64))
-        passthrough = [(int(i), 0) for i in  # (sequences without steps at the row's start)
-                       np.flatnonzero((cu_host[:-1] == 0) & (cu_host[1:] == 0))]
         n_slots = cu_host.size - 1
         if not sequence_finals:
             passthrough, n_slots = [], 0
